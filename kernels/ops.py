@@ -1,0 +1,37 @@
+"""The set of kernels a model calls, chosen once per worker: PyTorch references or Triton."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from kernels.activation import silu_and_mul_ref
+from kernels.attention import paged_attention_ref
+from kernels.cache import write_kv_ref
+from kernels.norm import rms_norm_ref
+from kernels.rotary import apply_rotary_ref
+
+
+@dataclass(frozen=True)
+class Ops:
+    name: str
+    paged_attention: Callable  # see kernels.attention.paged_attention_ref
+    write_kv: Callable  # see kernels.cache.write_kv_ref
+    rms_norm: Callable  # see kernels.norm.rms_norm_ref
+    apply_rotary: Callable  # see kernels.rotary.apply_rotary_ref
+    silu_and_mul: Callable  # see kernels.activation.silu_and_mul_ref
+
+
+TORCH_OPS = Ops("torch", paged_attention_ref, write_kv_ref, rms_norm_ref, apply_rotary_ref, silu_and_mul_ref)
+
+
+def get_ops(backend: str, device_type: str) -> Ops:
+    """backend: auto (triton on cuda, torch elsewhere), torch, or triton."""
+    if backend == "auto":
+        backend = "triton" if device_type == "cuda" else "torch"
+    if backend == "torch":
+        return TORCH_OPS
+    if backend == "triton":
+        from kernels.triton_ops import TRITON_OPS  # imports triton only when asked
+
+        return TRITON_OPS
+    raise ValueError(f"kernel_backend: unknown backend {backend!r}")

@@ -1,0 +1,51 @@
+"""Rotary position embeddings (neox / Hugging Face "rotate_half" layout), Llama 3 scaling."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def inverse_frequencies(head_dim: int, theta: float, scaling: dict | None = None) -> torch.Tensor:
+    """[head_dim // 2] fp32, with Llama 3's frequency-dependent scaling when configured."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    if not scaling:
+        return inv_freq
+    kind = scaling.get("rope_type", scaling.get("type"))
+    if kind == "default":
+        return inv_freq
+    if kind != "llama3":
+        raise ValueError(f"rope_scaling: unsupported type {kind!r}")
+    factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
+    old_len = scaling["original_max_position_embeddings"]
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
+    smooth = (old_len / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < old_len / high) & ~(wavelen > old_len / low)
+    return torch.where(medium, smoothed, scaled)
+
+
+def cos_sin_cache(head_dim: int, max_positions: int, theta: float, scaling: dict | None = None) -> torch.Tensor:
+    """[max_positions, head_dim]: cos in the first half, sin in the second (fp32)."""
+    inv_freq = inverse_frequencies(head_dim, theta, scaling)
+    freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)
+    return torch.cat([freqs.cos(), freqs.sin()], dim=-1)
+
+
+def apply_rotary_ref(
+    q: torch.Tensor,  # [T, H, D]
+    k: torch.Tensor,  # [T, KVH, D]
+    positions: torch.Tensor,  # [T] int64
+    cache: torch.Tensor,  # [max_positions, D] from cos_sin_cache
+) -> tuple[torch.Tensor, torch.Tensor]:
+    half = q.shape[-1] // 2
+    cos, sin = cache[positions].to(q.dtype).chunk(2, dim=-1)  # [T, D/2] each
+    cos = torch.cat([cos, cos], -1)[:, None, :]
+    sin = torch.cat([sin, sin], -1)[:, None, :]
+
+    def rotate(x: torch.Tensor) -> torch.Tensor:
+        rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+        return x * cos + rotated * sin
+
+    return rotate(q), rotate(k)
