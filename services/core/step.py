@@ -86,3 +86,19 @@ class StepResult:
     outputs: list[SeqOutput] = field(default_factory=list)
     # seq_id -> logprobs of the prompt tokens run this step (position 0 has none: None)
     prompt_logprobs: dict[int, list[Logprobs | None]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    """What a worker tells the scheduler when it registers."""
+
+    model: str
+    dtype: str
+    block_size: int
+    num_gpu_blocks: int
+    num_cpu_blocks: int
+    vocab_size: int
+    max_model_len: int  # the model's max_position_embeddings
+    eos_token_ids: tuple[int, ...]
+    device: str
+    batch_invariant: bool

@@ -1,0 +1,384 @@
+"""The scheduler: queues, block tables per worker, policy, preemption, and step bookkeeping.
+
+One idea covers prefill, chunked prefill and decode: each sequence has
+`num_computed_tokens` catching up with its token count. A step gives every worker a
+delta (services.core.step); `update` applies what the worker sampled. Pure Python.
+"""
+from __future__ import annotations
+
+import bisect
+import itertools
+from dataclasses import dataclass, field
+
+from services.core.block_manager import BlockManager
+from services.core.config import CacheConfig, SchedulerConfig
+from services.core.errors import InvalidArgument, ResourceExhausted, check
+from services.core.sampling_params import SamplingParams
+from services.core.seeding import new_request_seed
+from services.core.sequence import Request, Sequence, SeqStatus, SeqUpdate
+from services.core.step import CachedSequence, NewSequence, StepDelta, StepResult, WorkerInfo
+
+
+@dataclass
+class WorkerSlot:
+    """The scheduler's state for one worker."""
+
+    info: WorkerInfo
+    blocks: BlockManager
+    pending_forget: list[int] = field(default_factory=list)
+    pending_swap_out: list[tuple[int, int]] = field(default_factory=list)
+    pending_copy: list[tuple[int, int]] = field(default_factory=list)
+
+
+@dataclass
+class _Plan:
+    """One worker's step being built."""
+
+    worker_id: str
+    delta: StepDelta
+    scheduled: list[tuple[Sequence, int]] = field(default_factory=list)
+    num_tokens: int = 0
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, cache: CacheConfig):
+        self.config, self.cache = config, cache
+        self.workers: dict[str, WorkerSlot] = {}
+        self.requests: dict[str, Request] = {}
+        self.waiting: list[tuple[tuple, int]] = []  # sorted (policy key, seq_id)
+        self.running: dict[int, Sequence] = {}
+        self.swapped: dict[int, Sequence] = {}
+        self.seqs: dict[int, Sequence] = {}
+        self._seq_ids = itertools.count()
+        self._arrivals = itertools.count()
+        self.step_id = 0
+        self.num_preemptions = 0
+        self._inflight: dict[str, _Plan] = {}
+
+    # ---- workers ---------------------------------------------------------------
+    def add_worker(self, worker_id: str, info: WorkerInfo) -> None:
+        check(info.block_size == self.cache.block_size, "block_size",
+              f"worker {worker_id} has block size {info.block_size}, scheduler {self.cache.block_size}")
+        self.workers[worker_id] = WorkerSlot(info, BlockManager(
+            info.num_gpu_blocks, info.block_size, info.num_cpu_blocks, self.cache.enable_prefix_caching))
+
+    def remove_worker(self, worker_id: str) -> int:
+        """Drop a dead worker; its sequences go back to waiting and are recomputed elsewhere.
+        Their streamed tokens stay: recompute continues after them. Returns how many moved."""
+        self.workers.pop(worker_id, None)
+        self._inflight.pop(worker_id, None)
+        moved = [s for s in itertools.chain(self.running.values(), self.swapped.values()) if s.worker_id == worker_id]
+        for seq in moved:
+            self.running.pop(seq.seq_id, None)
+            self.swapped.pop(seq.seq_id, None)
+            seq.worker_id, seq.num_computed_tokens = None, 0
+            seq.forget_on_worker()
+            self._enqueue(seq)
+        return len(moved)
+
+    # ---- requests --------------------------------------------------------------
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                    priority: int = 0) -> Request:
+        check(request_id not in self.requests, "request_id", f"{request_id!r} is already running")
+        check(len(prompt_token_ids) > 0, "prompt", "must not be empty")
+        check(len(prompt_token_ids) < self.config.max_model_len, "prompt",
+              f"{len(prompt_token_ids)} tokens leave no room to generate within max_model_len "
+              f"{self.config.max_model_len}")
+        if len(self.waiting) >= self.config.max_waiting_requests:
+            raise ResourceExhausted(f"{len(self.waiting)} requests are waiting; try again later")
+        if params.seed is None:
+            params = params.with_seed(new_request_seed())
+        request = Request(request_id, list(prompt_token_ids), params, next(self._arrivals), priority)
+        self.requests[request_id] = request
+        self._enqueue(self._new_seq(request, 0))
+        return request
+
+    def abort(self, request_id: str) -> list[SeqUpdate]:
+        request = self.requests.get(request_id)
+        if request is None:
+            return []
+        updates = []
+        for seq in request.seqs:
+            if not seq.is_finished:
+                self._finish(seq, "abort")
+                updates.append(self._update_of(seq, [], None))
+        self.requests.pop(request_id, None)
+        return updates
+
+    def stop_sample(self, request_id: str, sample_index: int) -> None:
+        """End one sample early because the frontend matched a stop string."""
+        request = self.requests.get(request_id)
+        if request is None:
+            return
+        for seq in request.seqs:
+            if seq.sample_index == sample_index and not seq.is_finished:
+                self._finish(seq, "stop")
+
+    def has_unfinished(self) -> bool:
+        return bool(self.requests)
+
+    # ---- scheduling ------------------------------------------------------------
+    def schedule(self) -> dict[str, StepDelta]:
+        """Choose every worker's batch for the next step."""
+        self.step_id += 1
+        plans = {w: _Plan(w, StepDelta(self.step_id)) for w in self.workers}
+        preempted = self._schedule_running(plans)
+        if not preempted:
+            self._schedule_swapped(plans)
+            self._schedule_waiting(plans)
+        deltas = {}
+        for worker_id, plan in plans.items():
+            slot = self.workers[worker_id]
+            plan.delta.finished_seq_ids = slot.pending_forget + plan.delta.finished_seq_ids
+            plan.delta.blocks_to_swap_out = slot.pending_swap_out + plan.delta.blocks_to_swap_out
+            plan.delta.blocks_to_copy = slot.pending_copy + plan.delta.blocks_to_copy
+            slot.pending_forget, slot.pending_swap_out, slot.pending_copy = [], [], []
+            self._fill_delta(plan)
+            if not plan.delta.is_empty:
+                deltas[worker_id] = plan.delta
+                self._inflight[worker_id] = plan
+        return deltas
+
+    def _key(self, seq: Sequence) -> tuple:
+        request = seq.request
+        if self.config.scheduling_policy == "priority":
+            return (request.priority, request.arrival, seq.sample_index)
+        if self.config.scheduling_policy == "sjf":
+            remaining = seq.num_tokens - seq.num_computed_tokens + request.params.max_tokens - len(seq.output_token_ids)
+            return (remaining, request.arrival, seq.sample_index)
+        return (request.arrival, seq.sample_index)
+
+    def _num_new_tokens(self, seq: Sequence, plan: _Plan) -> int:
+        """Tokens to run for seq this step under the token budget (0: none fit)."""
+        budget = self.config.max_num_batched_tokens - plan.num_tokens
+        wanted = seq.num_tokens - seq.num_computed_tokens
+        if wanted <= budget:
+            return wanted
+        return budget if self.config.enable_chunked_prefill else 0
+
+    def _schedule_running(self, plans: dict[str, _Plan]) -> bool:
+        preempted = False
+        for worker_id, plan in plans.items():
+            queue = sorted((s for s in self.running.values() if s.worker_id == worker_id), key=self._key)
+            blocks = self.workers[worker_id].blocks
+            while queue:
+                seq = queue.pop(0)
+                num_new = self._num_new_tokens(seq, plan)
+                if num_new == 0:
+                    continue
+                while not blocks.can_allocate(seq.seq_id, seq.num_computed_tokens + num_new):
+                    victim = queue.pop() if queue else seq  # lowest priority goes first
+                    self._preempt(victim, plan)
+                    preempted = True
+                    if victim is seq:
+                        break
+                else:
+                    self._allocate(seq, num_new, plan)
+        return preempted
+
+    def _schedule_swapped(self, plans: dict[str, _Plan]) -> None:
+        for seq in sorted(self.swapped.values(), key=self._key):
+            plan = plans.get(seq.worker_id)
+            blocks = self.workers[seq.worker_id].blocks
+            if plan is None or not self._has_seat(plan) or not blocks.can_swap_in(seq.seq_id):
+                continue
+            num_new = self._num_new_tokens(seq, plan)
+            needed = blocks.num_blocks_needed(seq.num_computed_tokens + num_new)
+            if num_new == 0 or blocks.num_free_blocks < needed:
+                continue
+            plan.delta.blocks_to_swap_in += blocks.swap_in(seq.seq_id)
+            del self.swapped[seq.seq_id]
+            seq.status = SeqStatus.RUNNING
+            self.running[seq.seq_id] = seq
+            self._allocate(seq, num_new, plan)
+
+    def _schedule_waiting(self, plans: dict[str, _Plan]) -> None:
+        while self.waiting:
+            seq = self.seqs[self.waiting[0][1]]
+            worker_id = self._place(seq, plans)
+            if worker_id is None:
+                return
+            plan, blocks = plans[worker_id], self.workers[worker_id].blocks
+            if seq.request.params.prompt_logprobs is None:  # prompt logprobs need every position run
+                seq.num_computed_tokens = blocks.match_prefix(seq.seq_id, seq.token_ids)
+            num_new = self._num_new_tokens(seq, plan)
+            if num_new == 0 or not blocks.can_allocate(seq.seq_id, seq.num_computed_tokens + num_new):
+                blocks.free(seq.seq_id)
+                seq.num_computed_tokens = 0
+                return
+            self.waiting.pop(0)
+            if seq.request.num_cached_tokens == 0 and not seq.output_token_ids:
+                seq.request.num_cached_tokens = seq.num_computed_tokens
+            seq.status, seq.worker_id = SeqStatus.RUNNING, worker_id
+            self.running[seq.seq_id] = seq
+            self._allocate(seq, num_new, plan)
+
+    def _place(self, seq: Sequence, plans: dict[str, _Plan]) -> str | None:
+        """The worker with the most free blocks that still has a seat this step."""
+        seats = [w for w, plan in plans.items() if self._has_seat(plan)
+                 and plan.num_tokens < self.config.max_num_batched_tokens]
+        if not seats:
+            return None
+        return max(seats, key=lambda w: (self.workers[w].blocks.num_free_blocks, w))
+
+    def _has_seat(self, plan: _Plan) -> bool:
+        num_running = sum(1 for s in self.running.values() if s.worker_id == plan.worker_id)
+        return num_running < self.config.max_num_seqs
+
+    def _allocate(self, seq: Sequence, num_new: int, plan: _Plan) -> None:
+        blocks = self.workers[seq.worker_id].blocks
+        if blocks.allocate_slots(seq.seq_id, seq.num_computed_tokens + num_new) is None:
+            raise AssertionError("allocate_slots failed after can_allocate")
+        plan.scheduled.append((seq, num_new))
+        plan.num_tokens += num_new
+
+    def _preempt(self, seq: Sequence, plan: _Plan) -> None:
+        self.num_preemptions += 1
+        seq.num_preemptions += 1
+        slot = self.workers[seq.worker_id]
+        del self.running[seq.seq_id]
+        if seq.num_tokens_on_worker:
+            plan.delta.finished_seq_ids.append(seq.seq_id)
+        seq.forget_on_worker()
+        if self.config.preemption_mode == "swap" and slot.blocks.can_swap_out(seq.seq_id):
+            plan.delta.blocks_to_swap_out += slot.blocks.swap_out(seq.seq_id)
+            seq.status = SeqStatus.SWAPPED
+            self.swapped[seq.seq_id] = seq
+            return
+        slot.blocks.free(seq.seq_id)
+        seq.worker_id, seq.num_computed_tokens = None, 0
+        self._enqueue(seq)
+
+    def _fill_delta(self, plan: _Plan) -> None:
+        for seq, num_new in plan.scheduled:
+            table = self.workers[seq.worker_id].blocks.block_table(seq.seq_id)
+            if seq.num_tokens_on_worker == 0:
+                request = seq.request
+                plan.delta.new_seqs.append(NewSequence(
+                    seq.seq_id, request.prompt_token_ids, list(seq.output_token_ids), list(table),
+                    seq.num_computed_tokens, num_new, request.params, request.seed, seq.sample_index,
+                    request.params.n if not request.forked and seq.sample_index == 0 else 1))
+            else:
+                num_prompt = len(seq.prompt_token_ids)
+                plan.delta.cached_seqs.append(CachedSequence(
+                    seq.seq_id, seq.output_token_ids[seq.num_tokens_on_worker - num_prompt:],
+                    table[seq.num_blocks_on_worker:], seq.num_computed_tokens, num_new))
+            seq.num_tokens_on_worker, seq.num_blocks_on_worker = seq.num_tokens, len(table)
+
+    # ---- results ---------------------------------------------------------------
+    def update(self, worker_id: str, result: StepResult) -> list[SeqUpdate]:
+        """Apply a worker's step result; returns what changed for each sample."""
+        plan = self._inflight.pop(worker_id)
+        blocks = self.workers[worker_id].blocks
+        updates = []
+        for seq, num_new in plan.scheduled:
+            if seq.is_finished or seq.worker_id != worker_id or seq.status is not SeqStatus.RUNNING:
+                continue
+            self._add_prompt_logprobs(seq, result.prompt_logprobs.get(seq.seq_id))
+            seq.num_computed_tokens += num_new
+            blocks.cache_full_blocks(seq.seq_id, seq.token_ids, seq.num_computed_tokens)
+        for output in result.outputs:
+            seq = self.seqs.get(output.seq_id)
+            if seq is None or seq.is_finished:
+                continue
+            children = self._fork(seq, output.token_ids[1:], output.logprobs, worker_id)
+            for s, token, lp in [(seq, output.token_ids[0], output.logprobs[0] if output.logprobs else None)] + children:
+                updates.append(self._append(s, token, lp))
+        return updates
+
+    @staticmethod
+    def _add_prompt_logprobs(seq: Sequence, entries) -> None:
+        """Entries cover prompt tokens from num_computed_tokens (+1 after the first chunk); a
+        recomputed prompt returns ones already held, which are skipped."""
+        start = seq.num_computed_tokens
+        if entries is not None and len(seq.request.prompt_logprobs) == (0 if start == 0 else start + 1):
+            seq.request.prompt_logprobs += entries
+
+    def _fork(self, parent: Sequence, tokens: list[int], logprobs, worker_id: str):
+        request = parent.request
+        if request.forked or parent.sample_index != 0:
+            return []
+        request.forked = True
+        blocks = self.workers[worker_id].blocks
+        children = []
+        for i, token in enumerate(tokens, start=1):
+            child = self._new_seq(request, i)
+            copies = blocks.fork(parent.seq_id, child.seq_id, parent.num_tokens)
+            if copies is None:  # no block for the copy: the child starts over from the prompt
+                self._enqueue(child)
+                continue
+            child.output_token_ids = list(parent.output_token_ids)
+            child.num_computed_tokens, child.status, child.worker_id = parent.num_computed_tokens, SeqStatus.RUNNING, worker_id
+            self.workers[worker_id].pending_copy += copies
+            self.running[child.seq_id] = child
+            children.append((child, token, logprobs[i] if logprobs else None))
+        return children
+
+    def _append(self, seq: Sequence, token: int, logprob) -> SeqUpdate:
+        params = seq.request.params
+        seq.output_token_ids.append(token)
+        if logprob is not None:
+            seq.logprobs.append(logprob)
+        reason = None
+        if token in params.stop_token_ids:
+            reason, seq.stop_reason = "stop", token
+        elif not params.ignore_eos and token in self._eos(seq) and len(seq.output_token_ids) >= params.min_tokens:
+            reason = "stop"
+        elif len(seq.output_token_ids) >= params.max_tokens or seq.num_tokens >= self.config.max_model_len:
+            reason = "length"
+        if reason:
+            self._finish(seq, reason)
+        return self._update_of(seq, [token], [logprob] if logprob is not None else None)
+
+    def _eos(self, seq: Sequence) -> tuple[int, ...]:
+        slot = self.workers.get(seq.worker_id)
+        return slot.info.eos_token_ids if slot else ()
+
+    def _finish(self, seq: Sequence, reason: str) -> None:
+        seq.status, seq.finish_reason = SeqStatus.FINISHED, reason
+        self.running.pop(seq.seq_id, None)
+        self.swapped.pop(seq.seq_id, None)
+        self._dequeue(seq)
+        slot = self.workers.get(seq.worker_id)
+        if slot is not None:
+            slot.blocks.free(seq.seq_id)
+            if seq.num_tokens_on_worker:
+                slot.pending_forget.append(seq.seq_id)
+        seq.forget_on_worker()
+        request = seq.request
+        if all(s.is_finished for s in request.seqs) and (request.forked or request.params.n == 1):
+            self.requests.pop(request.request_id, None)
+            for s in request.seqs:
+                self.seqs.pop(s.seq_id, None)
+
+    def _update_of(self, seq: Sequence, tokens: list[int], logprobs) -> SeqUpdate:
+        request = seq.request
+        done_prompt = seq.sample_index == 0 and len(seq.output_token_ids) == 1 and tokens
+        return SeqUpdate(request.request_id, seq.sample_index, tokens, logprobs, seq.finish_reason, seq.stop_reason,
+                         request.prompt_logprobs if done_prompt and request.params.prompt_logprobs is not None
+                         else None, len(request.prompt_token_ids), request.num_cached_tokens, request.seed)
+
+    # ---- queues ----------------------------------------------------------------
+    def _new_seq(self, request: Request, sample_index: int) -> Sequence:
+        seq = Sequence(next(self._seq_ids), request, sample_index)
+        request.seqs.append(seq)
+        self.seqs[seq.seq_id] = seq
+        return seq
+
+    def _enqueue(self, seq: Sequence) -> None:
+        seq.status = SeqStatus.WAITING
+        bisect.insort(self.waiting, (self._key(seq), seq.seq_id))
+
+    def _dequeue(self, seq: Sequence) -> None:
+        for i, (_, seq_id) in enumerate(self.waiting):
+            if seq_id == seq.seq_id:
+                del self.waiting[i]
+                return
+
+    # ---- stats -----------------------------------------------------------------
+    def stats(self) -> dict:
+        return {
+            "num_waiting": len(self.waiting), "num_running": len(self.running), "num_swapped": len(self.swapped),
+            "num_preemptions": self.num_preemptions,
+            "workers": {w: slot.blocks.stats for w, slot in self.workers.items()},
+        }

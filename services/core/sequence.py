@@ -1,0 +1,87 @@
+"""Request and sequence state, owned by the scheduler (the single source of truth, rule 1)."""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from services.core.sampling_params import SamplingParams
+from services.core.step import Logprobs
+
+
+class SeqStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    SWAPPED = "swapped"
+    FINISHED = "finished"
+
+
+@dataclass
+class Request:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams  # seed always set (assigned at admission when the caller gave none)
+    arrival: int  # admission order, the tie-breaker of every policy
+    priority: int = 0  # lower runs first under the "priority" policy
+    seqs: list[Sequence] = field(default_factory=list)
+    forked: bool = False  # the n-1 parallel samples have been forked off sample 0
+    prompt_logprobs: list[Logprobs | None] = field(default_factory=list)
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache at first admission
+
+    @property
+    def seed(self) -> int:
+        return self.params.seed
+
+
+@dataclass
+class Sequence:
+    """One sample of a request: prompt + its own output tokens."""
+
+    seq_id: int
+    request: Request
+    sample_index: int = 0
+    output_token_ids: list[int] = field(default_factory=list)
+    logprobs: list[Logprobs] = field(default_factory=list)
+    status: SeqStatus = SeqStatus.WAITING
+    num_computed_tokens: int = 0
+    worker_id: str | None = None  # where its blocks live (running or swapped)
+    num_tokens_on_worker: int = 0  # how much of it the worker's mirror holds (0: not held)
+    num_blocks_on_worker: int = 0
+    finish_reason: str | None = None  # "stop", "length" or "abort"
+    stop_reason: int | None = None  # the stop token id that ended it
+    num_preemptions: int = 0
+
+    @property
+    def prompt_token_ids(self) -> list[int]:
+        return self.request.prompt_token_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.request.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.request.prompt_token_ids + self.output_token_ids
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SeqStatus.FINISHED
+
+    def forget_on_worker(self) -> None:
+        self.num_tokens_on_worker = 0
+        self.num_blocks_on_worker = 0
+
+
+@dataclass
+class SeqUpdate:
+    """What one step (or an abort) changed for one sample, streamed towards the client."""
+
+    request_id: str
+    sample_index: int
+    new_token_ids: list[int]
+    new_logprobs: list[Logprobs] | None = None
+    finish_reason: str | None = None
+    stop_reason: int | None = None
+    prompt_logprobs: list[Logprobs | None] | None = None  # once, when the prompt is done
+    num_prompt_tokens: int = 0
+    num_cached_tokens: int = 0
+    seed: int = 0

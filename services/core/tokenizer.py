@@ -1,0 +1,66 @@
+"""The model's tokenizer (tokenizer.json) and chat template, without transformers or torch."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jinja2
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers import Tokenizer as HFTokenizer
+
+from services.core.errors import InvalidArgument
+
+
+def _raise(message: str):
+    raise jinja2.exceptions.TemplateError(message)
+
+
+class Tokenizer:
+    def __init__(self, folder: str | Path):
+        folder = Path(folder)
+        if not (folder / "tokenizer.json").is_file():
+            raise InvalidArgument("model", f"no tokenizer.json in {folder}")
+        self._tok = HFTokenizer.from_file(str(folder / "tokenizer.json"))
+        config_path = folder / "tokenizer_config.json"
+        config = json.loads(config_path.read_text()) if config_path.is_file() else {}
+        self.bos_token = _token_text(config.get("bos_token"))
+        self.eos_token = _token_text(config.get("eos_token"))
+        self.add_bos = bool(config.get("add_bos_token", False)) and self.bos_token is not None
+        template = config.get("chat_template")
+        if isinstance(template, list):  # named templates: take the default one
+            template = next((t["template"] for t in template if t.get("name") == "default"), None)
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)  # client text is never evaluated
+        env.globals["raise_exception"] = _raise
+        self._template = env.from_string(template) if template else None
+        self.vocab_size = self._tok.get_vocab_size()
+        self.eos_token_id = self._tok.token_to_id(self.eos_token) if self.eos_token else None
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        ids = self._tok.encode(text, add_special_tokens=False).ids
+        if add_special_tokens and self.add_bos:
+            bos = self._tok.token_to_id(self.bos_token)
+            if not ids or ids[0] != bos:
+                ids = [bos] + ids
+        return ids
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+        if self._template is None:
+            raise InvalidArgument("messages", "this model has no chat template")
+        for i, message in enumerate(messages):
+            if not isinstance(message, dict) or not isinstance(message.get("role"), str) \
+                    or not isinstance(message.get("content"), str):
+                raise InvalidArgument(f"messages[{i}]", "needs a string role and a string content")
+        try:
+            return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
+                                         bos_token=self.bos_token or "", eos_token=self.eos_token or "")
+        except jinja2.exceptions.TemplateError as exc:
+            raise InvalidArgument("messages", f"chat template refused the messages: {exc}") from exc
+
+
+def _token_text(value) -> str | None:
+    if isinstance(value, dict):
+        return value.get("content")
+    return value

@@ -1,0 +1,31 @@
+"""The in-process engine: the scheduler and its workers in one process, no gRPC.
+
+The same Scheduler and Worker classes the services wrap; also the baseline that measures
+what the gRPC split costs.
+"""
+from __future__ import annotations
+
+from services.core.config import EngineArgs
+from services.core.scheduler import Scheduler
+from services.core.sequence import SeqUpdate
+from services.worker.worker import Worker
+
+
+class Engine:
+    def __init__(self, args: EngineArgs, num_workers: int = 1):
+        self.args = args
+        self.workers = {f"worker-{i}": Worker(args.worker_config(), args.cache_config()) for i in range(num_workers)}
+        first = next(iter(self.workers.values()))
+        self.model_path = first.model_path
+        self.info = first.info
+        self.scheduler = Scheduler(args.scheduler_config(first.info.max_model_len), args.cache_config())
+        for worker_id, worker in self.workers.items():
+            self.scheduler.add_worker(worker_id, worker.info)
+
+    def step(self) -> list[SeqUpdate]:
+        """One scheduling round: every worker runs its delta; returns what changed."""
+        updates = []
+        for worker_id, delta in self.scheduler.schedule().items():
+            result = self.workers[worker_id].step(delta)
+            updates += self.scheduler.update(worker_id, result)
+        return updates

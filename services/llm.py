@@ -1,0 +1,65 @@
+"""`LLM(model).generate(prompts, params)`: offline batch generation in one process."""
+from __future__ import annotations
+
+import itertools
+from typing import Sequence as Seq
+
+from tqdm import tqdm
+
+from services.core.config import EngineArgs
+from services.core.errors import InvalidArgument
+from services.core.outputs import OutputCollector, RequestOutput
+from services.core.sampling_params import SamplingParams
+from services.core.tokenizer import Tokenizer
+from services.engine import Engine
+
+Prompt = str | list[int]
+
+
+class LLM:
+    def __init__(self, model: str | None = None, num_workers: int = 1, **engine_args):
+        self.args = EngineArgs.from_kwargs(model or "default", **engine_args)
+        self.engine = Engine(self.args, num_workers)
+        self.tokenizer = Tokenizer(self.engine.model_path)
+        self._ids = itertools.count()
+
+    @property
+    def scheduler(self):
+        return self.engine.scheduler
+
+    def generate(self, prompts: Prompt | Seq[Prompt], sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
+                 use_tqdm: bool = True, priority: Seq[int] | None = None) -> list[RequestOutput]:
+        """Outputs in input order. One SamplingParams for all prompts, or one per prompt."""
+        prompts = [prompts] if isinstance(prompts, str) or _is_token_ids(prompts) else list(prompts)
+        params = sampling_params if isinstance(sampling_params, (list, tuple)) else \
+            [sampling_params or SamplingParams()] * len(prompts)
+        if len(params) != len(prompts):
+            raise InvalidArgument("sampling_params", f"{len(params)} given for {len(prompts)} prompts")
+        collectors = [self._submit(p, sp, priority[i] if priority else 0)
+                      for i, (p, sp) in enumerate(zip(prompts, params))]
+        by_id = {c.output.request_id: c for c in collectors}
+        with tqdm(total=len(collectors), desc="generate", unit="req", disable=not use_tqdm) as bar:
+            while self.scheduler.has_unfinished():
+                for update in self.engine.step():
+                    collector = by_id[update.request_id]
+                    was_done = collector.output.finished
+                    if collector.apply(update):
+                        self.scheduler.stop_sample(update.request_id, update.sample_index)
+                    bar.update(int(collector.output.finished and not was_done))
+        return [c.output for c in collectors]
+
+    def _submit(self, prompt: Prompt, params: SamplingParams, priority: int) -> OutputCollector:
+        if isinstance(prompt, str):
+            text, ids = prompt, self.tokenizer.encode(prompt)
+        else:
+            text, ids = None, [int(t) for t in prompt]
+        params.check_vocab(self.engine.info.vocab_size)
+        if any(t < 0 or t >= self.engine.info.vocab_size for t in ids):
+            raise InvalidArgument("prompt", "token id outside the vocabulary")
+        request_id = str(next(self._ids))
+        request = self.scheduler.add_request(request_id, ids, params, priority)
+        return OutputCollector(request_id, text, ids, request.params, self.tokenizer)
+
+
+def _is_token_ids(prompts) -> bool:
+    return isinstance(prompts, list) and bool(prompts) and isinstance(prompts[0], int)

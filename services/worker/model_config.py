@@ -1,0 +1,86 @@
+"""The architecture facts the worker needs, read from a Hugging Face config.json."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from services.core.errors import InvalidArgument
+
+# model_type -> (q/k/v projections have a bias, per-head q/k RMSNorm)
+SUPPORTED = {
+    "llama": (False, False),
+    "mistral": (False, False),
+    "qwen2": (True, False),
+    "qwen3": (False, True),
+}
+
+
+@dataclass(frozen=True)
+class ModelArchConfig:
+    model_type: str
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: dict | None
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    qkv_bias: bool
+    qk_norm: bool
+    eos_token_ids: tuple[int, ...]
+    torch_dtype: str
+
+    @classmethod
+    def from_folder(cls, folder: str | Path) -> ModelArchConfig:
+        path = Path(folder) / "config.json"
+        if not path.is_file():
+            raise InvalidArgument("model", f"no config.json in {folder}")
+        raw = json.loads(path.read_text())
+        return cls.from_dict(raw, _generation_eos(Path(folder)))
+
+    @classmethod
+    def from_dict(cls, raw: dict, extra_eos: tuple[int, ...] = ()) -> ModelArchConfig:
+        model_type = raw.get("model_type", "")
+        if model_type not in SUPPORTED:
+            raise InvalidArgument("model_type", f"unsupported architecture {model_type!r}; "
+                                                f"supported: {sorted(SUPPORTED)}")
+        qkv_bias, qk_norm = SUPPORTED[model_type]
+        num_heads = raw["num_attention_heads"]
+        head_dim = raw.get("head_dim") or raw["hidden_size"] // num_heads
+        eos = raw.get("eos_token_id")
+        eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
+        rope_theta = raw.get("rope_theta") or (raw.get("rope_parameters") or {}).get("rope_theta", 10000.0)
+        scaling = raw.get("rope_scaling") or raw.get("rope_parameters")
+        return cls(
+            model_type=model_type,
+            hidden_size=raw["hidden_size"],
+            num_layers=raw["num_hidden_layers"],
+            num_heads=num_heads,
+            num_kv_heads=raw.get("num_key_value_heads") or num_heads,
+            head_dim=head_dim,
+            intermediate_size=raw["intermediate_size"],
+            vocab_size=raw["vocab_size"],
+            rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
+            rope_theta=float(rope_theta),
+            rope_scaling=scaling,
+            max_position_embeddings=raw.get("max_position_embeddings", 2048),
+            tie_word_embeddings=raw.get("tie_word_embeddings", False),
+            qkv_bias=raw.get("attention_bias", qkv_bias),
+            qk_norm=qk_norm,
+            eos_token_ids=tuple(dict.fromkeys(eos_ids + extra_eos)),
+            torch_dtype=raw.get("torch_dtype") or raw.get("dtype") or "float32",
+        )
+
+
+def _generation_eos(folder: Path) -> tuple[int, ...]:
+    path = folder / "generation_config.json"
+    if not path.is_file():
+        return ()
+    eos = json.loads(path.read_text()).get("eos_token_id")
+    return tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())

@@ -1,0 +1,158 @@
+"""Runs one step on a worker: apply the delta, flatten the batch, forward, sample."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from kernels.attention import token_layout
+from services.core.errors import InvalidArgument, UnknownSequence
+from services.core.sampling_params import SamplingParams
+from services.core.step import NewSequence, SeqOutput, StepDelta, StepResult
+from services.worker.kv_cache import KVCache
+from services.worker.models.llama import AttentionMetadata, LlamaForCausalLM
+from services.worker.sampler import SamplingRow, prompt_logprobs, sample
+
+
+@dataclass
+class SeqState:
+    """The worker's mirror of one running sequence (the scheduler owns the truth)."""
+
+    seq_id: int
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]
+    block_ids: list[int]
+    num_computed_tokens: int
+    params: SamplingParams
+    seed: int
+    sample_index: int
+    num_samples: int = 1
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    def token_ids(self, start: int, end: int) -> list[int]:
+        num_prompt = len(self.prompt_token_ids)
+        return (self.prompt_token_ids[start:end] if start < num_prompt else []) + \
+            self.output_token_ids[max(start - num_prompt, 0):max(end - num_prompt, 0)]
+
+
+@dataclass
+class _Batch:
+    """Host-side lists for one step, turned into tensors by `_tensors`."""
+
+    input_ids: list[int] = field(default_factory=list)
+    positions: list[int] = field(default_factory=list)
+    slots: list[int] = field(default_factory=list)
+    seq_lens: list[int] = field(default_factory=list)
+    query_start_loc: list[int] = field(default_factory=lambda: [0])
+    tables: list[list[int]] = field(default_factory=list)
+    sample_seqs: list[tuple[SeqState, int]] = field(default_factory=list)  # (seq, row in hidden)
+    prompt_rows: list[tuple[SeqState, int, int]] = field(default_factory=list)  # (seq, first row, first pos)
+
+
+class ModelRunner:
+    def __init__(self, model: LlamaForCausalLM, kv_cache: KVCache, device: torch.device):
+        self.model, self.kv_cache, self.device = model, kv_cache, device
+        self.block_size = kv_cache.block_size
+        self.eos_token_ids = model.cfg.eos_token_ids
+        self.seqs: dict[int, SeqState] = {}
+
+    def execute(self, delta: StepDelta) -> StepResult:
+        for seq_id in delta.finished_seq_ids:
+            self.seqs.pop(seq_id, None)
+        self.kv_cache.swap_out(delta.blocks_to_swap_out)
+        self.kv_cache.swap_in(delta.blocks_to_swap_in)
+        self.kv_cache.copy(delta.blocks_to_copy)
+        scheduled = [self._add(new) for new in delta.new_seqs] + [self._update(c) for c in delta.cached_seqs]
+        result = StepResult(delta.step_id)
+        if not scheduled:
+            return result
+        batch = self._prepare(scheduled)
+        hidden = self.model(*self._tensors(batch))
+        self._sample(batch, hidden, result)
+        self._prompt_logprobs(batch, hidden, result)
+        return result
+
+    # ---- delta -> mirror -------------------------------------------------------
+    def _add(self, new: NewSequence) -> tuple[SeqState, int]:
+        state = SeqState(new.seq_id, list(new.prompt_token_ids), list(new.output_token_ids), list(new.block_ids),
+                         new.num_computed_tokens, new.params, new.seed, new.sample_index, new.num_samples)
+        self.seqs[new.seq_id] = state
+        return state, new.num_scheduled_tokens
+
+    def _update(self, cached) -> tuple[SeqState, int]:
+        state = self.seqs.get(cached.seq_id)
+        if state is None:
+            raise UnknownSequence(f"worker does not hold sequence {cached.seq_id}; re-send it in full")
+        state.output_token_ids.extend(cached.new_token_ids)
+        state.block_ids.extend(cached.new_block_ids)
+        state.num_computed_tokens = cached.num_computed_tokens
+        state.num_samples = 1
+        return state, cached.num_scheduled_tokens
+
+    # ---- batch preparation -----------------------------------------------------
+    def _prepare(self, scheduled: list[tuple[SeqState, int]]) -> _Batch:
+        batch, bs = _Batch(), self.block_size
+        for state, num_new in scheduled:
+            start, end = state.num_computed_tokens, state.num_computed_tokens + num_new
+            if num_new < 1 or end > state.num_tokens or -(-end // bs) > len(state.block_ids):
+                raise InvalidArgument("step", f"sequence {state.seq_id}: cannot run tokens {start}..{end} "
+                                              f"of {state.num_tokens} with {len(state.block_ids)} blocks")
+            first_row = len(batch.input_ids)
+            batch.input_ids += state.token_ids(start, end)
+            batch.positions += range(start, end)
+            batch.slots += [state.block_ids[p // bs] * bs + p % bs for p in range(start, end)]
+            batch.seq_lens.append(end)
+            batch.query_start_loc.append(len(batch.input_ids))
+            batch.tables.append(state.block_ids)
+            if state.params.prompt_logprobs is not None and start < len(state.prompt_token_ids):
+                batch.prompt_rows.append((state, first_row, start))
+            state.num_computed_tokens = end
+            if end == state.num_tokens:
+                batch.sample_seqs.append((state, len(batch.input_ids) - 1))
+        return batch
+
+    def _tensors(self, batch: _Batch):
+        dev = self.device
+        width = max(len(t) for t in batch.tables)
+        tables = torch.tensor([t + [0] * (width - len(t)) for t in batch.tables], dtype=torch.int64, device=dev)
+        seq_lens = torch.tensor(batch.seq_lens, dtype=torch.int64, device=dev)
+        query_start_loc = torch.tensor(batch.query_start_loc, dtype=torch.int64, device=dev)
+        meta = AttentionMetadata(
+            positions=torch.tensor(batch.positions, dtype=torch.int64, device=dev),
+            slot_mapping=torch.tensor(batch.slots, dtype=torch.int64, device=dev),
+            block_tables=tables, seq_lens=seq_lens, query_start_loc=query_start_loc,
+            layout=token_layout(seq_lens, query_start_loc))
+        input_ids = torch.tensor(batch.input_ids, dtype=torch.int64, device=dev)
+        return input_ids, self.kv_cache.layers, meta
+
+    # ---- sampling --------------------------------------------------------------
+    def _sample(self, batch: _Batch, hidden: torch.Tensor, result: StepResult) -> None:
+        if not batch.sample_seqs:
+            return
+        rows, logit_rows = [], []
+        for i, (state, row) in enumerate(batch.sample_seqs):
+            for k in range(state.num_samples):  # a fork samples each child's first token here
+                rows.append(SamplingRow(state.params, state.seed, state.sample_index + k, state.num_tokens,
+                                        state.prompt_token_ids, state.output_token_ids))
+                logit_rows.append(i)
+        hidden_rows = torch.tensor([row for _, row in batch.sample_seqs], device=self.device)
+        logits = self.model.compute_logits(hidden[hidden_rows])[torch.tensor(logit_rows, device=self.device)]
+        sampled = iter(sample(logits, rows, self.eos_token_ids))
+        for state, _ in batch.sample_seqs:
+            picks = [next(sampled) for _ in range(state.num_samples)]
+            logprobs = [lp for _, lp in picks] if state.params.logprobs is not None else None
+            result.outputs.append(SeqOutput(state.seq_id, [tok for tok, _ in picks], logprobs))
+
+    def _prompt_logprobs(self, batch: _Batch, hidden: torch.Tensor, result: StepResult) -> None:
+        for state, first_row, start in batch.prompt_rows:
+            num_prompt = len(state.prompt_token_ids)
+            stop = min(state.num_computed_tokens, num_prompt - 1)  # position p predicts prompt token p + 1
+            entries = [None] if start == 0 else []  # the first prompt token has no logprob
+            if stop > start:
+                logits = self.model.compute_logits(hidden[first_row:first_row + stop - start])
+                targets = state.prompt_token_ids[start + 1:stop + 1]
+                entries += prompt_logprobs(logits, targets, state.params.prompt_logprobs)
+            result.prompt_logprobs[state.seq_id] = entries

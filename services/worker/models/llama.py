@@ -1,0 +1,119 @@
+"""The Llama family (Llama, Mistral, Qwen2 with q/k/v bias, Qwen3 with q/k norm) over a paged cache.
+
+One forward pass runs a flattened batch of tokens with no padding: prefill chunks and
+single decode tokens side by side. Kernels come from an `Ops` bundle (PyTorch references
+on the CPU, Triton on CUDA); linear layers from `linear_fn` (batch-invariant by default).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import nn
+
+from kernels.ops import Ops
+from kernels.rotary import cos_sin_cache
+from services.worker.model_config import ModelArchConfig
+
+
+@dataclass
+class AttentionMetadata:
+    """Where each token of the flattened batch sits; built once per step by the runner."""
+
+    positions: torch.Tensor  # [T] int64
+    slot_mapping: torch.Tensor  # [T] int64, cache slot for each token's K/V
+    block_tables: torch.Tensor  # [S, max_blocks] int64
+    seq_lens: torch.Tensor  # [S] context length after this step
+    query_start_loc: torch.Tensor  # [S + 1]
+    layout: tuple[torch.Tensor, torch.Tensor] | None = None  # kernels.attention.token_layout
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelArchConfig, ops: Ops, linear: Callable):
+        super().__init__()
+        self.cfg, self.ops, self.linear = cfg, ops, linear
+        q_size, kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        self.split = (q_size, kv_size, kv_size)
+        self.qkv_weight = nn.Parameter(torch.empty(q_size + 2 * kv_size, cfg.hidden_size), requires_grad=False)
+        self.qkv_bias = nn.Parameter(torch.empty(q_size + 2 * kv_size), requires_grad=False) if cfg.qkv_bias else None
+        self.o_weight = nn.Parameter(torch.empty(cfg.hidden_size, q_size), requires_grad=False)
+        if cfg.qk_norm:
+            self.q_norm = nn.Parameter(torch.empty(cfg.head_dim), requires_grad=False)
+            self.k_norm = nn.Parameter(torch.empty(cfg.head_dim), requires_grad=False)
+        self.scale = cfg.head_dim ** -0.5
+
+    def forward(self, x: torch.Tensor, kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata,
+                rotary_cache: torch.Tensor) -> torch.Tensor:
+        cfg, ops = self.cfg, self.ops
+        num_tokens = x.shape[0]
+        q, k, v = self.linear(x, self.qkv_weight, self.qkv_bias).split(self.split, dim=-1)
+        q = q.reshape(num_tokens, cfg.num_heads, cfg.head_dim)  # [T, H, D]
+        k = k.reshape(num_tokens, cfg.num_kv_heads, cfg.head_dim)  # [T, KVH, D]
+        v = v.reshape(num_tokens, cfg.num_kv_heads, cfg.head_dim)
+        if cfg.qk_norm:
+            q = ops.rms_norm(q, self.q_norm, cfg.rms_norm_eps)[0]
+            k = ops.rms_norm(k, self.k_norm, cfg.rms_norm_eps)[0]
+        q, k = ops.apply_rotary(q, k, meta.positions, rotary_cache)
+        k_cache, v_cache = kv_cache
+        ops.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        out = ops.paged_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc,
+                                  self.scale, meta.layout)
+        return self.linear(out.reshape(num_tokens, -1), self.o_weight, None)
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelArchConfig, ops: Ops, linear: Callable):
+        super().__init__()
+        self.ops, self.linear = ops, linear
+        self.gate_up_weight = nn.Parameter(torch.empty(2 * cfg.intermediate_size, cfg.hidden_size),
+                                           requires_grad=False)
+        self.down_weight = nn.Parameter(torch.empty(cfg.hidden_size, cfg.intermediate_size), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate_up = self.linear(x, self.gate_up_weight, None)
+        return self.linear(self.ops.silu_and_mul(gate_up), self.down_weight, None)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelArchConfig, ops: Ops, linear: Callable):
+        super().__init__()
+        self.ops, self.eps = ops, cfg.rms_norm_eps
+        self.attn = Attention(cfg, ops, linear)
+        self.mlp = MLP(cfg, ops, linear)
+        self.input_norm = nn.Parameter(torch.empty(cfg.hidden_size), requires_grad=False)
+        self.post_attn_norm = nn.Parameter(torch.empty(cfg.hidden_size), requires_grad=False)
+
+    def forward(self, x, residual, kv_cache, meta, rotary_cache):
+        h, residual = self.ops.rms_norm(x, self.input_norm, self.eps, residual)
+        if residual is None:  # first layer: the embedding is the residual stream
+            residual = x
+        h = self.attn(h, kv_cache, meta, rotary_cache)
+        h, residual = self.ops.rms_norm(h, self.post_attn_norm, self.eps, residual)
+        return self.mlp(h), residual
+
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(self, cfg: ModelArchConfig, ops: Ops, linear: Callable):
+        super().__init__()
+        self.cfg, self.ops, self.linear = cfg, ops, linear
+        self.embed = nn.Parameter(torch.empty(cfg.vocab_size, cfg.hidden_size), requires_grad=False)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, ops, linear) for _ in range(cfg.num_layers))
+        self.final_norm = nn.Parameter(torch.empty(cfg.hidden_size), requires_grad=False)
+        self.lm_head = self.embed if cfg.tie_word_embeddings else nn.Parameter(
+            torch.empty(cfg.vocab_size, cfg.hidden_size), requires_grad=False)
+        self.register_buffer("rotary_cache", cos_sin_cache(cfg.head_dim, cfg.max_position_embeddings,
+                                                           cfg.rope_theta, cfg.rope_scaling), persistent=False)
+
+    @torch.inference_mode()
+    def forward(self, input_ids: torch.Tensor, kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+                meta: AttentionMetadata) -> torch.Tensor:  # [T] -> [T, hidden], final norm applied
+        x = self.embed[input_ids]
+        residual = None
+        for layer, kv_cache in zip(self.layers, kv_caches):
+            x, residual = layer(x, residual, kv_cache, meta, self.rotary_cache)
+        return self.ops.rms_norm(x, self.final_norm, self.cfg.rms_norm_eps, residual)[0]
+
+    @torch.inference_mode()
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [R, hidden] -> [R, V] fp32
+        return self.linear(hidden, self.lm_head, None).float()

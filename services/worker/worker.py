@@ -1,0 +1,51 @@
+"""A worker: the weights, the KV cache and the step. Plain class; the gRPC servicer wraps it."""
+from __future__ import annotations
+
+import torch
+import structlog
+
+from kernels.ops import get_ops
+from services.core.config import CacheConfig, WorkerConfig
+from services.core.model_path import resolve_model_path
+from services.core.step import StepDelta, StepResult, WorkerInfo
+from services.worker.kv_cache import KVCache, block_bytes, num_blocks_for
+from services.worker.linear import invariant_linear, plain_linear
+from services.worker.loader import load_model, resolve_dtype
+from services.worker.model_config import ModelArchConfig
+from services.worker.model_runner import ModelRunner
+
+log = structlog.get_logger("worker")
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+class Worker:
+    def __init__(self, config: WorkerConfig, cache: CacheConfig):
+        self.config = config
+        self.device = pick_device(config.device)
+        self.model_path = resolve_model_path(config.model)
+        arch = ModelArchConfig.from_folder(self.model_path)
+        self.dtype = resolve_dtype(config.dtype, arch, self.device)
+        torch.manual_seed(config.seed)
+        ops = get_ops(config.kernel_backend, self.device.type)
+        linear = invariant_linear if config.batch_invariant else plain_linear
+        model = load_model(self.model_path, self.dtype, self.device, ops, linear)
+        num_blocks = num_blocks_for(arch, cache.block_size, self.dtype, self.device, cache.num_gpu_blocks,
+                                    cache.kv_cache_memory_bytes)
+        num_cpu_blocks = cache.swap_space_bytes // block_bytes(arch, cache.block_size, self.dtype)
+        kv_cache = KVCache(arch, num_blocks, num_cpu_blocks, cache.block_size, self.dtype, self.device)
+        self.runner = ModelRunner(model, kv_cache, self.device)
+        self.info = WorkerInfo(
+            model=str(self.model_path), dtype=str(self.dtype).removeprefix("torch."), block_size=cache.block_size,
+            num_gpu_blocks=num_blocks, num_cpu_blocks=num_cpu_blocks, vocab_size=arch.vocab_size,
+            max_model_len=arch.max_position_embeddings, eos_token_ids=arch.eos_token_ids,
+            device=self.device.type, batch_invariant=config.batch_invariant)
+        log.info("worker_ready", model=self.info.model, dtype=self.info.dtype, device=self.info.device,
+                 num_gpu_blocks=num_blocks, num_cpu_blocks=num_cpu_blocks, kernels=ops.name)
+
+    def step(self, delta: StepDelta) -> StepResult:
+        return self.runner.execute(delta)
