@@ -1,0 +1,52 @@
+"""The attention reference (the CPU path and the kernels' yardstick) against naive dense
+attention: per sequence, the whole causal softmax at once, in fp64, no tiles, no pages."""
+import pytest
+import torch
+
+from kernel_helpers import dtype_id, make_paged_batch
+from kernels.attention import KEY_TILE, paged_attention_ref, token_layout
+
+
+def dense_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale) -> torch.Tensor:
+    """[T, H, D] fp64: each sequence's keys gathered into one dense tensor, full softmax."""
+    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+    group = q.shape[1] // num_kv_heads
+    outs = []
+    for i, ctx in enumerate(seq_lens.tolist()):
+        start, end = query_start_loc[i].item(), query_start_loc[i + 1].item()
+        blocks = block_tables[i, :-(-ctx // block_size)].long()
+        k = k_cache[blocks].reshape(-1, num_kv_heads, k_cache.shape[3])[:ctx].double()  # [ctx, KVH, D]
+        v = v_cache[blocks].reshape(-1, num_kv_heads, v_cache.shape[3])[:ctx].double()
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)  # [ctx, H, D]
+        queries = q[start:end].double()  # [n, H, D]
+        positions = torch.arange(ctx - (end - start), ctx)
+        scores = torch.einsum("nhd,khd->hnk", queries, k) * scale
+        scores = scores.masked_fill(torch.arange(ctx)[None, None, :] > positions[None, :, None], float("-inf"))
+        outs.append(torch.einsum("hnk,khd->nhd", scores.softmax(-1), v))
+    return torch.cat(outs)
+
+
+# (sequences as (context, queries), heads, kv heads, head_dim, block_size); contexts beyond KEY_TILE
+CASES = [
+    ([(300, 5), (1, 1), (129, 129)], 8, 2, 64, 16),  # multi-tile chunk, decode at position 0, long prefill
+    ([(257, 1), (40, 40)], 4, 4, 128, 8),  # decode three tiles deep, no GQA
+    ([(200, 17), (130, 3), (7, 2)], 12, 4, 80, 32),  # group of 3, padded head_dim
+    ([(KEY_TILE, KEY_TILE)], 8, 1, 96, 16),  # multi-query, exactly one tile
+]
+TOLERANCE = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.bfloat16: dict(atol=1.6e-2, rtol=1.6e-2)}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
+@pytest.mark.parametrize("seqs,heads,kv_heads,head_dim,block_size", CASES)
+def test_reference_matches_dense_attention(seqs, heads, kv_heads, head_dim, block_size, dtype):
+    batch = make_paged_batch(seqs, heads, kv_heads, head_dim, block_size, dtype=dtype, device="cpu")
+    out = paged_attention_ref(**batch)
+    assert out.dtype == dtype and out.shape == batch["q"].shape
+    torch.testing.assert_close(out.double(), dense_attention(**batch), **TOLERANCE[dtype])
+
+
+def test_reference_accepts_precomputed_layout():
+    batch = make_paged_batch([(150, 3), (9, 9)], 4, 2, 64, 16, device="cpu")
+    layout = token_layout(batch["seq_lens"], batch["query_start_loc"])
+    assert layout[1].tolist() == [147, 148, 149] + list(range(9))
+    assert torch.equal(paged_attention_ref(**batch, layout=layout), paged_attention_ref(**batch))

@@ -1,0 +1,56 @@
+"""The Triton rotary embedding against the reference, and the reference against complex rotation."""
+import pytest
+import torch
+
+from kernel_helpers import DEVICE, DTYPES, dtype_id, randn
+from kernels.rotary import apply_rotary_ref, cos_sin_cache
+from kernels.triton_rotary import apply_rotary_triton
+
+LLAMA3_SCALING = dict(rope_type="llama3", factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                      original_max_position_embeddings=8192)
+# The kernel rounds where the reference rounds, so bf16/fp16 should agree to the bit
+# barring a fused multiply-add on the GPU; one ulp of slack.
+TOLERANCE = {
+    torch.float32: dict(atol=1e-6, rtol=1e-6),
+    torch.bfloat16: dict(atol=1.6e-2, rtol=8e-3),
+    torch.float16: dict(atol=2e-3, rtol=1e-3),
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("heads,kv_heads,head_dim,scaling", [
+    (8, 2, 64, LLAMA3_SCALING), (4, 4, 128, None), (6, 2, 80, None), (3, 1, 96, LLAMA3_SCALING),
+])
+def test_matches_reference(heads, kv_heads, head_dim, scaling, dtype, poisoned_empty):
+    cache = cos_sin_cache(head_dim, 4096, 500000.0, scaling).to(DEVICE)
+    positions = torch.randint(0, 4096, (9,), device=DEVICE)
+    q, k = randn(9, heads, head_dim, dtype=dtype), randn(9, kv_heads, head_dim, dtype=dtype)
+    q_in, k_in = q.clone(), k.clone()
+    q_out, k_out = apply_rotary_triton(q, k, positions, cache)
+    q_ref, k_ref = apply_rotary_ref(q, k, positions, cache)
+    assert q_out.dtype == dtype and q_out.shape == q.shape and k_out.shape == k.shape
+    torch.testing.assert_close(q_out, q_ref, **TOLERANCE[dtype])
+    torch.testing.assert_close(k_out, k_ref, **TOLERANCE[dtype])
+    assert torch.equal(q, q_in) and torch.equal(k, k_in), "returns new tensors, like the reference"
+
+
+def test_strided_views_of_qkv(poisoned_empty):
+    qkv = randn(4, (8 + 2 + 2) * 64)
+    q, k = qkv[:, : 8 * 64].view(4, 8, 64), qkv[:, 8 * 64:10 * 64].view(4, 2, 64)
+    cache = cos_sin_cache(64, 128, 10000.0).to(DEVICE)
+    positions = torch.tensor([0, 1, 77, 127], device=DEVICE)
+    for out, ref in zip(apply_rotary_triton(q, k, positions, cache), apply_rotary_ref(q, k, positions, cache)):
+        torch.testing.assert_close(out, ref, **TOLERANCE[torch.float32])
+
+
+def test_reference_is_a_complex_rotation():
+    """rotate_half layout: dims i and i + D/2 rotate as one complex number by pos * inv_freq_i."""
+    head_dim, theta = 64, 10000.0
+    positions = torch.tensor([0, 3, 1000])
+    q, k = torch.randn(3, 2, head_dim), torch.randn(3, 1, head_dim)
+    q_ref, _ = apply_rotary_ref(q, k, positions, cos_sin_cache(head_dim, 1024, theta))
+    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    angle = positions.double()[:, None] * inv_freq[None, :]  # [T, D/2]
+    z = torch.complex(q[..., : head_dim // 2].double(), q[..., head_dim // 2:].double()) * torch.polar(
+        torch.ones_like(angle), angle)[:, None, :]
+    torch.testing.assert_close(q_ref.double(), torch.cat([z.real, z.imag], -1), atol=1e-4, rtol=1e-4)
