@@ -21,10 +21,10 @@ _INTERPRET_BF16_FIX = tl.constexpr(INTERPRET)
 @triton.jit
 def round_to(x, DTYPE: tl.constexpr):
     """x (any float dtype) rounded to nearest even in DTYPE."""
-    if _INTERPRET_BF16_FIX and DTYPE == tl.bfloat16:
-        bits = x.to(tl.float32).to(tl.int32, bitcast=True)
-        bits = bits + 0x7FFF + ((bits >> 16) & 1)  # round half to even at bit 16
-        bits = (bits >> 16) << 16  # now exact in bf16, so the truncating cast is exact
-        return bits.to(tl.float32, bitcast=True).to(tl.bfloat16)
-    else:
-        return x.to(DTYPE)
+    if _INTERPRET_BF16_FIX:  # compile-time: on a GPU only the plain cast below exists
+        if DTYPE == tl.bfloat16:
+            bits = x.to(tl.float32).to(tl.int32, bitcast=True)
+            bits = bits + 0x7FFF + ((bits >> 16) & 1)  # round half to even at bit 16
+            bits = (bits >> 16) << 16  # now exact in bf16, so the truncating cast is exact
+            return bits.to(tl.float32, bitcast=True).to(tl.bfloat16)
+    return x.to(DTYPE)

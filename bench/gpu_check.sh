@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# One prepared GPU check for the Triton kernels (needs a CUDA device; refuses to run without one):
+#   1. the kernel tests on the GPU (compiled kernels, fp16 included, the gpu-marked tests),
+#   2. each kernel timed against its PyTorch reference and the bytes-moved floor at
+#      Llama-3.2-1B-shaped sizes (batch 1..256, context 128..4096), with max errors.
+# Writes one results file, bench/results/gpu_check.md (tests summary, tables, raw JSON).
+#   bash bench/gpu_check.sh                 # PYTHON=/path/to/python to pick the interpreter
+# Exit status: non-zero if the tests failed or the benchmark did not complete.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+unset TRITON_INTERPRET  # compiled kernels, not the interpreter
+
+PYTHON=${PYTHON:-}
+if [[ -z "$PYTHON" ]]; then
+  for candidate in .venv/bin/python python3 python; do
+    if command -v "$candidate" >/dev/null 2>&1 && "$candidate" -c "import torch, sys; sys.exit(not torch.cuda.is_available())" 2>/dev/null; then
+      PYTHON=$candidate; break
+    fi
+  done
+fi
+if [[ -z "$PYTHON" ]]; then
+  echo "gpu_check: no python with a CUDA-enabled torch found (set PYTHON=...)" >&2
+  exit 2
+fi
+"$PYTHON" -c "import triton" || { echo "gpu_check: triton not importable by $PYTHON" >&2; exit 2; }
+
+RESULTS=bench/results
+mkdir -p "$RESULTS"
+TEST_LOG=$(mktemp)
+trap 'rm -f "$TEST_LOG"' EXIT
+
+echo "== kernel tests on $("$PYTHON" -c 'import torch; print(torch.cuda.get_device_name())')"
+"$PYTHON" -m pytest tests/kernels -m "not slow or slow" -q -rs -p no:cacheprovider 2>&1 | tee "$TEST_LOG"
+tests_rc=${PIPESTATUS[0]}
+
+echo "== kernel timings"
+"$PYTHON" bench/kernel_bench.py --out "$RESULTS/gpu_check.md" --tests-log "$TEST_LOG"
+bench_rc=$?
+
+echo "== wrote $RESULTS/gpu_check.md (tests rc=$tests_rc, bench rc=$bench_rc)"
+[[ $tests_rc -eq 0 && $bench_rc -eq 0 ]]
