@@ -53,8 +53,10 @@ def paged_attention_ref(
         blocks = cols[token_seq[rows]]  # [A, blocks_per_tile]
         k = k_cache[blocks].float().view(len(rows), KEY_TILE, num_kv_heads, head_dim)
         v = v_cache[blocks].float().view(len(rows), KEY_TILE, num_kv_heads, head_dim)
-        k = k.permute(0, 2, 3, 1).reshape(-1, head_dim, KEY_TILE)  # [A*KVH, D, KT]
-        v = v.permute(0, 2, 1, 3).reshape(-1, KEY_TILE, head_dim)  # [A*KVH, KT, D]
+        # Always a fresh contiguous copy: with A == 1 a reshape would return a strided view and
+        # the matrix library would take another path, with other bits.
+        k = k.permute(0, 2, 3, 1).contiguous().view(-1, head_dim, KEY_TILE)  # [A*KVH, D, KT]
+        v = v.permute(0, 2, 1, 3).contiguous().view(-1, KEY_TILE, head_dim)  # [A*KVH, KT, D]
         scores = torch.bmm(q32[rows].reshape(-1, group, head_dim), k)  # [A*KVH, G, KT]
         scores = scores.view(len(rows), num_kv_heads, group, KEY_TILE)
         key_pos = tile * KEY_TILE + torch.arange(KEY_TILE, device=q.device)

@@ -1,0 +1,50 @@
+"""Shared factories: tiny random models (built once per session), engines, requests."""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from services.core.sampling_params import SamplingParams
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory):
+    """make_model(arch, size, dtype) -> folder, cached for the session."""
+    from services.tools.make_model import make_model
+
+    cache = {}
+
+    def build(arch: str = "llama", size: str = "tiny", dtype: str = "float32", **overrides):
+        key = (arch, size, dtype, tuple(sorted(overrides.items())))
+        if key not in cache:
+            out = tmp_path_factory.mktemp(f"{arch}-{size}-{dtype}")
+            cache[key] = make_model(out, arch=arch, size=size, seed=0, dtype=dtype, **overrides)
+        return cache[key]
+
+    return build
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(model_dir):
+    return model_dir("llama", "tiny")
+
+
+def random_prompts(num: int, vocab_size: int, min_len: int = 1, max_len: int = 300, seed: int = 0,
+                   shared_prefix: int = 0) -> list[list[int]]:
+    """Token-id prompts of varied length; ids avoid the special tokens 0..2."""
+    rng = random.Random(seed)
+    prefix = [rng.randrange(3, vocab_size) for _ in range(shared_prefix)]
+    lengths = [min_len, max_len] + [rng.randint(min_len, max_len) for _ in range(num - 2)]
+    return [prefix + [rng.randrange(3, vocab_size) for _ in range(n)] for n in lengths[:num]]
+
+
+def make_llm(model, **engine_args):
+    from services import LLM
+
+    engine_args.setdefault("seed", 0)
+    return LLM(str(model), **engine_args)
+
+
+def greedy(max_tokens: int = 16, **kw) -> SamplingParams:
+    return SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True, **kw)

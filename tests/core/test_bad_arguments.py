@@ -1,0 +1,72 @@
+"""Bad engine arguments and sampling parameters raise an error that names the field."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from services.core.config import CacheConfig, EngineArgs, SchedulerConfig
+from services.core.errors import InvalidArgument
+from services.core.sampling_params import SamplingParams
+from tests.conftest import make_llm
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    (dict(max_tokens=0), "max_tokens"),
+    (dict(top_p=1.5), "top_p"),
+    (dict(top_p=0.0), "top_p"),
+    (dict(top_k=-2), "top_k"),
+    (dict(temperature=-0.1), "temperature"),
+    (dict(n=0), "n"),
+    (dict(min_tokens=5, max_tokens=2), "min_tokens"),
+    (dict(repetition_penalty=0.0), "repetition_penalty"),
+    (dict(logprobs=21), "logprobs"),
+    (dict(seed=-1), "seed"),
+    (dict(stop=[""]), "stop"),
+])
+def test_bad_sampling_params_name_the_field(kwargs, field):
+    with pytest.raises(InvalidArgument) as err:
+        SamplingParams(**kwargs)
+    assert err.value.field == field and field in str(err.value)
+
+
+@pytest.mark.parametrize("build, field", [
+    (lambda: CacheConfig(block_size=12), "block_size"),
+    (lambda: SchedulerConfig(preemption_mode="drop"), "preemption_mode"),
+    (lambda: SchedulerConfig(scheduling_policy="random"), "scheduling_policy"),
+    (lambda: SchedulerConfig(max_num_seqs=0), "max_num_seqs"),
+    (lambda: EngineArgs.from_kwargs("m", blocksize=16), "blocksize"),
+])
+def test_bad_engine_arguments_name_the_field(build, field):
+    with pytest.raises(InvalidArgument) as err:
+        build()
+    assert err.value.field == field
+
+
+def test_llm_refuses_bad_block_size_and_long_prompt(tiny_llama):
+    with pytest.raises(InvalidArgument, match="block_size"):
+        make_llm(tiny_llama, block_size=64)
+    llm = make_llm(tiny_llama, max_model_len=64)
+    with pytest.raises(InvalidArgument) as err:
+        llm.generate([[5] * 64], SamplingParams(max_tokens=4), use_tqdm=False)
+    assert err.value.field == "prompt"
+    assert llm.generate([[5] * 10], SamplingParams(max_tokens=4), use_tqdm=False)[0].outputs[0].token_ids
+
+
+def test_unknown_architecture_names_model_type(tiny_llama, tmp_path):
+    import shutil
+
+    folder = tmp_path / "weird"
+    shutil.copytree(tiny_llama, folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["model_type"] = "gpt_neox"
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(InvalidArgument) as err:
+        make_llm(folder)
+    assert err.value.field == "model_type" and "gpt_neox" in str(err.value)
+
+
+def test_max_model_len_above_the_model_is_refused(tiny_llama):
+    with pytest.raises(InvalidArgument) as err:
+        make_llm(tiny_llama, max_model_len=10**6)
+    assert err.value.field == "max_model_len"
