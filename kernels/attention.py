@@ -1,17 +1,25 @@
-"""Paged attention over a flattened batch: one code path for prefill chunks and decode.
+"""Paged attention over a flattened batch: one reduction order for prefill chunks and decode.
 
 Reference (the CPU path): every query token attends to keys 0..position of its own
 sequence, read through the sequence's block table. Keys are reduced in tiles of
-KEY_TILE keys, always from key 0 and in order, with an online softmax in fp32. Every
-matrix product has a fixed shape ([G, D] x [D, KEY_TILE] per token and KV head), so a
-token's result does not depend on its batch neighbours, its place in the batch, or on
-whether it arrives in a prefill chunk or as a decode token (DESIGN rule 4).
+KEY_TILE keys, always from key 0 and in order, with an online softmax in fp32.
+
+The query heads that share a KV head are the rows of each matrix product. On these CPUs
+(MKL) a row's bits do not depend on the product's other rows as long as every row sits in
+a full micro-tile of ROW_MULTIPLE rows (see services/worker/linear.py), so rows are
+padded to a multiple of it. That makes two paths give the same bits, and a token's result
+independent of its batch neighbours and of prefill vs decode (DESIGN rule 4):
+- decode tokens (and short chunks): one small product per token and KV head, batched;
+- prefill chunks: one product per sequence and KV head over all its query rows, so each
+  key tile is gathered once per sequence rather than once per token.
 """
 from __future__ import annotations
 
 import torch
 
 KEY_TILE = 128  # keys per reduction step; a multiple of every allowed block size
+ROW_MULTIPLE = 4  # rows of a full matrix-library micro-tile
+CHUNK_MIN_QUERIES = 8  # sequences with at least this many queries take the per-sequence path
 
 
 def token_layout(seq_lens: torch.Tensor, query_start_loc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -21,6 +29,61 @@ def token_layout(seq_lens: torch.Tensor, query_start_loc: torch.Tensor) -> tuple
     first_pos = (seq_lens - num_queries)[token_seq]  # position of each sequence's first query
     local = torch.arange(len(token_seq), device=seq_lens.device) - query_start_loc[:-1][token_seq]
     return token_seq, first_pos + local
+
+
+def _round_up(n: int) -> int:
+    return -(-n // ROW_MULTIPLE) * ROW_MULTIPLE
+
+
+class _Softmax:
+    """Online-softmax state for a set of rows: [..., rows, 1], [..., rows, 1], [..., rows, D]."""
+
+    def __init__(self, shape: tuple[int, ...], head_dim: int, device):
+        self.max = torch.full((*shape, 1), float("-inf"), device=device)
+        self.denom = torch.zeros((*shape, 1), device=device)
+        self.acc = torch.zeros((*shape, head_dim), device=device)
+
+    @staticmethod
+    def step(state, scores: torch.Tensor, v: torch.Tensor):
+        """One key tile: scores [..., M, KT] (masked with -inf), v [..., KT, D] -> new state."""
+        old_max, denom, acc = state
+        new_max = torch.maximum(old_max, scores.amax(-1, keepdim=True))
+        alpha = torch.exp(old_max - new_max)
+        probs = torch.exp(scores - new_max)
+        lead = probs.shape[:-2]
+        pv = torch.bmm(probs.reshape(-1, *probs.shape[-2:]), v.reshape(-1, *v.shape[-2:]))
+        return new_max, denom * alpha + probs.sum(-1, keepdim=True), acc * alpha + pv.view(*lead, *pv.shape[-2:])
+
+
+def _gather_tile(cache: torch.Tensor, blocks: torch.Tensor, keys_last: bool) -> torch.Tensor:
+    """Blocks [..., blocks_per_tile] -> [..., KVH, D, KT] (keys_last) or [..., KVH, KT, D], fp32.
+    Always a fresh contiguous copy: a strided view can take another library path."""
+    tile = cache[blocks].float()  # [..., bpt, bs, KVH, D]
+    tile = tile.flatten(-4, -3)  # [..., KT, KVH, D]
+    order = (-2, -1, -3) if keys_last else (-2, -3, -1)
+    lead = list(range(tile.dim() - 3))
+    return tile.permute(*lead, *[tile.dim() + o for o in order]).contiguous()
+
+
+def _decode_path(q32, k_cache, v_cache, tables, positions) -> torch.Tensor:
+    """q32 [A, KVH, Gp, D]; tables [A, max_blocks]; positions [A] -> [A, KVH, Gp, D]."""
+    num_tokens, num_kv_heads, rows, head_dim = q32.shape
+    blocks_per_tile = KEY_TILE // k_cache.shape[1]
+    num_tiles = positions // KEY_TILE + 1  # [A]
+    state = _Softmax((num_tokens, num_kv_heads, rows), head_dim, q32.device)
+    m, l, acc = state.max, state.denom, state.acc
+    for tile in range(int(num_tiles.max())):
+        live = torch.nonzero(num_tiles > tile).squeeze(1)  # tokens that reach this tile
+        blocks = tables[live, tile * blocks_per_tile:(tile + 1) * blocks_per_tile]
+        k = _gather_tile(k_cache, blocks, keys_last=True)  # [A', KVH, D, KT]
+        v = _gather_tile(v_cache, blocks, keys_last=False)  # [A', KVH, KT, D]
+        scores = torch.bmm(q32[live].view(-1, rows, head_dim), k.view(-1, head_dim, KEY_TILE))
+        scores = scores.view(len(live), num_kv_heads, rows, KEY_TILE)
+        key_pos = tile * KEY_TILE + torch.arange(KEY_TILE, device=q32.device)
+        masked = key_pos[None, :] > positions[live][:, None]  # [A', KT] causal
+        scores = scores.masked_fill(masked[:, None, None, :], float("-inf"))
+        m[live], l[live], acc[live] = _Softmax.step((m[live], l[live], acc[live]), scores, v)
+    return acc / l
 
 
 def paged_attention_ref(
@@ -34,43 +97,46 @@ def paged_attention_ref(
     layout: tuple[torch.Tensor, torch.Tensor] | None = None,  # token_layout(), computed once per step
 ) -> torch.Tensor:  # [T, H, D] in q's dtype
     num_tokens, num_heads, head_dim = q.shape
-    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+    num_kv_heads = k_cache.shape[2]
     group = num_heads // num_kv_heads
-    blocks_per_tile = KEY_TILE // block_size
     token_seq, token_pos = layout if layout is not None else token_layout(seq_lens, query_start_loc)
-
-    # [T, KVH, G, D]: the query heads that share one KV head form the rows of one product
+    max_tiles = int(token_pos.max()) // KEY_TILE + 1 if num_tokens else 0
+    tables = torch.nn.functional.pad(block_tables, (0, max_tiles * (KEY_TILE // k_cache.shape[1])), value=0)
     q32 = (q.float() * scale).view(num_tokens, num_kv_heads, group, head_dim)
-    max_score = torch.full((num_tokens, num_kv_heads, group, 1), float("-inf"), device=q.device)
-    denom = torch.zeros((num_tokens, num_kv_heads, group, 1), device=q.device)
-    acc = torch.zeros((num_tokens, num_kv_heads, group, head_dim), device=q.device)
-    num_tiles = token_pos // KEY_TILE + 1  # [T]
-    padded = torch.nn.functional.pad(block_tables, (0, int(num_tiles.max()) * blocks_per_tile), value=0)
+    out = torch.empty(num_tokens, num_kv_heads, group, head_dim, device=q.device)
 
-    for tile in range(int(num_tiles.max())):
-        rows = torch.nonzero(num_tiles > tile).squeeze(1)  # tokens that reach this tile
-        cols = padded[:, tile * blocks_per_tile:(tile + 1) * blocks_per_tile]
-        blocks = cols[token_seq[rows]]  # [A, blocks_per_tile]
-        k = k_cache[blocks].float().view(len(rows), KEY_TILE, num_kv_heads, head_dim)
-        v = v_cache[blocks].float().view(len(rows), KEY_TILE, num_kv_heads, head_dim)
-        # Always a fresh contiguous copy: with A == 1 a reshape would return a strided view and
-        # the matrix library would take another path, with other bits.
-        k = k.permute(0, 2, 3, 1).contiguous().view(-1, head_dim, KEY_TILE)  # [A*KVH, D, KT]
-        v = v.permute(0, 2, 1, 3).contiguous().view(-1, KEY_TILE, head_dim)  # [A*KVH, KT, D]
-        scores = torch.bmm(q32[rows].reshape(-1, group, head_dim), k)  # [A*KVH, G, KT]
-        scores = scores.view(len(rows), num_kv_heads, group, KEY_TILE)
-        key_pos = tile * KEY_TILE + torch.arange(KEY_TILE, device=q.device)
-        masked = key_pos[None, :] > token_pos[rows][:, None]  # [A, KT] causal
-        scores = scores.masked_fill(masked[:, None, None, :], float("-inf"))
-
-        # online softmax update, in a fixed order over tiles
-        new_max = torch.maximum(max_score[rows], scores.amax(-1, keepdim=True))
-        alpha = torch.exp(max_score[rows] - new_max)
-        probs = torch.exp(scores - new_max)  # [A, KVH, G, KT]
-        pv = torch.bmm(probs.reshape(-1, group, KEY_TILE), v).view(len(rows), num_kv_heads, group, head_dim)
-        acc[rows] = acc[rows] * alpha + pv
-        denom[rows] = denom[rows] * alpha + probs.sum(-1, keepdim=True)
-        max_score[rows] = new_max
-
-    out = acc / denom
+    starts, ends = query_start_loc[:-1].tolist(), query_start_loc[1:].tolist()
+    short = [(s, e) for s, e in zip(starts, ends) if e - s < CHUNK_MIN_QUERIES]
+    if short:
+        rows = torch.cat([torch.arange(s, e, device=q.device) for s, e in short])
+        padded = torch.nn.functional.pad(q32[rows], (0, 0, 0, _round_up(group) - group))  # [A, KVH, Gp, D]
+        out[rows] = _decode_path(padded, k_cache, v_cache, tables[token_seq[rows]], token_pos[rows])[:, :, :group]
+    for seq, (s, e) in enumerate(zip(starts, ends)):
+        if e - s >= CHUNK_MIN_QUERIES:
+            chunk = q32[s:e].permute(1, 0, 2, 3).reshape(num_kv_heads, (e - s) * group, head_dim)
+            result = _sequence_chunk(chunk, k_cache, v_cache, tables[seq], int(token_pos[s]), group)
+            out[s:e] = result.view(num_kv_heads, e - s, group, head_dim).permute(1, 0, 2, 3)
     return out.view(num_tokens, num_heads, head_dim).to(q.dtype)
+
+
+def _sequence_chunk(chunk, k_cache, v_cache, table, first_pos: int, group: int) -> torch.Tensor:
+    """chunk [KVH, n*G, D] (row = token * G + head), positions first_pos.. -> [KVH, n*G, D]."""
+    num_kv_heads, num_rows, head_dim = chunk.shape
+    blocks_per_tile = KEY_TILE // k_cache.shape[1]
+    # spare zero rows so every row slice can be padded to full micro-tiles
+    q_rows = torch.nn.functional.pad(chunk, (0, 0, 0, ROW_MULTIPLE - 1))
+    row_pos = first_pos + torch.arange(q_rows.shape[1], device=chunk.device) // group  # [rows]
+    state = _Softmax((num_kv_heads, q_rows.shape[1]), head_dim, chunk.device)
+    m, l, acc = state.max, state.denom, state.acc
+    last_pos = first_pos + num_rows // group - 1
+    for tile in range(last_pos // KEY_TILE + 1):
+        first = max(0, tile * KEY_TILE - first_pos) * group  # rows whose token reaches this tile
+        rows = slice(first, first + _round_up(num_rows - first))
+        blocks = table[tile * blocks_per_tile:(tile + 1) * blocks_per_tile]
+        k = _gather_tile(k_cache, blocks, keys_last=True)  # [KVH, D, KT]
+        v = _gather_tile(v_cache, blocks, keys_last=False)  # [KVH, KT, D]
+        scores = torch.bmm(q_rows[:, rows].contiguous(), k)  # [KVH, M, KT]
+        key_pos = tile * KEY_TILE + torch.arange(KEY_TILE, device=chunk.device)
+        scores = scores.masked_fill(key_pos[None, None, :] > row_pos[rows][None, :, None], float("-inf"))
+        m[:, rows], l[:, rows], acc[:, rows] = _Softmax.step((m[:, rows], l[:, rows], acc[:, rows]), scores, v)
+    return (acc / l)[:, :num_rows]
