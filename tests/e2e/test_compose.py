@@ -1,0 +1,133 @@
+"""docker-compose.yml (+ the GPU override) validate, publish only the frontend, and run the
+launcher's commands (services.launcher.service_commands); the health-check command works.
+
+No Docker engine runs here, so the files are checked against the compose spec's JSON
+schema and their commands compared with the launcher's for the same settings.
+"""
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from concurrent import futures
+from pathlib import Path
+
+import grpc
+import pytest
+import yaml
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from services.launcher import Deployment, free_ports, health_addresses, service_commands
+from services.tools.default_model import default_model_path
+
+ROOT = Path(__file__).resolve().parents[2]
+BASE, GPU = ROOT / "docker-compose.yml", ROOT / "docker-compose.gpu.yml"
+SERVICES = ("scheduler", "worker", "frontend")
+CONTAINER_HOSTNAME = "3f2a9c1b7d4e"  # what Docker puts in $HOSTNAME
+
+
+def load(*files: Path) -> dict:
+    """The files merged as compose merges them: mappings key by key, lists and scalars replaced."""
+    def merge(base, extra):
+        if isinstance(base, dict) and isinstance(extra, dict):
+            return {**base, **{k: merge(base[k], v) if k in base else v for k, v in extra.items()}}
+        return extra
+    merged: dict = {}
+    for f in files:
+        merged = merge(merged, yaml.safe_load(f.read_text()))
+    return merged
+
+
+def compose_deployment(**changes) -> Deployment:
+    """The launcher's settings that the compose file stands for: one worker per container."""
+    settings = dict(model=str(default_model_path("/models")), num_workers=1, host="0.0.0.0", internal_host="0.0.0.0",
+                    scheduler_address="scheduler:50052", worker_ports=(50053,), advertise_host=CONTAINER_HOSTNAME)
+    return Deployment(**{**settings, **changes})
+
+
+def container_argv(service: dict) -> list[str]:
+    """What the container executes: the entrypoint (a shell, given $HOSTNAME) run on the command."""
+    entrypoint = [part.replace("$$", "$") for part in service.get("entrypoint", [])]
+    if not entrypoint:
+        return service["command"]
+    shown = subprocess.run(entrypoint + ["printf", r"%s\n"] + service["command"], capture_output=True, text=True,
+                           env={"HOSTNAME": CONTAINER_HOSTNAME, "PATH": "/usr/bin:/bin"}, check=True)
+    return shown.stdout.splitlines()
+
+
+@pytest.mark.parametrize("files", [[BASE], [GPU], [BASE, GPU]], ids=["base", "gpu", "both"])
+def test_compose_files_validate_against_the_compose_spec(files):
+    check = shutil.which("check-jsonschema", path=str(Path(sys.executable).parent)) or "check-jsonschema"
+    result = subprocess.run([check, "--builtin-schema", "vendor.compose-spec", *map(str, files)],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("files", [[BASE], [BASE, GPU]], ids=["base", "gpu"])
+def test_only_the_frontend_publishes_ports(files):
+    services = load(*files)["services"]
+    assert {name for name, s in services.items() if "ports" in s or "expose" in s} == {"frontend"}
+    assert services["frontend"]["ports"] == ["50051:50051", "8000:8000"]
+    assert not any("network_mode" in s for s in services.values())
+
+
+def test_compose_commands_are_the_launchers_commands():
+    services = load(BASE)["services"]
+    expected = service_commands(compose_deployment())
+    assert container_argv(services["scheduler"]) == expected["scheduler"]
+    assert container_argv(services["worker"]) == expected["worker-0"]
+    assert container_argv(services["frontend"]) == expected["frontend"]
+
+
+def test_gpu_override_runs_cuda_workers_with_the_launchers_command():
+    worker = load(BASE, GPU)["services"]["worker"]
+    expected = service_commands(compose_deployment(engine_flags=(("--device", "cuda"),)))
+    assert container_argv(worker) == expected["worker-0"]
+    devices = worker["deploy"]["resources"]["reservations"]["devices"]
+    assert devices == [{"driver": "nvidia", "count": 1, "capabilities": ["gpu"]}]
+
+
+def test_model_init_fills_the_volume_the_services_read():
+    services = load(BASE)["services"]
+    init = services["model-init"]["command"]
+    assert init[:3] == ["python", "-m", "services.tools.default_model"]
+    assert compose_deployment().model == str(default_model_path(init[init.index("--cache-dir") + 1]))
+    assert services["model-init"]["volumes"] == ["models:/models"]
+    for name in ("worker", "frontend"):
+        assert services[name]["volumes"] == ["models:/models:ro"]
+        assert services[name]["depends_on"] == {"model-init": {"condition": "service_completed_successfully"},
+                                                "scheduler": {"condition": "service_healthy"}}
+
+
+def test_health_checks_ask_each_service_on_its_own_port():
+    services = load(BASE)["services"]
+    addresses = health_addresses(compose_deployment())
+    for name, key in (("scheduler", "scheduler"), ("worker", "worker-0"), ("frontend", "frontend")):
+        assert services[name]["healthcheck"]["test"] == ["CMD", "python", "-m", "services.healthcheck", addresses[key]]
+
+
+def run_healthcheck(address: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "services.healthcheck", address, "--timeout", "2"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=30)
+
+
+def test_healthcheck_fails_for_a_dead_address():
+    result = run_healthcheck(f"127.0.0.1:{free_ports(1)[0]}")
+    assert result.returncode == 1
+    assert "UNREACHABLE" in result.stderr
+
+
+@pytest.mark.parametrize("status, code", [("SERVING", 0), ("NOT_SERVING", 1)])
+def test_healthcheck_reports_the_servers_status(status, code):
+    servicer = health.HealthServicer()
+    servicer.set("", health_pb2.HealthCheckResponse.ServingStatus.Value(status))
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=1))
+    health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        result = run_healthcheck(f"127.0.0.1:{port}")
+    finally:
+        server.stop(0)
+    assert result.returncode == code, result.stderr
+    assert (status in result.stderr) == (code != 0)
