@@ -23,23 +23,29 @@ from services.healthcheck import health_status
 
 # Engine flags `up` passes through, and the services that take each.
 VALUE_FLAGS = {
+    "--log-level": ("scheduler", "worker", "frontend"),
     "--block-size": ("scheduler", "worker"),
+    "--swap-space-bytes": ("scheduler", "worker"),
     "--max-num-seqs": ("scheduler",),
     "--max-num-batched-tokens": ("scheduler",),
     "--max-model-len": ("scheduler",),
     "--scheduling-policy": ("scheduler",),
     "--preemption-mode": ("scheduler",),
-    "--log-level": ("scheduler",),
+    "--max-waiting-requests": ("scheduler",),
+    "--heartbeat-timeout-s": ("scheduler",),
     "--dtype": ("worker",),
     "--device": ("worker",),
     "--num-gpu-blocks": ("worker",),
     "--kv-cache-memory-bytes": ("worker",),
     "--kernel-backend": ("worker",),
     "--seed": ("worker",),
+    "--max-pending": ("frontend",),
 }
 SWITCH_FLAGS = {
+    "--reflection": ("scheduler", "worker", "frontend"),
     "--enable-prefix-caching": ("scheduler",),
     "--enable-chunked-prefill": ("scheduler",),
+    "--batch-invariant": ("worker",),
 }
 WILDCARD_HOSTS = ("0.0.0.0", "::", "")
 TAIL_LINES = 20
@@ -200,6 +206,8 @@ class Launcher:
     def _start_all(self, deadline: float) -> None:
         workers = [c for c in self.children if c.name.startswith("worker-")]
         for group in ([self.children[0]], workers, [self.children[-1]]):
+            if self.stopping.is_set():  # Ctrl-C while an earlier group was starting
+                return
             for child in group:
                 child.start(*self._sink(child))
                 self._say(f"started {child.name} (pid {child.proc.pid}): {' '.join(child.argv)}")

@@ -170,6 +170,19 @@ def test_up_names_the_service_that_does_not_come_up(launch, fake_python, fake_mo
     assert port_free(ports[2]), up.log()
 
 
+def test_ctrl_c_during_startup_stops_what_started_and_starts_nothing_more(launch, fake_python, fake_model):
+    ports = free_ports(3)
+    up = launch(up_args(fake_model, ports, workers=1) + ["--python", fake_python],
+                {"FAKE_NOT_SERVING": "services.worker"})
+    deadline = time.monotonic() + 30
+    while "fake services.worker serving" not in up.log() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    up.proc.send_signal(signal.SIGINT)
+    assert up.finish(timeout=10) == 0, up.log()
+    assert sorted(up.pids()) == ["scheduler", "worker-0"]
+    assert_all_stopped(up, ports, up.pids(), within=1)
+
+
 def test_up_refuses_a_model_that_is_not_there(launch, tmp_path):
     up = launch(["--model", str(tmp_path / "nothing")])
     assert up.finish(timeout=30) == 2
