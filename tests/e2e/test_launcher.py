@@ -148,12 +148,15 @@ def test_up_runs_the_service_commands_and_stops_them_on_a_signal(launch, fake_py
     assert_all_stopped(up, ports + up.worker_ports(), pids, within=1)
 
 
-def test_up_stops_everything_and_fails_when_a_service_dies(launch, fake_python, fake_model):
-    ports = free_ports(3)
-    up = launch(up_args(fake_model, ports) + ["--python", fake_python], {"FAKE_EXIT_AFTER": "services.frontend"})
+def test_up_stops_everything_and_fails_when_a_service_dies(launch, fake_python, fake_model, tmp_path):
+    ports, logs = free_ports(3), tmp_path / "logs"
+    up = launch(up_args(fake_model, ports) + ["--python", fake_python, "--log-dir", str(logs)],
+                {"FAKE_EXIT_AFTER": "services.frontend"})
     assert up.finish(timeout=30) == 1, up.log()
     assert "frontend exited with code 3" in up.log()
     assert "fake services.frontend failing on purpose" in up.log()  # its last lines are shown
+    assert "fake services.frontend failing on purpose" in (logs / "frontend.log").read_text()
+    assert "fake services.worker serving" in (logs / "worker-1.log").read_text()
     pids = up.pids()
     assert sorted(pids) == ["frontend", "scheduler", "worker-0", "worker-1"]
     assert_all_stopped(up, ports, pids, within=1)
