@@ -150,12 +150,14 @@ class Child:
     argv: list[str]
     address: str
     proc: subprocess.Popen | None = None
+    pump: threading.Thread | None = None
     tail: deque = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
 
     def start(self, sink: TextIO, lock: threading.Lock, prefix: str) -> None:
         self.proc = subprocess.Popen(self.argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                      errors="replace", bufsize=1, start_new_session=True)
-        threading.Thread(target=self._pump, args=(sink, lock, prefix), daemon=True).start()
+        self.pump = threading.Thread(target=self._pump, args=(sink, lock, prefix), daemon=True)
+        self.pump.start()
 
     def _pump(self, sink: TextIO, lock: threading.Lock, prefix: str) -> None:
         for line in self.proc.stdout:
@@ -267,6 +269,9 @@ class Launcher:
                 self._say(f"{child.name} did not stop in {timeout:g}s: killing it")
                 child.signal(signal.SIGKILL)
                 child.proc.wait()
+        for child in self.children:
+            if child.pump:
+                child.pump.join(timeout=2.0)  # its last lines, before the log files close
         for log in self._log_files:
             log.close()
         self._log_files.clear()
