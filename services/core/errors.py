@@ -14,6 +14,10 @@ class ResourceExhausted(RuntimeError):
     """The server is full (queue limit reached); the caller may retry later."""
 
 
+class Unavailable(RuntimeError):
+    """The server cannot take requests now (no worker registered, or shutting down)."""
+
+
 class UnknownSequence(KeyError):
     """A step delta named a sequence the worker does not hold (DESIGN rule 3)."""
 

@@ -1,0 +1,179 @@
+"""The one conversion module between the core dataclasses and the internal protobuf messages.
+
+Only this module and the servicers import generated `*_pb2` code (STYLE.md). Floats are
+protobuf doubles, so every value round-trips exactly. Optional ints travel as -1 (logprobs)
+or with a has_* flag (seed, stop token id).
+"""
+from __future__ import annotations
+
+from pagedserve.internal.v1 import common_pb2, scheduler_pb2, worker_pb2
+from services.core.sampling_params import SamplingParams
+from services.core.sequence import SeqUpdate
+from services.core.step import (CachedSequence, Logprobs, NewSequence, SeqOutput, StepDelta, StepResult,
+                                WorkerInfo)
+
+# ---- sampling parameters ---------------------------------------------------------
+
+
+def params_to_proto(params: SamplingParams) -> common_pb2.SamplingParams:
+    """The fields the scheduler and workers use; stop strings and detokenization stay at the frontend."""
+    return common_pb2.SamplingParams(
+        n=params.n, temperature=params.temperature, top_k=params.top_k, top_p=params.top_p, min_p=params.min_p,
+        repetition_penalty=params.repetition_penalty, presence_penalty=params.presence_penalty,
+        frequency_penalty=params.frequency_penalty,
+        logit_bias=[common_pb2.LogitBias(token_id=t, bias=b) for t, b in params.logit_bias],
+        seed=params.seed or 0, has_seed=params.seed is not None, max_tokens=params.max_tokens,
+        min_tokens=params.min_tokens, stop_token_ids=params.stop_token_ids, ignore_eos=params.ignore_eos,
+        logprobs=_opt_to_proto(params.logprobs), prompt_logprobs=_opt_to_proto(params.prompt_logprobs))
+
+
+def params_from_proto(msg: common_pb2.SamplingParams) -> SamplingParams:
+    """Validated on construction: an out-of-range value raises InvalidArgument naming the field."""
+    return SamplingParams(
+        n=msg.n, temperature=msg.temperature, top_k=msg.top_k, top_p=msg.top_p, min_p=msg.min_p,
+        repetition_penalty=msg.repetition_penalty, presence_penalty=msg.presence_penalty,
+        frequency_penalty=msg.frequency_penalty, logit_bias=tuple((b.token_id, b.bias) for b in msg.logit_bias),
+        seed=msg.seed if msg.has_seed else None, max_tokens=msg.max_tokens, min_tokens=msg.min_tokens,
+        stop_token_ids=tuple(msg.stop_token_ids), ignore_eos=msg.ignore_eos,
+        logprobs=_opt_from_proto(msg.logprobs), prompt_logprobs=_opt_from_proto(msg.prompt_logprobs))
+
+
+def _opt_to_proto(value: int | None) -> int:
+    return -1 if value is None else value
+
+
+def _opt_from_proto(value: int) -> int | None:
+    return None if value < 0 else value
+
+# ---- logprobs and worker info ----------------------------------------------------
+
+
+def logprobs_to_proto(lp: Logprobs) -> common_pb2.Logprobs:
+    return common_pb2.Logprobs(token_id=lp.token_id, logprob=lp.logprob, rank=lp.rank,
+                               top=[common_pb2.TokenLogprob(token_id=t, logprob=p) for t, p in lp.top])
+
+
+def logprobs_from_proto(msg: common_pb2.Logprobs) -> Logprobs:
+    return Logprobs(msg.token_id, msg.logprob, msg.rank, [(t.token_id, t.logprob) for t in msg.top])
+
+
+def optional_logprobs_to_proto(entries: list[Logprobs | None]) -> list[common_pb2.OptionalLogprobs]:
+    return [common_pb2.OptionalLogprobs(has_value=False) if lp is None else
+            common_pb2.OptionalLogprobs(has_value=True, value=logprobs_to_proto(lp)) for lp in entries]
+
+
+def optional_logprobs_from_proto(entries) -> list[Logprobs | None]:
+    return [logprobs_from_proto(e.value) if e.has_value else None for e in entries]
+
+
+def info_to_proto(info: WorkerInfo) -> common_pb2.WorkerInfo:
+    return common_pb2.WorkerInfo(
+        model=info.model, dtype=info.dtype, block_size=info.block_size, num_gpu_blocks=info.num_gpu_blocks,
+        num_cpu_blocks=info.num_cpu_blocks, vocab_size=info.vocab_size, max_model_len=info.max_model_len,
+        eos_token_ids=info.eos_token_ids, device=info.device, batch_invariant=info.batch_invariant)
+
+
+def info_from_proto(msg: common_pb2.WorkerInfo) -> WorkerInfo:
+    return WorkerInfo(msg.model, msg.dtype, msg.block_size, msg.num_gpu_blocks, msg.num_cpu_blocks, msg.vocab_size,
+                      msg.max_model_len, tuple(msg.eos_token_ids), msg.device, msg.batch_invariant)
+
+# ---- step delta and result (scheduler <-> worker) -------------------------------
+
+
+def delta_to_proto(delta: StepDelta) -> worker_pb2.StepRequest:
+    return worker_pb2.StepRequest(
+        step_id=delta.step_id, new_seqs=[_new_seq_to_proto(s) for s in delta.new_seqs],
+        cached_seqs=[worker_pb2.CachedSequence(
+            seq_id=s.seq_id, new_token_ids=s.new_token_ids, new_block_ids=s.new_block_ids,
+            num_computed_tokens=s.num_computed_tokens, num_scheduled_tokens=s.num_scheduled_tokens)
+            for s in delta.cached_seqs],
+        finished_seq_ids=delta.finished_seq_ids, blocks_to_swap_out=_pairs_to_proto(delta.blocks_to_swap_out),
+        blocks_to_swap_in=_pairs_to_proto(delta.blocks_to_swap_in), blocks_to_copy=_pairs_to_proto(delta.blocks_to_copy))
+
+
+def delta_from_proto(msg: worker_pb2.StepRequest) -> StepDelta:
+    return StepDelta(
+        msg.step_id, [_new_seq_from_proto(s) for s in msg.new_seqs],
+        [CachedSequence(s.seq_id, list(s.new_token_ids), list(s.new_block_ids), s.num_computed_tokens,
+                        s.num_scheduled_tokens) for s in msg.cached_seqs],
+        list(msg.finished_seq_ids), _pairs_from_proto(msg.blocks_to_swap_out),
+        _pairs_from_proto(msg.blocks_to_swap_in), _pairs_from_proto(msg.blocks_to_copy))
+
+
+def _new_seq_to_proto(seq: NewSequence) -> worker_pb2.NewSequence:
+    params = params_to_proto(seq.params)
+    params.seed, params.has_seed = seq.seed, True  # the proto carries the request's seed in its params
+    return worker_pb2.NewSequence(
+        seq_id=seq.seq_id, prompt_token_ids=seq.prompt_token_ids, output_token_ids=seq.output_token_ids,
+        block_ids=seq.block_ids, num_computed_tokens=seq.num_computed_tokens,
+        num_scheduled_tokens=seq.num_scheduled_tokens, params=params, sample_index=seq.sample_index,
+        num_samples=seq.num_samples)
+
+
+def _new_seq_from_proto(msg: worker_pb2.NewSequence) -> NewSequence:
+    params = params_from_proto(msg.params)
+    return NewSequence(msg.seq_id, list(msg.prompt_token_ids), list(msg.output_token_ids), list(msg.block_ids),
+                       msg.num_computed_tokens, msg.num_scheduled_tokens, params, params.seed, msg.sample_index,
+                       msg.num_samples)
+
+
+def _pairs_to_proto(pairs: list[tuple[int, int]]) -> list[worker_pb2.BlockPair]:
+    return [worker_pb2.BlockPair(src=a, dst=b) for a, b in pairs]
+
+
+def _pairs_from_proto(pairs) -> list[tuple[int, int]]:
+    return [(p.src, p.dst) for p in pairs]
+
+
+def result_to_proto(result: StepResult) -> worker_pb2.StepResponse:
+    return worker_pb2.StepResponse(
+        step_id=result.step_id,
+        outputs=[worker_pb2.SeqOutput(seq_id=o.seq_id, token_ids=o.token_ids,
+                                      logprobs=[logprobs_to_proto(lp) for lp in o.logprobs or ()])
+                 for o in result.outputs],
+        prompt_logprobs=[worker_pb2.PromptLogprobsChunk(seq_id=seq_id, entries=optional_logprobs_to_proto(entries))
+                         for seq_id, entries in result.prompt_logprobs.items()])
+
+
+def result_from_proto(msg: worker_pb2.StepResponse) -> StepResult:
+    return StepResult(
+        msg.step_id,
+        [SeqOutput(o.seq_id, list(o.token_ids), [logprobs_from_proto(lp) for lp in o.logprobs] or None)
+         for o in msg.outputs],
+        {c.seq_id: optional_logprobs_from_proto(c.entries) for c in msg.prompt_logprobs})
+
+# ---- scheduler -> frontend stream -------------------------------------------------
+
+
+def updates_to_response(updates: list[SeqUpdate]) -> scheduler_pb2.SubmitResponse:
+    """One step's updates for one request (all with the same request_id) as one stream message."""
+    first = updates[0]
+    prompt_logprobs = next((u.prompt_logprobs for u in updates if u.prompt_logprobs is not None), [])
+    return scheduler_pb2.SubmitResponse(
+        deltas=[scheduler_pb2.SampleDelta(
+            sample_index=u.sample_index, token_ids=u.new_token_ids,
+            logprobs=[logprobs_to_proto(lp) for lp in u.new_logprobs or ()], finish_reason=u.finish_reason or "",
+            stop_token_id=u.stop_reason or 0, has_stop_token_id=u.stop_reason is not None) for u in updates],
+        seed=first.seed, num_prompt_tokens=first.num_prompt_tokens, num_cached_tokens=first.num_cached_tokens,
+        prompt_logprobs=optional_logprobs_to_proto(prompt_logprobs))
+
+
+def updates_from_response(request_id: str, msg: scheduler_pb2.SubmitResponse) -> list[SeqUpdate]:
+    """The inverse, for clients of the scheduler (the frontend folds these like LLM.generate does)."""
+    prompt_logprobs = optional_logprobs_from_proto(msg.prompt_logprobs) if msg.prompt_logprobs else None
+    return [SeqUpdate(request_id, d.sample_index, list(d.token_ids),
+                      [logprobs_from_proto(lp) for lp in d.logprobs] or None, d.finish_reason or None,
+                      d.stop_token_id if d.has_stop_token_id else None,
+                      prompt_logprobs if d.sample_index == 0 else None, msg.num_prompt_tokens, msg.num_cached_tokens,
+                      msg.seed)
+            for d in msg.deltas]
+
+
+def submit_to_proto(request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                    priority: int = 0) -> scheduler_pb2.SubmitRequest:
+    return scheduler_pb2.SubmitRequest(request_id=request_id, prompt_token_ids=prompt_token_ids,
+                                       params=params_to_proto(params), priority=priority)
+
+
+def submit_from_proto(msg: scheduler_pb2.SubmitRequest) -> tuple[str, list[int], SamplingParams, int]:
+    return msg.request_id, list(msg.prompt_token_ids), params_from_proto(msg.params), msg.priority

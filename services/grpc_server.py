@@ -1,0 +1,51 @@
+"""A grpc.aio server with health checking and optional reflection, shared by the services' mains."""
+from __future__ import annotations
+
+from typing import Callable
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+# A burst of thousands of Submit streams on one connection must not queue in HTTP/2.
+SERVER_OPTIONS = [
+    ("grpc.max_concurrent_streams", 1 << 16),
+    ("grpc.max_send_message_length", 64 << 20),
+    ("grpc.max_receive_message_length", 64 << 20),
+    ("grpc.so_reuseport", 0),
+]
+
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+class GrpcServer:
+    """Owns the grpc.aio server and its health servicer; `port` is known after `start`."""
+
+    def __init__(self, add_servicer: Callable[[grpc.aio.Server], None], service_name: str, reflection_on: bool):
+        self.server = grpc.aio.server(options=SERVER_OPTIONS, maximum_concurrent_rpcs=None)
+        add_servicer(self.server)
+        self.health = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        self.service_name = service_name
+        if reflection_on:
+            names = (service_name, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+                     reflection.SERVICE_NAME)
+            reflection.enable_server_reflection(names, self.server)
+        self.port = 0
+
+    async def start(self, host: str, port: int) -> int:
+        self.port = self.server.add_insecure_port(f"{host}:{port}")
+        if self.port == 0:
+            raise OSError(f"cannot listen on {host}:{port}")
+        await self.server.start()
+        return self.port
+
+    async def set_serving(self, serving: bool) -> None:
+        status = SERVING if serving else NOT_SERVING
+        for name in ("", self.service_name):
+            await self.health.set(name, status)
+
+    async def stop(self, grace: float | None) -> None:
+        await self.set_serving(False)
+        await self.server.stop(grace)
