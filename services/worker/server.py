@@ -1,0 +1,71 @@
+"""The worker process's parts wired together: gRPC server, registration/heartbeats, shutdown."""
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+import structlog
+
+from pagedserve.internal.v1 import worker_pb2, worker_pb2_grpc
+from services.core.errors import check
+from services.grpc_server import GrpcServer
+from services.worker.registrar import Registrar
+from services.worker.servicer import WorkerServicer
+from services.worker.worker import Worker
+
+log = structlog.get_logger("worker")
+SERVICE_NAME = worker_pb2.DESCRIPTOR.services_by_name["Worker"].full_name
+
+
+@dataclass(frozen=True)
+class WorkerServiceConfig:
+    """Where the worker listens and whom it registers with (the model and cache: WorkerConfig, CacheConfig)."""
+
+    scheduler_address: str
+    worker_id: str
+    host: str = "0.0.0.0"
+    port: int = 0  # 0: pick a free port
+    advertise_host: str = "127.0.0.1"  # how the scheduler reaches this worker (compose: the container name)
+    reflection: bool = False
+
+    def __post_init__(self) -> None:
+        check(bool(self.scheduler_address), "scheduler_address", "must be HOST:PORT")
+        check(bool(self.worker_id), "worker_id", "must not be empty")
+        check(0 <= self.port < 65536, "port", f"must be in [0, 65535], got {self.port}")
+
+
+class WorkerServer:
+    def __init__(self, worker: Worker, config: WorkerServiceConfig):
+        self.worker, self.config = worker, config
+        self.servicer = WorkerServicer(worker)
+        self.grpc = GrpcServer(lambda server: worker_pb2_grpc.add_WorkerServicer_to_server(self.servicer, server),
+                               SERVICE_NAME, config.reflection)
+        self.registration: asyncio.Task | None = None
+
+    @property
+    def port(self) -> int:
+        return self.grpc.port
+
+    async def start(self) -> int:
+        """Serve first, then register (the scheduler may step us as soon as it accepts)."""
+        port = await self.grpc.start(self.config.host, self.config.port)
+        await self.grpc.set_serving(False)
+        address = f"{self.config.advertise_host}:{port}"
+        registrar = Registrar(self.config.scheduler_address, self.config.worker_id, address, self.worker.info,
+                              on_registered=lambda: self.grpc.set_serving(True), on_forgotten=self._forgotten)
+        self.registration = asyncio.create_task(registrar.run(), name="registration")
+        log.info("worker_serving", worker_id=self.config.worker_id, address=address)
+        return port
+
+    async def _forgotten(self) -> None:
+        await self.grpc.set_serving(False)
+        await self.servicer.forget_all()
+
+    async def stop(self, grace: float | None = None) -> None:
+        """NOT_SERVING, stop heartbeating (the scheduler drops us and recomputes elsewhere), stop serving."""
+        if self.registration is not None:
+            self.registration.cancel()
+            await asyncio.gather(self.registration, return_exceptions=True)
+        await self.grpc.stop(grace)
+        self.servicer.close()
+        log.info("worker_stopped", worker_id=self.config.worker_id)
