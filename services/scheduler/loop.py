@@ -1,0 +1,183 @@
+"""The scheduler's async step loop over the core Scheduler, and its worker registry.
+
+Each round: wait until there is work and a worker; `schedule()`; send every worker its
+Step concurrently; `update()` with each result; route the updates to the requests'
+streams. A worker whose Step fails, or that stops heartbeating, is dropped with
+`Scheduler.remove_worker`: its sequences are recomputed elsewhere, and since only applied
+tokens are streamed, a client sees no error and no repeated token. Everything here runs
+on the one event loop thread, so the core is only touched between awaits.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+
+import structlog
+
+from services.core.errors import InvalidArgument, Unavailable, check
+from services.core.sampling_params import SamplingParams
+from services.core.scheduler import Scheduler
+from services.core.step import WorkerInfo
+from services.scheduler.config import SchedulerServiceConfig
+from services.scheduler.streams import RequestStream, StreamRouter
+from services.scheduler.worker_client import RemoteWorker, WorkerLost
+
+log = structlog.get_logger("scheduler")
+
+
+class StepLoop:
+    def __init__(self, config: SchedulerServiceConfig):
+        self.config = config
+        self.core: Scheduler | None = None  # built when the first worker tells the model's limits
+        self.model: WorkerInfo | None = None
+        self.workers: dict[str, RemoteWorker] = {}
+        self.router = StreamRouter()
+        self.num_steps = 0
+        self.draining = False
+        self._wake = asyncio.Event()
+
+    # ---- requests --------------------------------------------------------------
+    def submit(self, request_id: str, prompt: list[int], params: SamplingParams, priority: int) -> RequestStream:
+        if self.draining:
+            raise Unavailable("the scheduler is shutting down")
+        if self.core is None or not self.workers:
+            raise Unavailable("no worker is registered yet")
+        check(bool(request_id), "request_id", "must not be empty")
+        check(request_id not in self.router.streams, "request_id", f"{request_id!r} is already running")
+        vocab_size = self.model.vocab_size
+        check(all(t < vocab_size for t in prompt), "prompt_token_ids", f"token id outside the vocabulary ({vocab_size})")
+        params.check_vocab(vocab_size)
+        stream = self.router.open(self.core.add_request(request_id, prompt, params, priority))
+        self._wake.set()
+        return stream
+
+    def release(self, request_id: str) -> None:
+        """The Submit call ended; if its request is still running the client went away: abort it."""
+        if self.router.close(request_id, "request_cancelled"):
+            self.core.abort(request_id)
+            self._wake.set()
+
+    def abort(self, request_id: str, sample_index: int) -> None:
+        if self.core is None:
+            return
+        if sample_index < 0:
+            self.router.route(self.core.abort(request_id))
+            self.router.close(request_id, "request_aborted")
+        else:
+            stream = self.router.streams.get(request_id)
+            self.core.stop_sample(request_id, sample_index)
+            if stream is not None and sample_index not in stream.finish_reasons:
+                self.router.route([stream.stopped(sample_index)])
+        self._wake.set()
+
+    async def drain(self) -> None:
+        """Refuse new requests and wait until the running ones finish."""
+        self.draining = True
+        while len(self.router):
+            await asyncio.sleep(0.05)
+
+    # ---- workers ---------------------------------------------------------------
+    async def register(self, worker_id: str, address: str, info: WorkerInfo) -> str | None:
+        """Add a worker; returns why it was refused, or None. A known id is a restart: dead + new."""
+        if worker_id in self.workers:
+            await self.drop(worker_id, "re-registered after a restart")
+        try:
+            self._admit(worker_id, info)
+        except InvalidArgument as error:
+            log.warning("worker_refused", worker_id=worker_id, address=address, reason=str(error))
+            return str(error)
+        self.workers[worker_id] = RemoteWorker(worker_id, address, info)
+        log.info("worker_registered", worker_id=worker_id, address=address, num_gpu_blocks=info.num_gpu_blocks,
+                 num_cpu_blocks=info.num_cpu_blocks, device=info.device, dtype=info.dtype)
+        self._wake.set()
+        return None
+
+    def _admit(self, worker_id: str, info: WorkerInfo) -> None:
+        check(info.block_size == self.config.block_size, "block_size",
+              f"worker {worker_id} has block size {info.block_size}, the scheduler {self.config.block_size}")
+        if self.core is None:
+            self.core = Scheduler(self.config.scheduler_config(info.max_model_len), self.config.cache_config())
+            self.model = info
+        check(info.vocab_size == self.model.vocab_size, "vocab_size",
+              f"worker {worker_id} has vocab size {info.vocab_size}, the others {self.model.vocab_size}")
+        check(info.max_model_len >= self.core.config.max_model_len, "max_model_len",
+              f"worker {worker_id} supports {info.max_model_len} tokens, the scheduler serves "
+              f"{self.core.config.max_model_len}")
+        self.core.add_worker(worker_id, info)
+
+    def heartbeat(self, worker_id: str) -> bool:
+        handle = self.workers.get(worker_id)
+        if handle is not None:
+            handle.last_seen = time.monotonic()
+        return handle is not None
+
+    async def drop(self, worker_id: str, reason: str) -> None:
+        handle = self.workers.pop(worker_id, None)
+        if handle is None:
+            return
+        num_moved = self.core.remove_worker(worker_id)
+        log.warning("worker_dropped", worker_id=worker_id, address=handle.address, reason=reason,
+                    num_recomputed=num_moved)
+        self._wake.set()
+        await handle.close()
+
+    async def close(self) -> None:
+        """Close every worker channel (the process is stopping)."""
+        for handle in self.workers.values():
+            await handle.close()
+        self.workers.clear()
+
+    async def watch_heartbeats(self) -> None:
+        """Drop workers that have been silent (no heartbeat, no step) for heartbeat_timeout_s."""
+        while True:
+            await asyncio.sleep(self.config.heartbeat_interval_s)
+            deadline = time.monotonic() - self.config.heartbeat_timeout_s
+            for handle in [h for h in self.workers.values() if h.last_seen < deadline]:
+                await self.drop(handle.worker_id, "missed heartbeats")
+
+    # ---- the loop --------------------------------------------------------------
+    async def run(self) -> None:
+        while True:
+            while not (self.core and self.workers and self.core.has_unfinished()):
+                await self._sleep()
+            if not await self.step():
+                await self._sleep()  # nothing fits now: wait for a new worker, request or abort
+
+    async def _sleep(self) -> None:
+        await self._wake.wait()
+        self._wake.clear()
+
+    async def step(self) -> bool:
+        """One round over every worker; False when no worker had anything to do."""
+        deltas = self.core.schedule()
+        if not deltas:
+            return False
+        handles = [self.workers[worker_id] for worker_id in deltas]
+        results = await asyncio.gather(*(h.step(deltas[h.worker_id]) for h in handles), return_exceptions=True)
+        self.num_steps += 1
+        updates = []
+        for handle, result in zip(handles, results):
+            if self.workers.get(handle.worker_id) is not handle:
+                continue  # dropped while stepping; its sequences are already waiting again
+            if isinstance(result, WorkerLost):
+                await self.drop(handle.worker_id, str(result))
+            elif isinstance(result, BaseException):
+                raise result
+            else:
+                updates += self.core.update(handle.worker_id, result)
+        self.router.route(updates)
+        log.debug("step", step=self.core.step_id, num_workers=len(deltas), num_updates=len(updates),
+                  num_tokens=sum(d.num_scheduled_tokens for d in deltas.values()))
+        return True
+
+    # ---- stats -----------------------------------------------------------------
+    def stats(self) -> dict:
+        core = self.core.stats() if self.core else {"num_waiting": 0, "num_running": 0, "num_swapped": 0,
+                                                     "num_preemptions": 0, "workers": {}}
+        running = self.core.running.values() if self.core else ()
+        core["workers"] = {
+            worker_id: dict(blocks, address=self.workers[worker_id].address,
+                            num_running=sum(1 for s in running if s.worker_id == worker_id))
+            for worker_id, blocks in core["workers"].items()}
+        return dict(core, num_steps=self.num_steps, max_model_len=self.core.config.max_model_len if self.core else 0,
+                    vocab_size=self.model.vocab_size if self.model else 0, model=self.model.model if self.model else "")

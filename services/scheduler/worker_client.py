@@ -1,0 +1,53 @@
+"""The scheduler's handle on one remote worker: a grpc.aio channel and its Step call.
+
+The step loop sees plain StepDelta / StepResult and one error, WorkerLost, whatever went
+wrong on the wire (UNAVAILABLE, DEADLINE_EXCEEDED, FAILED_PRECONDITION after a restart...).
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+
+import grpc
+
+from pagedserve.internal.v1 import worker_pb2_grpc
+from services import convert
+from services.core.step import StepDelta, StepResult, WorkerInfo
+
+CHANNEL_OPTIONS = [("grpc.max_send_message_length", 64 << 20), ("grpc.max_receive_message_length", 64 << 20)]
+
+
+class WorkerLost(RuntimeError):
+    """A Step failed or was cancelled: drop the worker and recompute its sequences elsewhere."""
+
+
+class RemoteWorker:
+    def __init__(self, worker_id: str, address: str, info: WorkerInfo):
+        self.worker_id, self.address, self.info = worker_id, address, info
+        self.channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+        self.stub = worker_pb2_grpc.WorkerStub(self.channel)
+        self.last_seen = time.monotonic()
+        self.dropped = False
+        self._call = None
+
+    async def step(self, delta: StepDelta) -> StepResult:
+        self._call = self.stub.Step(convert.delta_to_proto(delta))
+        try:
+            result = convert.result_from_proto(await self._call)
+            self.last_seen = time.monotonic()
+            return result
+        except grpc.RpcError as error:
+            raise WorkerLost(f"{error.code().name}: {error.details()}") from error
+        except asyncio.CancelledError:
+            if self.dropped:  # cancelled by close(), not by the loop's own shutdown
+                raise WorkerLost("dropped while stepping") from None
+            raise
+        finally:
+            self._call = None
+
+    async def close(self) -> None:
+        """Cancel an in-flight step and close the channel."""
+        self.dropped = True
+        if self._call is not None:
+            self._call.cancel()
+        await self.channel.close()

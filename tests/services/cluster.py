@@ -1,0 +1,107 @@
+"""A scheduler and workers as in-process grpc.aio servers on loopback ephemeral ports, for service tests."""
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+import grpc
+
+from pagedserve.internal.v1 import scheduler_pb2, scheduler_pb2_grpc
+from services import convert
+from services.core.config import CacheConfig, WorkerConfig
+from services.core.sampling_params import SamplingParams
+from services.core.step import Logprobs
+from services.scheduler.config import SchedulerServiceConfig
+from services.scheduler.server import SchedulerServer
+from services.worker.server import WorkerServer, WorkerServiceConfig
+from services.worker.worker import Worker
+
+NUM_GPU_BLOCKS = 256
+
+
+@dataclass
+class Sample:
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[Logprobs] = field(default_factory=list)
+    finish_reason: str | None = None
+
+
+@dataclass
+class Generation:
+    samples: dict[int, Sample] = field(default_factory=dict)
+    prompt_logprobs: list[Logprobs | None] | None = None
+    num_messages: int = 0
+
+
+class Cluster:
+    def __init__(self, model, **scheduler_config):
+        self.model = str(model)
+        self.scheduler = SchedulerServer(SchedulerServiceConfig(host="127.0.0.1", port=0, **scheduler_config))
+        self.workers: dict[str, WorkerServer] = {}
+        self.channel = None
+        self.stub = None
+
+    async def start(self, num_workers: int = 0) -> Cluster:
+        port = await self.scheduler.start()
+        self.channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+        self.stub = scheduler_pb2_grpc.SchedulerStub(self.channel)
+        for i in range(num_workers):
+            await self.add_worker(f"w{i}")
+        await self.wait_for_workers(num_workers)
+        return self
+
+    async def add_worker(self, worker_id: str, scheduler_address: str | None = None) -> WorkerServer:
+        worker = Worker(WorkerConfig(self.model, dtype="float32"), CacheConfig(16, num_gpu_blocks=NUM_GPU_BLOCKS))
+        address = scheduler_address or f"127.0.0.1:{self.scheduler.port}"
+        server = WorkerServer(worker, WorkerServiceConfig(address, worker_id, host="127.0.0.1"))
+        await server.start()
+        self.workers[worker_id] = server
+        return server
+
+    async def wait_for_workers(self, num: int, timeout: float = 10.0) -> scheduler_pb2.GetStatsResponse:
+        return await self.wait_for(lambda s: len(s.workers) == num, timeout)
+
+    async def wait_for(self, predicate, timeout: float = 10.0) -> scheduler_pb2.GetStatsResponse:
+        deadline = asyncio.get_running_loop().time() + timeout
+        while True:
+            stats = await self.stats()
+            if predicate(stats):
+                return stats
+            assert asyncio.get_running_loop().time() < deadline, f"timed out; last stats: {stats}"
+            await asyncio.sleep(0.02)
+
+    async def stats(self) -> scheduler_pb2.GetStatsResponse:
+        return await self.stub.GetStats(scheduler_pb2.GetStatsRequest())
+
+    def submit(self, request_id: str, prompt: list[int], params: SamplingParams):
+        return self.stub.Submit(convert.submit_to_proto(request_id, prompt, params))
+
+    async def generate(self, request_id: str, prompt: list[int], params: SamplingParams,
+                       on_message=None) -> Generation:
+        """Collect a whole stream; on_message(generation) runs after each message."""
+        out = Generation()
+        async for response in self.submit(request_id, prompt, params):
+            out.num_messages += 1
+            for update in convert.updates_from_response(request_id, response):
+                sample = out.samples.setdefault(update.sample_index, Sample())
+                assert sample.finish_reason is None, f"{request_id}: tokens after the finish"
+                sample.token_ids += update.new_token_ids
+                sample.logprobs += update.new_logprobs or []
+                sample.finish_reason = update.finish_reason
+                if update.prompt_logprobs is not None:
+                    out.prompt_logprobs = update.prompt_logprobs
+            if on_message is not None:
+                await on_message(out)
+        return out
+
+    async def close(self) -> None:
+        for server in self.workers.values():
+            await server.stop(None)
+        await self.scheduler.stop(None)
+        if self.channel is not None:
+            await self.channel.close()
+
+
+def run(coro):
+    """Each test gets its own event loop (no pytest-asyncio here)."""
+    return asyncio.run(asyncio.wait_for(coro, 60))

@@ -1,0 +1,233 @@
+"""The scheduler and worker services over real gRPC on loopback, against the in-process LLM."""
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from pagedserve.internal.v1 import scheduler_pb2, worker_pb2, worker_pb2_grpc
+from services.core.sampling_params import SamplingParams
+from tests.conftest import greedy, make_llm, random_prompts
+from tests.services.cluster import NUM_GPU_BLOCKS, Cluster, run
+
+VOCAB = 512
+
+
+@pytest.fixture(scope="module")
+def model(model_dir):
+    return model_dir("llama", "tiny")
+
+
+def mixed_params(i: int, max_tokens: int = 12) -> SamplingParams:
+    """Greedy, seeded sampling with logprobs, n=2, prompt logprobs: one kind per i % 4."""
+    return [greedy(max_tokens),
+            SamplingParams(temperature=0.8, top_p=0.95, seed=100 + i, max_tokens=max_tokens, logprobs=2),
+            SamplingParams(n=2, temperature=1.0, top_k=50, seed=200 + i, max_tokens=max_tokens, logprobs=1),
+            greedy(max_tokens, logprobs=0, prompt_logprobs=1)][i % 4]
+
+
+def reference(model, prompts, params):
+    llm = make_llm(model, dtype="float32", num_gpu_blocks=NUM_GPU_BLOCKS)
+    return llm.generate(prompts, params, use_tqdm=False)
+
+
+def assert_same(got, want, check_logprobs=True):
+    assert sorted(got.samples) == list(range(len(want.outputs)))
+    for k, out in enumerate(want.outputs):
+        assert got.samples[k].token_ids == out.token_ids, f"sample {k}"
+        assert got.samples[k].finish_reason == out.finish_reason
+        if check_logprobs and out.logprobs is not None:
+            assert got.samples[k].logprobs == out.logprobs  # exact floats
+    if check_logprobs:
+        assert got.prompt_logprobs == want.prompt_logprobs
+
+
+def test_two_workers_match_in_process_generate(model):
+    prompts = random_prompts(16, VOCAB, 1, 60, seed=3)
+    params = [mixed_params(i) for i in range(16)]
+    want = reference(model, prompts, params)
+
+    async def main():
+        cluster = await Cluster(model).start(num_workers=2)
+        try:
+            got = await asyncio.gather(*(cluster.generate(f"r{i}", p, sp)
+                                         for i, (p, sp) in enumerate(zip(prompts, params))))
+            stats = await cluster.stats()
+        finally:
+            await cluster.close()
+        for g, w in zip(got, want):
+            assert_same(g, w)
+        assert [w.prefix_cache_queries > 0 for w in stats.workers] == [True, True], "both workers got requests"
+        assert stats.num_steps > 0 and stats.vocab_size == VOCAB and stats.max_model_len == 2048
+
+    run(main())
+
+
+def test_cancelled_streams_free_every_block(model):
+    prompts = random_prompts(10, VOCAB, 20, 80, seed=4)
+
+    async def read_then_cancel(cluster, i, prompt):
+        call = cluster.submit(f"c{i}", prompt, greedy(500))
+        for _ in range(2):
+            await call.read()
+        call.cancel()
+
+    async def main():
+        cluster = await Cluster(model).start(num_workers=2)
+        try:
+            await asyncio.gather(*(read_then_cancel(cluster, i, p) for i, p in enumerate(prompts)))
+            stats = await cluster.wait_for(lambda s: s.num_running == 0 and s.num_waiting == 0 and all(
+                w.num_free_gpu_blocks == w.num_gpu_blocks for w in s.workers), timeout=5)
+            assert len(stats.workers) == 2
+            follow_up = await cluster.generate("after", prompts[0], greedy(4))  # still serving
+            assert len(follow_up.samples[0].token_ids) == 4
+        finally:
+            await cluster.close()
+
+    run(main())
+
+
+def test_worker_started_after_the_scheduler_registers_and_serves(model):
+    prompt = random_prompts(1, VOCAB, 30, 30, seed=5)[0]
+    want = reference(model, [prompt], [greedy(8)])[0]
+
+    async def main():
+        cluster = await Cluster(model).start(num_workers=0)
+        try:
+            with pytest.raises(grpc.aio.AioRpcError) as error:
+                await cluster.generate("early", prompt, greedy(8))
+            assert error.value.code() == grpc.StatusCode.UNAVAILABLE
+            worker = await cluster.add_worker("late")
+            await cluster.wait_for_workers(1)
+            assert_same(await cluster.generate("late-1", prompt, greedy(8)), want)
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{worker.port}") as channel:
+                health = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest())
+            assert health.status == health_pb2.HealthCheckResponse.SERVING
+        finally:
+            await cluster.close()
+
+    run(main())
+
+
+@pytest.mark.slow
+def test_killed_worker_requests_complete_without_repeats(model):
+    prompts = random_prompts(8, VOCAB, 10, 60, seed=6)
+    params = [mixed_params(i, max_tokens=40) for i in range(8)]
+    want = reference(model, prompts, params)
+
+    async def main():
+        cluster = await Cluster(model).start(num_workers=2)
+        killed = asyncio.Event()
+
+        async def kill_once(generation):
+            if generation.num_messages == 3 and not killed.is_set():
+                killed.set()
+                await cluster.workers.pop("w0").stop(None)  # abrupt: in-flight calls are cancelled
+
+        try:
+            got = await asyncio.gather(*(cluster.generate(f"k{i}", p, sp, on_message=kill_once)
+                                         for i, (p, sp) in enumerate(zip(prompts, params))))
+            stats = await cluster.stats()
+        finally:
+            await cluster.close()
+        assert killed.is_set() and [w.worker_id for w in stats.workers] == ["w1"]
+        for g, w in zip(got, want):
+            assert_same(g, w)  # same ids and logprobs, and no token streamed twice
+
+    run(main())
+
+
+def test_bad_submits_are_invalid_argument_and_the_next_one_works(model):
+    async def main():
+        cluster = await Cluster(model, max_model_len=64).start(num_workers=1)
+        try:
+            for prompt, params, field in [([], greedy(), "prompt"), ([5] * 64, greedy(), "prompt"),
+                                          ([5, 6], greedy(), "request_id"), ([5, VOCAB], greedy(), "prompt_token_ids")]:
+                request_id = "" if field == "request_id" else "bad"
+                with pytest.raises(grpc.aio.AioRpcError) as error:
+                    await cluster.generate(request_id, prompt, params)
+                assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+                assert error.value.details().startswith(field), error.value.details()
+            bad_params = scheduler_pb2.SubmitRequest(request_id="bad", prompt_token_ids=[5])  # top_p 0, n 0...
+            with pytest.raises(grpc.aio.AioRpcError) as error:
+                await cluster.stub.Submit(bad_params).read()
+            assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            good = await cluster.generate("good", [5, 6, 7], greedy(5))
+            assert len(good.samples[0].token_ids) == 5
+        finally:
+            await cluster.close()
+
+    run(main())
+
+
+def test_unknown_sequence_is_failed_precondition(model):
+    async def main():
+        cluster = Cluster(model)
+        worker = await cluster.add_worker("lonely", scheduler_address="127.0.0.1:1")  # never registers
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{worker.port}") as channel:
+                step = worker_pb2.StepRequest(step_id=1, cached_seqs=[worker_pb2.CachedSequence(
+                    seq_id=999, new_token_ids=[5], num_computed_tokens=3, num_scheduled_tokens=1)])
+                with pytest.raises(grpc.aio.AioRpcError) as error:
+                    await worker_pb2_grpc.WorkerStub(channel).Step(step)
+            assert error.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+            assert "999" in error.value.details()
+        finally:
+            await worker.stop(None)
+
+    run(main())
+
+
+def test_dropped_worker_re_registers_and_a_silent_one_is_dropped(model):
+    async def main():
+        cluster = await Cluster(model, heartbeat_timeout_s=0.4).start(num_workers=1)
+        try:
+            await cluster.scheduler.loop.drop("w0", "test")  # the worker's next heartbeat hears "unknown"
+            await cluster.wait_for_workers(1, timeout=5)
+            assert len((await cluster.generate("again", [5, 6, 7], greedy(3))).samples[0].token_ids) == 3
+            cluster.workers["w0"].registration.cancel()  # no more heartbeats
+            await cluster.wait_for_workers(0, timeout=5)
+        finally:
+            await cluster.close()
+
+    run(main())
+
+
+def test_graceful_shutdown_finishes_running_requests_and_refuses_new_ones(model):
+    async def main():
+        cluster = await Cluster(model).start(num_workers=1)
+        try:
+            call = cluster.submit("long", [5, 6, 7], greedy(60))
+            responses = [await call.read()]
+            shutdown = asyncio.create_task(cluster.scheduler.shutdown(grace=1))
+            await asyncio.sleep(0.01)
+            health = await health_pb2_grpc.HealthStub(cluster.channel).Check(health_pb2.HealthCheckRequest())
+            assert health.status == health_pb2.HealthCheckResponse.NOT_SERVING
+            with pytest.raises(grpc.aio.AioRpcError) as error:
+                await cluster.generate("late", [5, 6], greedy(2))
+            assert error.value.code() == grpc.StatusCode.UNAVAILABLE
+            while (response := await call.read()) != grpc.aio.EOF:
+                responses.append(response)
+            assert sum(len(d.token_ids) for r in responses for d in r.deltas) == 60
+            await shutdown
+        finally:
+            await cluster.close()
+
+    run(main())
+
+
+@pytest.mark.slow
+def test_a_burst_of_a_thousand_submits_all_complete(model):
+    prompts = random_prompts(1000, VOCAB, 1, 8, seed=7)
+
+    async def main():
+        cluster = await Cluster(model, max_num_seqs=256).start(num_workers=2)
+        try:
+            got = await asyncio.gather(*(cluster.generate(f"b{i}", p, greedy(2)) for i, p in enumerate(prompts)))
+        finally:
+            await cluster.close()
+        assert [len(g.samples[0].token_ids) for g in got] == [2] * len(prompts)
+
+    run(main())
