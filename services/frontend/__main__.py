@@ -1,0 +1,55 @@
+"""`python -m services.frontend`: the public gRPC API in front of the scheduler."""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+
+import uvloop
+
+from services.cli import add_flag, add_switch
+from services.core.errors import InvalidArgument
+from services.core.model_path import resolve_model_path
+from services.frontend.config import FrontendConfig
+from services.frontend.server import FrontendServer
+from services.logs import configure_logging
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m services.frontend", description=__doc__.splitlines()[0])
+    add_flag(parser, "--model", "default", help="model folder (the workers' path), 'default' or a hub id")
+    add_flag(parser, "--scheduler-address", "127.0.0.1:50052", help="the scheduler's HOST:PORT")
+    add_flag(parser, "--host", "0.0.0.0", help="address to listen on")
+    add_flag(parser, "--grpc-port", 50051, type=int, help="public gRPC port (0: any free port)")
+    add_flag(parser, "--http-port", 0, type=int, help="OpenAI HTTP port, reserved (0: off)")
+    add_flag(parser, "--max-pending", 0, type=int, help="requests in flight before RESOURCE_EXHAUSTED (0: no limit)")
+    add_switch(parser, "--reflection", False, help="serve gRPC reflection")
+    add_flag(parser, "--log-level", "info", help="debug, info, warning or error")
+    return parser.parse_args(argv)
+
+
+async def serve(config: FrontendConfig) -> None:
+    server = FrontendServer(config, resolve_model_path(config.model))
+    await server.start()
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stopping.set)
+    await stopping.wait()
+    await server.drain()
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    configure_logging("frontend", args.log_level)
+    try:
+        config = FrontendConfig(model=args.model, scheduler_address=args.scheduler_address, host=args.host,
+                                grpc_port=args.grpc_port, http_port=args.http_port, max_pending=args.max_pending,
+                                reflection=args.reflection)
+    except InvalidArgument as error:
+        raise SystemExit(f"python -m services.frontend: --{error.field.replace('_', '-')}: {error.message}")
+    uvloop.run(serve(config))
+
+
+if __name__ == "__main__":
+    main()

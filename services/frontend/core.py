@@ -1,0 +1,135 @@
+"""The frontend's transport-free core: tokenize, validate, stream a request's events.
+
+The gRPC servicer (and later the HTTP API) are thin adapters over `FrontendCore`; every
+check happens here, before anything reaches the scheduler.
+"""
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from typing import TYPE_CHECKING
+
+import structlog
+
+from services.core.errors import InvalidArgument, ResourceExhausted, Unavailable, check
+from services.core.tokenizer import Tokenizer
+from services.frontend.stream import RequestStream
+from services.frontend.types import CHAT_ROLES, GenerateEvent, GenerateRequest, ModelCard, Prompt, UnknownModel
+
+if TYPE_CHECKING:  # the core itself stays free of grpc
+    from services.frontend.scheduler_client import SchedulerClient
+
+log = structlog.get_logger("frontend")
+STATS_TIMEOUT_S = 5.0
+
+
+class FrontendCore:
+    def __init__(self, tokenizer: Tokenizer, scheduler: SchedulerClient, model_id: str, max_pending: int = 0):
+        self.tokenizer, self.scheduler, self.model_id = tokenizer, scheduler, model_id
+        self.max_pending = max_pending  # 0: no limit
+        self.num_pending = 0
+        self.draining = False
+        self.card: ModelCard | None = None  # known once a worker registered at the scheduler
+
+    async def refresh(self) -> bool:
+        """Ask the scheduler for the served model's limits; True when a worker is ready."""
+        stats = await self.scheduler.stats(timeout=STATS_TIMEOUT_S)
+        ready = stats.num_workers > 0 and stats.max_model_len > 0
+        self.card = ModelCard(self.model_id, stats.max_model_len, stats.vocab_size) if ready else None
+        return ready
+
+    async def model_card(self) -> ModelCard:
+        if self.card is None and not await self.refresh():
+            raise Unavailable("no worker has registered with the scheduler yet")
+        return self.card
+
+    def check_model(self, model: str) -> None:
+        if model and model != self.model_id:
+            raise UnknownModel(model, self.model_id)
+
+    def render(self, prompt: Prompt) -> str:
+        """The prompt's text: as given, or chat messages rendered with the chat template."""
+        if prompt.messages is None:
+            check(prompt.text is not None, "prompt", "one of text, token_ids or messages is required")
+            return prompt.text
+        check(len(prompt.messages) > 0, "messages", "must not be empty")
+        for i, message in enumerate(prompt.messages):
+            check(message.get("role") in CHAT_ROLES, f"messages[{i}].role",
+                  f"unknown role {message.get('role')!r}; expected one of {', '.join(CHAT_ROLES)}")
+        return self.tokenizer.apply_chat_template(prompt.messages, prompt.add_generation_prompt)
+
+    def tokenize(self, prompt: Prompt) -> list[int]:
+        """The token ids of a text or chat prompt (a chat template brings its own special tokens)."""
+        add_special_tokens = prompt.add_special_tokens and prompt.messages is None
+        return self.tokenizer.encode(self.render(prompt), add_special_tokens)
+
+    def detokenize(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
+        vocab_size = self.card.vocab_size if self.card else self.tokenizer.vocab_size
+        _check_vocab("token_ids", token_ids, vocab_size)
+        return self.tokenizer.decode(token_ids, skip_special_tokens)
+
+    async def generate(self, request: GenerateRequest) -> AsyncIterator[GenerateEvent]:
+        """The request's events; the last carries the summary. Raises InvalidArgument (before
+        anything reaches the scheduler), ResourceExhausted or Unavailable."""
+        try:
+            request_id, prompt_ids = await self._admit(request)
+        except (InvalidArgument, ResourceExhausted, Unavailable) as error:
+            log.info("refused", request_id=request.request_id, error=type(error).__name__, details=str(error))
+            raise
+        stream = RequestStream(request_id, prompt_ids, request.params, self.tokenizer)
+        self.num_pending += 1
+        started, status = time.monotonic(), "ok"
+        try:
+            async with aclosing(self.scheduler.submit(request_id, prompt_ids, request.params,
+                                                      request.priority)) as steps:
+                async for updates in steps:
+                    event = stream.apply(updates)
+                    for index in stream.stopped:
+                        await self.scheduler.abort(request_id, index)
+                    if stream.finished:
+                        break
+                    if event.samples or event.prompt_logprobs:
+                        yield event
+                else:
+                    event = GenerateEvent(request_id)  # the scheduler ended the stream early
+            event.summary = stream.summary()
+            yield event
+        except BaseException as exc:
+            status = type(exc).__name__
+            raise
+        finally:
+            self.num_pending -= 1
+            summary = stream.summary()
+            log.info("request", request_id=request_id, status=status, num_prompt_tokens=summary.num_prompt_tokens,
+                     num_completion_tokens=summary.num_completion_tokens, finish_reasons=summary.finish_reasons,
+                     seconds=round(time.monotonic() - started, 4))
+
+    async def _admit(self, request: GenerateRequest) -> tuple[str, list[int]]:
+        """Every check before the scheduler sees the request; its id and prompt ids."""
+        if self.draining:
+            raise Unavailable("the frontend is shutting down")
+        self.check_model(request.model)
+        prompt = request.prompt
+        prompt_ids = list(prompt.token_ids) if prompt.token_ids is not None else self.tokenize(prompt)
+        check(len(prompt_ids) > 0, "prompt", "must not be empty")
+        card = await self.model_card()
+        _check_vocab("prompt", prompt_ids, card.vocab_size)
+        request.params.check_vocab(card.vocab_size)
+        check(len(prompt_ids) < card.max_model_len, "prompt",
+              f"has {len(prompt_ids)} tokens; max_model_len {card.max_model_len} leaves no room for output")
+        room = card.max_model_len - len(prompt_ids)
+        check(request.params.max_tokens <= room, "max_tokens",
+              f"{request.params.max_tokens} with a {len(prompt_ids)}-token prompt exceeds max_model_len "
+              f"{card.max_model_len}; at most {room}")
+        if self.max_pending and self.num_pending >= self.max_pending:
+            raise ResourceExhausted(f"{self.num_pending} requests pending, the limit is {self.max_pending}")
+        return request.request_id or uuid.uuid4().hex, prompt_ids
+
+
+def _check_vocab(field: str, token_ids: list[int], vocab_size: int) -> None:
+    for position, token in enumerate(token_ids):
+        if not 0 <= token < vocab_size:
+            raise InvalidArgument(field, f"token id {token} at position {position} is outside the vocabulary "
+                                         f"(vocab_size {vocab_size})")

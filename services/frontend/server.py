@@ -1,0 +1,74 @@
+"""The frontend process's gRPC server: the Generation servicer, health, draining on SIGTERM."""
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import grpc
+import structlog
+
+from pagedserve.v1 import generate_pb2, generate_pb2_grpc
+from services.core.errors import Unavailable
+from services.core.tokenizer import Tokenizer
+from services.frontend.config import FrontendConfig
+from services.frontend.core import FrontendCore
+from services.frontend.scheduler_client import SchedulerClient
+from services.frontend.servicer import GenerationServicer
+from services.grpc_server import GrpcServer
+
+log = structlog.get_logger("frontend")
+SERVICE_NAME = generate_pb2.DESCRIPTOR.services_by_name["Generation"].full_name
+
+
+class FrontendServer:
+    """Health is SERVING while the scheduler reports a registered worker, until `drain`."""
+
+    def __init__(self, config: FrontendConfig, model_path: Path):
+        self.config = config
+        self.scheduler = SchedulerClient(config.scheduler_address)
+        self.core = FrontendCore(Tokenizer(model_path), self.scheduler, config.model, config.max_pending)
+        servicer = GenerationServicer(self.core)
+        self.grpc = GrpcServer(lambda server: generate_pb2_grpc.add_GenerationServicer_to_server(servicer, server),
+                               SERVICE_NAME, config.reflection)
+        self._watcher: asyncio.Task | None = None
+
+    @property
+    def port(self) -> int:
+        return self.grpc.port
+
+    async def start(self) -> None:
+        await self.grpc.set_serving(False)
+        await self.grpc.start(self.config.host, self.config.grpc_port)
+        self._watcher = asyncio.create_task(self._watch_scheduler())
+        log.info("serving", port=self.port, scheduler=self.config.scheduler_address, model=self.config.model)
+
+    async def drain(self) -> None:
+        """Graceful stop: NOT_SERVING, new requests UNAVAILABLE, running ones finish (up to the timeout)."""
+        self.core.draining = True
+        self._watcher.cancel()
+        await self.grpc.set_serving(False)
+        log.info("draining", num_pending=self.core.num_pending)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.drain_timeout_s
+        while self.core.num_pending and loop.time() < deadline:
+            await asyncio.sleep(0.05)
+        await self.grpc.stop(grace=1.0)
+        await self.scheduler.close()
+        log.info("stopped")
+
+    async def _watch_scheduler(self) -> None:
+        ready = None
+        while True:
+            try:
+                now_ready = await self.core.refresh()
+            except (Unavailable, grpc.aio.AioRpcError) as error:
+                now_ready = False
+                if ready is not False:
+                    log.warning("scheduler unreachable", details=str(error))
+            if now_ready != ready:
+                await self.grpc.set_serving(now_ready)
+                card = self.core.card
+                log.info("health", serving=now_ready, max_model_len=card and card.max_model_len,
+                         vocab_size=card and card.vocab_size)
+                ready = now_ready
+            await asyncio.sleep(self.config.health_poll_s)

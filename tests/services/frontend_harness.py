@@ -1,0 +1,135 @@
+"""A real frontend on loopback in front of a fake Scheduler servicer, for the frontend's tests.
+
+The fake implements Submit / Abort / GetStats of the internal proto with a deterministic
+rule: sample i's token at position p is prompt[(i + p) % len(prompt)] (an echo), one token
+per step, finishing with "length" at max_tokens. It records what reached it: submitted
+requests, aborts (request id, sample index) and cancelled Submit calls.
+"""
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from pagedserve.internal.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
+from services.frontend.config import FrontendConfig
+from services.frontend.server import FrontendServer
+
+MODEL_ID = "test-model"
+FAKE_SEED = 1234
+MAX_MODEL_LEN = 128
+
+
+def echo_token(prompt: list[int], sample_index: int, position: int) -> int:
+    return prompt[(sample_index + position) % len(prompt)]
+
+
+def fake_logprobs(token_id: int, k: int) -> common_pb2.Logprobs:
+    return common_pb2.Logprobs(token_id=token_id, logprob=-0.5, rank=1,
+                               top=[common_pb2.TokenLogprob(token_id=token_id + j, logprob=-0.5 - j) for j in range(k)])
+
+
+class FakeScheduler(scheduler_pb2_grpc.SchedulerServicer):
+    def __init__(self, vocab_size: int, max_model_len: int = MAX_MODEL_LEN, step_s: float = 0.002):
+        self.vocab_size, self.max_model_len, self.step_s = vocab_size, max_model_len, step_s
+        self.num_workers = 1
+        self.refuse: tuple[grpc.StatusCode, str] | None = None  # abort every Submit with this status
+        self.submitted: list[scheduler_pb2.SubmitRequest] = []
+        self.aborts: list[tuple[str, int]] = []
+        self.cancelled: list[str] = []
+
+    async def Submit(self, request, context):
+        if self.refuse:
+            await context.abort(*self.refuse)
+        self.submitted.append(request)
+        try:
+            async for response in self._steps(request):
+                yield response
+        except asyncio.CancelledError:
+            self.cancelled.append(request.request_id)
+            raise
+
+    async def _steps(self, request):
+        params, prompt, ended = request.params, list(request.prompt_token_ids), set()
+        for position in range(params.max_tokens):
+            deltas = [self._delta(request, i, position, ended) for i in range(params.n) if i not in ended]
+            if not deltas:
+                return
+            response = scheduler_pb2.SubmitResponse(deltas=deltas, num_prompt_tokens=len(prompt),
+                                                    seed=params.seed if params.has_seed else FAKE_SEED)
+            if position == 0 and params.prompt_logprobs >= 0:
+                response.prompt_logprobs.extend(
+                    [common_pb2.OptionalLogprobs(has_value=False)] +
+                    [common_pb2.OptionalLogprobs(has_value=True, value=fake_logprobs(t, params.prompt_logprobs))
+                     for t in prompt[1:]])
+            yield response
+            await asyncio.sleep(self.step_s)
+
+    def _delta(self, request, index: int, position: int, ended: set[int]) -> scheduler_pb2.SampleDelta:
+        if (request.request_id, index) in self.aborts:
+            ended.add(index)
+            return scheduler_pb2.SampleDelta(sample_index=index, finish_reason="stop")
+        token = echo_token(list(request.prompt_token_ids), index, position)
+        delta = scheduler_pb2.SampleDelta(sample_index=index, token_ids=[token])
+        if request.params.logprobs >= 0:
+            delta.logprobs.append(fake_logprobs(token, request.params.logprobs))
+        if position == request.params.max_tokens - 1:
+            delta.finish_reason = "length"
+        return delta
+
+    async def Abort(self, request, context):
+        self.aborts.append((request.request_id, request.sample_index))
+        return scheduler_pb2.AbortResponse()
+
+    async def GetStats(self, request, context):
+        return scheduler_pb2.GetStatsResponse(
+            workers=[scheduler_pb2.WorkerStats(worker_id=f"w{i}") for i in range(self.num_workers)],
+            max_model_len=self.max_model_len if self.num_workers else 0,
+            vocab_size=self.vocab_size if self.num_workers else 0, model="fake" if self.num_workers else "")
+
+
+class Harness:
+    """The fake scheduler and a FrontendServer on one event loop in a background thread."""
+
+    def __init__(self, model_path, vocab_size: int, **config):
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.fake = FakeScheduler(vocab_size)
+        self.run(self._start(model_path, config))
+
+    async def _start(self, model_path, config) -> None:
+        self.fake_server = grpc.aio.server()
+        scheduler_pb2_grpc.add_SchedulerServicer_to_server(self.fake, self.fake_server)
+        port = self.fake_server.add_insecure_port("127.0.0.1:0")
+        await self.fake_server.start()
+        self.frontend = FrontendServer(FrontendConfig(
+            model=MODEL_ID, scheduler_address=f"127.0.0.1:{port}", host="127.0.0.1", grpc_port=0,
+            health_poll_s=0.02, **config), model_path)
+        await self.frontend.start()
+        self.address = f"127.0.0.1:{self.frontend.port}"
+
+    def run(self, coro, timeout: float = 10):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def health(self) -> int:
+        with grpc.insecure_channel(self.address) as channel:
+            return health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=2).status
+
+    def wait_for(self, condition, timeout: float = 3.0) -> bool:
+        deadline = time.monotonic() + timeout
+        while not condition():
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.01)
+        return True
+
+    def close(self) -> None:
+        if not self.frontend.core.draining:
+            self.run(self.frontend.drain())
+        self.run(self.fake_server.stop(0))
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5)
