@@ -231,3 +231,26 @@ def test_a_burst_of_a_thousand_submits_all_complete(model):
         assert [len(g.samples[0].token_ids) for g in got] == [2] * len(prompts)
 
     run(main())
+
+
+def test_abort_one_sample_then_the_request(model):
+    async def main():
+        cluster = await Cluster(model).start(num_workers=1)
+
+        async def abort_after_two(generation):
+            if generation.num_messages == 2:  # the frontend matched a stop string in sample 1
+                await cluster.stub.Abort(scheduler_pb2.AbortRequest(request_id="a", sample_index=1))
+            if generation.num_messages == 4:
+                await cluster.stub.Abort(scheduler_pb2.AbortRequest(request_id="a", sample_index=-1))
+
+        try:
+            got = await cluster.generate("a", [5, 6, 7], SamplingParams(n=2, seed=1, max_tokens=100, ignore_eos=True),
+                                         on_message=abort_after_two)
+            stats = await cluster.wait_for(lambda s: s.workers[0].num_free_gpu_blocks == NUM_GPU_BLOCKS, timeout=5)
+        finally:
+            await cluster.close()
+        assert (got.samples[1].finish_reason, len(got.samples[1].token_ids)) == ("stop", 2)
+        assert got.samples[0].finish_reason == "abort" and 3 <= len(got.samples[0].token_ids) < 100
+        assert stats.num_running == 0
+
+    run(main())
