@@ -254,3 +254,32 @@ def test_abort_one_sample_then_the_request(model):
         assert stats.num_running == 0
 
     run(main())
+
+
+def test_a_worker_restarted_under_the_same_id_replaces_the_old_one(model):
+    prompts = random_prompts(4, VOCAB, 10, 40, seed=8)
+    params = [mixed_params(i, max_tokens=30) for i in range(4)]
+    want = reference(model, prompts, params)
+
+    async def main():
+        cluster = await Cluster(model).start(num_workers=1)
+        old = cluster.workers["w0"]
+
+        async def restart_once(generation):
+            if generation.num_messages == 3 and cluster.workers["w0"] is old:
+                old.registration.cancel()  # the old process is gone as far as membership goes
+                await cluster.add_worker("w0")  # same id, fresh mirror, new port
+
+        try:
+            got = await asyncio.gather(*(cluster.generate(f"s{i}", p, sp, on_message=restart_once)
+                                         for i, (p, sp) in enumerate(zip(prompts, params))))
+            stats = await cluster.stats()
+        finally:
+            await old.stop(None)
+            await cluster.close()
+        assert cluster.workers["w0"] is not old
+        assert [w.address for w in stats.workers] == [f"127.0.0.1:{cluster.workers['w0'].port}"]
+        for g, w in zip(got, want):
+            assert_same(g, w)
+
+    run(main())
