@@ -51,7 +51,9 @@ def write_kv_triton(
 ) -> None:
     """Drop-in for kernels.cache.write_kv_ref (writes in place, returns None)."""
     num_tokens, num_kv_heads, head_dim = k.shape
-    assert v.shape == k.shape and v.stride() == k.stride(), "k and v: same shape and strides"
+    assert v.shape == k.shape, "k and v: same shape"
+    if v.stride() != k.stride():  # e.g. v a slice of a fused qkv projection: one layout for both
+        k, v = k.contiguous(), v.contiguous()
     assert k_cache.dim() == 4 and k_cache.shape == v_cache.shape and k_cache.stride() == v_cache.stride()
     assert k_cache.shape[2:] == (num_kv_heads, head_dim), f"cache {tuple(k_cache.shape)} vs k {tuple(k.shape)}"
     assert k.dtype in DTYPES and v.dtype == k.dtype and k_cache.dtype in DTYPES and v_cache.dtype == k_cache.dtype

@@ -10,15 +10,6 @@ NUM_PROMPTS, MAX_NEW = 32, 64
 TIE_GAP = 1e-4  # a mismatch is tolerated only where the reference's own top two are this close
 
 
-def hf_greedy(model_dir, prompt: list[int], max_new: int):
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    model.generation_config.eos_token_id = None  # like ignore_eos
-    out = model.generate(torch.tensor([prompt]), max_new_tokens=max_new, do_sample=False, pad_token_id=0)
-    return model, out[0, len(prompt):].tolist()
-
-
 def top2_gap(model, ids: list[int]) -> float:
     with torch.no_grad():
         logits = model(torch.tensor([ids])).logits[0, -1]
@@ -26,7 +17,7 @@ def top2_gap(model, ids: list[int]) -> float:
     return float(top[0] - top[1])
 
 
-def check_parity(model_dir, ours: list[list[int]], prompts: list[list[int]]) -> list[str]:
+def check_parity(model_dir, ours: list[list[int]], prompts: list[list[int]], max_new: int = MAX_NEW) -> list[str]:
     """Fails on a real mismatch; returns the tolerated near-tie cases."""
     from transformers import AutoModelForCausalLM
 
@@ -35,7 +26,7 @@ def check_parity(model_dir, ours: list[list[int]], prompts: list[list[int]]) -> 
     tolerated = []
     for i, (prompt, got) in enumerate(zip(prompts, ours)):
         with torch.no_grad():
-            want = hf.generate(torch.tensor([prompt]), max_new_tokens=MAX_NEW, do_sample=False,
+            want = hf.generate(torch.tensor([prompt]), max_new_tokens=max_new, do_sample=False,
                                pad_token_id=0)[0, len(prompt):].tolist()
         if got == want:
             continue
