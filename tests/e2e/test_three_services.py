@@ -1,0 +1,131 @@
+"""The three services as processes on loopback (two workers) against the in-process engine."""
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+
+import grpc
+import pytest
+
+from pagedserve.internal.v1 import scheduler_pb2, scheduler_pb2_grpc
+from services.client import AsyncClient, Client, GenerationError
+from services.core.sampling_params import SamplingParams
+from services.launcher import free_ports
+from tests.conftest import make_llm, random_prompts
+from tests.e2e.test_launcher import REAL_SERVICES, Up, up_args
+
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(not REAL_SERVICES, reason="services not there")]
+
+MAX_NEW = 16
+
+
+@pytest.fixture(scope="module")
+def cluster(model_dir):
+    model = model_dir("llama", "tiny")
+    ports = free_ports(3)
+    up = Up(up_args(model, ports, workers=2) + ["--dtype", "float32", "--num-gpu-blocks", "96",
+                                                 "--startup-timeout", "240"])
+    try:
+        up.wait_ready(timeout=300)
+        yield model, f"127.0.0.1:{ports[0]}", f"127.0.0.1:{ports[2]}"
+    finally:
+        up.proc.send_signal(signal.SIGINT)
+        try:
+            up.finish(timeout=30)
+        finally:
+            up.kill_all()
+
+
+def scheduler_stats(address: str):
+    with grpc.insecure_channel(address) as channel:
+        return scheduler_pb2_grpc.SchedulerStub(channel).GetStats(scheduler_pb2.GetStatsRequest(), timeout=10)
+
+
+def request_params(i: int) -> dict:
+    if i % 2 == 0:
+        return dict(temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True)
+    return dict(temperature=0.8, top_p=0.9, top_k=50, seed=1000 + i, max_tokens=MAX_NEW, ignore_eos=True)
+
+
+async def stream_all(address: str, prompts, params):
+    client = AsyncClient(address)
+
+    async def one(prompt, kwargs):
+        stream = client.generate(prompt, **kwargs)
+        text, ids = "", []
+        async for delta in stream:
+            text += delta.text
+            ids += delta.token_ids
+        return text, ids
+
+    return await asyncio.gather(*(one(p, kw) for p, kw in zip(prompts, params)))
+
+
+def test_32_concurrent_streams_match_the_in_process_engine(cluster):
+    model, frontend, scheduler = cluster
+    prompts = random_prompts(32, 512, 1, 120, seed=21)
+    params = [request_params(i) for i in range(32)]
+    streamed = asyncio.run(stream_all(frontend, prompts, params))
+    want = make_llm(model, dtype="float32").generate(prompts, [SamplingParams(**p) for p in params], use_tqdm=False)
+    assert [ids for _, ids in streamed] == [o.outputs[0].token_ids for o in want]
+    with Client(frontend) as client:
+        for text, ids in streamed:
+            assert text == client.detokenize(ids)  # streamed text = the detokenized final ids
+    workers = scheduler_stats(scheduler).workers
+    assert len(workers) == 2 and all(w.prefix_cache_queries > 0 for w in workers)  # both got work
+
+
+def test_multibyte_text_streams_whole_characters(cluster):
+    _, frontend, _ = cluster
+    with Client(frontend) as client:
+        for prompt in ("你好，世界！今天天气很好。", "emoji 🌍🚀 and café"):
+            deltas = list(client.stream(prompt, temperature=0, max_tokens=24, ignore_eos=True))
+            ids = [t for d in deltas for t in d.token_ids]
+            assert "".join(d.text for d in deltas) == client.detokenize(ids)
+            assert not any(d.text.endswith("\ufffd") for d in deltas[:-1])  # never a split character
+
+
+def test_cancelling_10_streams_returns_every_block(cluster):
+    _, frontend, scheduler = cluster
+
+    async def cancel_midway():
+        client = AsyncClient(frontend)
+        streams = [client.generate([5 + i] * 20, temperature=0, max_tokens=400, ignore_eos=True) for i in range(10)]
+
+        async def read_some(stream):
+            seen = 0
+            async for delta in stream:
+                seen += len(delta.token_ids)
+                if seen >= 3:
+                    stream.cancel()
+                    break
+
+        await asyncio.gather(*(read_some(s) for s in streams))
+
+    asyncio.run(cancel_midway())
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        stats = scheduler_stats(scheduler)
+        if stats.num_running == 0 and all(w.num_free_gpu_blocks == w.num_gpu_blocks for w in stats.workers):
+            break
+        time.sleep(0.2)
+    assert stats.num_running == 0 and stats.num_waiting == 0
+    assert all(w.num_free_gpu_blocks == w.num_gpu_blocks for w in stats.workers)
+
+
+@pytest.mark.parametrize("prompt, kwargs, field", [
+    ("", dict(max_tokens=4), "prompt"),
+    ("hi", dict(top_p=1.5), "top_p"),
+    ("hi", dict(max_tokens=10**6), "max_tokens"),
+    ([7] * 5000, dict(max_tokens=4), "prompt"),
+    ([10**6], dict(max_tokens=4), "prompt"),
+])
+def test_invalid_requests_name_the_field_and_the_server_keeps_serving(cluster, prompt, kwargs, field):
+    _, frontend, _ = cluster
+    with Client(frontend) as client:
+        with pytest.raises(GenerationError) as err:
+            client.generate(prompt, **kwargs)
+        assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT
+        assert field in err.value.details
+        assert client.generate("hello", temperature=0, max_tokens=3).token_ids
