@@ -1,0 +1,88 @@
+"""What every benchmark records next to its figures: the command, the machine, the load, the versions."""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+REPO = Path(__file__).resolve().parents[1]
+
+
+def command_line() -> str:
+    return "python " + " ".join(shlex.quote(a) for a in [os.path.relpath(sys.argv[0], REPO), *sys.argv[1:]])
+
+
+def loadavg() -> str:
+    try:
+        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "n/a"
+
+
+def machine() -> dict:
+    import torch
+    info = {"nproc": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
+            "torch": torch.__version__, "torch_threads": torch.get_num_threads()}
+    try:
+        lscpu = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=5).stdout
+        info["cpu"] = next((line.split(":", 1)[1].strip() for line in lscpu.splitlines()
+                            if line.startswith("Model name")), "n/a")
+    except (OSError, subprocess.TimeoutExpired):
+        info["cpu"] = "n/a"
+    try:
+        import transformers
+        info["transformers"] = transformers.__version__
+    except ImportError:
+        pass
+    return info
+
+
+def git_commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              cwd=REPO, timeout=5).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return "n/a"
+
+
+def header(title: str, load_before: str) -> str:
+    """The top of every results file: the command that made it, when, where, under what load."""
+    m = machine()
+    return "\n".join([
+        f"# {title}", "",
+        "```", command_line(), "```", "",
+        f"- date: {time.strftime('%Y-%m-%d %H:%M:%S')}, commit {git_commit()}",
+        f"- machine: {m['nproc']} CPUs ({m['cpu']}), torch {m['torch']} ({m['torch_threads']} threads), "
+        f"transformers {m.get('transformers', 'n/a')}, Python {m['python']}",
+        f"- load average (1/5/15 min): before {load_before}, after {loadavg()}"
+        " — other processes on this machine make figures noisy when the 1-minute load is above ~0.5", "",
+    ])
+
+
+def write_results(stem: str, title: str, load_before: str, body: str, data: dict) -> Path:
+    """bench/results/<stem>.md (header + body) and <stem>.json (data + the same context)."""
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    md = RESULTS_DIR / f"{stem}.md"
+    md.write_text(header(title, load_before) + body.rstrip() + "\n")
+    data = {"command": command_line(), "loadavg_before": load_before, "loadavg_after": loadavg(),
+            "machine": machine(), "commit": git_commit(), **data}
+    (RESULTS_DIR / f"{stem}.json").write_text(json.dumps(data, indent=2) + "\n")
+    return md
+
+
+def markdown_table(headers: list[str], rows: list[list]) -> str:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(_cell(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def _cell(value) -> str:
+    if isinstance(value, float):
+        return f"{value:.3g}" if abs(value) < 100 else f"{value:.0f}"
+    return str(value)

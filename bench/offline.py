@@ -1,0 +1,159 @@
+"""Offline throughput: the same requests through every contender, output tokens/s and ratios to the engine.
+
+    python bench/offline.py                               # ShareGPT, 16 requests, fp32 and bf16, all modes
+    python bench/offline.py --num-requests 64 --hf-batch-sizes 4,16,64 --single-requests 16
+    python bench/offline.py --modes engine,services --services-address 127.0.0.1:50051
+
+Modes (per dtype): engine (a, the in-process LLM, batch-invariant), services (b, the three
+services over gRPC, started here with `python -m services up` unless --services-address),
+hf-batch (c, transformers generate on static left-padded batches, best of --hf-batch-sizes),
+hf-single (d, transformers one request at a time, on the first --single-requests requests),
+llamacpp (e, llama-cpp-python on the GGUF, Q4_1 whatever --dtypes says; skipped when not
+installed), engine-plain (f, the engine with batch_invariant=False: the determinism cost).
+Every request is greedy with ignore_eos and produces exactly its output length; tokens/s
+counts those tokens only. Model loading and service start-up are not timed.
+Writes bench/results/offline.{md,json,png}.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
+
+import runners  # noqa: E402
+from common import RESULTS_DIR, loadavg, markdown_table, write_results  # noqa: E402
+from workload import add_workload_flags, describe, load_workload, model_folder, summary  # noqa: E402
+
+MODES = ("engine", "services", "hf-batch", "hf-single", "llamacpp", "engine-plain")
+LABELS = {"engine": "(a) engine, in-process", "services": "(b) three services, gRPC",
+          "hf-batch": "(c) transformers, static batch", "hf-single": "(d) transformers, one at a time",
+          "llamacpp": "(e) llama.cpp (GGUF Q4_1), one at a time", "engine-plain": "(f) engine, batch_invariant=False"}
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_workload_flags(parser)
+    parser.set_defaults(num_requests=16)
+    parser.add_argument("--dtypes", default="float32,bfloat16")
+    parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {MODES}")
+    parser.add_argument("--hf-batch-sizes", default="4,16", help="static batch sizes to try; the best is kept")
+    parser.add_argument("--single-requests", type=int, default=4, help="requests run one at a time by (d), (e)")
+    parser.add_argument("--max-num-seqs", type=int, default=64)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    parser.add_argument("--services-address", default=None, help="use running services instead of starting them")
+    parser.add_argument("--out", default="offline", help="results file stem under bench/results/")
+    return parser.parse_args()
+
+
+def run_mode(mode: str, dtype: str, requests, args, folder: str) -> dict:
+    """One contender on one dtype -> {tokens, seconds, tokens_per_s, ...} or {skipped: why}."""
+    if mode == "llamacpp" and (why := runners.llamacpp_missing()):
+        return {"skipped": why}
+    if mode == "services" and "services" not in args.explicit_modes:
+        from services_run import missing_services
+        if why := missing_services():
+            return {"skipped": why}
+    extra = {}
+    if mode in ("engine", "engine-plain"):
+        tokens, seconds = runners.run_engine(requests, folder, dtype, mode == "engine", args.max_num_seqs,
+                                             args.max_num_batched_tokens)
+    elif mode == "services":
+        tokens, seconds = runners.run_services(requests, folder, dtype, args.services_address, args.max_num_seqs,
+                                               args.max_num_batched_tokens)
+    elif mode == "hf-batch":
+        tokens, seconds, extra = _hf_sweep(requests, folder, dtype, args.hf_batch_sizes)
+    elif mode == "hf-single":
+        subset = requests[:args.single_requests]
+        tokens, seconds = runners.run_hf(subset, runners.load_hf(folder, dtype), 1, f"hf single {dtype}")
+        extra = {"requests": len(subset)}
+    else:
+        tokens, seconds = runners.run_llamacpp(requests[:args.single_requests], threads=runners.torch.get_num_threads())
+        extra = {"requests": args.single_requests, "weights": "GGUF Q4_1"}
+    return {"tokens": tokens, "seconds": round(seconds, 2), "tokens_per_s": tokens / seconds, **extra}
+
+
+def _hf_sweep(requests, folder: str, dtype: str, sizes: str) -> tuple[int, float, dict]:
+    hf = runners.load_hf(folder, dtype)
+    sweep = {}
+    for size in [int(s) for s in sizes.split(",")]:
+        tokens, seconds = runners.run_hf(requests, hf, size, f"hf batch {size} {dtype}")
+        sweep[size] = tokens / seconds
+    best = max(sweep, key=sweep.get)
+    tokens = sum(r.output_len for r in requests)
+    return tokens, tokens / sweep[best], {"best_batch_size": best, "sweep_tokens_per_s": sweep}
+
+
+def report(results: dict, args, requests, load_before: str) -> Path:
+    rows = []
+    for dtype, modes in results.items():
+        base = modes.get("engine", {}).get("tokens_per_s")
+        for mode, r in modes.items():
+            if "skipped" in r:
+                rows.append([dtype, LABELS[mode], "skipped", "", "", r["skipped"]])
+                continue
+            ratio = f"{r['tokens_per_s'] / base:.2f}x" if base else "n/a"
+            note = _note(mode, r)
+            rows.append([dtype, LABELS[mode], r["tokens_per_s"], r["seconds"], ratio, note])
+    table = markdown_table(["dtype", "contender", "output tok/s", "seconds", "vs (a)", "notes"], rows)
+    body = f"Workload: {describe(args)}; {summary(requests)}\n\n{table}\n![offline]({args.out}.png)\n"
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    _plot(results, RESULTS_DIR / f"{args.out}.png")
+    return write_results(args.out, "Offline throughput", load_before, body,
+                         {"workload": describe(args), "summary": summary(requests), "results": results})
+
+
+def _note(mode: str, r: dict) -> str:
+    if mode == "hf-batch":
+        sweep = ", ".join(f"bs{k}: {v:.1f}" for k, v in r["sweep_tokens_per_s"].items())
+        return f"best batch size {r['best_batch_size']} ({sweep} tok/s)"
+    if "requests" in r:
+        return f"first {r['requests']} requests only"
+    return ""
+
+
+def _plot(results: dict, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    modes = [m for m in MODES if any(m in r and "tokens_per_s" in r[m] for r in results.values())]
+    width = 0.8 / max(len(results), 1)
+    for i, (dtype, r) in enumerate(results.items()):
+        values = [r.get(m, {}).get("tokens_per_s", 0) for m in modes]
+        ax.bar([x + i * width for x in range(len(modes))], values, width, label=dtype)
+    ax.set_xticks([x + width * (len(results) - 1) / 2 for x in range(len(modes))])
+    ax.set_xticklabels([LABELS[m].split(" ", 1)[1] for m in modes], rotation=20, ha="right", fontsize=8)
+    ax.set_ylabel("output tokens/s")
+    ax.set_title("Offline throughput, same requests (ignore_eos)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main() -> None:
+    args = parse_args()
+    modes = args.modes.split(",")
+    args.explicit_modes = modes if args.modes != ",".join(MODES) else []
+    for mode in modes:
+        if mode not in MODES:
+            raise SystemExit(f"unknown mode {mode!r}; choose from {MODES}")
+    load_before = loadavg()
+    requests = load_workload(args)
+    folder = str(model_folder(args.model))
+    results = {}
+    for dtype in args.dtypes.split(","):
+        results[dtype] = {}
+        for mode in modes:
+            print(f"== {dtype} {LABELS[mode]}", flush=True)
+            results[dtype][mode] = r = run_mode(mode, dtype, requests, args, folder)
+            print(f"   {r}", flush=True)
+    path = report(results, args, requests, load_before)
+    print(path.read_text())
+
+
+if __name__ == "__main__":
+    main()

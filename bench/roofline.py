@@ -1,0 +1,182 @@
+"""Roofline: this machine's matmul FLOP/s and memory bandwidth against what the engine's
+prefill and decode steps reach at batch 1, 16 and 64.
+
+    python bench/roofline.py                          # fp32 and bf16, context 128
+    python bench/roofline.py --batch-sizes 1,16,64 --context 256 --decode-steps 8 --profile
+
+Limits: the best of ten large square matmuls (fp32, bf16) and of large tensor copies
+(read + write bytes), measured before and after the engine runs, the higher kept (other
+load on the machine only lowers them). Model cost from config.json: FLOPs per token = 2 x (linear weights,
+lm_head included) + 4 x layers x heads x head_dim x context (QK^T and PV); bytes per decode
+step = every linear weight once + the K/V each sequence reads (context x layers x 2 x KV heads
+x head_dim in the cache dtype). Decode is timed by driving `llm.engine.step()` with B
+requests of `--context` random prompt tokens in flight (after their prefill and one warm-up
+step); prefill is one step over B prompts of `--context` tokens. Compute fraction = achieved
+FLOP/s / matmul peak; bandwidth fraction = (bytes / bandwidth) / step time, i.e. how close the
+step is to the time it would take just to stream its bytes.
+Writes bench/results/roofline.{md,json}; --profile adds torch.profiler's top ops of one decode step.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
+
+from common import loadavg, markdown_table, write_results  # noqa: E402
+from runners import DTYPES  # noqa: E402
+from workload import model_folder  # noqa: E402
+
+
+def matmul_flops(dtype: torch.dtype, n: int = 2048, repeats: int = 10) -> float:
+    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+    torch.mm(a, b)
+    best = min(_timed(lambda: torch.mm(a, b)) for _ in range(repeats))
+    return 2 * n ** 3 / best
+
+
+def bandwidth(num_bytes: int = 256 << 20, repeats: int = 10) -> float:
+    src = torch.ones(num_bytes // 4, dtype=torch.float32)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    best = min(_timed(lambda: dst.copy_(src)) for _ in range(repeats))
+    return 2 * num_bytes / best  # read + write
+
+
+def measure_limits(dtypes: list[str]) -> dict:
+    limits = {"bandwidth_bytes_per_s": bandwidth()}
+    for dtype in dtypes:
+        limits[f"matmul_flops_{dtype}"] = matmul_flops(DTYPES[dtype])
+    return limits
+
+
+def _timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def model_costs(folder: Path) -> dict:
+    cfg = json.loads((folder / "config.json").read_text())
+    h, inter, layers = cfg["hidden_size"], cfg["intermediate_size"], cfg["num_hidden_layers"]
+    heads, kv_heads = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    head_dim = cfg.get("head_dim") or h // heads
+    per_layer = h * heads * head_dim * 2 + h * kv_heads * head_dim * 2 + 3 * h * inter
+    linear_params = layers * per_layer + cfg["vocab_size"] * h
+    return {"linear_params": linear_params, "layers": layers, "heads": heads, "kv_heads": kv_heads,
+            "head_dim": head_dim}
+
+
+def flops_per_token(costs: dict, context: int) -> float:
+    return 2 * costs["linear_params"] + 4 * costs["layers"] * costs["heads"] * costs["head_dim"] * context
+
+
+def decode_bytes(costs: dict, batch: int, context: int, elem: int) -> float:
+    kv = batch * context * costs["layers"] * 2 * costs["kv_heads"] * costs["head_dim"] * elem
+    return costs["linear_params"] * elem + kv
+
+
+def _add_requests(llm, batch: int, context: int, seed: int) -> None:
+    from services import SamplingParams
+    rng = random.Random(seed)
+    for i in range(batch):
+        prompt = [rng.randrange(16, 49000) for _ in range(context)]
+        llm.scheduler.add_request(f"r{seed}-{i}", prompt, SamplingParams(temperature=0, max_tokens=4096,
+                                                                          ignore_eos=True))
+
+
+def time_engine(folder: Path, dtype: str, batch: int, context: int, steps: int, profile: bool) -> dict:
+    """(prefill seconds for batch x context tokens, mean decode step seconds, profile table or None)."""
+    from services import LLM
+    llm = LLM(str(folder), dtype=dtype, max_num_seqs=batch, max_num_batched_tokens=max(2048, batch * context),
+              num_gpu_blocks=batch * (context + steps + 8) // 16 + batch + 16, enable_prefix_caching=False)
+    _add_requests(llm, batch, context, seed=batch)
+    start = time.perf_counter()
+    llm.engine.step()  # the whole prefill (and each sequence's first token)
+    prefill = time.perf_counter() - start
+    llm.engine.step()  # warm-up decode
+    start = time.perf_counter()
+    for _ in range(steps):
+        llm.engine.step()
+    decode = (time.perf_counter() - start) / steps
+    table = _profile(llm) if profile else None
+    return {"prefill_s": prefill, "decode_step_s": decode, "profile": table}
+
+
+def _profile(llm) -> str:
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        llm.engine.step()
+    return prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12)
+
+
+def analyse(costs: dict, limits: dict, dtype: str, batch: int, context: int, timing: dict) -> dict:
+    elem = torch.tensor([], dtype=DTYPES[dtype]).element_size()
+    peak, bw = limits[f"matmul_flops_{dtype}"], limits["bandwidth_bytes_per_s"]
+    prefill_flops = batch * context * flops_per_token(costs, context // 2)  # mean context over the prompt
+    step = timing["decode_step_s"]
+    decode_flops = batch * flops_per_token(costs, context)
+    return {
+        "dtype": dtype, "batch": batch, "context": context,
+        "prefill_tok_s": batch * context / timing["prefill_s"],
+        "prefill_compute_frac": prefill_flops / timing["prefill_s"] / peak,
+        "decode_step_ms": step * 1e3, "decode_tok_s": batch / step,
+        "decode_compute_frac": decode_flops / step / peak,
+        "decode_bandwidth_frac": decode_bytes(costs, batch, context, elem) / bw / step,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=None)
+    parser.add_argument("--dtypes", default="float32,bfloat16")
+    parser.add_argument("--batch-sizes", default="1,16,64")
+    parser.add_argument("--context", type=int, default=128, help="prompt tokens per sequence")
+    parser.add_argument("--decode-steps", type=int, default=4, help="timed decode steps per batch size")
+    parser.add_argument("--profile", action="store_true", help="torch.profiler of one decode step at each point")
+    parser.add_argument("--out", default="roofline")
+    args = parser.parse_args()
+    load_before = loadavg()
+    folder = model_folder(args.model)
+    costs = model_costs(folder)
+    limits = measure_limits(args.dtypes.split(","))
+    print(json.dumps(limits), flush=True)
+    timings = {}
+    for dtype in args.dtypes.split(","):
+        for batch in [int(b) for b in args.batch_sizes.split(",")]:
+            timings[dtype, batch] = time_engine(folder, dtype, batch, args.context, args.decode_steps, args.profile)
+            print(dtype, batch, {k: v for k, v in timings[dtype, batch].items() if k != "profile"}, flush=True)
+    again = measure_limits(args.dtypes.split(","))  # limits are the best seen: other load only lowers them
+    limits = {k: max(v, again[k]) for k, v in limits.items()}
+    rows = [analyse(costs, limits, dtype, batch, args.context, t) for (dtype, batch), t in timings.items()]
+    profiles = {f"{d} batch {b}": t["profile"] for (d, b), t in timings.items() if t["profile"]}
+    body = _body(costs, limits, rows, profiles, args)
+    path = write_results(args.out, "Roofline: prefill and decode against this machine's limits", load_before,
+                         body, {"costs": costs, "limits": limits, "rows": rows, "profiles": profiles})
+    print(path.read_text())
+
+
+def _body(costs: dict, limits: dict, rows: list[dict], profiles: dict, args) -> str:
+    lines = [f"Model: {costs['linear_params'] / 1e6:.1f} M linear weights (lm_head included), "
+             f"{flops_per_token(costs, args.context) / 1e6:.0f} MFLOP per token at context {args.context}.",
+             "Limits: " + ", ".join(f"{k} {v / 1e9:.1f} G" for k, v in limits.items()), ""]
+    headers = ["dtype", "batch", "prefill tok/s", "prefill % compute", "decode ms/step", "decode tok/s",
+               "decode % compute", "decode % bandwidth floor"]
+    table = [[r["dtype"], r["batch"], r["prefill_tok_s"], f"{100 * r['prefill_compute_frac']:.1f}%",
+              r["decode_step_ms"], r["decode_tok_s"], f"{100 * r['decode_compute_frac']:.1f}%",
+              f"{100 * r['decode_bandwidth_frac']:.1f}%"] for r in rows]
+    lines.append(markdown_table(headers, table))
+    for name, table_text in profiles.items():
+        lines += [f"\n## torch.profiler, one decode step, {name}\n", "```", table_text, "```"]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()

