@@ -152,6 +152,9 @@ class StepLoop:
         deltas = self.core.schedule()
         if not deltas:
             return False
+        now = time.monotonic()
+        for stream in self.router.streams.values():
+            stream.mark_scheduled(now)
         handles = [self.workers[worker_id] for worker_id in deltas]
         results = await asyncio.gather(*(h.step(deltas[h.worker_id]) for h in handles), return_exceptions=True)
         self.num_steps += 1
@@ -180,4 +183,5 @@ class StepLoop:
                             num_running=sum(1 for s in running if s.worker_id == worker_id))
             for worker_id, blocks in core["workers"].items()}
         return dict(core, num_steps=self.num_steps, max_model_len=self.core.config.max_model_len if self.core else 0,
-                    vocab_size=self.model.vocab_size if self.model else 0, model=self.model.model if self.model else "")
+                    vocab_size=self.model.vocab_size if self.model else 0, model=self.model.model if self.model else "",
+                    batch_invariant=self.model.batch_invariant if self.model else False)

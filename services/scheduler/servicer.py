@@ -16,7 +16,9 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         stream = self.loop.submit(*convert.submit_from_proto(request))
         try:
             while (updates := await stream.queue.get()) is not None:
-                yield convert.updates_to_response(updates)
+                response = convert.updates_to_response(updates)
+                response.queue_time_s = stream.queue_time_s
+                yield response
         finally:  # also when the client cancels: abort the request, free its blocks
             self.loop.release(request.request_id)
 

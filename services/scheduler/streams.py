@@ -7,7 +7,7 @@ from collections import defaultdict
 
 import structlog
 
-from services.core.sequence import Request, SeqUpdate
+from services.core.sequence import Request, SeqStatus, SeqUpdate
 
 log = structlog.get_logger("scheduler")
 
@@ -21,6 +21,8 @@ class RequestStream:
         self.finish_reasons: dict[int, str] = {}
         self.num_output_tokens = 0
         self.started = time.monotonic()
+        self.queue_time_s = 0.0  # from Submit until the first step that ran it (set once it ran)
+        self.scheduled = False
 
     @property
     def done(self) -> bool:
@@ -32,6 +34,10 @@ class RequestStream:
             self.num_output_tokens += len(update.new_token_ids)
             if update.finish_reason:
                 self.finish_reasons[update.sample_index] = update.finish_reason
+
+    def mark_scheduled(self, now: float) -> None:
+        if not self.scheduled and any(s.status is SeqStatus.RUNNING for s in self.request.seqs):
+            self.scheduled, self.queue_time_s = True, now - self.started
 
     def stopped(self, sample_index: int) -> SeqUpdate:
         """The update that ends one sample the frontend stopped (a stop string matched)."""

@@ -36,18 +36,20 @@ class SampleDelta(_message.Message):
     def __init__(self, sample_index: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[_Union[_common_pb2.Logprobs, _Mapping]]] = ..., finish_reason: _Optional[str] = ..., stop_token_id: _Optional[int] = ..., has_stop_token_id: _Optional[bool] = ...) -> None: ...
 
 class SubmitResponse(_message.Message):
-    __slots__ = ("deltas", "seed", "num_prompt_tokens", "num_cached_tokens", "prompt_logprobs")
+    __slots__ = ("deltas", "seed", "num_prompt_tokens", "num_cached_tokens", "prompt_logprobs", "queue_time_s")
     DELTAS_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
     NUM_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     NUM_CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_TIME_S_FIELD_NUMBER: _ClassVar[int]
     deltas: _containers.RepeatedCompositeFieldContainer[SampleDelta]
     seed: int
     num_prompt_tokens: int
     num_cached_tokens: int
     prompt_logprobs: _containers.RepeatedCompositeFieldContainer[_common_pb2.OptionalLogprobs]
-    def __init__(self, deltas: _Optional[_Iterable[_Union[SampleDelta, _Mapping]]] = ..., seed: _Optional[int] = ..., num_prompt_tokens: _Optional[int] = ..., num_cached_tokens: _Optional[int] = ..., prompt_logprobs: _Optional[_Iterable[_Union[_common_pb2.OptionalLogprobs, _Mapping]]] = ...) -> None: ...
+    queue_time_s: float
+    def __init__(self, deltas: _Optional[_Iterable[_Union[SampleDelta, _Mapping]]] = ..., seed: _Optional[int] = ..., num_prompt_tokens: _Optional[int] = ..., num_cached_tokens: _Optional[int] = ..., prompt_logprobs: _Optional[_Iterable[_Union[_common_pb2.OptionalLogprobs, _Mapping]]] = ..., queue_time_s: _Optional[float] = ...) -> None: ...
 
 class AbortRequest(_message.Message):
     __slots__ = ("request_id", "sample_index")
@@ -88,7 +90,7 @@ class WorkerStats(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., address: _Optional[str] = ..., num_gpu_blocks: _Optional[int] = ..., num_free_gpu_blocks: _Optional[int] = ..., num_cpu_blocks: _Optional[int] = ..., num_free_cpu_blocks: _Optional[int] = ..., prefix_cache_queries: _Optional[int] = ..., prefix_cache_hits: _Optional[int] = ..., num_running: _Optional[int] = ...) -> None: ...
 
 class GetStatsResponse(_message.Message):
-    __slots__ = ("num_waiting", "num_running", "num_swapped", "num_preemptions", "workers", "max_model_len", "vocab_size", "model", "num_steps")
+    __slots__ = ("num_waiting", "num_running", "num_swapped", "num_preemptions", "workers", "max_model_len", "vocab_size", "model", "num_steps", "batch_invariant")
     NUM_WAITING_FIELD_NUMBER: _ClassVar[int]
     NUM_RUNNING_FIELD_NUMBER: _ClassVar[int]
     NUM_SWAPPED_FIELD_NUMBER: _ClassVar[int]
@@ -98,6 +100,7 @@ class GetStatsResponse(_message.Message):
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     NUM_STEPS_FIELD_NUMBER: _ClassVar[int]
+    BATCH_INVARIANT_FIELD_NUMBER: _ClassVar[int]
     num_waiting: int
     num_running: int
     num_swapped: int
@@ -107,7 +110,8 @@ class GetStatsResponse(_message.Message):
     vocab_size: int
     model: str
     num_steps: int
-    def __init__(self, num_waiting: _Optional[int] = ..., num_running: _Optional[int] = ..., num_swapped: _Optional[int] = ..., num_preemptions: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerStats, _Mapping]]] = ..., max_model_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., model: _Optional[str] = ..., num_steps: _Optional[int] = ...) -> None: ...
+    batch_invariant: bool
+    def __init__(self, num_waiting: _Optional[int] = ..., num_running: _Optional[int] = ..., num_swapped: _Optional[int] = ..., num_preemptions: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerStats, _Mapping]]] = ..., max_model_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., model: _Optional[str] = ..., num_steps: _Optional[int] = ..., batch_invariant: _Optional[bool] = ...) -> None: ...
 
 class RegisterWorkerRequest(_message.Message):
     __slots__ = ("worker_id", "address", "info")
