@@ -1,4 +1,4 @@
-"""`python -m services.frontend`: the public gRPC API in front of the scheduler."""
+"""`python -m services.frontend`: the public gRPC and OpenAI HTTP APIs in front of the scheduler."""
 from __future__ import annotations
 
 import argparse
@@ -21,7 +21,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add_flag(parser, "--scheduler-address", "127.0.0.1:50052", help="the scheduler's HOST:PORT")
     add_flag(parser, "--host", "0.0.0.0", help="address to listen on")
     add_flag(parser, "--grpc-port", 50051, type=int, help="public gRPC port (0: any free port)")
-    add_flag(parser, "--http-port", 0, type=int, help="OpenAI HTTP port, reserved (0: off)")
+    add_flag(parser, "--http-port", 0, type=int, help="OpenAI HTTP API, /health and /metrics port (0: off)")
+    add_flag(parser, "--api-key", "", help="HTTP clients must send 'Authorization: Bearer KEY' (empty: no key)")
+    add_flag(parser, "--max-body-bytes", 2 * 1024 * 1024, type=int, help="larger HTTP request bodies get 413")
     add_flag(parser, "--max-pending", 0, type=int, help="requests in flight before RESOURCE_EXHAUSTED (0: no limit)")
     add_switch(parser, "--reflection", False, help="serve gRPC reflection")
     add_flag(parser, "--log-level", "info", help="debug, info, warning or error")
@@ -44,7 +46,8 @@ def main(argv: list[str] | None = None) -> None:
     configure_logging("frontend", args.log_level)
     try:
         config = FrontendConfig(model=args.model, scheduler_address=args.scheduler_address, host=args.host,
-                                grpc_port=args.grpc_port, http_port=args.http_port, max_pending=args.max_pending,
+                                grpc_port=args.grpc_port, http_port=args.http_port, api_key=args.api_key,
+                                max_body_bytes=args.max_body_bytes, max_pending=args.max_pending,
                                 reflection=args.reflection)
     except InvalidArgument as error:
         raise SystemExit(f"python -m services.frontend: --{error.field.replace('_', '-')}: {error.message}")

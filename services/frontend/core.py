@@ -1,6 +1,6 @@
 """The frontend's transport-free core: tokenize, validate, stream a request's events.
 
-The gRPC servicer (and later the HTTP API) are thin adapters over `FrontendCore`; every
+The gRPC servicer and the HTTP API are thin adapters over `FrontendCore`; every
 check happens here, before anything reaches the scheduler.
 """
 from __future__ import annotations
@@ -15,6 +15,7 @@ import structlog
 
 from services.core.errors import InvalidArgument, ResourceExhausted, Unavailable, check
 from services.core.tokenizer import Tokenizer
+from services.frontend.metrics import FrontendMetrics
 from services.frontend.stream import RequestStream
 from services.frontend.types import CHAT_ROLES, GenerateEvent, GenerateRequest, ModelCard, Prompt, UnknownModel
 
@@ -29,6 +30,7 @@ class FrontendCore:
     def __init__(self, tokenizer: Tokenizer, scheduler: SchedulerClient, model_id: str, max_pending: int = 0):
         self.tokenizer, self.scheduler, self.model_id = tokenizer, scheduler, model_id
         self.max_pending = max_pending  # 0: no limit
+        self.metrics = FrontendMetrics(model_id)
         self.num_pending = 0
         self.draining = False
         self.card: ModelCard | None = None  # known once a worker registered at the scheduler
@@ -37,7 +39,8 @@ class FrontendCore:
         """Ask the scheduler for the served model's limits; True when a worker is ready."""
         stats = await self.scheduler.stats(timeout=STATS_TIMEOUT_S)
         ready = stats.num_workers > 0 and stats.max_model_len > 0
-        self.card = ModelCard(self.model_id, stats.max_model_len, stats.vocab_size) if ready else None
+        self.card = ModelCard(self.model_id, stats.max_model_len, stats.vocab_size,
+                              stats.batch_invariant) if ready else None
         return ready
 
     async def model_card(self) -> ModelCard:
@@ -80,12 +83,14 @@ class FrontendCore:
             raise
         stream = RequestStream(request_id, prompt_ids, request.params, self.tokenizer)
         self.num_pending += 1
-        started, status = time.monotonic(), "ok"
+        timer, status = self.metrics.timer(), "ok"
         try:
             async with aclosing(self.scheduler.submit(request_id, prompt_ids, request.params,
                                                       request.priority)) as steps:
-                async for updates in steps:
-                    event = stream.apply(updates)
+                async for step in steps:
+                    timer.on_queue_time(step.queue_time_s)
+                    event = stream.apply(step.updates)
+                    timer.on_event(event)
                     for index in stream.stopped:
                         await self.scheduler.abort(request_id, index)
                     if stream.finished:
@@ -102,9 +107,10 @@ class FrontendCore:
         finally:
             self.num_pending -= 1
             summary = stream.summary()
+            timer.finish(summary)
             log.info("request", request_id=request_id, status=status, num_prompt_tokens=summary.num_prompt_tokens,
                      num_completion_tokens=summary.num_completion_tokens, finish_reasons=summary.finish_reasons,
-                     seconds=round(time.monotonic() - started, 4))
+                     seconds=round(time.monotonic() - timer.started, 4))
 
     async def _admit(self, request: GenerateRequest) -> tuple[str, list[int]]:
         """Every check before the scheduler sees the request; its id and prompt ids."""

@@ -6,7 +6,7 @@ InvalidArgument), so services.rpc_errors passes them on to the client with the s
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import grpc
 
@@ -21,11 +21,34 @@ _CORE_ERROR = {grpc.StatusCode.RESOURCE_EXHAUSTED: ResourceExhausted, grpc.Statu
 
 
 @dataclass
+class SubmitStep:
+    """What one scheduler step added to a request."""
+
+    updates: list[SeqUpdate]
+    queue_time_s: float  # seconds the request waited before its first step
+
+
+@dataclass
+class WorkerStats:
+    worker_id: str
+    num_gpu_blocks: int
+    num_free_gpu_blocks: int
+    prefix_cache_queries: int  # prompt tokens looked up, since the worker registered
+    prefix_cache_hits: int  # prompt tokens found
+
+
+@dataclass
 class SchedulerStats:
     num_workers: int
     max_model_len: int
     vocab_size: int
     model: str
+    batch_invariant: bool = False  # the workers' deterministic mode
+    num_waiting: int = 0  # sequences
+    num_running: int = 0
+    num_swapped: int = 0
+    num_preemptions: int = 0  # since the scheduler started
+    workers: list[WorkerStats] = field(default_factory=list)
 
 
 class SchedulerClient:
@@ -34,13 +57,13 @@ class SchedulerClient:
         self.stub = scheduler_pb2_grpc.SchedulerStub(self.channel)
 
     async def submit(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                     priority: int) -> AsyncIterator[list[SeqUpdate]]:
+                     priority: int) -> AsyncIterator[SubmitStep]:
         """Each step's updates; closing the iterator early (or being cancelled) cancels the call,
         which aborts the request at the scheduler and frees its blocks."""
         call = self.stub.Submit(convert.submit_to_proto(request_id, prompt_token_ids, params, priority))
         try:
             async for response in call:
-                yield convert.updates_from_response(request_id, response)
+                yield SubmitStep(convert.updates_from_response(request_id, response), response.queue_time_s)
         except grpc.aio.AioRpcError as error:
             _raise_core_error(error)
         finally:
@@ -59,7 +82,11 @@ class SchedulerClient:
             response = await self.stub.GetStats(scheduler_pb2.GetStatsRequest(), timeout=timeout)
         except grpc.aio.AioRpcError as error:
             _raise_core_error(error)
-        return SchedulerStats(len(response.workers), response.max_model_len, response.vocab_size, response.model)
+        workers = [WorkerStats(w.worker_id, w.num_gpu_blocks, w.num_free_gpu_blocks, w.prefix_cache_queries,
+                               w.prefix_cache_hits) for w in response.workers]
+        return SchedulerStats(len(workers), response.max_model_len, response.vocab_size, response.model,
+                              response.batch_invariant, response.num_waiting, response.num_running,
+                              response.num_swapped, response.num_preemptions, workers)
 
     async def close(self) -> None:
         await self.channel.close()

@@ -1,4 +1,5 @@
-"""The frontend process's gRPC server: the Generation servicer, health, draining on SIGTERM."""
+"""The frontend process: the gRPC Generation servicer and (with http_port) the OpenAI HTTP API
+over one FrontendCore in one event loop; health; draining both on SIGTERM."""
 from __future__ import annotations
 
 import asyncio
@@ -12,6 +13,8 @@ from services.core.errors import Unavailable
 from services.core.tokenizer import Tokenizer
 from services.frontend.config import FrontendConfig
 from services.frontend.core import FrontendCore
+from services.frontend.http.app import build_app
+from services.frontend.http.server import HttpServer
 from services.frontend.scheduler_client import SchedulerClient
 from services.frontend.servicer import GenerationServicer
 from services.grpc_server import GrpcServer
@@ -30,6 +33,9 @@ class FrontendServer:
         servicer = GenerationServicer(self.core)
         self.grpc = GrpcServer(lambda server: generate_pb2_grpc.add_GenerationServicer_to_server(servicer, server),
                                SERVICE_NAME, config.reflection)
+        self.http = HttpServer(build_app(self.core, lambda: self.serving, config.api_key, config.max_body_bytes),
+                               config.host, config.http_port) if config.http_port else None
+        self.serving = False  # the scheduler has a ready worker (and we are not draining)
         self._watcher: asyncio.Task | None = None
 
     @property
@@ -39,13 +45,17 @@ class FrontendServer:
     async def start(self) -> None:
         await self.grpc.set_serving(False)
         await self.grpc.start(self.config.host, self.config.grpc_port)
+        if self.http is not None:
+            await self.http.start()
         self._watcher = asyncio.create_task(self._watch_scheduler())
-        log.info("serving", port=self.port, scheduler=self.config.scheduler_address, model=self.config.model)
+        log.info("serving", port=self.port, http_port=self.http and self.http.port,
+                 scheduler=self.config.scheduler_address, model=self.config.model)
 
     async def drain(self) -> None:
         """Graceful stop: NOT_SERVING, new requests UNAVAILABLE, running ones finish (up to the timeout)."""
         self.core.draining = True
         self._watcher.cancel()
+        self.serving = False
         await self.grpc.set_serving(False)
         log.info("draining", num_pending=self.core.num_pending)
         loop = asyncio.get_running_loop()
@@ -53,6 +63,8 @@ class FrontendServer:
         while self.core.num_pending and loop.time() < deadline:
             await asyncio.sleep(0.05)
         await self.grpc.stop(grace=1.0)
+        if self.http is not None:
+            await self.http.stop()
         await self.scheduler.close()
         log.info("stopped")
 
@@ -66,6 +78,7 @@ class FrontendServer:
                 if ready is not False:
                     log.warning("scheduler unreachable", details=str(error))
             if now_ready != ready:
+                self.serving = now_ready
                 await self.grpc.set_serving(now_ready)
                 card = self.core.card
                 log.info("health", serving=now_ready, max_model_len=card and card.max_model_len,

@@ -1,0 +1,1 @@
+"""The frontend's OpenAI-compatible HTTP API, /health and /metrics."""

@@ -1,0 +1,94 @@
+"""The OpenAI-compatible HTTP API: a thin FastAPI layer over FrontendCore.generate, the
+same path the gRPC servicer takes (validation, stop strings, metrics all happen there)."""
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from services.core.errors import InvalidArgument, ResourceExhausted, Unavailable
+from services.frontend.core import STATS_TIMEOUT_S, FrontendCore
+from services.frontend.http import convert
+from services.frontend.http.errors import error_body, install_error_handlers
+from services.frontend.http.guard import Guard
+from services.frontend.http.models import ChatCompletionRequest, CompletionRequest
+from services.frontend.http.responses import ChatRenderer, CompletionRenderer, Renderer, collect, sse
+from services.frontend.http.streams import merge, start
+from services.frontend.types import GenerateRequest
+
+
+def build_app(core: FrontendCore, is_ready: Callable[[], bool], api_key: str = "",
+              max_body_bytes: int = 1 << 21) -> Guard:
+    app = FastAPI(title="pagedserve", summary="OpenAI-compatible API of the pagedserve frontend",
+                  docs_url=None, redoc_url=None)
+    install_error_handlers(app)
+
+    @app.get("/health")
+    async def health() -> Response:
+        """200 while the scheduler has a ready worker and the frontend is not draining, else 503."""
+        ready = is_ready() and not core.draining
+        return JSONResponse({"status": "ok" if ready else "unavailable"}, status_code=200 if ready else 503)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        try:
+            stats = await core.scheduler.stats(timeout=STATS_TIMEOUT_S)
+        except Unavailable:
+            stats = None
+        return Response(core.metrics.render(stats), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/models")
+    async def models() -> dict:
+        card = await core.model_card()
+        return {"object": "list", "data": [{"id": card.id, "object": "model", "created": int(time.time()),
+                                            "owned_by": "pagedserve", "max_model_len": card.max_model_len}]}
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request) -> Response:
+        request_id = request.state.request_id = f"cmpl-{uuid.uuid4().hex}"
+        requests = convert.completion_requests(body, request_id)
+        renderer = CompletionRenderer(request_id, core.model_id, await _fingerprint(core), core.tokenizer,
+                                      requests[0].params.n)
+        return await _respond(core, requests, renderer, body, body.logprobs is not None)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+        request_id = request.state.request_id = f"chatcmpl-{uuid.uuid4().hex}"
+        generate_request = await convert.chat_request(core, body, request_id)
+        renderer = ChatRenderer(request_id, core.model_id, await _fingerprint(core), core.tokenizer,
+                                generate_request.params.n)
+        return await _respond(core, [generate_request], renderer, body, body.logprobs)
+
+    return Guard(app, api_key, max_body_bytes)
+
+
+async def _fingerprint(core: FrontendCore) -> str:
+    """Names the deterministic mode: equal fingerprints and seeds give equal tokens."""
+    card = await core.model_card()
+    return "pagedserve-batch-invariant" if card.batch_invariant else "pagedserve-nondeterministic"
+
+
+async def _respond(core: FrontendCore, requests: list[GenerateRequest], renderer: Renderer, body,
+                   logprobs: bool) -> Response:
+    """Start every prompt's generation first, so a refusal is an error status, not a broken stream."""
+    streams = await start([core.generate(r) for r in requests])
+    events = merge(streams)
+    if not body.stream:
+        return JSONResponse(await collect(renderer, events, len(requests), logprobs))
+    include_usage = body.stream_options is not None and body.stream_options.include_usage
+    return StreamingResponse(_errors_as_events(sse(renderer, events, len(requests), include_usage)),
+                             media_type="text/event-stream", headers={"cache-control": "no-cache"})
+
+
+async def _errors_as_events(chunks: AsyncIterator[str]) -> AsyncIterator[str]:
+    """Once streaming has begun the status is sent: a later failure becomes an error event."""
+    try:
+        async for chunk in chunks:
+            yield chunk
+    except (InvalidArgument, ResourceExhausted, Unavailable) as error:
+        yield f"data: {error_body(str(error), 'service_unavailable', 'unavailable').decode()}\n\n"
+        yield "data: [DONE]\n\n"

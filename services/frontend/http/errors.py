@@ -1,0 +1,81 @@
+"""Every HTTP error in OpenAI's shape: {"error": {"message", "type", "param", "code"}}.
+
+| status | when                                   | type                   | code               |
+|--------|----------------------------------------|------------------------|--------------------|
+| 400    | a parameter is invalid (param names it)| invalid_request_error  | invalid_parameter  |
+| 401    | missing or wrong API key               | invalid_request_error  | invalid_api_key    |
+| 404    | unknown model (param "model") or route | invalid_request_error  | model_not_found / not_found |
+| 413    | body over the configured limit         | invalid_request_error  | request_too_large  |
+| 429    | queue full (RESOURCE_EXHAUSTED)        | rate_limit_error       | queue_full         |
+| 503    | no worker ready, or shutting down      | service_unavailable    | unavailable        |
+| 500    | a bug                                  | internal_error         | internal_error     |
+"""
+from __future__ import annotations
+
+import json
+
+import structlog
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+
+from services.core.errors import InvalidArgument, ResourceExhausted, Unavailable
+from services.frontend.types import UnknownModel
+
+log = structlog.get_logger("http")
+PYDANTIC_TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict"}  # union members in an error's loc
+
+
+def error_body(message: str, type_: str, code: str | None, param: str | None = None) -> bytes:
+    return json.dumps({"error": {"message": message, "type": type_, "param": param, "code": code}}).encode()
+
+
+def error_response(status: int, message: str, type_: str, code: str | None, param: str | None = None) -> JSONResponse:
+    return JSONResponse(json.loads(error_body(message, type_, code, param)), status_code=status)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(InvalidArgument, _invalid_argument)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(ResourceExhausted, lambda request, error: error_response(
+        429, str(error), "rate_limit_error", "queue_full"))
+    app.add_exception_handler(Unavailable, lambda request, error: error_response(
+        503, str(error), "service_unavailable", "unavailable"))
+    app.add_exception_handler(HTTPException, lambda request, error: error_response(
+        error.status_code, str(error.detail), "invalid_request_error", "not_found" if error.status_code == 404 else None))
+    app.add_exception_handler(Exception, _internal_error)
+
+
+def _invalid_argument(request: Request, error: InvalidArgument) -> JSONResponse:
+    if isinstance(error, UnknownModel):
+        return error_response(404, str(error), "invalid_request_error", "model_not_found", "model")
+    return error_response(400, str(error), "invalid_request_error", "invalid_parameter", error.field)
+
+
+def _validation_error(request: Request, error: RequestValidationError) -> JSONResponse:
+    """pydantic's first error, with its location as the parameter name (`messages[0].role`)."""
+    first = error.errors()[0]
+    if first["type"] == "json_invalid":
+        return error_response(400, f"the body is not valid JSON: {first['msg']}", "invalid_request_error",
+                              "invalid_parameter")
+    param = _param(first["loc"][1:] if first["loc"][:1] == ("body",) else first["loc"])
+    message = f"{param}: {first['msg']}" if param else first["msg"]
+    return error_response(400, message, "invalid_request_error", "invalid_parameter", param)
+
+
+def _param(loc: tuple) -> str | None:
+    name = ""
+    for part in loc:
+        if isinstance(part, int):
+            name += f"[{part}]"
+        elif part in PYDANTIC_TYPE_TAGS or not part.isidentifier():
+            break  # which union member failed: not part of the parameter's name
+        else:
+            name += f".{part}" if name else part
+    return name or None
+
+
+def _internal_error(request: Request, error: Exception) -> JSONResponse:
+    log.error("http_internal_error", path=request.url.path, exc_info=error)
+    return error_response(500, f"{type(error).__name__}: {error}", "internal_error", "internal_error")

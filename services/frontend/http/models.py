@@ -1,0 +1,73 @@
+"""The OpenAI request bodies as pydantic models: FastAPI validates with these and builds
+/openapi.json from them, so the schema is exactly what the server accepts.
+
+Types only; value ranges are checked once, by SamplingParams and FrontendCore (the same
+checks the gRPC API gets). Unknown fields are refused rather than ignored, so a field this
+server does not implement (a `chat_template`, `tools`) is a 400 naming it.
+"""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class StreamOptions(Strict):
+    include_usage: bool = Field(False, description="Send a last chunk with `usage` and no choices.")
+
+
+class SamplingFields(Strict):
+    """What completions and chat share. None means the server's default."""
+
+    model: str | None = Field(None, description="The served model's id; omitted: the served model.")
+    n: int | None = Field(None, description="Samples per prompt, 1..64.")
+    temperature: float | None = Field(None, description="0 is greedy; default 1.")
+    top_p: float | None = None
+    stop: str | list[str] | None = Field(None, description="Up to 16 stop strings, cut from the text.")
+    seed: int | None = Field(None, description="Same seed, same tokens (the deterministic mode).")
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = Field(None, description="Token id (as a string) -> bias in [-100, 100].")
+    user: str | None = Field(None, description="The caller's id, logged.")
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    # vLLM's extensions
+    top_k: int | None = Field(None, description="-1: off.")
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    min_tokens: int | None = None
+    ignore_eos: bool | None = None
+    stop_token_ids: list[int] | None = None
+    include_stop_str_in_output: bool | None = None
+    skip_special_tokens: bool | None = None
+    priority: int = Field(0, description="Lower runs first under the scheduler's priority policy.")
+
+
+class CompletionRequest(SamplingFields):
+    prompt: str | list[str] | list[int] | list[list[int]] = Field(
+        description="A text, a list of texts, token ids, or a list of token-id lists.")
+    max_tokens: int | None = Field(16, description="Tokens to generate per sample.")
+    logprobs: int | None = Field(None, description="Log probabilities of the sampled and this many top tokens.")
+
+
+class TextPart(Strict):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(Strict):
+    role: str = Field(description="system, user, assistant or tool.")
+    content: str | list[TextPart]
+    name: str | None = None
+
+
+class ChatCompletionRequest(SamplingFields):
+    messages: list[ChatMessage] = Field(description="Rendered with the model's own chat template.")
+    max_completion_tokens: int | None = Field(None, description="Default: what the context leaves.")
+    max_tokens: int | None = Field(None, description="Deprecated name of max_completion_tokens.")
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, description="With logprobs: this many top tokens per position.")

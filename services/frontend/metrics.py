@@ -1,0 +1,136 @@
+"""Prometheus metrics of the frontend, named like vLLM's (`vllm:x` -> `pagedserve:x`).
+
+Latencies and token counters are recorded by FrontendCore.generate, the path every
+transport shares, so gRPC and HTTP requests both count. Queue, preemption, KV-cache and
+prefix-cache figures are the scheduler's, read from its GetStats at scrape time.
+"""
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from services.frontend.types import GenerateEvent, Summary
+
+if TYPE_CHECKING:  # FrontendCore imports this module and stays free of grpc
+    from services.frontend.scheduler_client import SchedulerStats
+
+PREFIX = "pagedserve:"
+# vLLM's buckets, so its dashboards' quantiles read the same.
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+TOKEN_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+                 40.0, 80.0)
+REQUEST_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
+                   240.0, 480.0, 960.0, 1920.0, 7680.0)
+
+
+class FrontendMetrics:
+    """One registry per frontend (not the global one), so several can live in one test process."""
+
+    def __init__(self, model_name: str):
+        self.registry = CollectorRegistry()
+        self.scheduler = SchedulerCollector(model_name)
+        self.registry.register(self.scheduler)
+
+        def histogram(name: str, doc: str, buckets: tuple[float, ...]):
+            return Histogram(PREFIX + name, doc, ["model_name"], buckets=buckets,
+                             registry=self.registry).labels(model_name)
+
+        def counter(name: str, doc: str):
+            return Counter(PREFIX + name, doc, ["model_name"], registry=self.registry).labels(model_name)
+
+        self.ttft = histogram("time_to_first_token_seconds", "Time to first token.", TTFT_BUCKETS)
+        self.tpot = histogram("time_per_output_token_seconds", "Mean time per output token of a request.",
+                              TOKEN_BUCKETS)
+        self.itl = histogram("inter_token_latency_seconds", "Time between two steps' tokens.", TOKEN_BUCKETS)
+        self.e2e = histogram("e2e_request_latency_seconds", "End-to-end request latency.", REQUEST_BUCKETS)
+        self.queue = histogram("request_queue_time_seconds", "Time waiting in the scheduler's queue.",
+                               REQUEST_BUCKETS)
+        self.prompt_tokens = counter("prompt_tokens", "Prompt tokens of requests that reached the scheduler.")
+        self.generation_tokens = counter("generation_tokens", "Generated tokens.")
+        self.success = Counter(PREFIX + "request_success", "Finished samples by finish reason.",
+                               ["model_name", "finished_reason"], registry=self.registry)
+        self.model_name = model_name
+
+    def timer(self) -> RequestTimer:
+        return RequestTimer(self)
+
+    def render(self, stats: SchedulerStats | None) -> bytes:
+        """The text exposition; the scheduler's figures are left out when it did not answer."""
+        self.scheduler.stats = stats
+        return generate_latest(self.registry)
+
+
+class RequestTimer:
+    """One request's latencies, fed with each event the frontend produces for it."""
+
+    def __init__(self, metrics: FrontendMetrics):
+        self.metrics = metrics
+        self.started = time.monotonic()
+        self.first: float | None = None
+        self.last = self.started
+        self.num_steps = 0  # events that carried tokens
+        self.queue_time_s: float | None = None
+
+    def on_queue_time(self, seconds: float) -> None:
+        if self.queue_time_s is None:
+            self.queue_time_s = seconds
+            self.metrics.queue.observe(seconds)
+
+    def on_event(self, event: GenerateEvent) -> None:
+        if not any(sample.token_ids for sample in event.samples):
+            return
+        now = time.monotonic()
+        if self.first is None:
+            self.first = now
+            self.metrics.ttft.observe(now - self.started)
+        else:
+            self.metrics.itl.observe(now - self.last)
+        self.last, self.num_steps = now, self.num_steps + 1
+
+    def finish(self, summary: Summary) -> None:
+        metrics = self.metrics
+        metrics.e2e.observe(time.monotonic() - self.started)
+        if self.num_steps > 1:
+            metrics.tpot.observe((self.last - self.first) / (self.num_steps - 1))
+        metrics.prompt_tokens.inc(summary.num_prompt_tokens)
+        metrics.generation_tokens.inc(summary.num_completion_tokens)
+        for reason in summary.finish_reasons:
+            metrics.success.labels(metrics.model_name, reason).inc()
+
+
+class SchedulerCollector:
+    """Gauges and counters from the scheduler's latest GetStats (set just before each scrape)."""
+
+    def __init__(self, model_name: str):
+        self.model_name = model_name
+        self.stats: SchedulerStats | None = None
+
+    def collect(self):
+        stats = self.stats
+        if stats is None:
+            return
+        for name, doc, value in (("num_requests_running", "Sequences running.", stats.num_running),
+                                 ("num_requests_waiting", "Sequences waiting.", stats.num_waiting),
+                                 ("num_requests_swapped", "Sequences swapped out.", stats.num_swapped)):
+            yield self._family(GaugeMetricFamily, name, doc, [([], value)])
+        yield self._family(CounterMetricFamily, "num_preemptions", "Preemptions since the scheduler started.",
+                           [([], stats.num_preemptions)])
+        workers = stats.workers
+        yield self._family(GaugeMetricFamily, "kv_cache_usage_perc", "Fraction of a worker's KV blocks in use.",
+                           [([w.worker_id], (w.num_gpu_blocks - w.num_free_gpu_blocks) / max(w.num_gpu_blocks, 1))
+                            for w in workers],
+                           ["worker"])
+        yield self._family(CounterMetricFamily, "prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
+                           [([w.worker_id], w.prefix_cache_queries) for w in workers], ["worker"])
+        yield self._family(CounterMetricFamily, "prefix_cache_hits", "Prompt tokens found in the prefix cache.",
+                           [([w.worker_id], w.prefix_cache_hits) for w in workers], ["worker"])
+
+    def _family(self, kind, name: str, doc: str, samples: list[tuple[list[str], float]], labels: tuple = ()):
+        family = kind(PREFIX + name, doc, labels=["model_name", *labels])
+        for label_values, value in samples:
+            family.add_metric([self.model_name, *label_values], value)
+        return family

@@ -1,0 +1,107 @@
+"""The HTTP API in front of a real scheduler and worker (tiny random model, in process):
+seeded sampling reproduces, streamed equals whole, logprobs are real, metrics follow GetStats."""
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import openai
+import pytest
+
+from cluster import Cluster
+from services.frontend.config import FrontendConfig
+from services.frontend.server import FrontendServer
+from test_http_api import free_port, metric, raw
+
+PROMPT = "The quick brown fox"
+
+
+class HttpCluster:
+    """Scheduler, one worker and a frontend with HTTP, on one loop in a background thread."""
+
+    def __init__(self, model):
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.model = str(model)
+        self.run(self._start(model))  # grpc.aio objects belong to the loop they are made in
+        self.url = f"http://127.0.0.1:{self.frontend.http.port}"
+
+    async def _start(self, model) -> None:
+        self.cluster = await Cluster(model).start(1)
+        self.frontend = FrontendServer(FrontendConfig(
+            model=self.model, scheduler_address=f"127.0.0.1:{self.cluster.scheduler.port}", host="127.0.0.1",
+            grpc_port=0, http_port=free_port(), health_poll_s=0.02), model)
+        await self.frontend.start()
+
+    def run(self, coro, timeout: float = 60):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def close(self) -> None:
+        self.run(self.frontend.drain())
+        self.run(self.cluster.close())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5)
+
+
+@pytest.fixture(scope="module")
+def served(tiny_llama):
+    served = HttpCluster(tiny_llama)
+    deadline = time.monotonic() + 10
+    while raw(served.url + "/health")[0] != 200:  # the frontend has seen the registered worker
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    yield served
+    served.close()
+
+
+@pytest.fixture(scope="module")
+def client(served):
+    return openai.OpenAI(base_url=served.url + "/v1", api_key="unused", max_retries=0)
+
+
+def test_seeded_sampling_reproduces_and_streaming_equals_the_whole(served, client):
+    kwargs = dict(model=served.model, prompt=PROMPT, max_tokens=8, temperature=1.0, seed=42, n=2,
+                  extra_body={"ignore_eos": True})
+    first, second = client.completions.create(**kwargs), client.completions.create(**kwargs)
+    assert [c.text for c in first.choices] == [c.text for c in second.choices]
+    assert first.choices[0].text != first.choices[1].text  # the two samples draw differently
+    assert first.system_fingerprint == "pagedserve-batch-invariant"
+    streamed = {0: "", 1: ""}
+    for chunk in client.completions.create(**kwargs, stream=True):
+        streamed[chunk.choices[0].index] += chunk.choices[0].text
+    assert [streamed[0], streamed[1]] == [c.text for c in first.choices]
+    other = client.completions.create(**{**kwargs, "seed": 43})
+    assert [c.text for c in other.choices] != [c.text for c in first.choices]
+
+
+def test_chat_with_real_logprobs(served, client):
+    chat = client.chat.completions.create(model=served.model, messages=[{"role": "user", "content": "Hello!"}],
+                                          max_completion_tokens=5, temperature=0, logprobs=True, top_logprobs=3,
+                                          extra_body={"ignore_eos": True})
+    [choice] = chat.choices
+    entries = choice.logprobs.content
+    assert chat.usage.completion_tokens == len(entries) == 5 and choice.finish_reason == "length"
+    assert "".join(e.token for e in entries) == choice.message.content
+    for entry in entries:  # greedy: the sampled token is the most likely one
+        assert entry.logprob <= 0 and len(entry.top_logprobs) == 3
+        assert entry.logprob == pytest.approx(entry.top_logprobs[0].logprob)
+
+
+def test_metrics_follow_the_requests_and_the_scheduler(served, client):
+    before = raw(served.url + "/metrics")[1].decode()
+    for _ in range(2):
+        client.completions.create(model=served.model, prompt=[[5, 6, 7, 8] * 8], max_tokens=3, temperature=0,
+                                  extra_body={"ignore_eos": True})
+    after = raw(served.url + "/metrics")[1].decode()
+
+    def moved(name: str, **labels) -> float:
+        return metric(after, name, **labels) - metric(before, name, **labels)
+
+    assert moved("pagedserve:prompt_tokens_total") == 64 and moved("pagedserve:generation_tokens_total") == 6
+    assert moved("pagedserve:prefix_cache_queries_total", worker="w0") >= 32
+    assert moved("pagedserve:prefix_cache_hits_total", worker="w0") >= 16  # the second run reuses full blocks
+    assert moved("pagedserve:request_queue_time_seconds_count") == 2
+    assert 0 <= metric(after, "pagedserve:kv_cache_usage_perc", worker="w0") < 1
+    assert metric(after, "pagedserve:num_requests_running") == 0
