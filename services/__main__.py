@@ -8,6 +8,7 @@ are left to the services, which read their own PAGEDSERVE_* variables.
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 from pathlib import Path
@@ -44,7 +45,10 @@ def add_up_parser(commands) -> None:
 def engine_flags(args: argparse.Namespace) -> tuple[tuple[str, str | bool], ...]:
     flags = list(VALUE_FLAGS) + list(SWITCH_FLAGS)
     values = ((flag, getattr(args, flag[2:].replace("-", "_"))) for flag in flags)
-    return tuple((flag, value) for flag, value in values if value is not None)
+    chosen = tuple((flag, value) for flag, value in values if value is not None)
+    if args.num_threads is None:  # share the cores: OpenMP threads of several workers stall each other
+        chosen += (("--num-threads", str(max(1, (os.cpu_count() or 1) // args.workers))),)
+    return chosen
 
 
 def run_up(args: argparse.Namespace) -> int:

@@ -39,6 +39,7 @@ VALUE_FLAGS = {
     "--kv-cache-memory-bytes": ("worker",),
     "--kernel-backend": ("worker",),
     "--seed": ("worker",),
+    "--num-threads": ("worker",),
     "--max-pending": ("frontend",),
 }
 SWITCH_FLAGS = {

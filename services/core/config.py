@@ -67,9 +67,11 @@ class WorkerConfig:
     kernel_backend: str = "auto"  # auto: triton on cuda, torch elsewhere
     batch_invariant: bool = True  # the deterministic mode (DESIGN rule 4)
     enforce_eager: bool = False
+    num_threads: int = 0  # CPU threads for the worker's math (0: the library default)
 
     def __post_init__(self) -> None:
         check(bool(self.model), "model", "must name a model folder or hub id")
+        check(self.num_threads >= 0, "num_threads", f"must be >= 0, got {self.num_threads}")
         check(self.dtype in DTYPES, "dtype", f"must be one of {DTYPES}, got {self.dtype!r}")
         check(self.device in ("auto", "cpu", "cuda"), "device", f"must be auto, cpu or cuda, got {self.device!r}")
         check(self.kernel_backend in KERNEL_BACKENDS, "kernel_backend",
@@ -99,6 +101,7 @@ class EngineArgs:
     kernel_backend: str = "auto"
     batch_invariant: bool = True
     enforce_eager: bool = False
+    num_threads: int = 0
 
     @classmethod
     def from_kwargs(cls, model: str, **kwargs) -> EngineArgs:
@@ -122,4 +125,4 @@ class EngineArgs:
 
     def worker_config(self) -> WorkerConfig:
         return WorkerConfig(self.model, self.dtype, self.device, self.seed, self.kernel_backend,
-                            self.batch_invariant, self.enforce_eager)
+                            self.batch_invariant, self.enforce_eager, self.num_threads)

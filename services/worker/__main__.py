@@ -47,6 +47,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add_flag(parser, "--swap-space-bytes", 64 << 20, int, help="CPU swap pool")
     add_flag(parser, "--kernel-backend", "auto", help="auto, torch or triton")
     add_flag(parser, "--seed", 0, int, help="weights-independent torch seed")
+    add_flag(parser, "--num-threads", 0, int, help="CPU threads for the math (0: the library default)")
     add_switch(parser, "--batch-invariant", True, help="the deterministic mode (DESIGN rule 4)")
     add_switch(parser, "--reflection", False, help="serve gRPC reflection")
     add_flag(parser, "--log-level", "info", help="debug, info, warning or error")
@@ -54,7 +55,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def build_configs(args: argparse.Namespace) -> tuple[WorkerConfig, CacheConfig, WorkerServiceConfig]:
-    worker = WorkerConfig(args.model, args.dtype, args.device, args.seed, args.kernel_backend, args.batch_invariant)
+    worker = WorkerConfig(args.model, args.dtype, args.device, args.seed, args.kernel_backend, args.batch_invariant,
+                          num_threads=args.num_threads)
     cache = CacheConfig(args.block_size, args.num_gpu_blocks, args.kv_cache_memory_bytes, args.swap_space_bytes)
     service = WorkerServiceConfig(args.scheduler_address, args.worker_id, args.host, args.port, args.advertise_host,
                                   args.reflection)

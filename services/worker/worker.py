@@ -31,6 +31,8 @@ class Worker:
         arch = ModelArchConfig.from_folder(self.model_path)
         self.dtype = resolve_dtype(config.dtype, arch, self.device)
         torch.manual_seed(config.seed)
+        if config.num_threads:  # several workers on one machine must not oversubscribe its cores
+            torch.set_num_threads(config.num_threads)
         ops = get_ops(config.kernel_backend, self.device.type)
         linear = invariant_linear if config.batch_invariant else plain_linear
         model = load_model(self.model_path, self.dtype, self.device, ops, linear)
