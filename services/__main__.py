@@ -64,7 +64,8 @@ def run_up(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     deployment = Deployment(
-        model=str(model), num_workers=args.workers, host=args.host, grpc_port=args.grpc_port,
+        model=str(model), served_model_name=args.model or "default", num_workers=args.workers,
+        host=args.host, grpc_port=args.grpc_port,
         http_port=args.http_port, scheduler_port=args.scheduler_port,
         worker_ports=free_ports(args.workers),
         engine_flags=engine_flags(args), python=args.python,

@@ -57,6 +57,7 @@ class Deployment:
     """Where each service listens and what it serves; the launcher's and the containers' settings."""
 
     model: str
+    served_model_name: str = ""  # the id clients name the model by; empty: the model path
     num_workers: int = 1
     host: str = "127.0.0.1"  # the frontend's (public) bind address
     grpc_port: int = 50051
@@ -106,7 +107,7 @@ def service_commands(d: Deployment) -> dict[str, list[str]]:
     commands["frontend"] = run + [
         "services.frontend", "--model", d.model, "--scheduler-address", d.scheduler_target,
         "--host", d.host, "--grpc-port", str(d.grpc_port), "--http-port", str(d.http_port),
-    ]
+    ] + (["--served-model-name", d.served_model_name] if d.served_model_name else [])
     return commands
 
 

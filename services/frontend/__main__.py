@@ -18,6 +18,7 @@ from services.logs import configure_logging
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m services.frontend", description=__doc__.splitlines()[0])
     add_flag(parser, "--model", "default", help="model folder (the workers' path), 'default' or a hub id")
+    add_flag(parser, "--served-model-name", "", help="the model's id for clients (default: the --model value)")
     add_flag(parser, "--scheduler-address", "127.0.0.1:50052", help="the scheduler's HOST:PORT")
     add_flag(parser, "--host", "0.0.0.0", help="address to listen on")
     add_flag(parser, "--grpc-port", 50051, type=int, help="public gRPC port (0: any free port)")
@@ -45,7 +46,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     configure_logging("frontend", args.log_level)
     try:
-        config = FrontendConfig(model=args.model, scheduler_address=args.scheduler_address, host=args.host,
+        config = FrontendConfig(model=args.model, served_model_name=args.served_model_name,
+                                scheduler_address=args.scheduler_address, host=args.host,
                                 grpc_port=args.grpc_port, http_port=args.http_port, api_key=args.api_key,
                                 max_body_bytes=args.max_body_bytes, max_pending=args.max_pending,
                                 reflection=args.reflection)

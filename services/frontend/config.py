@@ -8,7 +8,8 @@ from services.core.errors import check
 
 @dataclass(frozen=True)
 class FrontendConfig:
-    model: str = "default"  # the --model value, reported as the model's id
+    model: str = "default"  # the tokenizer's folder (the workers' --model), "default" or a hub id
+    served_model_name: str = ""  # the model's id for clients; empty: the --model value
     scheduler_address: str = "127.0.0.1:50052"
     host: str = "0.0.0.0"
     grpc_port: int = 50051  # 0: any free port
@@ -19,6 +20,10 @@ class FrontendConfig:
     reflection: bool = False
     health_poll_s: float = 1.0  # how often to ask the scheduler whether a worker is ready
     drain_timeout_s: float = 60.0  # on SIGTERM, how long running requests may take to finish
+
+    @property
+    def model_id(self) -> str:
+        return self.served_model_name or self.model
 
     def __post_init__(self) -> None:
         check(bool(self.model), "model", "must not be empty")

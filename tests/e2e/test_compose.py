@@ -40,7 +40,8 @@ def load(*files: Path) -> dict:
 
 def compose_deployment(**changes) -> Deployment:
     """The launcher's settings that the compose file stands for: one worker per container."""
-    settings = dict(model=str(default_model_path("/models")), num_workers=1, host="0.0.0.0", internal_host="0.0.0.0",
+    settings = dict(model=str(default_model_path("/models")), served_model_name="default", num_workers=1,
+                    host="0.0.0.0", internal_host="0.0.0.0",
                     scheduler_address="scheduler:50052", worker_ports=(50053,), advertise_host=CONTAINER_HOSTNAME)
     return Deployment(**{**settings, **changes})
 

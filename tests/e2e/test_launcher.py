@@ -137,7 +137,7 @@ def test_up_runs_the_service_commands_and_stops_them_on_a_signal(launch, fake_py
     assert sorted(pids) == ["frontend", "scheduler", "worker-0", "worker-1"]
 
     expected = service_commands(Deployment(
-        model=str(fake_model), num_workers=2, grpc_port=ports[0], http_port=ports[1], scheduler_port=ports[2],
+        model=str(fake_model), served_model_name=str(fake_model), num_workers=2, grpc_port=ports[0], http_port=ports[1], scheduler_port=ports[2],
         worker_ports=up.worker_ports(), python=fake_python,
         engine_flags=(("--block-size", "32"), ("--dtype", "float32"), ("--enable-prefix-caching", False),
                       ("--num-threads", str(max(1, (os.cpu_count() or 1) // 2))))))  # the cores, shared
