@@ -46,6 +46,16 @@ def test_invariant_to_batching_and_preemption(setup, case):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("block_size", [8, 32])
+def test_invariant_to_block_size(setup, block_size):
+    """Keys are reduced in fixed tiles of 128 whatever the block size, so the bits agree."""
+    folder, dtype, prompts, params, baseline = setup
+    llm = make_llm(folder, dtype=dtype, block_size=block_size, num_gpu_blocks=1280 // block_size,
+                   preemption_mode="recompute")
+    assert run(llm, prompts, params) == baseline
+
+
+@pytest.mark.slow
 def test_invariant_to_prefix_cache_hits(model_dir):
     folder = model_dir("llama", "tiny")
     prompts = random_prompts(16, 512, 1, 40, seed=4, shared_prefix=100)

@@ -39,9 +39,10 @@ def check_parity(model_dir, ours: list[list[int]], prompts: list[list[int]], max
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
-def test_greedy_matches_transformers(model_dir, arch):
-    folder = model_dir(arch, "small")
+@pytest.mark.parametrize("arch, overrides", [("llama", {}), ("qwen2", {}), ("qwen3", {}),
+                                             ("llama", {"rope_scaling_llama3": True, "tie_word_embeddings": True})])
+def test_greedy_matches_transformers(model_dir, arch, overrides):
+    folder = model_dir(arch, "small", **overrides)
     prompts = random_prompts(NUM_PROMPTS, 1024, 1, 300, seed=1)
     llm = make_llm(folder, dtype="float32")
     outs = llm.generate(prompts, greedy(MAX_NEW), use_tqdm=False)
