@@ -28,16 +28,13 @@ def generate(out: Path) -> list[Path]:
                         f"--grpc_python_out={out}", *files])
     if code != 0:
         raise SystemExit(f"protoc failed with {code}")
-    generated = []
-    for folder in {(out / f).parent for f in files}:
-        for parent in [folder, *folder.relative_to(out).parents]:
-            init = out / parent / "__init__.py" if not parent.is_absolute() else parent / "__init__.py"
-            if init.parent != out and not init.exists():
+    for proto in files:  # every folder on the way down is a package
+        for package in Path(proto).parents[:-1]:
+            init = out / package / "__init__.py"
+            if not init.exists():
                 init.write_text("")
-    for path in sorted(out.rglob("*")):
-        if path.is_file() and path.suffix in (".py", ".pyi"):
-            generated.append(path.relative_to(out))
-    return generated
+    return [path.relative_to(out) for path in sorted(out.rglob("*"))
+            if path.is_file() and path.suffix in (".py", ".pyi")]
 
 
 def main(argv: list[str] | None = None) -> int:

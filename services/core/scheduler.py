@@ -6,13 +6,13 @@ delta (services.core.step); `update` applies what the worker sampled. Pure Pytho
 """
 from __future__ import annotations
 
-import bisect
 import itertools
 from dataclasses import dataclass, field
 
 from services.core.block_manager import BlockManager
 from services.core.config import CacheConfig, SchedulerConfig
-from services.core.errors import InvalidArgument, ResourceExhausted, check
+from services.core.errors import ResourceExhausted, check
+from services.core.policy import WaitingQueue, policy_key
 from services.core.sampling_params import SamplingParams
 from services.core.seeding import new_request_seed
 from services.core.sequence import Request, Sequence, SeqStatus, SeqUpdate
@@ -45,7 +45,7 @@ class Scheduler:
         self.config, self.cache = config, cache
         self.workers: dict[str, WorkerSlot] = {}
         self.requests: dict[str, Request] = {}
-        self.waiting: list[tuple[tuple, int]] = []  # sorted (policy key, seq_id)
+        self.waiting = WaitingQueue(config.scheduling_policy)
         self.running: dict[int, Sequence] = {}
         self.swapped: dict[int, Sequence] = {}
         self.seqs: dict[int, Sequence] = {}
@@ -140,13 +140,7 @@ class Scheduler:
         return deltas
 
     def _key(self, seq: Sequence) -> tuple:
-        request = seq.request
-        if self.config.scheduling_policy == "priority":
-            return (request.priority, request.arrival, seq.sample_index)
-        if self.config.scheduling_policy == "sjf":
-            remaining = seq.num_tokens - seq.num_computed_tokens + request.params.max_tokens - len(seq.output_token_ids)
-            return (remaining, request.arrival, seq.sample_index)
-        return (request.arrival, seq.sample_index)
+        return policy_key(self.config.scheduling_policy, seq)
 
     def _num_new_tokens(self, seq: Sequence, plan: _Plan) -> int:
         """Tokens to run for seq this step under the token budget (0: none fit)."""
@@ -194,7 +188,7 @@ class Scheduler:
 
     def _schedule_waiting(self, plans: dict[str, _Plan]) -> None:
         while self.waiting:
-            seq = self.seqs[self.waiting[0][1]]
+            seq = self.seqs[self.waiting.peek()]
             worker_id = self._place(seq, plans)
             if worker_id is None:
                 return
@@ -206,7 +200,7 @@ class Scheduler:
                 blocks.free(seq.seq_id)
                 seq.num_computed_tokens = 0
                 return
-            self.waiting.pop(0)
+            self.waiting.pop()
             if seq.request.num_cached_tokens == 0 and not seq.output_token_ids:
                 seq.request.num_cached_tokens = seq.num_computed_tokens
             seq.status, seq.worker_id = SeqStatus.RUNNING, worker_id
@@ -367,13 +361,10 @@ class Scheduler:
 
     def _enqueue(self, seq: Sequence) -> None:
         seq.status = SeqStatus.WAITING
-        bisect.insort(self.waiting, (self._key(seq), seq.seq_id))
+        self.waiting.push(seq)
 
     def _dequeue(self, seq: Sequence) -> None:
-        for i, (_, seq_id) in enumerate(self.waiting):
-            if seq_id == seq.seq_id:
-                del self.waiting[i]
-                return
+        self.waiting.remove(seq.seq_id)
 
     # ---- stats -----------------------------------------------------------------
     def stats(self) -> dict:
