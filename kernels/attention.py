@@ -57,12 +57,13 @@ class _Softmax:
 
 def _gather_tile(cache: torch.Tensor, blocks: torch.Tensor, keys_last: bool) -> torch.Tensor:
     """Blocks [..., blocks_per_tile] -> [..., KVH, D, KT] (keys_last) or [..., KVH, KT, D], fp32.
-    Always a fresh contiguous copy: a strided view can take another library path."""
-    tile = cache[blocks].float()  # [..., bpt, bs, KVH, D]
-    tile = tile.flatten(-4, -3)  # [..., KT, KVH, D]
+    Always a fresh contiguous copy (a strided view can take another library path), made in
+    one pass that also converts the dtype."""
+    tile = cache[blocks].flatten(-4, -3)  # [..., KT, KVH, D]
     order = (-2, -1, -3) if keys_last else (-2, -3, -1)
     lead = list(range(tile.dim() - 3))
-    return tile.permute(*lead, *[tile.dim() + o for o in order]).contiguous()
+    view = tile.permute(*lead, *[tile.dim() + o for o in order])
+    return torch.empty(view.shape, dtype=torch.float32, device=cache.device).copy_(view)
 
 
 def _decode_path(q32, k_cache, v_cache, tables, positions) -> torch.Tensor:
@@ -72,13 +73,16 @@ def _decode_path(q32, k_cache, v_cache, tables, positions) -> torch.Tensor:
     num_tiles = positions // KEY_TILE + 1  # [A]
     state = _Softmax((num_tokens, num_kv_heads, rows), head_dim, q32.device)
     m, l, acc = state.max, state.denom, state.acc
+    min_tiles = int(num_tiles.min())
     for tile in range(int(num_tiles.max())):
-        live = torch.nonzero(num_tiles > tile).squeeze(1)  # tokens that reach this tile
+        # tokens that reach this tile: all of them (a plain slice, no scatter) or some
+        live = slice(None) if tile < min_tiles else torch.nonzero(num_tiles > tile).squeeze(1)
         blocks = tables[live, tile * blocks_per_tile:(tile + 1) * blocks_per_tile]
         k = _gather_tile(k_cache, blocks, keys_last=True)  # [A', KVH, D, KT]
         v = _gather_tile(v_cache, blocks, keys_last=False)  # [A', KVH, KT, D]
-        scores = torch.bmm(q32[live].view(-1, rows, head_dim), k.view(-1, head_dim, KEY_TILE))
-        scores = scores.view(len(live), num_kv_heads, rows, KEY_TILE)
+        num_live = len(blocks)
+        scores = torch.bmm(q32[live].reshape(-1, rows, head_dim), k.view(-1, head_dim, KEY_TILE))
+        scores = scores.view(num_live, num_kv_heads, rows, KEY_TILE)
         key_pos = tile * KEY_TILE + torch.arange(KEY_TILE, device=q32.device)
         masked = key_pos[None, :] > positions[live][:, None]  # [A', KT] causal
         scores = scores.masked_fill(masked[:, None, None, :], float("-inf"))
