@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from services.healthcheck import health_status
+from services.__main__ import default_worker_threads
 from services.launcher import Deployment, free_ports, service_commands
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -140,7 +141,7 @@ def test_up_runs_the_service_commands_and_stops_them_on_a_signal(launch, fake_py
         model=str(fake_model), served_model_name=str(fake_model), num_workers=2, grpc_port=ports[0], http_port=ports[1], scheduler_port=ports[2],
         worker_ports=up.worker_ports(), python=fake_python,
         engine_flags=(("--block-size", "32"), ("--dtype", "float32"), ("--enable-prefix-caching", False),
-                      ("--num-threads", str(max(1, (os.cpu_count() or 1) // 2))))))  # the cores, shared
+                      ("--num-threads", str(default_worker_threads(2))))))  # the cores, shared
     ran = {int(f.stem): json.loads(f.read_text()) for f in argv_dir.iterdir()}
     assert {name: ran[pid] for name, pid in pids.items()} == {name: argv[1:] for name, argv in expected.items()}
 
