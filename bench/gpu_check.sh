@@ -2,8 +2,11 @@
 # One prepared GPU check for the Triton kernels (needs a CUDA device; refuses to run without one):
 #   1. the kernel tests on the GPU (compiled kernels, fp16 included, the gpu-marked tests),
 #   2. each kernel timed against its PyTorch reference and the bytes-moved floor at
-#      Llama-3.2-1B-shaped sizes (batch 1..256, context 128..4096), with max errors.
-# Writes one results file, bench/results/gpu_check.md (tests summary, tables, raw JSON).
+#      Llama-3.2-1B-shaped sizes (batch 1..256, context 128..4096), with max errors,
+#   3. the offline throughput benchmark on a ~1B random-weight Llama (bf16): the engine on
+#      the Triton kernels, its plain (non-invariant) path, and transformers' static batching.
+# Writes bench/results/gpu_check.md (tests summary, tables, raw JSON) and
+# bench/results/gpu_offline.{md,json}.
 #   bash bench/gpu_check.sh                 # PYTHON=/path/to/python to pick the interpreter
 # Exit status: non-zero if the tests failed or the benchmark did not complete.
 set -uo pipefail
@@ -37,5 +40,13 @@ echo "== kernel timings"
 "$PYTHON" bench/kernel_bench.py --out "$RESULTS/gpu_check.md" --tests-log "$TEST_LOG"
 bench_rc=$?
 
-echo "== wrote $RESULTS/gpu_check.md (tests rc=$tests_rc, bench rc=$bench_rc)"
-[[ $tests_rc -eq 0 && $bench_rc -eq 0 ]]
+echo "== offline throughput, ~1B random-weight Llama, bf16"
+MODEL_1B=${MODEL_1B:-/tmp/pagedserve-llama-1b}
+[[ -f "$MODEL_1B/config.json" ]] || "$PYTHON" -m services.tools.make_model --size 1b --out "$MODEL_1B"
+"$PYTHON" bench/offline.py --model "$MODEL_1B" --dataset random --input-len 512 --output-len 128 \
+  --num-requests 256 --max-num-seqs 256 --max-num-batched-tokens 8192 --dtypes bfloat16 \
+  --modes engine,engine-plain,hf-batch --hf-batch-sizes 16,64,256 --out gpu_offline
+offline_rc=$?
+
+echo "== wrote $RESULTS/gpu_check.md, $RESULTS/gpu_offline.md (tests rc=$tests_rc, bench rc=$bench_rc, offline rc=$offline_rc)"
+[[ $tests_rc -eq 0 && $bench_rc -eq 0 && $offline_rc -eq 0 ]]

@@ -129,3 +129,25 @@ def test_invalid_requests_name_the_field_and_the_server_keeps_serving(cluster, p
         assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT
         assert field in err.value.details
         assert client.generate("hello", temperature=0, max_tokens=3).token_ids
+
+
+def test_up_serves_the_default_model_and_it_knows_paris():
+    """`python -m services up` with no --model: the real SmolLM2 answers through the public gRPC API."""
+    from services.tools.default_model import ensure_default_model
+
+    ensure_default_model()
+    ports = free_ports(3)
+    up = Up(["--grpc-port", str(ports[0]), "--http-port", str(ports[1]), "--scheduler-port", str(ports[2])])
+    try:
+        up.wait_ready(timeout=300)
+        with Client(f"127.0.0.1:{ports[0]}") as client:
+            assert [m.id for m in client.list_models()] == ["default"]
+            answer = client.generate([{"role": "user", "content": "What is the capital of France?"}],
+                                     model="default", temperature=0, max_tokens=32)
+        assert "Paris" in answer.text
+    finally:
+        up.proc.send_signal(signal.SIGINT)
+        try:
+            up.finish(timeout=30)
+        finally:
+            up.kill_all()
