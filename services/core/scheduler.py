@@ -84,6 +84,7 @@ class Scheduler:
         check(len(prompt_token_ids) < self.config.max_model_len, "prompt",
               f"{len(prompt_token_ids)} tokens leave no room to generate within max_model_len "
               f"{self.config.max_model_len}")
+        self._check_fits(len(prompt_token_ids), params.max_tokens)
         if len(self.waiting) >= self.config.max_waiting_requests:
             raise ResourceExhausted(f"{len(self.waiting)} requests are waiting; try again later")
         if params.seed is None:
@@ -92,6 +93,18 @@ class Scheduler:
         self.requests[request_id] = request
         self._enqueue(self._new_seq(request, 0))
         return request
+
+    def _check_fits(self, num_prompt: int, max_tokens: int) -> None:
+        """A request no worker's KV cache can ever hold would wait forever: refuse it."""
+        if not self.workers:
+            return  # nothing registered yet: the transport answers UNAVAILABLE
+        capacity = max(slot.info.num_gpu_blocks for slot in self.workers.values()) * self.cache.block_size
+        check(num_prompt < capacity, "prompt",
+              f"{num_prompt} tokens do not fit in the largest worker's KV cache ({capacity} tokens)")
+        total = min(num_prompt + max_tokens, self.config.max_model_len)
+        check(total <= capacity, "max_tokens",
+              f"prompt ({num_prompt}) + max_tokens ({max_tokens}) need {total} tokens of KV cache; "
+              f"the largest worker holds {capacity}")
 
     def abort(self, request_id: str) -> list[SeqUpdate]:
         request = self.requests.get(request_id)

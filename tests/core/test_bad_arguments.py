@@ -70,3 +70,26 @@ def test_max_model_len_above_the_model_is_refused(tiny_llama):
     with pytest.raises(InvalidArgument) as err:
         make_llm(tiny_llama, max_model_len=10**6)
     assert err.value.field == "max_model_len"
+
+
+def test_a_request_larger_than_the_kv_cache_is_refused_not_left_waiting(tiny_llama):
+    """4 blocks of 16 hold 64 tokens: a longer prompt (or prompt + max_tokens) can never run."""
+    import threading
+
+    llm = make_llm(tiny_llama, num_gpu_blocks=4)
+    result = {}
+
+    def attempt(prompt, max_tokens):
+        try:
+            llm.generate([prompt], SamplingParams(max_tokens=max_tokens), use_tqdm=False)
+        except InvalidArgument as err:
+            result["field"] = err.field
+
+    for prompt, max_tokens, field in (([5] * 80, 4, "prompt"), ([5] * 40, 60, "max_tokens")):
+        result.clear()
+        worker = threading.Thread(target=attempt, args=(prompt, max_tokens), daemon=True)
+        worker.start()
+        worker.join(timeout=20)
+        assert not worker.is_alive(), "generate hung on a request that can never fit"
+        assert result.get("field") == field
+    assert llm.generate([[5] * 40], SamplingParams(max_tokens=20), use_tqdm=False)[0].outputs[0].token_ids
