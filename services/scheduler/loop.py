@@ -140,8 +140,20 @@ class StepLoop:
         while True:
             while not (self.core and self.workers and self.core.has_unfinished()):
                 await self._sleep()
-            if not await self.step():
+            try:
+                progressed = await self.step()
+            except Exception as error:  # a bug, not a worker failure: fail what is in flight, keep serving
+                log.exception("step_failed", step=self.core.step_id)
+                self._fail_all(error)
+                continue
+            if not progressed:
                 await self._sleep()  # nothing fits now: wait for a new worker, request or abort
+
+    def _fail_all(self, error: Exception) -> None:
+        """End every open stream with the error and abort its request, so its blocks are freed."""
+        for request_id in list(self.router.streams):
+            self.core.abort(request_id)
+            self.router.fail(request_id, error)
 
     async def _sleep(self) -> None:
         await self._wake.wait()

@@ -16,6 +16,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         stream = self.loop.submit(*convert.submit_from_proto(request))
         try:
             while (updates := await stream.queue.get()) is not None:
+                if isinstance(updates, Exception):
+                    raise RuntimeError(f"the scheduler failed a step: {updates}") from updates
                 response = convert.updates_to_response(updates)
                 response.queue_time_s = stream.queue_time_s
                 yield response

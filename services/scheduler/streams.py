@@ -13,11 +13,12 @@ log = structlog.get_logger("scheduler")
 
 
 class RequestStream:
-    """Each step's updates for one request go into `queue` as a list; None ends the stream."""
+    """Each step's updates for one request go into `queue` as a list; None ends the stream and
+    an exception ends it with that error."""
 
     def __init__(self, request: Request):
         self.request = request
-        self.queue: asyncio.Queue[list[SeqUpdate] | None] = asyncio.Queue()
+        self.queue: asyncio.Queue[list[SeqUpdate] | Exception | None] = asyncio.Queue()
         self.finish_reasons: dict[int, str] = {}
         self.num_output_tokens = 0
         self.started = time.monotonic()
@@ -76,6 +77,12 @@ class StreamRouter:
             stream.push(request_updates)
             if stream.done:
                 self.close(request_id, "request_finished")
+
+    def fail(self, request_id: str, error: Exception) -> None:
+        stream = self.streams.pop(request_id, None)
+        if stream is not None:
+            stream.queue.put_nowait(error)
+            log.warning("request_failed", request_id=request_id, error=str(error))
 
     def close(self, request_id: str, event: str) -> bool:
         """End the stream if it is open; False when it already ended."""

@@ -283,3 +283,32 @@ def test_a_worker_restarted_under_the_same_id_replaces_the_old_one(model):
             assert_same(g, w)
 
     run(main())
+
+
+def test_a_failing_step_ends_open_streams_with_internal_and_the_scheduler_keeps_serving(model):
+    """A bug in a step (not a worker failure) must not leave clients waiting forever."""
+    async def main():
+        cluster = await Cluster(model).start(num_workers=1)
+        try:
+            core = cluster.scheduler.loop.core
+            real_update, calls = core.update, []
+
+            def broken_update(worker_id, result):
+                calls.append(worker_id)
+                if len(calls) == 2:
+                    raise RuntimeError("injected fault")
+                return real_update(worker_id, result)
+
+            core.update = broken_update
+            with pytest.raises(grpc.aio.AioRpcError) as error:
+                await asyncio.wait_for(cluster.generate("doomed", [5, 6, 7], greedy(20)), 10)
+            assert error.value.code() == grpc.StatusCode.INTERNAL
+            stats = await cluster.wait_for(lambda s: s.num_running == 0 and s.num_waiting == 0)
+            assert all(w.num_free_gpu_blocks == w.num_gpu_blocks for w in stats.workers)
+            core.update = real_update
+            good = await cluster.generate("good", [5, 6, 7], greedy(5))
+            assert len(good.samples[0].token_ids) == 5
+        finally:
+            await cluster.close()
+
+    run(main())
