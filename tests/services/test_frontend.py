@@ -123,3 +123,11 @@ def test_async_client_streams_and_cancelling_cancels_the_submit_call(harness):
     assert len(asyncio.run(first_deltas())) == 3
     assert harness.wait_for(lambda: "to-cancel" in harness.fake.cancelled)
     assert harness.wait_for(lambda: harness.frontend.core.num_pending == 0)
+
+
+def test_breaking_out_of_a_sync_stream_cancels_the_call(harness):
+    with Client(harness.address) as client:
+        for i, _ in enumerate(client.stream("a long echo", max_tokens=60, request_id="left-early")):
+            if i == 2:
+                break  # no explicit cancel(): leaving the loop is enough
+    assert harness.wait_for(lambda: "left-early" in harness.fake.cancelled)
