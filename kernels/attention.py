@@ -35,24 +35,21 @@ def _round_up(n: int) -> int:
     return -(-n // ROW_MULTIPLE) * ROW_MULTIPLE
 
 
-class _Softmax:
-    """Online-softmax state for a set of rows: [..., rows, 1], [..., rows, 1], [..., rows, D]."""
+def _softmax_init(shape: tuple[int, ...], head_dim: int, device):
+    """Online-softmax state for a set of rows: max [..., 1], denominator [..., 1], acc [..., D]."""
+    return (torch.full((*shape, 1), float("-inf"), device=device), torch.zeros((*shape, 1), device=device),
+            torch.zeros((*shape, head_dim), device=device))
 
-    def __init__(self, shape: tuple[int, ...], head_dim: int, device):
-        self.max = torch.full((*shape, 1), float("-inf"), device=device)
-        self.denom = torch.zeros((*shape, 1), device=device)
-        self.acc = torch.zeros((*shape, head_dim), device=device)
 
-    @staticmethod
-    def step(state, scores: torch.Tensor, v: torch.Tensor):
-        """One key tile: scores [..., M, KT] (masked with -inf), v [..., KT, D] -> new state."""
-        old_max, denom, acc = state
-        new_max = torch.maximum(old_max, scores.amax(-1, keepdim=True))
-        alpha = torch.exp(old_max - new_max)
-        probs = torch.exp(scores - new_max)
-        lead = probs.shape[:-2]
-        pv = torch.bmm(probs.reshape(-1, *probs.shape[-2:]), v.reshape(-1, *v.shape[-2:]))
-        return new_max, denom * alpha + probs.sum(-1, keepdim=True), acc * alpha + pv.view(*lead, *pv.shape[-2:])
+def _softmax_step(state, scores: torch.Tensor, v: torch.Tensor):
+    """One key tile: scores [..., M, KT] (masked with -inf), v [..., KT, D] -> the new state."""
+    old_max, denom, acc = state
+    new_max = torch.maximum(old_max, scores.amax(-1, keepdim=True))
+    alpha = torch.exp(old_max - new_max)
+    probs = torch.exp(scores - new_max)
+    lead = probs.shape[:-2]
+    pv = torch.bmm(probs.reshape(-1, *probs.shape[-2:]), v.reshape(-1, *v.shape[-2:]))
+    return new_max, denom * alpha + probs.sum(-1, keepdim=True), acc * alpha + pv.view(*lead, *pv.shape[-2:])
 
 
 def _gather_tile(cache: torch.Tensor, blocks: torch.Tensor, keys_last: bool) -> torch.Tensor:
@@ -71,8 +68,7 @@ def _decode_path(q32, k_cache, v_cache, tables, positions) -> torch.Tensor:
     num_tokens, num_kv_heads, rows, head_dim = q32.shape
     blocks_per_tile = KEY_TILE // k_cache.shape[1]
     num_tiles = positions // KEY_TILE + 1  # [A]
-    state = _Softmax((num_tokens, num_kv_heads, rows), head_dim, q32.device)
-    m, l, acc = state.max, state.denom, state.acc
+    m, l, acc = _softmax_init((num_tokens, num_kv_heads, rows), head_dim, q32.device)
     min_tiles = int(num_tiles.min())
     for tile in range(int(num_tiles.max())):
         # tokens that reach this tile: all of them (a plain slice, no scatter) or some
@@ -86,7 +82,7 @@ def _decode_path(q32, k_cache, v_cache, tables, positions) -> torch.Tensor:
         key_pos = tile * KEY_TILE + torch.arange(KEY_TILE, device=q32.device)
         masked = key_pos[None, :] > positions[live][:, None]  # [A', KT] causal
         scores = scores.masked_fill(masked[:, None, None, :], float("-inf"))
-        m[live], l[live], acc[live] = _Softmax.step((m[live], l[live], acc[live]), scores, v)
+        m[live], l[live], acc[live] = _softmax_step((m[live], l[live], acc[live]), scores, v)
     return acc / l
 
 
@@ -130,8 +126,7 @@ def _sequence_chunk(chunk, k_cache, v_cache, table, first_pos: int, group: int) 
     # spare zero rows so every row slice can be padded to full micro-tiles
     q_rows = torch.nn.functional.pad(chunk, (0, 0, 0, ROW_MULTIPLE - 1))
     row_pos = first_pos + torch.arange(q_rows.shape[1], device=chunk.device) // group  # [rows]
-    state = _Softmax((num_kv_heads, q_rows.shape[1]), head_dim, chunk.device)
-    m, l, acc = state.max, state.denom, state.acc
+    m, l, acc = _softmax_init((num_kv_heads, q_rows.shape[1]), head_dim, chunk.device)
     last_pos = first_pos + num_rows // group - 1
     for tile in range(last_pos // KEY_TILE + 1):
         first = max(0, tile * KEY_TILE - first_pos) * group  # rows whose token reaches this tile
@@ -142,5 +137,5 @@ def _sequence_chunk(chunk, k_cache, v_cache, table, first_pos: int, group: int) 
         scores = torch.bmm(q_rows[:, rows].contiguous(), k)  # [KVH, M, KT]
         key_pos = tile * KEY_TILE + torch.arange(KEY_TILE, device=chunk.device)
         scores = scores.masked_fill(key_pos[None, None, :] > row_pos[rows][None, :, None], float("-inf"))
-        m[:, rows], l[:, rows], acc[:, rows] = _Softmax.step((m[:, rows], l[:, rows], acc[:, rows]), scores, v)
+        m[:, rows], l[:, rows], acc[:, rows] = _softmax_step((m[:, rows], l[:, rows], acc[:, rows]), scores, v)
     return (acc / l)[:, :num_rows]
