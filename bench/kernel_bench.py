@@ -147,9 +147,8 @@ def bench_attention(ops_t, ops_r, dtype, device, bandwidth, smoke) -> list[Resul
         batch = paged_batch(seqs, dtype, device)
         batch["layout"] = token_layout(batch["seq_lens"], batch["query_start_loc"])  # once per step, as the worker
         nbytes = attention_bytes(seqs, batch["q"].element_size())
-        results.append(bench_pair("paged_attention", name, nbytes, lambda: ops_t.paged_attention(**batch),
-                                  lambda: ops_r.paged_attention(**batch), bandwidth, device))
-        del batch
+        results.append(bench_pair("paged_attention", name, nbytes, lambda b=batch: ops_t.paged_attention(**b),
+                                  lambda b=batch: ops_r.paged_attention(**b), bandwidth, device))
     return results
 
 

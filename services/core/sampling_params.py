@@ -1,7 +1,7 @@
 """Per-request sampling parameters, validated when built."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, fields, replace
 
 from services.core.errors import check
 
