@@ -66,7 +66,7 @@ class WorkerConfig:
     seed: int = 0
     kernel_backend: str = "auto"  # auto: triton on cuda, torch elsewhere
     batch_invariant: bool = True  # the deterministic mode (DESIGN rule 4)
-    enforce_eager: bool = False
+    enforce_eager: bool = False  # reserved for CUDA-graph capture, not built yet: every step runs eagerly
     num_threads: int = 0  # CPU threads for the worker's math (0: the library default)
 
     def __post_init__(self) -> None:
