@@ -100,7 +100,7 @@ class EngineArgs:
     max_waiting_requests: int = 4096
     kernel_backend: str = "auto"
     batch_invariant: bool = True
-    enforce_eager: bool = False
+    enforce_eager: bool = False  # no effect yet (no CUDA-graph capture); see WorkerConfig
     num_threads: int = 0
 
     @classmethod
