@@ -58,6 +58,14 @@ class Up:
     def log(self) -> str:
         return "".join(self.out) + "".join(self.err)
 
+    def stop(self, timeout: float = 30) -> None:
+        """SIGINT, as Ctrl-C would; whatever is still alive afterwards is killed."""
+        self.proc.send_signal(signal.SIGINT)
+        try:
+            self.finish(timeout)
+        finally:
+            self.kill_all()
+
     def kill_all(self) -> None:
         for pid in [self.proc.pid, *self.pids().values()]:
             if alive(pid):

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import asyncio
-import signal
 import time
 
 import grpc
@@ -30,11 +29,7 @@ def cluster(model_dir):
         up.wait_ready(timeout=300)
         yield model, f"127.0.0.1:{ports[0]}", f"127.0.0.1:{ports[2]}"
     finally:
-        up.proc.send_signal(signal.SIGINT)
-        try:
-            up.finish(timeout=30)
-        finally:
-            up.kill_all()
+        up.stop()
 
 
 def scheduler_stats(address: str):
@@ -146,8 +141,4 @@ def test_up_serves_the_default_model_and_it_knows_paris():
                                      model="default", temperature=0, max_tokens=32)
         assert "Paris" in answer.text
     finally:
-        up.proc.send_signal(signal.SIGINT)
-        try:
-            up.finish(timeout=30)
-        finally:
-            up.kill_all()
+        up.stop()
