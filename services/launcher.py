@@ -25,7 +25,7 @@ from services.healthcheck import health_status
 VALUE_FLAGS = {
     "--log-level": ("scheduler", "worker", "frontend"),
     "--block-size": ("scheduler", "worker"),
-    "--swap-space-bytes": ("scheduler", "worker"),
+    "--swap-space-bytes": ("worker",),
     "--max-num-seqs": ("scheduler",),
     "--max-num-batched-tokens": ("scheduler",),
     "--max-model-len": ("scheduler",),

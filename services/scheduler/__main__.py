@@ -3,7 +3,7 @@
     python -m services.scheduler --host 0.0.0.0 --port 50052 --block-size 16 --max-num-seqs 64 \\
         --max-num-batched-tokens 2048 --max-model-len 0 --scheduling-policy fcfs \\
         --preemption-mode recompute --enable-prefix-caching --enable-chunked-prefill \\
-        --max-waiting-requests 4096 --heartbeat-timeout-s 10 --swap-space-bytes N \\
+        --max-waiting-requests 4096 --heartbeat-timeout-s 10 \\
         [--reflection] --log-level info
 
 Every flag also reads PAGEDSERVE_<FLAG> from the environment. SIGTERM/SIGINT: health turns
@@ -37,7 +37,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add_switch(parser, "--enable-chunked-prefill", True, help="split long prompts across steps")
     add_flag(parser, "--max-waiting-requests", 4096, int, help="beyond this, Submit gets RESOURCE_EXHAUSTED")
     add_flag(parser, "--heartbeat-timeout-s", 10.0, float, help="drop a worker silent this long")
-    add_flag(parser, "--swap-space-bytes", 64 << 20, int, help="CPU swap space (the workers size their own)")
     add_switch(parser, "--reflection", False, help="serve gRPC reflection")
     add_flag(parser, "--log-level", "info", help="debug, info, warning or error")
     return parser.parse_args(argv)
@@ -49,7 +48,7 @@ def build_config(args: argparse.Namespace) -> SchedulerServiceConfig:
         max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
         scheduling_policy=args.scheduling_policy, preemption_mode=args.preemption_mode,
         enable_prefix_caching=args.enable_prefix_caching, enable_chunked_prefill=args.enable_chunked_prefill,
-        max_waiting_requests=args.max_waiting_requests, swap_space_bytes=args.swap_space_bytes,
+        max_waiting_requests=args.max_waiting_requests,
         heartbeat_timeout_s=args.heartbeat_timeout_s, reflection=args.reflection)
 
 

@@ -22,7 +22,6 @@ class SchedulerServiceConfig:
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
     max_waiting_requests: int = 4096
-    swap_space_bytes: int = 64 << 20  # the workers' CPU swap pool is their own flag; kept for symmetry
     heartbeat_timeout_s: float = 10.0  # a worker silent this long is dropped
     reflection: bool = False
 
@@ -40,8 +39,7 @@ class SchedulerServiceConfig:
         return self.heartbeat_timeout_s / 4
 
     def cache_config(self) -> CacheConfig:
-        return CacheConfig(self.block_size, swap_space_bytes=self.swap_space_bytes,
-                           enable_prefix_caching=self.enable_prefix_caching)
+        return CacheConfig(self.block_size, enable_prefix_caching=self.enable_prefix_caching)
 
     def scheduler_config(self, model_max_len: int) -> SchedulerConfig:
         """The core config once the model's own limit is known (from the first worker)."""
