@@ -42,25 +42,29 @@ def _softmax_init(shape: tuple[int, ...], head_dim: int, device):
 
 
 def _softmax_step(state, scores: torch.Tensor, v: torch.Tensor):
-    """One key tile: scores [..., M, KT] (masked with -inf), v [..., KT, D] -> the new state."""
+    """One key tile: scores [B, KVH, M, KT] (masked with -inf), v [B, KT, KVH, D] -> the new state."""
     old_max, denom, acc = state
     new_max = torch.maximum(old_max, scores.amax(-1, keepdim=True))
     alpha = torch.exp(old_max - new_max)
     probs = torch.exp(scores - new_max)
-    lead = probs.shape[:-2]
-    pv = torch.bmm(probs.reshape(-1, *probs.shape[-2:]), v.reshape(-1, *v.shape[-2:]))
-    return new_max, denom * alpha + probs.sum(-1, keepdim=True), acc * alpha + pv.view(*lead, *pv.shape[-2:])
+    return new_max, denom * alpha + probs.sum(-1, keepdim=True), acc * alpha + _per_head_values(probs, v)
 
 
-def _gather_tile(cache: torch.Tensor, blocks: torch.Tensor, keys_last: bool) -> torch.Tensor:
-    """Blocks [..., blocks_per_tile] -> [..., KVH, D, KT] (keys_last) or [..., KVH, KT, D], fp32.
-    Always a fresh contiguous copy (a strided view can take another library path), made in
-    one pass that also converts the dtype."""
-    tile = cache[blocks].flatten(-4, -3)  # [..., KT, KVH, D]
-    order = (-2, -1, -3) if keys_last else (-2, -3, -1)
-    lead = list(range(tile.dim() - 3))
-    view = tile.permute(*lead, *[tile.dim() + o for o in order])
-    return torch.empty(view.shape, dtype=torch.float32, device=cache.device).copy_(view)
+def _gather_tile(cache: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
+    """Blocks [B, blocks_per_tile] -> the tile's keys or values in the cache layout [B, KT, KVH, D], fp32.
+    One gather; the products below read each KV head through a strided view, with no second copy."""
+    tile = cache[blocks].flatten(1, 2)  # [B, KT, KVH, D]
+    return tile if tile.dtype == torch.float32 else tile.float()
+
+
+def _per_head_scores(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """q [B, KVH, M, D], k [B, KT, KVH, D] -> scores [B, KVH, M, KT], one product per KV head."""
+    return torch.stack([torch.bmm(q[:, h].contiguous(), k[:, :, h].transpose(1, 2)) for h in range(k.shape[2])], 1)
+
+
+def _per_head_values(probs: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """probs [B, KVH, M, KT], v [B, KT, KVH, D] -> [B, KVH, M, D], one product per KV head."""
+    return torch.stack([torch.bmm(probs[:, h].contiguous(), v[:, :, h]) for h in range(v.shape[2])], 1)
 
 
 def _decode_path(q32, k_cache, v_cache, tables, positions) -> torch.Tensor:
@@ -74,11 +78,9 @@ def _decode_path(q32, k_cache, v_cache, tables, positions) -> torch.Tensor:
         # tokens that reach this tile: all of them (a plain slice, no scatter) or some
         live = slice(None) if tile < min_tiles else torch.nonzero(num_tiles > tile).squeeze(1)
         blocks = tables[live, tile * blocks_per_tile:(tile + 1) * blocks_per_tile]
-        k = _gather_tile(k_cache, blocks, keys_last=True)  # [A', KVH, D, KT]
-        v = _gather_tile(v_cache, blocks, keys_last=False)  # [A', KVH, KT, D]
-        num_live = len(blocks)
-        scores = torch.bmm(q32[live].reshape(-1, rows, head_dim), k.view(-1, head_dim, KEY_TILE))
-        scores = scores.view(num_live, num_kv_heads, rows, KEY_TILE)
+        k = _gather_tile(k_cache, blocks)  # [A', KT, KVH, D]
+        v = _gather_tile(v_cache, blocks)
+        scores = _per_head_scores(q32[live], k)  # [A', KVH, Gp, KT]
         key_pos = tile * KEY_TILE + torch.arange(KEY_TILE, device=q32.device)
         masked = key_pos[None, :] > positions[live][:, None]  # [A', KT] causal
         scores = scores.masked_fill(masked[:, None, None, :], float("-inf"))
@@ -126,16 +128,17 @@ def _sequence_chunk(chunk, k_cache, v_cache, table, first_pos: int, group: int) 
     # spare zero rows so every row slice can be padded to full micro-tiles
     q_rows = torch.nn.functional.pad(chunk, (0, 0, 0, ROW_MULTIPLE - 1))
     row_pos = first_pos + torch.arange(q_rows.shape[1], device=chunk.device) // group  # [rows]
-    m, l, acc = _softmax_init((num_kv_heads, q_rows.shape[1]), head_dim, chunk.device)
+    m, l, acc = _softmax_init((1, num_kv_heads, q_rows.shape[1]), head_dim, chunk.device)
     last_pos = first_pos + num_rows // group - 1
     for tile in range(last_pos // KEY_TILE + 1):
         first = max(0, tile * KEY_TILE - first_pos) * group  # rows whose token reaches this tile
         rows = slice(first, first + _round_up(num_rows - first))
-        blocks = table[tile * blocks_per_tile:(tile + 1) * blocks_per_tile]
-        k = _gather_tile(k_cache, blocks, keys_last=True)  # [KVH, D, KT]
-        v = _gather_tile(v_cache, blocks, keys_last=False)  # [KVH, KT, D]
-        scores = torch.bmm(q_rows[:, rows].contiguous(), k)  # [KVH, M, KT]
+        blocks = table[None, tile * blocks_per_tile:(tile + 1) * blocks_per_tile]
+        k = _gather_tile(k_cache, blocks)  # [1, KT, KVH, D]
+        v = _gather_tile(v_cache, blocks)
+        scores = _per_head_scores(q_rows[None, :, rows], k)  # [1, KVH, M, KT]
         key_pos = tile * KEY_TILE + torch.arange(KEY_TILE, device=chunk.device)
-        scores = scores.masked_fill(key_pos[None, None, :] > row_pos[rows][None, :, None], float("-inf"))
-        m[:, rows], l[:, rows], acc[:, rows] = _softmax_step((m[:, rows], l[:, rows], acc[:, rows]), scores, v)
-    return (acc / l)[:, :num_rows]
+        scores = scores.masked_fill(key_pos[None, None, None, :] > row_pos[rows][None, None, :, None], float("-inf"))
+        state = (m[:, :, rows], l[:, :, rows], acc[:, :, rows])
+        m[:, :, rows], l[:, :, rows], acc[:, :, rows] = _softmax_step(state, scores, v)
+    return (acc / l)[0, :, :num_rows]
