@@ -83,12 +83,13 @@ def decode_bytes(costs: dict, batch: int, context: int, elem: int) -> float:
     return costs["linear_params"] * elem + kv
 
 
-def _add_requests(llm, batch: int, context: int, seed: int) -> None:
+def _add_requests(llm, batch: int, context: int, steps: int, seed: int) -> None:
+    """Requests that run for the whole measurement (the KV cache is sized to hold them)."""
     from services import SamplingParams
     rng = random.Random(seed)
     for i in range(batch):
         prompt = [rng.randrange(16, 49000) for _ in range(context)]
-        llm.scheduler.add_request(f"r{seed}-{i}", prompt, SamplingParams(temperature=0, max_tokens=4096,
+        llm.scheduler.add_request(f"r{seed}-{i}", prompt, SamplingParams(temperature=0, max_tokens=steps + 8,
                                                                           ignore_eos=True))
 
 
@@ -97,7 +98,7 @@ def time_engine(folder: Path, dtype: str, batch: int, context: int, steps: int, 
     from services import LLM
     llm = LLM(str(folder), dtype=dtype, max_num_seqs=batch, max_num_batched_tokens=max(2048, batch * context),
               num_gpu_blocks=batch * (context + steps + 8) // 16 + batch + 16, enable_prefix_caching=False)
-    _add_requests(llm, batch, context, seed=batch)
+    _add_requests(llm, batch, context, steps, seed=batch)
     start = time.perf_counter()
     llm.engine.step()  # the whole prefill (and each sequence's first token)
     prefill = time.perf_counter() - start
@@ -139,7 +140,7 @@ def main() -> None:
     parser.add_argument("--dtypes", default="float32,bfloat16")
     parser.add_argument("--batch-sizes", default="1,16,64")
     parser.add_argument("--context", type=int, default=128, help="prompt tokens per sequence")
-    parser.add_argument("--decode-steps", type=int, default=4, help="timed decode steps per batch size")
+    parser.add_argument("--decode-steps", type=int, default=10, help="timed decode steps per batch size")
     parser.add_argument("--profile", action="store_true", help="torch.profiler of one decode step at each point")
     parser.add_argument("--out", default="roofline")
     args = parser.parse_args()
