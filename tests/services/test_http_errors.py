@@ -121,3 +121,14 @@ def test_api_key_on_every_route_but_health(tiny_llama):
         assert client.completions.create(model=MODEL_ID, prompt="ok", max_tokens=2).usage.completion_tokens == 2
     finally:
         harness.close()
+
+
+def test_a_client_leaving_a_non_streamed_request_aborts_it(harness):
+    harness.fake.step_s = 0.05  # 100 tokens take 5 s: the client gives up long before
+    try:
+        client = openai.OpenAI(base_url=harness.url + "/v1", api_key="unused", max_retries=0, timeout=0.3)
+        with pytest.raises(openai.APITimeoutError):
+            client.completions.create(model=MODEL_ID, prompt="a long echo", max_tokens=100)
+        assert harness.wait_for(lambda: harness.frontend.core.num_pending == 0, timeout=2.0)
+    finally:
+        harness.fake.step_s = 0.002

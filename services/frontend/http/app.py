@@ -2,6 +2,7 @@
 same path the gRPC servicer takes (validation, stop strings, metrics all happen there)."""
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -19,6 +20,8 @@ from services.frontend.http.models import ChatCompletionRequest, CompletionReque
 from services.frontend.http.responses import ChatRenderer, CompletionRenderer, Renderer, collect, sse
 from services.frontend.http.streams import merge, start
 from services.frontend.types import GenerateRequest
+
+DISCONNECT_POLL_S = 0.25  # how often a non-streamed request checks that its client is still there
 
 
 def build_app(core: FrontendCore, is_ready: Callable[[], bool], api_key: str = "",
@@ -53,7 +56,7 @@ def build_app(core: FrontendCore, is_ready: Callable[[], bool], api_key: str = "
         requests = convert.completion_requests(body, request_id)
         renderer = CompletionRenderer(request_id, core.model_id, await _fingerprint(core), core.tokenizer,
                                       requests[0].params.n)
-        return await _respond(core, requests, renderer, body, body.logprobs is not None)
+        return await _respond(core, requests, renderer, body, body.logprobs is not None, request)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
@@ -61,7 +64,7 @@ def build_app(core: FrontendCore, is_ready: Callable[[], bool], api_key: str = "
         generate_request = await convert.chat_request(core, body, request_id)
         renderer = ChatRenderer(request_id, core.model_id, await _fingerprint(core), core.tokenizer,
                                 generate_request.params.n)
-        return await _respond(core, [generate_request], renderer, body, body.logprobs)
+        return await _respond(core, [generate_request], renderer, body, body.logprobs, request)
 
     return Guard(app, api_key, max_body_bytes)
 
@@ -73,15 +76,36 @@ async def _fingerprint(core: FrontendCore) -> str:
 
 
 async def _respond(core: FrontendCore, requests: list[GenerateRequest], renderer: Renderer, body,
-                   logprobs: bool) -> Response:
+                   logprobs: bool, request: Request) -> Response:
     """Start every prompt's generation first, so a refusal is an error status, not a broken stream."""
     streams = await start([core.generate(r) for r in requests])
     events = merge(streams)
     if not body.stream:
-        return JSONResponse(await collect(renderer, events, len(requests), logprobs))
+        try:
+            result = await _unless_disconnected(request, collect(renderer, events, len(requests), logprobs))
+        finally:
+            await events.aclose()  # a client that left: closing the streams aborts the generations
+        return Response(status_code=499) if result is None else JSONResponse(result)
     include_usage = body.stream_options is not None and body.stream_options.include_usage
     return StreamingResponse(_errors_as_events(sse(renderer, events, len(requests), include_usage)),
                              media_type="text/event-stream", headers={"cache-control": "no-cache"})
+
+
+async def _unless_disconnected(request: Request, work) -> dict | None:
+    """The work's result, or None once the client has gone away (the work is then cancelled).
+    A streamed response notices a disconnect when it writes; a non-streamed one must look."""
+    task = asyncio.ensure_future(work)
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
+            if done:
+                return task.result()
+            if await request.is_disconnected():
+                return None
+    finally:
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
 
 
 async def _errors_as_events(chunks: AsyncIterator[str]) -> AsyncIterator[str]:
