@@ -1,6 +1,7 @@
 """Every HTTP error status with OpenAI's body, /health, the API key, and a client that goes away."""
 from __future__ import annotations
 
+import contextlib
 import json
 
 import grpc
@@ -99,12 +100,23 @@ def test_health_is_503_until_a_worker_is_ready_and_requests_are_503_meanwhile(ha
     assert raw(harness.url + "/v1/models")[0] == 200
 
 
+@contextlib.contextmanager
+def slow_steps(harness, step_s: float = 0.05):
+    """100 tokens take 5 s: the generation certainly outlives a client that leaves early."""
+    harness.fake.step_s = step_s
+    try:
+        yield
+    finally:
+        harness.fake.step_s = 0.002
+
+
 def test_a_client_leaving_a_stream_aborts_the_request(harness):
     client = openai.OpenAI(base_url=harness.url + "/v1", api_key="unused", max_retries=0)
-    stream = client.completions.create(model=MODEL_ID, prompt="a long echo", max_tokens=100, stream=True)
-    next(iter(stream))
-    stream.close()
-    assert harness.wait_for(lambda: harness.fake.cancelled and harness.frontend.core.num_pending == 0)
+    with slow_steps(harness):
+        stream = client.completions.create(model=MODEL_ID, prompt="a long echo", max_tokens=100, stream=True)
+        next(iter(stream))
+        stream.close()
+        assert harness.wait_for(lambda: harness.fake.cancelled and harness.frontend.core.num_pending == 0)
 
 
 def test_api_key_on_every_route_but_health(tiny_llama):
@@ -124,11 +136,8 @@ def test_api_key_on_every_route_but_health(tiny_llama):
 
 
 def test_a_client_leaving_a_non_streamed_request_aborts_it(harness):
-    harness.fake.step_s = 0.05  # 100 tokens take 5 s: the client gives up long before
-    try:
-        client = openai.OpenAI(base_url=harness.url + "/v1", api_key="unused", max_retries=0, timeout=0.3)
+    client = openai.OpenAI(base_url=harness.url + "/v1", api_key="unused", max_retries=0, timeout=0.3)
+    with slow_steps(harness):
         with pytest.raises(openai.APITimeoutError):
             client.completions.create(model=MODEL_ID, prompt="a long echo", max_tokens=100)
         assert harness.wait_for(lambda: harness.frontend.core.num_pending == 0, timeout=2.0)
-    finally:
-        harness.fake.step_s = 0.002
