@@ -9,7 +9,6 @@ import contextlib
 import importlib.util
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -38,23 +37,19 @@ def require_services() -> None:
         raise SystemExit(f"the three-services mode needs the gRPC services and services/client.py: {reason}")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextlib.contextmanager
 def launched(model: str, dtype: str, batch_invariant: bool = True, max_num_seqs: int = 64,
              max_num_batched_tokens: int = 2048, workers: int = 1, timeout: float = 300.0,
-             http_port: int | None = None) -> Iterator[str]:
-    """`python -m services up` on free loopback ports; yields the frontend's gRPC address."""
+             backend: str = "grpc") -> Iterator[str]:
+    """`python -m services up` on free loopback ports; yields the frontend's gRPC address, or its
+    HTTP address (host:port) when backend is "http"."""
     require_services()
     from services.healthcheck import is_serving
-    port = free_port()
+    from services.launcher import free_ports
+    port, http_port, scheduler_port = free_ports(3)
     log_dir = Path(tempfile.mkdtemp(prefix="pagedserve-bench-"))
     command = [sys.executable, "-m", "services", "up", "--model", model, "--workers", str(workers),
-               "--grpc-port", str(port), "--http-port", str(http_port or free_port()), "--scheduler-port", str(free_port()),
+               "--grpc-port", str(port), "--http-port", str(http_port), "--scheduler-port", str(scheduler_port),
                "--dtype", dtype, "--max-num-seqs", str(max_num_seqs),
                "--max-num-batched-tokens", str(max_num_batched_tokens), "--log-level", "warning",
                "--batch-invariant" if batch_invariant else "--no-batch-invariant", "--log-dir", str(log_dir)]
@@ -67,7 +62,7 @@ def launched(model: str, dtype: str, batch_invariant: bool = True, max_num_seqs:
             if process.poll() is not None or time.monotonic() > deadline:
                 raise SystemExit(f"services did not start (exit {process.poll()}); logs in {log_dir}")
             time.sleep(0.5)
-        yield address
+        yield f"127.0.0.1:{http_port}" if backend == "http" else address
     finally:
         _stop(process)
 

@@ -170,18 +170,15 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
-    from services_run import free_port, launched, require_services
+    from services_run import launched, require_services
     require_services()
     load_before = loadavg()
     requests = load_workload(args)
     if args.address:
         context = contextlib.nullcontext(args.address)
     else:
-        http_port = free_port()
-        context = launched(str(model_folder(args.model)), args.dtype, http_port=http_port)
+        context = launched(str(model_folder(args.model)), args.dtype, backend=args.backend)
     with context as address:
-        if args.backend == "http" and not args.address:
-            address = f"127.0.0.1:{http_port}"
         results = asyncio.run(sweep(args, requests, address))
     print(report(results, args, requests, load_before).read_text())
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-import socket
 import urllib.error
 import urllib.request
 
@@ -14,18 +13,13 @@ import pytest
 from frontend_harness import MAX_MODEL_LEN, MODEL_ID, Harness, echo_token
 from services.client import Client
 from services.core.tokenizer import Tokenizer
+from services.launcher import free_ports
 
 MULTIBYTE = "你好, 世界 😀 café"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def http_harness(model_path, **config) -> Harness:
-    harness = Harness(model_path, Tokenizer(model_path).vocab_size, http_port=free_port(), **config)
+    harness = Harness(model_path, Tokenizer(model_path).vocab_size, http_port=free_ports(1)[0], **config)
     assert harness.wait_for(lambda: harness.frontend.serving)
     harness.url = f"http://127.0.0.1:{harness.frontend.http.port}"
     return harness

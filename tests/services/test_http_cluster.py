@@ -12,7 +12,8 @@ import pytest
 from cluster import Cluster
 from services.frontend.config import FrontendConfig
 from services.frontend.server import FrontendServer
-from test_http_api import free_port, metric, raw
+from services.launcher import free_ports
+from test_http_api import metric, raw
 
 PROMPT = "The quick brown fox"
 
@@ -32,7 +33,7 @@ class HttpCluster:
         self.cluster = await Cluster(model).start(1)
         self.frontend = FrontendServer(FrontendConfig(
             model=self.model, scheduler_address=f"127.0.0.1:{self.cluster.scheduler.port}", host="127.0.0.1",
-            grpc_port=0, http_port=free_port(), health_poll_s=0.02), model)
+            grpc_port=0, http_port=free_ports(1)[0], health_poll_s=0.02), model)
         await self.frontend.start()
 
     def run(self, coro, timeout: float = 60):
