@@ -53,9 +53,6 @@ class LLM:
             text, ids = prompt, self.tokenizer.encode(prompt)
         else:
             text, ids = None, [int(t) for t in prompt]
-        params.check_vocab(self.engine.info.vocab_size)
-        if any(t < 0 or t >= self.engine.info.vocab_size for t in ids):
-            raise InvalidArgument("prompt", "token id outside the vocabulary")
         request_id = str(next(self._ids))
         request = self.scheduler.add_request(request_id, ids, params, priority)
         return OutputCollector(request_id, text, ids, request.params, self.tokenizer)

@@ -84,7 +84,7 @@ class Scheduler:
         check(len(prompt_token_ids) < self.config.max_model_len, "prompt",
               f"{len(prompt_token_ids)} tokens leave no room to generate within max_model_len "
               f"{self.config.max_model_len}")
-        self._check_fits(len(prompt_token_ids), params.max_tokens)
+        self._check_against_workers(prompt_token_ids, params)
         if len(self.waiting) >= self.config.max_waiting_requests:
             raise ResourceExhausted(f"{len(self.waiting)} requests are waiting; try again later")
         if params.seed is None:
@@ -94,10 +94,16 @@ class Scheduler:
         self._enqueue(self._new_seq(request, 0))
         return request
 
-    def _check_fits(self, num_prompt: int, max_tokens: int) -> None:
-        """A request no worker's KV cache can ever hold would wait forever: refuse it."""
+    def _check_against_workers(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        """Token ids the model has, and a request some worker's KV cache can hold (one that none
+        can hold would wait forever)."""
         if not self.workers:
             return  # nothing registered yet: the transport answers UNAVAILABLE
+        vocab_size = next(iter(self.workers.values())).info.vocab_size  # equal on every worker
+        check(all(0 <= t < vocab_size for t in prompt_token_ids), "prompt_token_ids",
+              f"token id outside the vocabulary ({vocab_size})")
+        params.check_vocab(vocab_size)
+        num_prompt, max_tokens = len(prompt_token_ids), params.max_tokens
         capacity = max(slot.info.num_gpu_blocks for slot in self.workers.values()) * self.cache.block_size
         check(num_prompt < capacity, "prompt",
               f"{num_prompt} tokens do not fit in the largest worker's KV cache ({capacity} tokens)")

@@ -44,9 +44,6 @@ class StepLoop:
             raise Unavailable("no worker is registered yet")
         check(bool(request_id), "request_id", "must not be empty")
         check(request_id not in self.router.streams, "request_id", f"{request_id!r} is already running")
-        vocab_size = self.model.vocab_size
-        check(all(t < vocab_size for t in prompt), "prompt_token_ids", f"token id outside the vocabulary ({vocab_size})")
-        params.check_vocab(vocab_size)
         stream = self.router.open(self.core.add_request(request_id, prompt, params, priority))
         self._wake.set()
         return stream

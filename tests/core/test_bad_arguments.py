@@ -93,3 +93,15 @@ def test_a_request_larger_than_the_kv_cache_is_refused_not_left_waiting(tiny_lla
         assert not worker.is_alive(), "generate hung on a request that can never fit"
         assert result.get("field") == field
     assert llm.generate([[5] * 40], SamplingParams(max_tokens=20), use_tqdm=False)[0].outputs[0].token_ids
+
+
+def test_token_ids_outside_the_vocabulary_name_the_field(tiny_llama):
+    llm = make_llm(tiny_llama)
+    vocab = llm.tokenizer.vocab_size
+    for prompt, params, field in (([5, vocab], SamplingParams(max_tokens=2), "prompt_token_ids"),
+                                  ([5, -1], SamplingParams(max_tokens=2), "prompt_token_ids"),
+                                  ([5, 6], SamplingParams(max_tokens=2, logit_bias={vocab: 1.0}), "logit_bias")):
+        with pytest.raises(InvalidArgument) as err:
+            llm.generate([prompt], params, use_tqdm=False)
+        assert err.value.field == field
+    assert llm.generate([[5, 6]], SamplingParams(max_tokens=2), use_tqdm=False)[0].outputs[0].token_ids
