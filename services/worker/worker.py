@@ -9,7 +9,7 @@ from services.core.config import CacheConfig, WorkerConfig
 from services.core.model_path import resolve_model_path
 from services.core.step import StepDelta, StepResult, WorkerInfo
 from services.worker.kv_cache import KVCache, block_bytes, num_blocks_for
-from services.worker.linear import invariant_linear, plain_linear
+from kernels.linear import invariant_linear, plain_linear
 from services.worker.loader import load_model, resolve_dtype
 from services.worker.model_config import ModelArchConfig
 from services.worker.model_runner import ModelRunner

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from services.worker.linear import invariant_linear, plain_linear
+from kernels.linear import invariant_linear, plain_linear
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
