@@ -38,7 +38,7 @@ VALUE_FLAGS = {
     "--num-gpu-blocks": ("worker",),
     "--kv-cache-memory-bytes": ("worker",),
     "--kernel-backend": ("worker",),
-    "--seed": ("worker",),
+    "--seed": ("scheduler", "worker"),
     "--num-threads": ("worker",),
     "--max-pending": ("frontend",),
 }

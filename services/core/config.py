@@ -43,6 +43,7 @@ class SchedulerConfig:
     preemption_mode: str = "recompute"
     scheduling_policy: str = "fcfs"
     max_waiting_requests: int = 4096  # beyond this, new requests are refused (RESOURCE_EXHAUSTED)
+    seed: int | None = None  # draws the seeds of requests that bring none; None: fresh random seeds
 
     def __post_init__(self) -> None:
         check(self.max_num_seqs >= 1, "max_num_seqs", f"must be >= 1, got {self.max_num_seqs}")
@@ -121,7 +122,7 @@ class EngineArgs:
               f"{max_len} exceeds the model's max_position_embeddings {model_max_len}")
         return SchedulerConfig(self.max_num_seqs, self.max_num_batched_tokens, max_len,
                                self.enable_chunked_prefill, self.preemption_mode, self.scheduling_policy,
-                               self.max_waiting_requests)
+                               self.max_waiting_requests, self.seed)
 
     def worker_config(self) -> WorkerConfig:
         return WorkerConfig(self.model, self.dtype, self.device, self.seed, self.kernel_backend,

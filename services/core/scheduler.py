@@ -7,6 +7,7 @@ delta (services.core.step); `update` applies what the worker sampled. Pure Pytho
 from __future__ import annotations
 
 import itertools
+import random
 from dataclasses import dataclass, field
 
 from services.core.block_manager import BlockManager
@@ -54,6 +55,8 @@ class Scheduler:
         self.step_id = 0
         self.num_preemptions = 0
         self._inflight: dict[str, _Plan] = {}
+        # seeds for requests that bring none: reproducible from the engine seed, like vLLM's
+        self._seeds = random.Random(config.seed) if config.seed is not None else None
 
     # ---- workers ---------------------------------------------------------------
     def add_worker(self, worker_id: str, info: WorkerInfo) -> None:
@@ -88,7 +91,7 @@ class Scheduler:
         if len(self.waiting) >= self.config.max_waiting_requests:
             raise ResourceExhausted(f"{len(self.waiting)} requests are waiting; try again later")
         if params.seed is None:
-            params = params.with_seed(new_request_seed())
+            params = params.with_seed(self._seeds.getrandbits(63) if self._seeds else new_request_seed())
         request = Request(request_id, list(prompt_token_ids), params, next(self._arrivals), priority)
         self.requests[request_id] = request
         self._enqueue(self._new_seq(request, 0))

@@ -37,6 +37,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add_switch(parser, "--enable-chunked-prefill", True, help="split long prompts across steps")
     add_flag(parser, "--max-waiting-requests", 4096, int, help="beyond this, Submit gets RESOURCE_EXHAUSTED")
     add_flag(parser, "--heartbeat-timeout-s", 10.0, float, help="drop a worker silent this long")
+    add_flag(parser, "--seed", None, int, help="draw the seeds of requests that bring none from this (default: random)")
     add_switch(parser, "--reflection", False, help="serve gRPC reflection")
     add_flag(parser, "--log-level", "info", help="debug, info, warning or error")
     return parser.parse_args(argv)
@@ -49,7 +50,7 @@ def build_config(args: argparse.Namespace) -> SchedulerServiceConfig:
         scheduling_policy=args.scheduling_policy, preemption_mode=args.preemption_mode,
         enable_prefix_caching=args.enable_prefix_caching, enable_chunked_prefill=args.enable_chunked_prefill,
         max_waiting_requests=args.max_waiting_requests,
-        heartbeat_timeout_s=args.heartbeat_timeout_s, reflection=args.reflection)
+        heartbeat_timeout_s=args.heartbeat_timeout_s, reflection=args.reflection, seed=args.seed)
 
 
 async def serve(config: SchedulerServiceConfig) -> None:

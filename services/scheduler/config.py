@@ -23,6 +23,7 @@ class SchedulerServiceConfig:
     enable_chunked_prefill: bool = True
     max_waiting_requests: int = 4096
     heartbeat_timeout_s: float = 10.0  # a worker silent this long is dropped
+    seed: int | None = None  # seeds requests that bring none from this; None: fresh random seeds
     reflection: bool = False
 
     def __post_init__(self) -> None:
@@ -47,4 +48,4 @@ class SchedulerServiceConfig:
         check(max_len <= model_max_len, "max_model_len",
               f"{max_len} exceeds the model's max_position_embeddings {model_max_len}")
         return SchedulerConfig(self.max_num_seqs, self.max_num_batched_tokens, max_len, self.enable_chunked_prefill,
-                               self.preemption_mode, self.scheduling_policy, self.max_waiting_requests)
+                               self.preemption_mode, self.scheduling_policy, self.max_waiting_requests, self.seed)

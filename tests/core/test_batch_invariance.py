@@ -114,3 +114,19 @@ def test_parallel_samples_fork_and_match_single_seeds(model_dir):
     assert single.outputs[0].token_ids == samples[0]  # sample 0 of n is the n=1 stream
     assert llm.scheduler.stats()["workers"]["worker-0"]["num_free_blocks"] == \
         llm.scheduler.stats()["workers"]["worker-0"]["num_blocks"]
+
+
+def test_the_engine_seed_makes_unseeded_requests_reproducible(model_dir):
+    """As vLLM's `seed`: requests without a seed get seeds drawn from the engine's seed."""
+    folder = model_dir("llama", "tiny")
+    prompts = random_prompts(4, 512, 5, 40, seed=8)
+    params = SamplingParams(temperature=1.0, max_tokens=8, ignore_eos=True)
+
+    def outputs(seed):
+        outs = make_llm(folder, seed=seed).generate(prompts, params, use_tqdm=False)
+        return [(o.seed, o.outputs[0].token_ids) for o in outs]
+
+    first = outputs(0)
+    assert outputs(0) == first
+    assert len({s for s, _ in first}) == 4  # each request its own seed
+    assert [s for s, _ in outputs(1)] != [s for s, _ in first]
