@@ -6,7 +6,7 @@ KEY_TILE keys, always from key 0 and in order, with an online softmax in fp32.
 
 The query heads that share a KV head are the rows of each matrix product. On these CPUs
 (MKL) a row's bits do not depend on the product's other rows as long as every row sits in
-a full micro-tile of ROW_MULTIPLE rows (see kernels/linear.py), so rows are
+a full micro-tile of ROW_MULTIPLE rows (see kernels/linear.py, the dense path), so rows are
 padded to a multiple of it. That makes two paths give the same bits, and a token's result
 independent of its batch neighbours and of prefill vs decode (DESIGN rule 4):
 - decode tokens (and short chunks): one small product per token and KV head, batched;
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.linear import ROW_MULTIPLE  # rows of a full matrix-library micro-tile
+from kernels.linear import MKL_ROW_MULTIPLE as ROW_MULTIPLE  # rows of a full MKL micro-tile (bmm)
 
 KEY_TILE = 128  # keys per reduction step; a multiple of every allowed block size
 CHUNK_MIN_QUERIES = 8  # sequences with at least this many queries take the per-sequence path

@@ -8,6 +8,7 @@ from typing import Callable
 import torch
 from safetensors import safe_open
 
+from kernels.linear import prepack
 from kernels.ops import Ops
 from services.core.errors import InvalidArgument
 from services.worker.model_config import ModelArchConfig
@@ -72,7 +73,9 @@ def load_model(folder: Path, dtype: torch.dtype, device: torch.device, ops: Ops,
     missing = sorted(set(params) - loaded)
     if missing:
         raise InvalidArgument("model", f"checkpoint lacks weights for {missing[:5]}")
-    return model.to(device=device, dtype=dtype)
+    model = model.to(device=device, dtype=dtype)
+    model.prepack(prepack)
+    return model
 
 
 def _target(name: str, cfg: ModelArchConfig) -> tuple[str, int | None] | None:

@@ -30,6 +30,8 @@ class AttentionMetadata:
 
 
 class Attention(nn.Module):
+    linear_weights = ("qkv_weight", "o_weight")  # multiplied by self.linear; see LlamaForCausalLM.prepack
+
     def __init__(self, cfg: ModelArchConfig, ops: Ops, linear: Callable):
         super().__init__()
         self.cfg, self.ops, self.linear = cfg, ops, linear
@@ -63,6 +65,8 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
+    linear_weights = ("gate_up_weight", "down_weight")
+
     def __init__(self, cfg: ModelArchConfig, ops: Ops, linear: Callable):
         super().__init__()
         self.ops, self.linear = ops, linear
@@ -94,6 +98,8 @@ class DecoderLayer(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
+    linear_weights = ("lm_head",)  # a packed copy when tied: the embedding lookup keeps the dense one
+
     def __init__(self, cfg: ModelArchConfig, ops: Ops, linear: Callable):
         super().__init__()
         self.cfg, self.ops, self.linear = cfg, ops, linear
@@ -104,6 +110,14 @@ class LlamaForCausalLM(nn.Module):
             torch.empty(cfg.vocab_size, cfg.hidden_size), requires_grad=False)
         self.register_buffer("rotary_cache", cos_sin_cache(cfg.head_dim, cfg.max_position_embeddings,
                                                            cfg.rope_theta, cfg.rope_scaling), persistent=False)
+
+    def prepack(self, pack: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        """Replace every weight that only the linear layers read by pack(weight) (kernels.linear.prepack);
+        after this the module is no longer moved with .to()."""
+        for module in self.modules():
+            for name in getattr(module, "linear_weights", ()):
+                weight = module._parameters.pop(name)
+                setattr(module, name, pack(weight.data))
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
