@@ -17,7 +17,8 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 
 WORKDIR /app
 
-# Triton compiles a small C launcher for each GPU kernel at run time: it needs a C compiler.
+# A C compiler: Triton builds a small launcher for each GPU kernel at run time, and the CPU
+# attention kernel (kernels/csrc) is built on first use for the CPU it runs on.
 RUN apt-get update \
  && apt-get install -y --no-install-recommends gcc libc6-dev \
  && rm -rf /var/lib/apt/lists/*

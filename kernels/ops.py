@@ -1,9 +1,11 @@
-"""The set of kernels a model calls, chosen once per worker: PyTorch references or Triton."""
+"""The set of kernels a model calls, chosen once per worker: PyTorch references, the compiled CPU
+attention, or Triton."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Callable
 
+from kernels import cpu_attention
 from kernels.activation import silu_and_mul_ref
 from kernels.attention import paged_attention_ref
 from kernels.cache import write_kv_ref
@@ -22,14 +24,23 @@ class Ops:
 
 
 TORCH_OPS = Ops("torch", paged_attention_ref, write_kv_ref, rms_norm_ref, apply_rotary_ref, silu_and_mul_ref)
+# the references, with attention compiled for the CPU (kernels/cpu_attention.py)
+CPU_OPS = Ops("cpu", cpu_attention.paged_attention_cpu, write_kv_ref, rms_norm_ref, apply_rotary_ref, silu_and_mul_ref)
 
 
 def get_ops(backend: str, device_type: str) -> Ops:
-    """backend: auto (triton on cuda, torch elsewhere), torch, or triton."""
+    """backend: auto (triton on cuda; on the CPU, the compiled attention where a C compiler
+    builds it, else the references), torch, cpu, or triton."""
     if backend == "auto":
-        backend = "triton" if device_type == "cuda" else "torch"
+        if device_type == "cuda":
+            backend = "triton"
+        else:
+            backend = "cpu" if cpu_attention.is_available() else "torch"
     if backend == "torch":
         return TORCH_OPS
+    if backend == "cpu":
+        cpu_attention.library()  # raises KernelUnavailable, with the compiler's message, when asked for explicitly
+        return CPU_OPS
     if backend == "triton":
         from kernels.triton_ops import TRITON_OPS  # imports triton only when asked
 

@@ -13,7 +13,7 @@ ALLOWED_BLOCK_SIZES = (8, 16, 32)
 POLICIES = ("fcfs", "priority", "sjf")
 PREEMPTION_MODES = ("recompute", "swap")
 DTYPES = ("float32", "bfloat16", "float16", "auto")
-KERNEL_BACKENDS = ("auto", "torch", "triton")
+KERNEL_BACKENDS = ("auto", "torch", "cpu", "triton")
 
 
 @dataclass(frozen=True)
@@ -65,7 +65,7 @@ class WorkerConfig:
     dtype: str = "auto"  # auto: the checkpoint's dtype (fp16 becomes bf16 on the CPU)
     device: str = "auto"  # auto: cuda when available, else cpu
     seed: int = 0
-    kernel_backend: str = "auto"  # auto: triton on cuda, torch elsewhere
+    kernel_backend: str = "auto"  # auto: triton on cuda, else cpu (compiled attention) if it builds, else torch
     batch_invariant: bool = True  # the deterministic mode (DESIGN rule 4)
     enforce_eager: bool = False  # reserved for CUDA-graph capture, not built yet: every step runs eagerly
     num_threads: int = 0  # CPU threads for the worker's math (0: the library default)

@@ -4,6 +4,7 @@ import torch
 
 from kernel_helpers import DEVICE, DTYPES, dtype_id, make_paged_batch, randn
 from kernels.attention import paged_attention_ref
+from kernels.cpu_attention import paged_attention_cpu
 from kernels.triton_attention import paged_attention_triton
 
 # Against the fp32-accumulating reference. fp32: summation order only. bf16/fp16: one
@@ -66,7 +67,8 @@ INVARIANCE_STEPS = [
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
-@pytest.mark.parametrize("attention", [paged_attention_triton, paged_attention_ref], ids=["triton", "reference"])
+@pytest.mark.parametrize("attention", [paged_attention_triton, paged_attention_ref, paged_attention_cpu],
+                         ids=["triton", "reference", "cpu"])
 def test_batch_invariance(attention, dtype):
     heads, kv_heads, head_dim = 8, 2, 64
     shared = make_paged_batch([(150, 1), (90, 1), (33, 1), (200, 1)], heads, kv_heads, head_dim, 16, dtype=dtype)

@@ -1,10 +1,11 @@
-"""The attention reference (the CPU path and the kernels' yardstick) against naive dense
+"""The attention reference (the kernels' yardstick) and the compiled CPU kernel against naive dense
 attention: per sequence, the whole causal softmax at once, in fp64, no tiles, no pages."""
 import pytest
 import torch
 
 from kernel_helpers import dtype_id, make_paged_batch
 from kernels.attention import KEY_TILE, paged_attention_ref, token_layout
+from kernels.cpu_attention import paged_attention_cpu
 
 
 def dense_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale) -> torch.Tensor:
@@ -38,15 +39,22 @@ TOLERANCE = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.bfloat16: dict(ato
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
 @pytest.mark.parametrize("seqs,heads,kv_heads,head_dim,block_size", CASES)
-def test_reference_matches_dense_attention(seqs, heads, kv_heads, head_dim, block_size, dtype):
+@pytest.mark.parametrize("attention", [paged_attention_ref, paged_attention_cpu], ids=["reference", "cpu"])
+def test_matches_dense_attention(attention, seqs, heads, kv_heads, head_dim, block_size, dtype):
     batch = make_paged_batch(seqs, heads, kv_heads, head_dim, block_size, dtype=dtype, device="cpu")
-    out = paged_attention_ref(**batch)
+    out = attention(**batch)
     assert out.dtype == dtype and out.shape == batch["q"].shape
     torch.testing.assert_close(out.double(), dense_attention(**batch), **TOLERANCE[dtype])
 
 
-def test_reference_accepts_precomputed_layout():
+@pytest.mark.parametrize("attention", [paged_attention_ref, paged_attention_cpu], ids=["reference", "cpu"])
+def test_accepts_precomputed_layout(attention):
     batch = make_paged_batch([(150, 3), (9, 9)], 4, 2, 64, 16, device="cpu")
     layout = token_layout(batch["seq_lens"], batch["query_start_loc"])
     assert layout[1].tolist() == [147, 148, 149] + list(range(9))
-    assert torch.equal(paged_attention_ref(**batch, layout=layout), paged_attention_ref(**batch))
+    assert torch.equal(attention(**batch, layout=layout), attention(**batch))
+
+
+def test_cpu_kernel_takes_the_reference_for_shapes_it_does_not_cover():
+    batch = make_paged_batch([(40, 3)], 4, 2, 8, 16, device="cpu")  # head_dim 8: not a multiple of 16
+    assert torch.equal(paged_attention_cpu(**batch), paged_attention_ref(**batch))

@@ -1,9 +1,10 @@
-"""The Triton kernel set is a drop-in for the references: same names, signatures, results."""
+"""The Triton and CPU kernel sets are drop-ins for the references: same names, signatures, results."""
 import inspect
 
 import torch
 
-from kernels.ops import TORCH_OPS, get_ops
+from kernels import cpu_attention
+from kernels.ops import CPU_OPS, TORCH_OPS, get_ops
 from kernels.triton_ops import TRITON_OPS
 
 OP_NAMES = ["paged_attention", "write_kv", "rms_norm", "apply_rotary", "silu_and_mul"]
@@ -11,14 +12,20 @@ OP_NAMES = ["paged_attention", "write_kv", "rms_norm", "apply_rotary", "silu_and
 
 def test_get_ops_returns_the_triton_set():
     assert get_ops("triton", "cpu") is TRITON_OPS and TRITON_OPS.name == "triton"
-    assert get_ops("auto", "cuda") is TRITON_OPS and get_ops("auto", "cpu") is TORCH_OPS
+    assert get_ops("auto", "cuda") is TRITON_OPS and get_ops("torch", "cpu") is TORCH_OPS
+
+
+def test_auto_on_the_cpu_takes_the_compiled_attention_where_it_builds():
+    want = CPU_OPS if cpu_attention.is_available() else TORCH_OPS
+    assert get_ops("auto", "cpu") is want
 
 
 def test_signatures_match_the_references():
-    for name in OP_NAMES:
-        ref, triton_op = inspect.signature(getattr(TORCH_OPS, name)), inspect.signature(getattr(TRITON_OPS, name))
-        assert [(p.name, p.default, p.kind) for p in ref.parameters.values()] == [
-            (p.name, p.default, p.kind) for p in triton_op.parameters.values()], name
+    for ops in (TRITON_OPS, CPU_OPS):
+        for name in OP_NAMES:
+            ref, op = inspect.signature(getattr(TORCH_OPS, name)), inspect.signature(getattr(ops, name))
+            assert [(p.name, p.default, p.kind) for p in ref.parameters.values()] == [
+                (p.name, p.default, p.kind) for p in op.parameters.values()], (ops.name, name)
 
 
 def test_return_conventions_match():
