@@ -28,7 +28,7 @@ from kernels.attention import paged_attention_ref, token_layout
 
 SOURCE = Path(__file__).with_name("csrc") / "paged_attention.c"
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=gnu11"]
-LANES, MAX_GROUP, MAX_CHUNKS = 16, 16, 16  # as in the C source: head_dim % 16 == 0, <= 256; group <= 16
+LANES, MAX_HEADS, MAX_CHUNKS = 16, 256, 16  # as in the C source: head_dim % 16 == 0, <= 256; heads <= 256
 
 
 class KernelUnavailable(RuntimeError):
@@ -57,12 +57,14 @@ def paged_attention_cpu(
     tables = block_tables.to(torch.int64).contiguous()
     token_seq, token_pos = token_seq.to(torch.int64).contiguous(), token_pos.to(torch.int64).contiguous()
     k_cache, v_cache = k_cache.contiguous(), v_cache.contiguous()
-    failed = library().paged_attention(
+    status = library().paged_attention(
         q32.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), int(k_cache.dtype == torch.bfloat16),
         tables.data_ptr(), tables.shape[1], token_seq.data_ptr(), token_pos.data_ptr(), out.data_ptr(),
         num_tokens, num_heads, num_kv_heads, head_dim, block_size, torch.get_num_threads())
-    if failed:
+    if status == 1:
         raise MemoryError("paged_attention_cpu: out of memory for the score buffers")
+    if status != 0:
+        raise ValueError(f"paged_attention_cpu: shape not supported (status {status})")
     return out.to(q.dtype)
 
 
@@ -71,7 +73,7 @@ def _supported(k_cache: torch.Tensor, v_cache: torch.Tensor, num_heads: int, num
     group = num_heads // num_kv_heads
     return (k_cache.dtype in (torch.float32, torch.bfloat16) and v_cache.dtype == k_cache.dtype
             and k_cache.device.type == "cpu" and head_dim % LANES == 0 and head_dim // LANES <= MAX_CHUNKS
-            and group <= MAX_GROUP and group * num_kv_heads == num_heads)
+            and num_heads <= MAX_HEADS and group * num_kv_heads == num_heads)
 
 
 @lru_cache(maxsize=1)
