@@ -3,8 +3,9 @@
  * Every work item reads its own sequence's keys and values in place, through the block
  * table, row after row (a row holds every KV head, so reads are contiguous within a block),
  * and reduces them in one fixed order that depends only on the token's own context length:
- * dot products over head_dim in 16-lane vectors folded by a fixed tree, an exact two-pass softmax in fp32 (max, then a vector exp and a 16-lane sum), and values
- * accumulated key by key. No work item reads another's results and the thread count only
+ * dot products over head_dim in 16-lane vectors folded by a fixed tree, an exact two-pass
+ * softmax in fp32 (max, then a vector exp and a 16-lane sum), and values accumulated key by
+ * key. No work item reads another's results and the thread count only
  * decides who runs an item, so a token gets the same bits alone or in any batch, in a
  * prefill chunk or in decode (DESIGN rule 4). GCC vector extensions keep it portable:
  * the compiler maps the 16-lane vectors to AVX-512, AVX2 or SSE.
