@@ -25,8 +25,7 @@ from services.cli import add_flag, add_switch
 from services.core.config import CacheConfig, WorkerConfig
 from services.logs import configure_logging
 from services.worker.registrar import Refused
-from services.worker.server import WorkerServer, WorkerServiceConfig
-from services.worker.worker import Worker
+from services.worker.server import WorkerServiceConfig, start_worker
 
 log = structlog.get_logger("worker")
 
@@ -64,8 +63,7 @@ def build_configs(args: argparse.Namespace) -> tuple[WorkerConfig, CacheConfig, 
 
 
 async def serve(worker_config: WorkerConfig, cache: CacheConfig, service: WorkerServiceConfig) -> int:
-    server = WorkerServer(Worker(worker_config, cache), service)
-    await server.start()
+    server = await start_worker(worker_config, cache, service)
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         asyncio.get_running_loop().add_signal_handler(sig, stop.set)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import structlog
@@ -10,7 +11,8 @@ from pagedserve.internal.v1 import worker_pb2, worker_pb2_grpc
 from services.core.errors import check
 from services.grpc_server import GrpcServer
 from services.worker.registrar import Registrar
-from services.worker.servicer import WorkerServicer
+from services.core.config import CacheConfig, WorkerConfig
+from services.worker.servicer import WorkerServicer, torch_thread
 from services.worker.worker import Worker
 
 log = structlog.get_logger("worker")
@@ -35,9 +37,9 @@ class WorkerServiceConfig:
 
 
 class WorkerServer:
-    def __init__(self, worker: Worker, config: WorkerServiceConfig):
+    def __init__(self, worker: Worker, config: WorkerServiceConfig, executor: ThreadPoolExecutor | None = None):
         self.worker, self.config = worker, config
-        self.servicer = WorkerServicer(worker)
+        self.servicer = WorkerServicer(worker, executor)  # executor: the thread that built the worker
         self.grpc = GrpcServer(lambda server: worker_pb2_grpc.add_WorkerServicer_to_server(self.servicer, server),
                                SERVICE_NAME, config.reflection)
         self.registration: asyncio.Task | None = None
@@ -69,3 +71,12 @@ class WorkerServer:
         await self.grpc.stop(grace)
         self.servicer.close()
         log.info("worker_stopped", worker_id=self.config.worker_id)
+
+
+async def start_worker(worker_config: WorkerConfig, cache: CacheConfig, config: WorkerServiceConfig) -> WorkerServer:
+    """Load the model on the thread that will run its steps (see torch_thread), then serve and register."""
+    executor = torch_thread()
+    worker = await asyncio.get_running_loop().run_in_executor(executor, Worker, worker_config, cache)
+    server = WorkerServer(worker, config, executor)
+    await server.start()
+    return server

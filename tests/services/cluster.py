@@ -13,8 +13,7 @@ from services.core.sampling_params import SamplingParams
 from services.core.step import Logprobs
 from services.scheduler.config import SchedulerServiceConfig
 from services.scheduler.server import SchedulerServer
-from services.worker.server import WorkerServer, WorkerServiceConfig
-from services.worker.worker import Worker
+from services.worker.server import WorkerServer, WorkerServiceConfig, start_worker
 
 NUM_GPU_BLOCKS = 256
 
@@ -51,10 +50,10 @@ class Cluster:
         return self
 
     async def add_worker(self, worker_id: str, scheduler_address: str | None = None) -> WorkerServer:
-        worker = Worker(WorkerConfig(self.model, dtype="float32"), CacheConfig(16, num_gpu_blocks=NUM_GPU_BLOCKS))
         address = scheduler_address or f"127.0.0.1:{self.scheduler.port}"
-        server = WorkerServer(worker, WorkerServiceConfig(address, worker_id, host="127.0.0.1"))
-        await server.start()
+        server = await start_worker(WorkerConfig(self.model, dtype="float32"),
+                                    CacheConfig(16, num_gpu_blocks=NUM_GPU_BLOCKS),
+                                    WorkerServiceConfig(address, worker_id, host="127.0.0.1"))
         self.workers[worker_id] = server
         return server
 
