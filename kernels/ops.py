@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from kernels import cpu_attention
+from kernels import cpu_kernels
 from kernels.activation import silu_and_mul_ref
 from kernels.attention import paged_attention_ref
 from kernels.cache import write_kv_ref
@@ -24,22 +24,23 @@ class Ops:
 
 
 TORCH_OPS = Ops("torch", paged_attention_ref, write_kv_ref, rms_norm_ref, apply_rotary_ref, silu_and_mul_ref)
-# the references, with attention compiled for the CPU (kernels/cpu_attention.py)
-CPU_OPS = Ops("cpu", cpu_attention.paged_attention_cpu, write_kv_ref, rms_norm_ref, apply_rotary_ref, silu_and_mul_ref)
+# the kernels compiled for the CPU (kernels/cpu_kernels.py), same signatures
+CPU_OPS = Ops("cpu", cpu_kernels.paged_attention_cpu, cpu_kernels.write_kv_cpu, cpu_kernels.rms_norm_cpu,
+              cpu_kernels.apply_rotary_cpu, cpu_kernels.silu_and_mul_cpu)
 
 
 def get_ops(backend: str, device_type: str) -> Ops:
-    """backend: auto (triton on cuda; on the CPU, the compiled attention where a C compiler
-    builds it, else the references), torch, cpu, or triton."""
+    """backend: auto (triton on cuda; on the CPU, the compiled kernels where a C compiler
+    builds them, else the references), torch, cpu, or triton."""
     if backend == "auto":
         if device_type == "cuda":
             backend = "triton"
         else:
-            backend = "cpu" if cpu_attention.is_available() else "torch"
+            backend = "cpu" if cpu_kernels.is_available() else "torch"
     if backend == "torch":
         return TORCH_OPS
     if backend == "cpu":
-        cpu_attention.library()  # raises KernelUnavailable, with the compiler's message, when asked for explicitly
+        cpu_kernels.library()  # raises KernelUnavailable, with the compiler's message, when asked for explicitly
         return CPU_OPS
     if backend == "triton":
         from kernels.triton_ops import TRITON_OPS  # imports triton only when asked

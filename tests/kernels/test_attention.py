@@ -4,7 +4,7 @@ import torch
 
 from kernel_helpers import DEVICE, DTYPES, dtype_id, make_paged_batch, randn
 from kernels.attention import paged_attention_ref
-from kernels.cpu_attention import paged_attention_cpu
+from kernels.cpu_kernels import paged_attention_cpu
 from kernels.triton_attention import paged_attention_triton
 
 # Against the fp32-accumulating reference. fp32: summation order only. bf16/fp16: one

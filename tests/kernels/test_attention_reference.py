@@ -5,7 +5,7 @@ import torch
 
 from kernel_helpers import dtype_id, make_paged_batch
 from kernels.attention import KEY_TILE, paged_attention_ref, token_layout
-from kernels.cpu_attention import paged_attention_cpu
+from kernels.cpu_kernels import paged_attention_cpu
 
 
 def dense_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale) -> torch.Tensor:

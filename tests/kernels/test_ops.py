@@ -3,7 +3,7 @@ import inspect
 
 import torch
 
-from kernels import cpu_attention
+from kernels import cpu_kernels
 from kernels.ops import CPU_OPS, TORCH_OPS, get_ops
 from kernels.triton_ops import TRITON_OPS
 
@@ -16,7 +16,7 @@ def test_get_ops_returns_the_triton_set():
 
 
 def test_auto_on_the_cpu_takes_the_compiled_attention_where_it_builds():
-    want = CPU_OPS if cpu_attention.is_available() else TORCH_OPS
+    want = CPU_OPS if cpu_kernels.is_available() else TORCH_OPS
     assert get_ops("auto", "cpu") is want
 
 

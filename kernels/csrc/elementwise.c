@@ -1,0 +1,132 @@
+/* Row-wise kernels for the CPU with the PyTorch references' numerics (kernels/norm.py,
+ * rotary.py, activation.py, cache.py): every row is computed on its own, in one fixed order,
+ * so its bits do not depend on the batch. For bf16 tensors every intermediate that the
+ * reference rounds to bf16 is rounded here at the same point (round to nearest even).
+ * One call replaces the 4-10 small torch ops of its reference.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+/* a * b + c as two roundings, like the references' separate torch ops (no fused multiply-add) */
+#pragma GCC optimize("fp-contract=off")
+
+#define LANES 16
+
+static inline float bf16_load(const uint16_t *p) {
+    uint32_t bits = (uint32_t)*p << 16;
+    float value;
+    memcpy(&value, &bits, sizeof value);
+    return value;
+}
+
+static inline uint16_t bf16_bits(float value) { /* round to nearest even, as torch does */
+    uint32_t bits;
+    memcpy(&bits, &value, sizeof bits);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((bits >> 16) | 0x40); /* NaN stays NaN */
+    bits += 0x7fffu + ((bits >> 16) & 1u);
+    return (uint16_t)(bits >> 16);
+}
+
+static inline float round_to(float value, int is_bf16) { /* the value the reference's tensor would hold */
+    if (!is_bf16) return value;
+    uint32_t bits = (uint32_t)bf16_bits(value) << 16;
+    float rounded;
+    memcpy(&rounded, &bits, sizeof rounded);
+    return rounded;
+}
+
+static inline float load(const void *base, int is_bf16, int64_t i) {
+    return is_bf16 ? bf16_load((const uint16_t *)base + i) : ((const float *)base)[i];
+}
+
+static inline void store(void *base, int is_bf16, int64_t i, float value) {
+    if (is_bf16)
+        ((uint16_t *)base)[i] = bf16_bits(value);
+    else
+        ((float *)base)[i] = value;
+}
+
+/* out = weight * norm(x + residual); new_residual = x + residual (residual may be NULL: then
+ * the norm is of x and new_residual is not written). x, out, new_residual: [T, N] with row
+ * strides; weight: [N]. */
+void rms_norm(const void *x, int64_t x_stride, const void *residual, int64_t residual_stride, const void *weight,
+              void *out, void *new_residual, int64_t num_rows, int64_t n, float eps, int is_bf16, int num_threads) {
+#pragma omp parallel for schedule(static) num_threads(num_threads)
+    for (int64_t t = 0; t < num_rows; t++) {
+        float lanes[LANES] = {0};
+        for (int64_t i = 0; i < n; i++) {
+            float v = load(x, is_bf16, t * x_stride + i);
+            if (residual != NULL) {
+                v = round_to(v + load(residual, is_bf16, t * residual_stride + i), is_bf16);
+                store(new_residual, is_bf16, t * n + i, v);
+            }
+            lanes[i % LANES] += v * v;
+        }
+        for (int width = LANES / 2; width > 0; width /= 2)
+            for (int l = 0; l < width; l++) lanes[l] += lanes[l + width];
+        const float inv = 1.0f / sqrtf(lanes[0] / (float)n + eps);
+        for (int64_t i = 0; i < n; i++) {
+            const float v =
+                residual != NULL ? load(new_residual, is_bf16, t * n + i) : load(x, is_bf16, t * x_stride + i);
+            const float normed = round_to(v * inv, is_bf16);
+            store(out, is_bf16, t * n + i, load(weight, is_bf16, i) * normed);
+        }
+    }
+}
+
+/* Rotate one head in place into out: out_i = x_i cos_i + rot(x)_i sin_i, rot(x) = [-x2, x1]. */
+static inline void rotate_head(const void *x, int64_t x_offset, void *out, int64_t out_offset, const void *cache,
+                               int cache_is_bf16, int64_t row, int half, int is_bf16) {
+    for (int i = 0; i < 2 * half; i++) {
+        const int j = i % half;
+        const float c = round_to(load(cache, cache_is_bf16, row + j), is_bf16);
+        const float s = round_to(load(cache, cache_is_bf16, row + half + j), is_bf16);
+        const float xi = load(x, is_bf16, x_offset + i);
+        const float rot = i < half ? -load(x, is_bf16, x_offset + i + half) : load(x, is_bf16, x_offset + i - half);
+        store(out, is_bf16, out_offset + i, round_to(xi * c, is_bf16) + round_to(rot * s, is_bf16));
+    }
+}
+
+/* q [T, H, D] and k [T, KVH, D] (row strides q_stride, k_stride; heads contiguous) ->
+ * q_out [T, H, D], k_out [T, KVH, D]; cache [max_positions, D] (cos | sin), fp32 or bf16. */
+void apply_rotary(const void *q, int64_t q_stride, const void *k, int64_t k_stride, const int64_t *positions,
+                  const void *cache, int cache_is_bf16, void *q_out, void *k_out, int64_t num_tokens, int num_heads,
+                  int num_kv_heads, int head_dim, int is_bf16, int num_threads) {
+    const int half = head_dim / 2;
+#pragma omp parallel for schedule(static) num_threads(num_threads)
+    for (int64_t t = 0; t < num_tokens; t++) {
+        const int64_t row = positions[t] * head_dim;
+        for (int h = 0; h < num_heads; h++)
+            rotate_head(q, t * q_stride + h * head_dim, q_out, (t * num_heads + h) * head_dim, cache, cache_is_bf16,
+                        row, half, is_bf16);
+        for (int h = 0; h < num_kv_heads; h++)
+            rotate_head(k, t * k_stride + h * head_dim, k_out, (t * num_kv_heads + h) * head_dim, cache,
+                        cache_is_bf16, row, half, is_bf16);
+    }
+}
+
+/* x [T, 2I] (row stride x_stride) -> out [T, I] = silu(x[:, :I]) * x[:, I:] */
+void silu_and_mul(const void *x, int64_t x_stride, void *out, int64_t num_rows, int64_t inter, int is_bf16,
+                  int num_threads) {
+#pragma omp parallel for schedule(static) num_threads(num_threads)
+    for (int64_t t = 0; t < num_rows; t++)
+        for (int64_t i = 0; i < inter; i++) {
+            const float gate = load(x, is_bf16, t * x_stride + i), up = load(x, is_bf16, t * x_stride + inter + i);
+            const float silu = round_to(gate / (1.0f + expf(-gate)), is_bf16);
+            store(out, is_bf16, t * inter + i, silu * up);
+        }
+}
+
+/* k, v [T, KVH, D] (row strides) -> the cache rows named by slot_mapping (negative: skip);
+ * caches [num_slots, KVH, D], same dtype as k and v. */
+void write_kv(const void *k, int64_t k_stride, const void *v, int64_t v_stride, void *k_cache, void *v_cache,
+              const int64_t *slot_mapping, int64_t num_tokens, int64_t row_elems, int is_bf16) {
+    const int64_t elem = is_bf16 ? 2 : 4;
+    for (int64_t t = 0; t < num_tokens; t++) {
+        const int64_t slot = slot_mapping[t];
+        if (slot < 0) continue;
+        memcpy((char *)k_cache + slot * row_elems * elem, (const char *)k + t * k_stride * elem, row_elems * elem);
+        memcpy((char *)v_cache + slot * row_elems * elem, (const char *)v + t * v_stride * elem, row_elems * elem);
+    }
+}

@@ -1,0 +1,85 @@
+"""The compiled CPU row-wise ops against their PyTorch references: the reference's bits in
+bf16 (every rounding point kept), within rounding in fp32, and a row's bits independent of
+the batch. Inputs are views of a fused QKV output where the worker passes views."""
+import pytest
+import torch
+
+from kernels import cpu_kernels
+from kernels.activation import silu_and_mul_ref
+from kernels.cache import write_kv_ref
+from kernels.norm import rms_norm_ref
+from kernels.rotary import apply_rotary_ref, cos_sin_cache
+
+pytestmark = pytest.mark.skipif(not cpu_kernels.is_available(), reason="no C compiler: the references run instead")
+DTYPES = [torch.float32, torch.bfloat16]
+FP32 = dict(atol=2e-6, rtol=2e-6)
+
+
+def qkv_views(num_tokens: int, dtype: torch.dtype, heads: int = 9, kv_heads: int = 3, head_dim: int = 64):
+    qkv = torch.randn(num_tokens, (heads + 2 * kv_heads) * head_dim).to(dtype)
+    q_size, kv_size = heads * head_dim, kv_heads * head_dim
+    q = qkv[:, :q_size].view(num_tokens, heads, head_dim)
+    k = qkv[:, q_size:q_size + kv_size].view(num_tokens, kv_heads, head_dim)
+    v = qkv[:, q_size + kv_size:].view(num_tokens, kv_heads, head_dim)
+    return q, k, v
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("with_residual", [True, False])
+def test_rms_norm(dtype, with_residual):
+    x, residual, weight = torch.randn(9, 576).to(dtype), torch.randn(9, 576).to(dtype), torch.randn(576).to(dtype)
+    got = cpu_kernels.rms_norm_cpu(x, weight, 1e-5, residual if with_residual else None)
+    want = rms_norm_ref(x, weight, 1e-5, residual if with_residual else None)
+    if dtype == torch.bfloat16:
+        assert torch.equal(got[0], want[0])
+    else:
+        torch.testing.assert_close(got[0], want[0], **FP32)
+    assert (got[1] is None) == (not with_residual)
+    if with_residual:
+        assert torch.equal(got[1], want[1])
+    alone = cpu_kernels.rms_norm_cpu(x[4:5], weight, 1e-5, residual[4:5] if with_residual else None)
+    assert torch.equal(alone[0][0], got[0][4]), "a row's bits depend on its batch"
+
+
+def test_rms_norm_of_heads():
+    """Qwen3's q/k norm: [T, H, D] views of the QKV output, normed per head."""
+    q, _, _ = qkv_views(5, torch.float32)
+    weight = torch.randn(64)
+    got, none = cpu_kernels.rms_norm_cpu(q, weight, 1e-6)
+    assert none is None and got.shape == q.shape
+    torch.testing.assert_close(got, rms_norm_ref(q, weight, 1e-6)[0], **FP32)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rotary_gives_the_reference_bits(dtype):
+    q, k, _ = qkv_views(6, dtype)
+    cache = cos_sin_cache(64, 4096, 10000.0).to(dtype)
+    positions = torch.tensor([0, 1, 77, 128, 4095, 3])
+    got, want = cpu_kernels.apply_rotary_cpu(q, k, positions, cache), apply_rotary_ref(q, k, positions, cache)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_silu_and_mul(dtype):
+    x = (4 * torch.randn(7, 2 * 1536)).to(dtype)
+    got, want = cpu_kernels.silu_and_mul_cpu(x), silu_and_mul_ref(x)
+    if dtype == torch.bfloat16:
+        assert torch.equal(got, want)
+    else:
+        torch.testing.assert_close(got, want, **FP32)
+    assert torch.equal(cpu_kernels.silu_and_mul_cpu(x[2:3])[0], got[2])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_write_kv_fills_the_same_slots(dtype):
+    _, k, v = qkv_views(5, dtype)
+    caches = [torch.zeros(10, 16, 3, 64, dtype=dtype) for _ in range(4)]
+    slots = torch.tensor([3, -1, 17, 40, 159])
+    cpu_kernels.write_kv_cpu(k, v, caches[0], caches[1], slots)
+    write_kv_ref(k, v, caches[2], caches[3], slots)
+    assert torch.equal(caches[0], caches[2]) and torch.equal(caches[1], caches[3])
+
+
+def test_other_dtypes_take_the_reference():
+    x, weight = torch.randn(3, 64, dtype=torch.float64), torch.randn(64, dtype=torch.float64)
+    assert torch.equal(cpu_kernels.rms_norm_cpu(x, weight, 1e-6)[0], rms_norm_ref(x, weight, 1e-6)[0])
