@@ -1,17 +1,18 @@
 /* Row-wise kernels for the CPU with the PyTorch references' numerics (kernels/norm.py,
  * rotary.py, activation.py, cache.py): every row is computed on its own, in one fixed order,
  * so its bits do not depend on the batch. For bf16 tensors every intermediate that the
- * reference rounds to bf16 is rounded here at the same point (round to nearest even).
+ * reference rounds to bf16 is rounded here at the same point (round to nearest even); sums
+ * (fixed 16-lane order) and exp (vec.h) may round their fp32 values differently from torch.
  * One call replaces the 4-10 small torch ops of its reference.
  */
+/* a * b + c as two roundings, like the references' separate torch ops (no fused multiply-add) */
+#pragma GCC optimize("fp-contract=off")
+
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
 
-/* a * b + c as two roundings, like the references' separate torch ops (no fused multiply-add) */
-#pragma GCC optimize("fp-contract=off")
-
-#define LANES 16
+#include "vec.h"
 
 static inline float bf16_load(const uint16_t *p) {
     uint32_t bits = (uint32_t)*p << 16;
@@ -47,30 +48,40 @@ static inline void store(void *base, int is_bf16, int64_t i, float value) {
         ((float *)base)[i] = value;
 }
 
+/* 16 elements at index of a row of n (fewer at the row's end, the other lanes 0) */
+INLINE vf row_load(const void *base, int is_bf16, int64_t index, int64_t left) {
+    return left >= LANES ? load16(base, is_bf16, index) : load16_partial(base, is_bf16, index, (int)left);
+}
+
+INLINE void row_store(void *base, int is_bf16, int64_t index, int64_t left, vf value) {
+    if (left >= LANES)
+        store16(base, is_bf16, index, value);
+    else
+        store16_partial(base, is_bf16, index, (int)left, value);
+}
+
 /* out = weight * norm(x + residual); new_residual = x + residual (residual may be NULL: then
  * the norm is of x and new_residual is not written). x, out, new_residual: [T, N] with row
- * strides; weight: [N]. */
+ * strides; weight: [N]. Sum of squares: element i in lane i % 16, lanes folded by a fixed tree. */
 void rms_norm(const void *x, int64_t x_stride, const void *residual, int64_t residual_stride, const void *weight,
               void *out, void *new_residual, int64_t num_rows, int64_t n, float eps, int is_bf16, int num_threads) {
 #pragma omp parallel for schedule(static) num_threads(num_threads)
     for (int64_t t = 0; t < num_rows; t++) {
-        float lanes[LANES] = {0};
-        for (int64_t i = 0; i < n; i++) {
-            float v = load(x, is_bf16, t * x_stride + i);
+        const void *source = residual != NULL ? new_residual : x;
+        const int64_t source_row = residual != NULL ? t * n : t * x_stride;
+        vf squares = {0};
+        for (int64_t i = 0; i < n; i += LANES) {
+            vf v = row_load(x, is_bf16, t * x_stride + i, n - i);
             if (residual != NULL) {
-                v = round_to(v + load(residual, is_bf16, t * residual_stride + i), is_bf16);
-                store(new_residual, is_bf16, t * n + i, v);
+                v = round16(v + row_load(residual, is_bf16, t * residual_stride + i, n - i), is_bf16);
+                row_store(new_residual, is_bf16, t * n + i, n - i, v);
             }
-            lanes[i % LANES] += v * v;
+            squares += v * v;
         }
-        for (int width = LANES / 2; width > 0; width /= 2)
-            for (int l = 0; l < width; l++) lanes[l] += lanes[l + width];
-        const float inv = 1.0f / sqrtf(lanes[0] / (float)n + eps);
-        for (int64_t i = 0; i < n; i++) {
-            const float v =
-                residual != NULL ? load(new_residual, is_bf16, t * n + i) : load(x, is_bf16, t * x_stride + i);
-            const float normed = round_to(v * inv, is_bf16);
-            store(out, is_bf16, t * n + i, load(weight, is_bf16, i) * normed);
+        const float inv = 1.0f / sqrtf(fold(squares) / (float)n + eps);
+        for (int64_t i = 0; i < n; i += LANES) {
+            const vf normed = round16(row_load(source, is_bf16, source_row + i, n - i) * inv, is_bf16);
+            row_store(out, is_bf16, t * n + i, n - i, row_load(weight, is_bf16, i, n - i) * normed);
         }
     }
 }
@@ -106,15 +117,16 @@ void apply_rotary(const void *q, int64_t q_stride, const void *k, int64_t k_stri
     }
 }
 
-/* x [T, 2I] (row stride x_stride) -> out [T, I] = silu(x[:, :I]) * x[:, I:] */
+/* x [T, 2I] (row stride x_stride) -> out [T, I] = silu(x[:, :I]) * x[:, I:], silu(g) = g / (1 + exp(-g)) */
 void silu_and_mul(const void *x, int64_t x_stride, void *out, int64_t num_rows, int64_t inter, int is_bf16,
                   int num_threads) {
 #pragma omp parallel for schedule(static) num_threads(num_threads)
     for (int64_t t = 0; t < num_rows; t++)
-        for (int64_t i = 0; i < inter; i++) {
-            const float gate = load(x, is_bf16, t * x_stride + i), up = load(x, is_bf16, t * x_stride + inter + i);
-            const float silu = round_to(gate / (1.0f + expf(-gate)), is_bf16);
-            store(out, is_bf16, t * inter + i, silu * up);
+        for (int64_t i = 0; i < inter; i += LANES) {
+            const vf gate = row_load(x, is_bf16, t * x_stride + i, inter - i);
+            const vf up = row_load(x, is_bf16, t * x_stride + inter + i, inter - i);
+            const vf silu = round16(gate / (1.0f + exp16(-gate)), is_bf16);
+            row_store(out, is_bf16, t * inter + i, inter - i, silu * up);
         }
 }
 

@@ -24,39 +24,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define LANES 16
+#include "vec.h"
+
 #define MAX_HEADS 256
 #define MAX_CHUNKS 16 /* head_dim <= 256 */
 
-typedef float vf __attribute__((vector_size(LANES * sizeof(float))));
-typedef uint32_t vu __attribute__((vector_size(LANES * sizeof(uint32_t))));
-typedef int32_t vi __attribute__((vector_size(LANES * sizeof(int32_t))));
-typedef uint16_t vh __attribute__((vector_size(LANES * sizeof(uint16_t))));
-
 enum { OK = 0, OUT_OF_MEMORY = 1, BAD_SHAPE = 2 };
-
-/* 16 cache elements as fp32: a bf16 value is the top half of its fp32 value */
-static inline __attribute__((always_inline)) vf load16(const void *base, int is_bf16, int64_t index) {
-    if (is_bf16) {
-        vh half;
-        memcpy(&half, (const uint16_t *)base + index, sizeof half);
-        vu wide = __builtin_convertvector(half, vu) << 16;
-        vf value;
-        memcpy(&value, &wide, sizeof value);
-        return value;
-    }
-    vf value;
-    memcpy(&value, (const float *)base + index, sizeof value);
-    return value;
-}
-
-static inline __attribute__((always_inline)) float fold(vf v) {
-    v += __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7);
-    v += __builtin_shufflevector(v, v, 4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11);
-    v += __builtin_shufflevector(v, v, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13);
-    v += __builtin_shufflevector(v, v, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14);
-    return v[0];
-}
 
 /* Warm the cache with the next block: its rows (all KV heads) are one contiguous region. */
 static inline __attribute__((always_inline)) void prefetch_block(const void *cache, int is_bf16, int64_t block,
@@ -64,38 +37,6 @@ static inline __attribute__((always_inline)) void prefetch_block(const void *cac
     const int64_t elem = is_bf16 ? 2 : 4, bytes = block_size * row_stride * elem;
     const char *first = (const char *)cache + block * bytes;
     for (int64_t line = 0; line < bytes; line += 64) __builtin_prefetch(first + line);
-}
-
-/* mask ? a : b, lane by lane (C has no vector ?:) */
-static inline __attribute__((always_inline)) vf select16(vi mask, vf a, vf b) {
-    vi a_bits, b_bits;
-    memcpy(&a_bits, &a, sizeof a_bits);
-    memcpy(&b_bits, &b, sizeof b_bits);
-    const vi bits = (a_bits & mask) | (b_bits & ~mask);
-    vf result;
-    memcpy(&result, &bits, sizeof result);
-    return result;
-}
-
-/* exp of 16 lanes, every lane by the same polynomial (Cephes' expf, within 2 ulp), so a value's
- * result does not depend on its lane or its neighbours. Inputs here are <= 0; below -87.3, 0. */
-static inline __attribute__((always_inline)) vf exp16(vf x) {
-    const vi underflow = x < -87.33654f;
-    x = select16(underflow, (vf){0} - 87.33654f, x);
-    vf n = __builtin_convertvector(__builtin_convertvector(x * 1.44269504f + 0.5f, vi), vf);  /* toward 0 */
-    n += __builtin_convertvector(n > x * 1.44269504f + 0.5f, vf);  /* -1 where that rounded up: floor */
-    const vf r = x - n * 0.693359375f + n * 2.12194440e-4f;
-    vf p = (vf){0} + 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * (r * r) + r + 1.0f;
-    const vi scale = (__builtin_convertvector(n, vi) + 127) << 23;
-    vf two_n;
-    memcpy(&two_n, &scale, sizeof two_n);
-    return select16(underflow, (vf){0}, p * two_n);
 }
 
 static inline __attribute__((always_inline)) int64_t keys_in_block(int64_t num_keys, int64_t block, int block_size) {

@@ -1,0 +1,105 @@
+/* 16-lane fp32 vectors (GCC vector extensions: AVX-512, AVX2 or SSE, whatever -march gives)
+ * and the few operations the CPU kernels share. Every operation works lane by lane with the
+ * same instructions, so a value's result never depends on its lane or its neighbours. */
+#pragma once
+#include <stdint.h>
+#include <string.h>
+
+#define LANES 16
+
+typedef float vf __attribute__((vector_size(LANES * sizeof(float))));
+typedef uint32_t vu __attribute__((vector_size(LANES * sizeof(uint32_t))));
+typedef int32_t vi __attribute__((vector_size(LANES * sizeof(int32_t))));
+typedef uint16_t vh __attribute__((vector_size(LANES * sizeof(uint16_t))));
+
+#define INLINE static inline __attribute__((always_inline))
+
+INLINE vf bits_to_float(vu bits) {
+    vf value;
+    memcpy(&value, &bits, sizeof value);
+    return value;
+}
+
+INLINE vu float_to_bits(vf value) {
+    vu bits;
+    memcpy(&bits, &value, sizeof bits);
+    return bits;
+}
+
+/* mask ? a : b, lane by lane (C has no vector ?:) */
+INLINE vf select16(vi mask, vf a, vf b) {
+    const vu m = (vu)mask;
+    return bits_to_float((float_to_bits(a) & m) | (float_to_bits(b) & ~m));
+}
+
+/* 16 elements from fp32 or bf16 memory as fp32: a bf16 value is the top half of its fp32 value */
+INLINE vf load16(const void *base, int is_bf16, int64_t index) {
+    if (is_bf16) {
+        vh half;
+        memcpy(&half, (const uint16_t *)base + index, sizeof half);
+        return bits_to_float(__builtin_convertvector(half, vu) << 16);
+    }
+    vf value;
+    memcpy(&value, (const float *)base + index, sizeof value);
+    return value;
+}
+
+/* bf16 bits of each lane, rounded to nearest even as torch rounds; NaN stays NaN */
+INLINE vu bf16_bits16(vf value) {
+    const vu bits = float_to_bits(value);
+    const vu rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
+    const vu nan = (vu)((bits & 0x7fffffffu) > 0x7f800000u);
+    return (rounded & ~nan) | (((bits >> 16) | 0x40u) & nan);
+}
+
+/* each lane as the value a tensor of the given dtype would hold */
+INLINE vf round16(vf value, int is_bf16) { return is_bf16 ? bits_to_float(bf16_bits16(value) << 16) : value; }
+
+INLINE void store16(void *base, int is_bf16, int64_t index, vf value) {
+    if (is_bf16) {
+        const vh half = __builtin_convertvector(bf16_bits16(value), vh);
+        memcpy((uint16_t *)base + index, &half, sizeof half);
+    } else {
+        memcpy((float *)base + index, &value, sizeof value);
+    }
+}
+
+/* the first `count` (< 16) elements, the other lanes 0: tails go through the same code as full chunks */
+INLINE vf load16_partial(const void *base, int is_bf16, int64_t index, int count) {
+    uint32_t buffer[LANES] = {0};
+    memcpy(buffer, (const char *)base + index * (is_bf16 ? 2 : 4), (size_t)count * (is_bf16 ? 2 : 4));
+    return load16(buffer, is_bf16, 0);
+}
+
+INLINE void store16_partial(void *base, int is_bf16, int64_t index, int count, vf value) {
+    uint32_t buffer[LANES];
+    store16(buffer, is_bf16, 0, value);
+    memcpy((char *)base + index * (is_bf16 ? 2 : 4), buffer, (size_t)count * (is_bf16 ? 2 : 4));
+}
+
+/* the sum of the 16 lanes by a fixed tree: lane l + lane l+8, then +4, +2, +1 */
+INLINE float fold(vf v) {
+    v += __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7);
+    v += __builtin_shufflevector(v, v, 4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11);
+    v += __builtin_shufflevector(v, v, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13);
+    v += __builtin_shufflevector(v, v, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14);
+    return v[0];
+}
+
+/* exp of each lane by one polynomial (Cephes' expf, within 2 ulp): below -87.3, 0; above 88.37, inf */
+INLINE vf exp16(vf x) {
+    const vi underflow = x < -87.33654f, overflow = x > 88.3762626647949f;
+    x = select16(underflow, (vf){0} - 87.33654f, select16(overflow, (vf){0}, x));
+    vf n = __builtin_convertvector(__builtin_convertvector(x * 1.44269504f + 0.5f, vi), vf); /* toward 0 */
+    n += __builtin_convertvector(n > x * 1.44269504f + 0.5f, vf);                            /* floor */
+    const vf r = x - n * 0.693359375f + n * 2.12194440e-4f;
+    vf p = (vf){0} + 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * (r * r) + r + 1.0f;
+    const vf two_n = bits_to_float((vu)((__builtin_convertvector(n, vi) + 127) << 23));
+    return select16(underflow, (vf){0}, select16(overflow, (vf){0} + __builtin_inff(), p * two_n));
+}
