@@ -5,13 +5,14 @@ The PyTorch references are the oracles and the fallbacks; these are the CPU's fa
 the Triton kernels are the GPU's, with the same signatures. Attention reads K and V in place
 through the block table (the reference gathers 128-key tiles and runs a few small products
 per tile); each row-wise op is one call instead of 4-10 small torch ops, with the
-reference's bf16 rounding points (bf16 results differ from the reference's in about 1 element
-in 10^5, by one bf16 step, where a sum or an exp rounds the other way). Every token's result is computed on its own, in one fixed
-order, so its bits do not depend on the batch.
+reference's bf16 rounding points (bf16 results differ from the reference's in about 1
+element in 10^5, by one bf16 step, where a sum or an exp rounds the other way). Every
+token's result is computed on its own, in one fixed order, so its bits do not depend on the
+batch.
 
 The library is built on first use with the system C compiler (`cc -O3 -march=native
 -fopenmp`: it runs on the machine that built it) into ~/.cache/pagedserve-kernels, keyed by
-a hash of the source, the flags, the compiler and the CPU; its OpenMP calls land in the
+a hash of the sources, the flags, the compiler and the CPU; its OpenMP calls land in the
 libgomp that torch has already loaded, so it shares torch's threads.
 """
 from __future__ import annotations
