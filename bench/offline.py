@@ -11,7 +11,8 @@ hf-single (d, transformers one request at a time, on the first --single-requests
 llamacpp (e, llama-cpp-python on the GGUF, Q4_1 whatever --dtypes says; skipped when not
 installed), engine-plain (f, the engine with batch_invariant=False: the determinism cost).
 Every request is greedy with ignore_eos and produces exactly its output length; tokens/s
-counts those tokens only. Model loading and service start-up are not timed.
+counts those tokens only. Model loading and service start-up are not timed; --warmup passes of
+the same requests run first, untimed, for every contender except llama.cpp.
 Writes bench/results/offline.{md,json,png}.
 """
 from __future__ import annotations
@@ -44,6 +45,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--max-num-seqs", type=int, default=64)
     parser.add_argument("--max-num-batched-tokens", type=int, default=2048)
     parser.add_argument("--services-address", default=None, help="use running services instead of starting them")
+    parser.add_argument("--warmup", type=int, default=1,
+                        help="untimed passes of the same requests before the timed one, for every contender "
+                             "(oneDNN builds a kernel per new matrix shape on first use; 0: time the cold pass)")
     parser.add_argument("--out", default="offline", help="results file stem under bench/results/")
     return parser.parse_args()
 
@@ -59,15 +63,15 @@ def run_mode(mode: str, dtype: str, requests, args, folder: str) -> dict:
     extra = {}
     if mode in ("engine", "engine-plain"):
         tokens, seconds = runners.run_engine(requests, folder, dtype, mode == "engine", args.max_num_seqs,
-                                             args.max_num_batched_tokens)
+                                             args.max_num_batched_tokens, args.warmup)
     elif mode == "services":
         tokens, seconds = runners.run_services(requests, folder, dtype, args.services_address, args.max_num_seqs,
-                                               args.max_num_batched_tokens)
+                                               args.max_num_batched_tokens, args.warmup)
     elif mode == "hf-batch":
-        tokens, seconds, extra = _hf_sweep(requests, folder, dtype, args.hf_batch_sizes)
+        tokens, seconds, extra = _hf_sweep(requests, folder, dtype, args.hf_batch_sizes, args.warmup)
     elif mode == "hf-single":
         subset = requests[:args.single_requests]
-        tokens, seconds = runners.run_hf(subset, runners.load_hf(folder, dtype), 1, f"hf single {dtype}")
+        tokens, seconds = runners.run_hf(subset, runners.load_hf(folder, dtype), 1, f"hf single {dtype}", args.warmup)
         extra = {"requests": len(subset)}
     else:
         tokens, seconds = runners.run_llamacpp(requests[:args.single_requests], threads=runners.torch.get_num_threads())
@@ -75,11 +79,11 @@ def run_mode(mode: str, dtype: str, requests, args, folder: str) -> dict:
     return {"tokens": tokens, "seconds": round(seconds, 2), "tokens_per_s": tokens / seconds, **extra}
 
 
-def _hf_sweep(requests, folder: str, dtype: str, sizes: str) -> tuple[int, float, dict]:
+def _hf_sweep(requests, folder: str, dtype: str, sizes: str, warmup: int) -> tuple[int, float, dict]:
     hf = runners.load_hf(folder, dtype)
     sweep = {}
     for size in [int(s) for s in sizes.split(",")]:
-        tokens, seconds = runners.run_hf(requests, hf, size, f"hf batch {size} {dtype}")
+        tokens, seconds = runners.run_hf(requests, hf, size, f"hf batch {size} {dtype}", warmup)
         sweep[size] = tokens / seconds
     best = max(sweep, key=sweep.get)
     tokens = sum(r.output_len for r in requests)

@@ -16,11 +16,13 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 def run_engine(requests: list[Request], model: str, dtype: str, batch_invariant: bool = True,
-               max_num_seqs: int = 64, max_num_batched_tokens: int = 2048) -> tuple[int, float]:
+               max_num_seqs: int = 64, max_num_batched_tokens: int = 2048, warmup: int = 0) -> tuple[int, float]:
     from services import LLM, SamplingParams
     llm = LLM(model, dtype=dtype, batch_invariant=batch_invariant, max_num_seqs=max_num_seqs,
               max_num_batched_tokens=max_num_batched_tokens)
     params = [SamplingParams(temperature=0, max_tokens=r.output_len, ignore_eos=True) for r in requests]
+    for _ in range(warmup):
+        llm.generate([list(r.prompt_ids) for r in requests], params, use_tqdm=False)
     start = time.perf_counter()
     outputs = llm.generate([list(r.prompt_ids) for r in requests], params, use_tqdm=True)
     seconds = time.perf_counter() - start
@@ -28,7 +30,7 @@ def run_engine(requests: list[Request], model: str, dtype: str, batch_invariant:
 
 
 def run_services(requests: list[Request], model: str, dtype: str, address: str | None = None,
-                 max_num_seqs: int = 64, max_num_batched_tokens: int = 2048) -> tuple[int, float]:
+                 max_num_seqs: int = 64, max_num_batched_tokens: int = 2048, warmup: int = 0) -> tuple[int, float]:
     """All requests at once through the frontend; `address` None starts the services here."""
     import asyncio
     import contextlib
@@ -37,7 +39,9 @@ def run_services(requests: list[Request], model: str, dtype: str, address: str |
     context = contextlib.nullcontext(address) if address else \
         launched(model, dtype, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens)
     with context as target:
-        asyncio.run(run_batch(target, requests[:1]))  # warm-up: connection, first step
+        asyncio.run(run_batch(target, requests[:1]))  # the connection and the first step, even when cold
+        for _ in range(warmup):
+            asyncio.run(run_batch(target, requests))
         with tqdm(total=len(requests), desc="services", unit="req") as bar:
             start = time.perf_counter()
             counts = asyncio.run(run_batch(target, requests, bar))
@@ -71,11 +75,14 @@ def _hf_generate(hf, batch: list[Request], pad_id: int) -> None:
                 pad_token_id=pad_id)
 
 
-def run_hf(requests: list[Request], hf, batch_size: int, desc: str) -> tuple[int, float]:
+def run_hf(requests: list[Request], hf, batch_size: int, desc: str, warmup: int = 0) -> tuple[int, float]:
     """transformers generate over static padded batches; only each request's own output length
     counts as useful tokens (what a batch generates past it is the cost of static batching)."""
     pad_id = hf.config.pad_token_id if hf.config.pad_token_id is not None else hf.config.eos_token_id
     batches = static_batches(requests, batch_size)
+    for _ in range(warmup):
+        for batch in batches:
+            _hf_generate(hf, batch, pad_id)
     start = time.perf_counter()
     for batch in tqdm(batches, desc=desc, unit="batch"):
         _hf_generate(hf, batch, pad_id)
