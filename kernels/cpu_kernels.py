@@ -81,7 +81,7 @@ def paged_attention_cpu(
 def _supported(k_cache: torch.Tensor, v_cache: torch.Tensor, num_heads: int, num_kv_heads: int,
                head_dim: int) -> bool:
     group = num_heads // num_kv_heads
-    return (k_cache.dtype in (torch.float32, torch.bfloat16) and v_cache.dtype == k_cache.dtype
+    return (is_available() and k_cache.dtype in (torch.float32, torch.bfloat16) and v_cache.dtype == k_cache.dtype
             and k_cache.device.type == "cpu" and head_dim % LANES == 0 and head_dim // LANES <= MAX_CHUNKS
             and num_heads <= MAX_HEADS and group * num_kv_heads == num_heads)
 
@@ -90,8 +90,9 @@ def _supported(k_cache: torch.Tensor, v_cache: torch.Tensor, num_heads: int, num
 def _kind(*tensors: torch.Tensor) -> int | None:
     """1 for bf16, 0 for fp32 (all the same dtype, on the CPU), None: take the reference."""
     dtype = tensors[0].dtype
-    if dtype not in (torch.float32, torch.bfloat16) or any(t.dtype != dtype or t.device.type != "cpu"
-                                                          for t in tensors):
+    if not is_available() or dtype not in (torch.float32, torch.bfloat16):
+        return None
+    if any(t.dtype != dtype or t.device.type != "cpu" for t in tensors):
         return None
     return int(dtype == torch.bfloat16)
 
@@ -183,7 +184,9 @@ def library() -> ctypes.CDLL:
     return lib
 
 
+@lru_cache(maxsize=1)
 def is_available() -> bool:
+    """Whether the library builds here (asked once: a failed build is not retried per call)."""
     try:
         library()
     except KernelUnavailable:

@@ -12,7 +12,7 @@ from kernels.cache import write_kv_ref
 from kernels.norm import rms_norm_ref
 from kernels.rotary import apply_rotary_ref, cos_sin_cache
 
-pytestmark = pytest.mark.skipif(not cpu_kernels.is_available(), reason="no C compiler: the references run instead")
+pytestmark = pytest.mark.skipif(not cpu_kernels.is_available(), reason="no C compiler: the ops are the references")
 DTYPES = [torch.float32, torch.bfloat16]
 FP32 = dict(atol=2e-6, rtol=2e-6)
 
