@@ -16,22 +16,29 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 def run_engine(requests: list[Request], model: str, dtype: str, batch_invariant: bool = True,
-               max_num_seqs: int = 64, max_num_batched_tokens: int = 2048, warmup: int = 0) -> tuple[int, float]:
+               max_num_seqs: int = 64, max_num_batched_tokens: int = 2048, warmup: int = 0,
+               repeats: int = 1) -> tuple[int, list[float]]:
+    """(output tokens of one pass, seconds of each of `repeats` timed passes)."""
     from services import LLM, SamplingParams
     llm = LLM(model, dtype=dtype, batch_invariant=batch_invariant, max_num_seqs=max_num_seqs,
               max_num_batched_tokens=max_num_batched_tokens)
     params = [SamplingParams(temperature=0, max_tokens=r.output_len, ignore_eos=True) for r in requests]
+    prompts = [list(r.prompt_ids) for r in requests]
     for _ in range(warmup):
-        llm.generate([list(r.prompt_ids) for r in requests], params, use_tqdm=False)
-    start = time.perf_counter()
-    outputs = llm.generate([list(r.prompt_ids) for r in requests], params, use_tqdm=True)
-    seconds = time.perf_counter() - start
-    return sum(len(o.outputs[0].token_ids) for o in outputs), seconds
+        llm.generate(prompts, params, use_tqdm=False)
+    passes = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        outputs = llm.generate(prompts, params, use_tqdm=True)
+        passes.append(time.perf_counter() - start)
+    return sum(len(o.outputs[0].token_ids) for o in outputs), passes
 
 
 def run_services(requests: list[Request], model: str, dtype: str, address: str | None = None,
-                 max_num_seqs: int = 64, max_num_batched_tokens: int = 2048, warmup: int = 0) -> tuple[int, float]:
-    """All requests at once through the frontend; `address` None starts the services here."""
+                 max_num_seqs: int = 64, max_num_batched_tokens: int = 2048, warmup: int = 0,
+                 repeats: int = 1) -> tuple[int, list[float]]:
+    """All requests at once through the frontend; `address` None starts the services here.
+    (output tokens of one pass, seconds of each timed pass)."""
     import asyncio
     import contextlib
     from services_run import launched, require_services, run_batch
@@ -42,11 +49,13 @@ def run_services(requests: list[Request], model: str, dtype: str, address: str |
         asyncio.run(run_batch(target, requests[:1]))  # the connection and the first step, even when cold
         for _ in range(warmup):
             asyncio.run(run_batch(target, requests))
-        with tqdm(total=len(requests), desc="services", unit="req") as bar:
-            start = time.perf_counter()
-            counts = asyncio.run(run_batch(target, requests, bar))
-            seconds = time.perf_counter() - start
-    return sum(counts), seconds
+        passes = []
+        for _ in range(repeats):
+            with tqdm(total=len(requests), desc="services", unit="req") as bar:
+                start = time.perf_counter()
+                counts = asyncio.run(run_batch(target, requests, bar))
+                passes.append(time.perf_counter() - start)
+    return sum(counts), passes
 
 
 def load_hf(model: str, dtype: str):

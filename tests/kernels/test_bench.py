@@ -29,3 +29,27 @@ def test_kernel_bench_sizes_and_report_without_a_gpu():
     report = bench.render_markdown([result], {"device": "test"}, 1e12, "cmd", "3 passed")
     assert "| paged_attention | decode b=1 ctx=128 | 1.00 | 20.0 | 100.0 | 5.0 | 5.0 | 4.0 | 1.00e-03 |" in report
     assert "3 passed" in report and '"x_floor": 4.0' in report
+
+
+def load_bench(name: str):
+    sys.path[:0] = [str(BENCH)]
+    try:
+        spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    finally:
+        del sys.path[0]
+
+
+def test_linear_bound_times_the_weights_the_engine_multiplies(model_dir):
+    import torch
+
+    from kernels.linear import plain_linear
+    from kernels.ops import TORCH_OPS
+    from services.worker.loader import load_model
+
+    folder = model_dir("qwen2", "tiny")
+    model = load_model(folder, torch.float32, torch.device("cpu"), TORCH_OPS, plain_linear)
+    engine = [tuple(getattr(m, name).shape) for m in model.modules() for name in getattr(m, "linear_weights", ())]
+    assert sorted(load_bench("linear_bound").step_shapes(folder)) == sorted(engine)

@@ -1,0 +1,91 @@
+"""What the linear layers alone cost per decode step: the floor that no engine change above
+the matrix library can go below.
+
+    python bench/linear_bound.py                    # fp32 and bf16, batch 1, 2, 16, 64
+
+One step's worth of the served model's linear layers (every layer's own weights, so they
+stream from memory as in a real step; the lm_head last), timed for the engine's path
+(kernels.linear.invariant_linear on oneDNN-packed weights) and for MKL (F.linear on dense
+weights, what transformers runs). Reports ms per step, the weight bytes per second that
+implies, and the tokens/s bound it sets on decode: batch / step time, as if everything else
+(attention, norms, sampling, Python) were free. Best of --repeats.
+Writes bench/results/linear_bound.{md,json}.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
+
+from common import loadavg, markdown_table, write_results  # noqa: E402
+from kernels.linear import invariant_linear, prepack  # noqa: E402
+from runners import DTYPES  # noqa: E402
+from workload import model_folder  # noqa: E402
+
+
+def step_shapes(folder: Path) -> list[tuple[int, int]]:
+    """(out, in) of every linear weight one forward pass multiplies, in order."""
+    cfg = json.loads((folder / "config.json").read_text())
+    hidden, inter = cfg["hidden_size"], cfg["intermediate_size"]
+    heads, kv_heads = cfg["num_attention_heads"], cfg.get("num_key_value_heads", cfg["num_attention_heads"])
+    head_dim = cfg.get("head_dim") or hidden // heads
+    layer = [((heads + 2 * kv_heads) * head_dim, hidden), (hidden, heads * head_dim), (2 * inter, hidden),
+             (hidden, inter)]
+    return layer * cfg["num_hidden_layers"] + [(cfg["vocab_size"], hidden)]
+
+
+def time_step(weights: list[torch.Tensor], shapes, batch: int, dtype: torch.dtype, fn, repeats: int) -> float:
+    inputs = {k: torch.randn(batch, k).to(dtype) for k in {k for _, k in shapes}}
+    best = float("inf")
+    for _ in range(repeats + 1):  # the first pass builds oneDNN's kernels for these shapes
+        start = time.perf_counter()
+        for weight, (_, k) in zip(weights, shapes):
+            fn(inputs[k], weight)
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=None)
+    parser.add_argument("--dtypes", default="float32,bfloat16")
+    parser.add_argument("--batch-sizes", default="1,2,16,64")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--out", default="linear_bound")
+    args = parser.parse_args()
+    load_before = loadavg()
+    shapes = step_shapes(model_folder(args.model))
+    rows, data = [], []
+    for name in args.dtypes.split(","):
+        dtype = DTYPES[name]
+        dense = [torch.randn(n, k).to(dtype) / k ** 0.5 for n, k in shapes]
+        packed = [prepack(w) for w in dense]
+        num_bytes = sum(w.numel() * w.element_size() for w in dense)
+        for batch in [int(b) for b in args.batch_sizes.split(",")]:
+            for library, weights, fn in (("oneDNN packed (engine)", packed, lambda x, w: invariant_linear(x, w, None)),
+                                         ("MKL F.linear (transformers)", dense, lambda x, w: F.linear(x, w))):
+                seconds = time_step(weights, shapes, batch, dtype, fn, args.repeats)
+                row = dict(dtype=name, batch=batch, library=library, ms=seconds * 1e3,
+                           gb_per_s=num_bytes / seconds / 1e9, bound_tok_per_s=batch / seconds)
+                data.append(row)
+                rows.append([name, batch, library, f"{row['ms']:.1f}", f"{row['gb_per_s']:.1f}",
+                             f"{row['bound_tok_per_s']:.0f}"])
+                print(row, flush=True)
+        del dense, packed
+    body = (f"{len(shapes)} linear weights per step ({len(shapes) - 1} in the layers + lm_head).\n\n"
+            + markdown_table(["dtype", "batch", "library", "ms / step", "weight GB/s", "decode tok/s bound"], rows))
+    path = write_results(args.out, "Linear layers alone: the floor under a decode step", load_before, body,
+                         {"rows": data})
+    print(path.read_text())
+
+
+if __name__ == "__main__":
+    main()
