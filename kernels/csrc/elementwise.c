@@ -86,9 +86,20 @@ void rms_norm(const void *x, int64_t x_stride, const void *residual, int64_t res
     }
 }
 
-/* Rotate one head in place into out: out_i = x_i cos_i + rot(x)_i sin_i, rot(x) = [-x2, x1]. */
+/* Rotate one head into out: out_i = x_i cos_i + rot(x)_i sin_i, rot(x) = [-x2, x1], each product
+ * rounded to the tensors' dtype before the sum, as the reference's separate ops do. */
 static inline void rotate_head(const void *x, int64_t x_offset, void *out, int64_t out_offset, const void *cache,
                                int cache_is_bf16, int64_t row, int half, int is_bf16) {
+    if (half % LANES == 0) {
+        for (int j = 0; j < half; j += LANES) {
+            const vf c = round16(load16(cache, cache_is_bf16, row + j), is_bf16);
+            const vf s = round16(load16(cache, cache_is_bf16, row + half + j), is_bf16);
+            const vf x1 = load16(x, is_bf16, x_offset + j), x2 = load16(x, is_bf16, x_offset + half + j);
+            store16(out, is_bf16, out_offset + j, round16(x1 * c, is_bf16) + round16(-x2 * s, is_bf16));
+            store16(out, is_bf16, out_offset + half + j, round16(x2 * c, is_bf16) + round16(x1 * s, is_bf16));
+        }
+        return;
+    }
     for (int i = 0; i < 2 * half; i++) {
         const int j = i % half;
         const float c = round_to(load(cache, cache_is_bf16, row + j), is_bf16);
