@@ -39,6 +39,7 @@ CSRC = Path(__file__).with_name("csrc")
 SOURCES = [CSRC / "paged_attention.c", CSRC / "elementwise.c"]  # compiled into one library; vec.h included
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=gnu11"]
 LANES, MAX_HEADS, MAX_CHUNKS = 16, 256, 16  # as in the C source: head_dim % 16 == 0, <= 256; heads <= 256
+OUT_OF_MEMORY = 1  # paged_attention's status codes, as in the C source (0: done, 2: shape not supported)
 
 
 class KernelUnavailable(RuntimeError):
@@ -56,7 +57,7 @@ def paged_attention_cpu(
     layout: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:  # [T, H, D] in q's dtype; same contract as kernels.attention.paged_attention_ref
     num_tokens, num_heads, head_dim = q.shape
-    num_blocks, block_size, num_kv_heads, _ = k_cache.shape
+    _, block_size, num_kv_heads, _ = k_cache.shape
     if not _supported(k_cache, v_cache, num_heads, num_kv_heads, head_dim):  # a fixed choice per model
         return paged_attention_ref(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, layout)
     token_seq, token_pos = layout if layout is not None else token_layout(seq_lens, query_start_loc)
@@ -66,14 +67,13 @@ def paged_attention_cpu(
         return out.to(q.dtype)
     tables = block_tables.to(torch.int64).contiguous()
     token_seq, token_pos = token_seq.to(torch.int64).contiguous(), token_pos.to(torch.int64).contiguous()
-    k_cache, v_cache = k_cache.contiguous(), v_cache.contiguous()
     status = library().paged_attention(
         q32.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), int(k_cache.dtype == torch.bfloat16),
         tables.data_ptr(), tables.shape[1], token_seq.data_ptr(), token_pos.data_ptr(), out.data_ptr(),
         num_tokens, num_heads, num_kv_heads, head_dim, block_size, torch.get_num_threads())
-    if status == 1:
+    if status == OUT_OF_MEMORY:
         raise MemoryError("paged_attention_cpu: out of memory for the score buffers")
-    if status != 0:
+    if status != 0:  # _supported() let through a shape the kernel refuses
         raise ValueError(f"paged_attention_cpu: shape not supported (status {status})")
     return out.to(q.dtype)
 
@@ -82,7 +82,8 @@ def _supported(k_cache: torch.Tensor, v_cache: torch.Tensor, num_heads: int, num
                head_dim: int) -> bool:
     group = num_heads // num_kv_heads
     return (is_available() and k_cache.dtype in (torch.float32, torch.bfloat16) and v_cache.dtype == k_cache.dtype
-            and k_cache.device.type == "cpu" and head_dim % LANES == 0 and head_dim // LANES <= MAX_CHUNKS
+            and k_cache.device.type == "cpu" and k_cache.is_contiguous() and v_cache.is_contiguous()
+            and head_dim % LANES == 0 and head_dim // LANES <= MAX_CHUNKS
             and num_heads <= MAX_HEADS and group * num_kv_heads == num_heads)
 
 

@@ -77,6 +77,7 @@ class ModelRunner:
 
     # ---- delta -> mirror -------------------------------------------------------
     def _add(self, new: NewSequence) -> tuple[SeqState, int]:
+        self._check_blocks(new.seq_id, new.block_ids)
         state = SeqState(new.seq_id, list(new.prompt_token_ids), list(new.output_token_ids), list(new.block_ids),
                          new.num_computed_tokens, new.params, new.seed, new.sample_index, new.num_samples)
         self.seqs[new.seq_id] = state
@@ -86,11 +87,20 @@ class ModelRunner:
         state = self.seqs.get(cached.seq_id)
         if state is None:
             raise UnknownSequence(f"worker does not hold sequence {cached.seq_id}; re-send it in full")
+        self._check_blocks(cached.seq_id, cached.new_block_ids)
         state.output_token_ids.extend(cached.new_token_ids)
         state.block_ids.extend(cached.new_block_ids)
         state.num_computed_tokens = cached.num_computed_tokens
         state.num_samples = 1
         return state, cached.num_scheduled_tokens
+
+    def _check_blocks(self, seq_id: int, block_ids: list[int]) -> None:
+        """The kernels index the cache with these ids unchecked (the compiled CPU ones too)."""
+        num_blocks = self.kv_cache.num_blocks
+        bad = [b for b in block_ids if not 0 <= b < num_blocks]
+        if bad:
+            raise InvalidArgument("block_ids", f"sequence {seq_id}: block ids {bad[:5]} outside this worker's "
+                                               f"cache of {num_blocks} blocks")
 
     # ---- batch preparation -----------------------------------------------------
     def _prepare(self, scheduled: list[tuple[SeqState, int]]) -> _Batch:

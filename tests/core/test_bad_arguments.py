@@ -8,7 +8,7 @@ import pytest
 from services.core.config import CacheConfig, EngineArgs, SchedulerConfig
 from services.core.errors import InvalidArgument
 from services.core.sampling_params import SamplingParams
-from tests.conftest import make_llm
+from tests.conftest import greedy, make_llm
 
 
 @pytest.mark.parametrize("kwargs, field", [
@@ -105,3 +105,23 @@ def test_token_ids_outside_the_vocabulary_name_the_field(tiny_llama):
             llm.generate([prompt], params, use_tqdm=False)
         assert err.value.field == field
     assert llm.generate([[5, 6]], SamplingParams(max_tokens=2), use_tqdm=False)[0].outputs[0].token_ids
+
+
+@pytest.mark.parametrize("block_id", [-1, 64])
+def test_a_worker_refuses_block_ids_outside_its_cache(model_dir, block_id):
+    """The compiled CPU kernels write and read the cache through these ids without bounds
+    checks: a bad id from a scheduler must be an error naming the field, not a stray write."""
+    from services.core.step import CachedSequence, NewSequence, StepDelta
+
+    llm = make_llm(model_dir("llama", "tiny"), num_gpu_blocks=64)
+    worker = next(iter(llm.engine.workers.values()))
+    new = NewSequence(seq_id=1, prompt_token_ids=[5, 6, 7], output_token_ids=[], block_ids=[block_id],
+                      num_computed_tokens=0, num_scheduled_tokens=3, params=greedy(4), seed=0)
+    with pytest.raises(InvalidArgument, match="block_ids"):
+        worker.step(StepDelta(step_id=1, new_seqs=[new]))
+    new.block_ids = [0]
+    assert worker.step(StepDelta(step_id=2, new_seqs=[new])).outputs, "the worker still serves"
+    grown = CachedSequence(seq_id=1, new_token_ids=[9], new_block_ids=[block_id], num_computed_tokens=3,
+                           num_scheduled_tokens=1)
+    with pytest.raises(InvalidArgument, match="block_ids"):
+        worker.step(StepDelta(step_id=3, cached_seqs=[grown]))
