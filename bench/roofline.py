@@ -14,7 +14,8 @@ requests of `--context` random prompt tokens in flight (after their prefill and 
 step); prefill is one step over B prompts of `--context` tokens. Compute fraction = achieved
 FLOP/s / matmul peak; bandwidth fraction = (bytes / bandwidth) / step time, i.e. how close the
 step is to the time it would take just to stream its bytes.
-Writes bench/results/roofline.{md,json}; --profile adds torch.profiler's top ops of one decode step.
+Writes bench/results/roofline.{md,json}; --profile adds the time per step in the linear layers and
+in each kernel (wall time around each call) and torch.profiler's top ops of one decode step.
 """
 from __future__ import annotations
 
@@ -116,7 +117,48 @@ def time_engine(folder: Path, dtype: str, batch: int, context: int, steps: int, 
         llm.engine.step()
     decode = (time.perf_counter() - start) / steps
     table = _profile(llm) if profile else None
-    return {"prefill_s": prefill, "decode_step_s": decode, "profile": table}
+    breakdown = _breakdown(llm, steps=5) if profile else None
+    return {"prefill_s": prefill, "decode_step_s": decode, "profile": table, "breakdown": breakdown}
+
+
+OPS_FIELDS = ("paged_attention", "write_kv", "rms_norm", "apply_rotary", "silu_and_mul")
+
+
+def _breakdown(llm, steps: int) -> dict:
+    """ms per decode step spent in the linear layers and in each kernel of the model's Ops (wall
+    time around each call: torch.profiler does not see inside the compiled CPU kernels)."""
+    model = next(iter(llm.engine.workers.values())).runner.model
+    totals = dict.fromkeys(("linear", *OPS_FIELDS), 0.0)
+
+    def timed(name, fn):
+        def call(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                totals[name] += time.perf_counter() - start
+        return call
+
+    ops, linear_modules = model.ops, [m for m in model.modules() if hasattr(m, "linear")]
+    saved_ops, saved_linear = {f: getattr(ops, f) for f in OPS_FIELDS}, [m.linear for m in linear_modules]
+    for field in OPS_FIELDS:  # the Ops bundle is frozen and shared: patched for these steps only
+        object.__setattr__(ops, field, timed(field, saved_ops[field]))
+    for module, fn in zip(linear_modules, saved_linear):
+        module.linear = timed("linear", fn)
+    try:
+        start = time.perf_counter()
+        for _ in range(steps):
+            llm.engine.step()
+        step = time.perf_counter() - start
+    finally:
+        for field, fn in saved_ops.items():
+            object.__setattr__(ops, field, fn)
+        for module, fn in zip(linear_modules, saved_linear):
+            module.linear = fn
+    result = {name: 1e3 * t / steps for name, t in totals.items()}
+    result["other"] = 1e3 * step / steps - sum(result.values())
+    result["step"] = 1e3 * step / steps
+    return result
 
 
 def _profile(llm) -> str:
@@ -166,13 +208,15 @@ def main() -> None:
     limits = {k: max(v, again[k]) for k, v in limits.items()}
     rows = [analyse(costs, limits, dtype, batch, args.context, t) for (dtype, batch), t in timings.items()]
     profiles = {f"{d} batch {b}": t["profile"] for (d, b), t in timings.items() if t["profile"]}
-    body = _body(costs, limits, rows, profiles, args)
+    breakdowns = {f"{d} batch {b}": t["breakdown"] for (d, b), t in timings.items() if t["breakdown"]}
+    body = _body(costs, limits, rows, profiles, breakdowns, args)
     path = write_results(args.out, "Roofline: prefill and decode against this machine's limits", load_before,
-                         body, {"costs": costs, "limits": limits, "rows": rows, "profiles": profiles})
+                         body, {"costs": costs, "limits": limits, "rows": rows, "profiles": profiles,
+                                "breakdowns": breakdowns})
     print(path.read_text())
 
 
-def _body(costs: dict, limits: dict, rows: list[dict], profiles: dict, args) -> str:
+def _body(costs: dict, limits: dict, rows: list[dict], profiles: dict, breakdowns: dict, args) -> str:
     lines = [f"Model: {costs['linear_params'] / 1e6:.1f} M linear weights (lm_head included), "
              f"{flops_per_token(costs, args.context) / 1e6:.0f} MFLOP per token at context {args.context}.",
              "Limits: " + ", ".join(f"{k} {v / 1e9:.1f} G" for k, v in limits.items()), ""]
@@ -182,6 +226,11 @@ def _body(costs: dict, limits: dict, rows: list[dict], profiles: dict, args) -> 
               r["decode_step_ms"], r["decode_tok_s"], f"{100 * r['decode_compute_frac']:.1f}%",
               f"{100 * r['decode_bandwidth_frac']:.1f}%"] for r in rows]
     lines.append(markdown_table(headers, table))
+    if breakdowns:
+        names = ["step", "linear", *OPS_FIELDS, "other"]
+        lines += ["\n## Where a decode step goes (ms per step, wall time around each call, 5 steps)\n",
+                  markdown_table(["point", *names], [[point, *(f"{b[n]:.1f}" for n in names)]
+                                                     for point, b in breakdowns.items()])]
     for name, table_text in profiles.items():
         lines += [f"\n## torch.profiler, one decode step, {name}\n", "```", table_text, "```"]
     return "\n".join(lines)
