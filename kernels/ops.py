@@ -1,5 +1,5 @@
 """The set of kernels a model calls, chosen once per worker: PyTorch references, the compiled CPU
-attention, or Triton."""
+kernels, or Triton."""
 from __future__ import annotations
 
 from dataclasses import dataclass

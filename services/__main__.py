@@ -43,8 +43,8 @@ def add_up_parser(commands) -> None:
 
 
 def default_worker_threads(num_workers: int) -> int:
-    """Share the cores among the workers; the frontend and scheduler are mostly idle (~4% of a core
-    each). Measured on 2 cores, offline bench through the services, one worker: fp32 220 tok/s
+    """Share the cores among the workers; the frontend and scheduler are mostly idle (~8% of a core
+    each under load). Measured on 2 cores, offline bench through the services, one worker: fp32 220 tok/s
     with 1 thread, 300 with 2; bf16 339 and 405."""
     return max(1, (os.cpu_count() or 1) // num_workers)
 

@@ -65,7 +65,7 @@ class WorkerConfig:
     dtype: str = "auto"  # auto: the checkpoint's dtype (fp16 becomes bf16 on the CPU)
     device: str = "auto"  # auto: cuda when available, else cpu
     seed: int = 0
-    kernel_backend: str = "auto"  # auto: triton on cuda, else cpu (compiled attention) if it builds, else torch
+    kernel_backend: str = "auto"  # auto: triton on cuda, else cpu (compiled kernels) if they build, else torch
     batch_invariant: bool = True  # the deterministic mode (DESIGN rule 4)
     enforce_eager: bool = False  # reserved for CUDA-graph capture, not built yet: every step runs eagerly
     num_threads: int = 0  # CPU threads for the worker's math (0: the library default)
