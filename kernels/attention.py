@@ -1,8 +1,9 @@
 """Paged attention over a flattened batch: one reduction order for prefill chunks and decode.
 
 Reference (the kernels' oracle, and the CPU path where kernels/csrc cannot be built): every
-query token attends to keys 0..position of its own sequence, read through its block table. Keys are reduced in tiles of
-KEY_TILE keys, always from key 0 and in order, with an online softmax in fp32.
+query token attends to keys 0..position of its own sequence, read through its block table.
+Keys are reduced in tiles of KEY_TILE keys, always from key 0 and in order, with an online
+softmax in fp32.
 
 The query heads that share a KV head are the rows of each matrix product. On these CPUs
 (MKL) a row's bits do not depend on the product's other rows as long as every row sits in
