@@ -87,3 +87,18 @@ def test_write_kv_fills_the_same_slots(dtype):
 def test_other_dtypes_take_the_reference():
     x, weight = torch.randn(3, 64, dtype=torch.float64), torch.randn(64, dtype=torch.float64)
     assert torch.equal(cpu_kernels.rms_norm_cpu(x, weight, 1e-6)[0], rms_norm_ref(x, weight, 1e-6)[0])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_widths_that_are_not_multiples_of_16(dtype):
+    """The tails go through the same 16-lane code, padded; rotary of a 40-wide head takes the scalar path."""
+    x, residual, weight = torch.randn(5, 100).to(dtype), torch.randn(5, 100).to(dtype), torch.randn(100).to(dtype)
+    got, want = cpu_kernels.rms_norm_cpu(x, weight, 1e-6, residual), rms_norm_ref(x, weight, 1e-6, residual)
+    assert_matches(got[0], want[0])
+    assert torch.equal(got[1], want[1])
+    gate_up = torch.randn(3, 2 * 100).to(dtype)
+    assert_matches(cpu_kernels.silu_and_mul_cpu(gate_up), silu_and_mul_ref(gate_up))
+    q, k = torch.randn(4, 6, 40).to(dtype), torch.randn(4, 2, 40).to(dtype)
+    cache, positions = cos_sin_cache(40, 64, 10000.0).to(dtype), torch.tensor([0, 3, 9, 63])
+    got, want = cpu_kernels.apply_rotary_cpu(q, k, positions, cache), apply_rotary_ref(q, k, positions, cache)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
