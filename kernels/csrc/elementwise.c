@@ -14,40 +14,6 @@
 
 #include "vec.h"
 
-static inline float bf16_load(const uint16_t *p) {
-    uint32_t bits = (uint32_t)*p << 16;
-    float value;
-    memcpy(&value, &bits, sizeof value);
-    return value;
-}
-
-static inline uint16_t bf16_bits(float value) { /* round to nearest even, as torch does */
-    uint32_t bits;
-    memcpy(&bits, &value, sizeof bits);
-    if ((bits & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((bits >> 16) | 0x40); /* NaN stays NaN */
-    bits += 0x7fffu + ((bits >> 16) & 1u);
-    return (uint16_t)(bits >> 16);
-}
-
-static inline float round_to(float value, int is_bf16) { /* the value the reference's tensor would hold */
-    if (!is_bf16) return value;
-    uint32_t bits = (uint32_t)bf16_bits(value) << 16;
-    float rounded;
-    memcpy(&rounded, &bits, sizeof rounded);
-    return rounded;
-}
-
-static inline float load(const void *base, int is_bf16, int64_t i) {
-    return is_bf16 ? bf16_load((const uint16_t *)base + i) : ((const float *)base)[i];
-}
-
-static inline void store(void *base, int is_bf16, int64_t i, float value) {
-    if (is_bf16)
-        ((uint16_t *)base)[i] = bf16_bits(value);
-    else
-        ((float *)base)[i] = value;
-}
-
 /* 16 elements at index of a row of n (fewer at the row's end, the other lanes 0) */
 INLINE vf row_load(const void *base, int is_bf16, int64_t index, int64_t left) {
     return left >= LANES ? load16(base, is_bf16, index) : load16_partial(base, is_bf16, index, (int)left);
@@ -90,23 +56,13 @@ void rms_norm(const void *x, int64_t x_stride, const void *residual, int64_t res
  * rounded to the tensors' dtype before the sum, as the reference's separate ops do. */
 static inline void rotate_head(const void *x, int64_t x_offset, void *out, int64_t out_offset, const void *cache,
                                int cache_is_bf16, int64_t row, int half, int is_bf16) {
-    if (half % LANES == 0) {
-        for (int j = 0; j < half; j += LANES) {
-            const vf c = round16(load16(cache, cache_is_bf16, row + j), is_bf16);
-            const vf s = round16(load16(cache, cache_is_bf16, row + half + j), is_bf16);
-            const vf x1 = load16(x, is_bf16, x_offset + j), x2 = load16(x, is_bf16, x_offset + half + j);
-            store16(out, is_bf16, out_offset + j, round16(x1 * c, is_bf16) + round16(-x2 * s, is_bf16));
-            store16(out, is_bf16, out_offset + half + j, round16(x2 * c, is_bf16) + round16(x1 * s, is_bf16));
-        }
-        return;
-    }
-    for (int i = 0; i < 2 * half; i++) {
-        const int j = i % half;
-        const float c = round_to(load(cache, cache_is_bf16, row + j), is_bf16);
-        const float s = round_to(load(cache, cache_is_bf16, row + half + j), is_bf16);
-        const float xi = load(x, is_bf16, x_offset + i);
-        const float rot = i < half ? -load(x, is_bf16, x_offset + i + half) : load(x, is_bf16, x_offset + i - half);
-        store(out, is_bf16, out_offset + i, round_to(xi * c, is_bf16) + round_to(rot * s, is_bf16));
+    for (int j = 0; j < half; j += LANES) { /* a last chunk under 16 lanes is padded, as in the row kernels */
+        const int left = half - j;
+        const vf c = round16(row_load(cache, cache_is_bf16, row + j, left), is_bf16);
+        const vf s = round16(row_load(cache, cache_is_bf16, row + half + j, left), is_bf16);
+        const vf x1 = row_load(x, is_bf16, x_offset + j, left), x2 = row_load(x, is_bf16, x_offset + half + j, left);
+        row_store(out, is_bf16, out_offset + j, left, round16(x1 * c, is_bf16) + round16(-x2 * s, is_bf16));
+        row_store(out, is_bf16, out_offset + half + j, left, round16(x2 * c, is_bf16) + round16(x1 * s, is_bf16));
     }
 }
 

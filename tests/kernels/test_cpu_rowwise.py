@@ -91,7 +91,7 @@ def test_other_dtypes_take_the_reference():
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_widths_that_are_not_multiples_of_16(dtype):
-    """The tails go through the same 16-lane code, padded; rotary of a 40-wide head takes the scalar path."""
+    """The tails go through the same 16-lane code, padded (rotary of a 40-wide head: 20-lane halves)."""
     x, residual, weight = torch.randn(5, 100).to(dtype), torch.randn(5, 100).to(dtype), torch.randn(100).to(dtype)
     got, want = cpu_kernels.rms_norm_cpu(x, weight, 1e-6, residual), rms_norm_ref(x, weight, 1e-6, residual)
     assert_matches(got[0], want[0])
