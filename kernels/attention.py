@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.linear import MKL_ROW_MULTIPLE as ROW_MULTIPLE  # rows of a full MKL micro-tile (bmm)
+from kernels.mkl import MKL_ROW_MULTIPLE as ROW_MULTIPLE  # rows of a full MKL micro-tile (bmm)
 
 KEY_TILE = 128  # keys per reduction step; a multiple of every allowed block size
 CHUNK_MIN_QUERIES = 8  # sequences with at least this many queries take the per-sequence path

@@ -1,5 +1,6 @@
-"""Kernels compiled for the CPU (kernels/csrc/*.c), called through ctypes: paged attention
-and the row-wise ops (RMSNorm with the residual add, rotary, SiLU-and-mul, KV write).
+"""Kernels compiled for the CPU (kernels/csrc/*.c), called through ctypes: paged attention,
+the row-wise ops (RMSNorm with the residual add, rotary, SiLU-and-mul, KV write) and the
+linear layers' GEMM on a packed weight (gemm.c; kernels/linear.py decides when it runs).
 
 The PyTorch references are the oracles and the fallbacks; these are the CPU's fast path, as
 the Triton kernels are the GPU's, with the same signatures. Attention reads K and V in place
@@ -28,6 +29,7 @@ from functools import lru_cache
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 from kernels.activation import silu_and_mul_ref
 from kernels.attention import paged_attention_ref, token_layout
@@ -36,8 +38,9 @@ from kernels.norm import rms_norm_ref
 from kernels.rotary import apply_rotary_ref
 
 CSRC = Path(__file__).with_name("csrc")
-SOURCES = [CSRC / "paged_attention.c", CSRC / "elementwise.c"]  # compiled into one library; vec.h included
+SOURCES = [CSRC / "paged_attention.c", CSRC / "elementwise.c", CSRC / "gemm.c"]  # compiled into one library; vec.h included
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=gnu11"]
+PANEL = 48  # output features per packed weight panel, as in gemm.c
 LANES, MAX_HEADS, MAX_CHUNKS = 16, 256, 16  # as in the C source: head_dim % 16 == 0, <= 256; heads <= 256
 OUT_OF_MEMORY = 1  # paged_attention's status codes, as in the C source (0: done, 2: shape not supported)
 
@@ -166,6 +169,45 @@ def write_kv_cpu(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cach
                        slots.data_ptr(), k.shape[0], k.shape[1] * k.shape[2], kind)
 
 
+# ---- linear layers ----------------------------------------------------------------------
+@lru_cache(maxsize=None)
+def gemm_supported(dtype: torch.dtype) -> bool:
+    """Whether the compiled GEMM runs this dtype here (it needs AVX-512; bf16 also AVX-512 BF16)."""
+    if dtype not in (torch.float32, torch.bfloat16) or not is_available():
+        return False
+    return bool(library().gemm_supported(int(dtype == torch.bfloat16)))
+
+
+def pack_gemm_weight(weight: torch.Tensor) -> torch.Tensor:
+    """weight [N, K] in gemm.c's layout: panels of PANEL output features, k-major within a panel
+    (bf16: k in pairs), the last panel padded with zeros."""
+    out_features, in_features = weight.shape
+    panels = -(-out_features // PANEL)
+    padded = F.pad(weight.detach(), (0, 0, 0, panels * PANEL - out_features))
+    if weight.dtype == torch.bfloat16:
+        pairs = -(-in_features // 2)
+        padded = F.pad(padded, (0, 2 * pairs - in_features))
+        return padded.view(panels, PANEL, pairs, 2).permute(0, 2, 1, 3).contiguous()
+    return padded.view(panels, PANEL, in_features).transpose(1, 2).contiguous()
+
+
+def linear_cpu(x: torch.Tensor, packed: torch.Tensor, out_features: int,
+               bias: torch.Tensor | None) -> torch.Tensor:  # [..., K] -> [..., N] in x's dtype
+    """x W^T + bias on a weight from pack_gemm_weight, x in the weight's dtype."""
+    in_features = x.shape[-1]
+    if x.dtype != packed.dtype:
+        raise TypeError(f"linear_cpu: input is {x.dtype}, weight is {packed.dtype}")
+    rows, stride = _rows(x, in_features)
+    out = torch.empty(rows.shape[0], out_features, dtype=x.dtype)
+    if bias is not None:
+        bias = bias.to(x.dtype).contiguous()
+    if rows.shape[0]:
+        library().linear(rows.data_ptr(), stride, packed.data_ptr(), bias.data_ptr() if bias is not None else None,
+                         out.data_ptr(), out_features, rows.shape[0], out_features, in_features,
+                         int(x.dtype == torch.bfloat16), torch.get_num_threads())
+    return out.view(*x.shape[:-1], out_features)
+
+
 @lru_cache(maxsize=1)
 def library() -> ctypes.CDLL:
     """The compiled kernels, built if this machine has not built these sources yet."""
@@ -177,11 +219,13 @@ def library() -> ctypes.CDLL:
         "apply_rotary": [ptr, i64, ptr, i64, ptr, ptr, i32, ptr, ptr, i64, i32, i32, i32, i32, i32],
         "silu_and_mul": [ptr, i64, ptr, i64, i64, i32, i32],
         "write_kv": [ptr, i64, ptr, i64, ptr, ptr, ptr, i64, i64, i32],
+        "linear": [ptr, i64, ptr, ptr, ptr, i64, i64, i64, i64, i32, i32],
+        "gemm_supported": [i32],
     }
     for name, argtypes in signatures.items():
         fn = getattr(lib, name)
         fn.argtypes = argtypes
-        fn.restype = i32 if name == "paged_attention" else None
+        fn.restype = i32 if name in ("paged_attention", "gemm_supported") else None
     return lib
 
 

@@ -1,11 +1,16 @@
 """Linear layers whose per-row result does not depend on how many rows share the call.
 
-On the CPU the weights are packed once for oneDNN (`prepack`). Measured on these CPUs
-(torch 2.13, AMD Zen 5, AVX-512): oneDNN's packed fp32 and bf16 GEMM gives a row the
-same bits for every M >= 2, at any position, with 1 or 2 threads (M = 2..700 tried);
-only M = 1 takes a matrix-vector path with other bits, so a single row is padded to
-ONEDNN_MIN_ROWS. It is also the fast path: fp32 runs at ~460 GFLOP/s where MKL's sgemm
-(F.linear on a dense weight) reaches ~210 on this AMD CPU, and 2.5-4x faster at M <= 4.
+On the CPU the weights are packed once (`prepack`) for the project's own GEMM
+(kernels/csrc/gemm.c, where AVX-512 is there; AVX-512 BF16 for bf16): every output element
+is one fused multiply-add chain over k in a fixed order, so it is batch-invariant by
+construction, at every M and thread count, with no padding. It is also the fast path:
+measured on this 2-core Zen 5 (bench/linear_bound.py), it streams the weights at 60-72 GB/s
+at batch 1 (oneDNN: ~25) and reaches ~90% of the machine's GEMM peak at batch 64.
+
+Without it, the weights are packed for oneDNN. oneDNN's packed fp32 and bf16 GEMM gives a
+row the same bits for every M >= 2, at any position, with 1 or 2 threads (M = 2..700 tried
+on Zen 5, torch 2.13); only M = 1 takes a matrix-vector path with other bits, so a single
+row is padded to ONEDNN_MIN_ROWS.
 
 Dense weights (no oneDNN, or a caller that did not pack) go through F.linear, where MKL
 computes fp32 rows in micro-tiles of 4 and the rows of a last, partial tile get other
@@ -14,23 +19,48 @@ picks a kernel per shape, rows run in fixed tiles of CUDA_ROW_TILE (the last one
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
+from kernels import cpu_kernels
+from kernels.mkl import MKL_ROW_MULTIPLE
+
 ONEDNN_MIN_ROWS = 2
-MKL_ROW_MULTIPLE = 4
 CUDA_ROW_TILE = 64
 
 
-def prepack(weight: torch.Tensor) -> torch.Tensor:
-    """The weight in the layout the CPU path multiplies fastest: oneDNN's, where available."""
-    if weight.device.type == "cpu" and weight.dtype in (torch.float32, torch.bfloat16) \
-            and torch.backends.mkldnn.is_available():
+@dataclass(frozen=True)
+class GemmWeight:
+    """A weight [out_features, in_features] packed for kernels/csrc/gemm.c."""
+    packed: torch.Tensor
+    out_features: int
+    in_features: int
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.packed.dtype
+
+    @property
+    def shape(self) -> torch.Size:
+        return torch.Size((self.out_features, self.in_features))
+
+
+def prepack(weight: torch.Tensor, library: str = "auto") -> torch.Tensor | GemmWeight:
+    """The weight in the layout the CPU path multiplies fastest: the own GEMM's where this CPU
+    runs it, else oneDNN's. library: auto, gemm, onednn or dense (benchmarks compare them)."""
+    on_cpu = weight.device.type == "cpu" and weight.dtype in (torch.float32, torch.bfloat16)
+    if library in ("auto", "gemm") and on_cpu and cpu_kernels.gemm_supported(weight.dtype):
+        return GemmWeight(cpu_kernels.pack_gemm_weight(weight), *weight.shape)
+    if library in ("auto", "onednn") and on_cpu and torch.backends.mkldnn.is_available():
         return weight.detach().to_mkldnn()
     return weight
 
 
-def invariant_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+def invariant_linear(x: torch.Tensor, weight: torch.Tensor | GemmWeight, bias: torch.Tensor | None) -> torch.Tensor:
+    if isinstance(weight, GemmWeight):
+        return cpu_kernels.linear_cpu(x, weight.packed, weight.out_features, bias)
     x = x.contiguous()  # a strided input can take another library path
     if weight.is_mkldnn:
         return _padded(x, ONEDNN_MIN_ROWS, lambda rows: _onednn(rows, weight, bias), at_least=True)
@@ -39,7 +69,10 @@ def invariant_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
     return _padded(x, MKL_ROW_MULTIPLE, lambda rows: F.linear(rows, weight, bias), at_least=False)
 
 
-def plain_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+def plain_linear(x: torch.Tensor, weight: torch.Tensor | GemmWeight, bias: torch.Tensor | None) -> torch.Tensor:
+    """Without invariance: no padding. The own GEMM is invariant anyway, and the fastest here."""
+    if isinstance(weight, GemmWeight):
+        return cpu_kernels.linear_cpu(x, weight.packed, weight.out_features, bias)
     if weight.is_mkldnn:
         return _onednn(x.contiguous(), weight, bias)
     return F.linear(x, weight, bias)

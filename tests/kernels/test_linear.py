@@ -4,32 +4,44 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.linear import invariant_linear, plain_linear, prepack
+from kernels import cpu_kernels
+from kernels.linear import GemmWeight, invariant_linear, plain_linear, prepack
+
+LIBRARIES = ["gemm", "onednn", "dense"]
 
 
-@pytest.mark.parametrize("packed", [True, False], ids=["onednn", "dense"])
+def _prepack(dense: torch.Tensor, library: str):
+    weight = prepack(dense, library)
+    if library == "gemm" and not isinstance(weight, GemmWeight):
+        pytest.skip(f"this CPU has no compiled GEMM for {dense.dtype} (needs AVX-512, and AVX-512 BF16 for bf16)")
+    return weight
+
+
+@pytest.mark.parametrize("library", LIBRARIES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("shape", [(64, 512), (576, 1536)])
-def test_row_bits_do_not_depend_on_batch(dtype, shape, packed):
+@pytest.mark.parametrize("shape", [(64, 512), (576, 1536), (37, 100)], ids=["64x512", "576x1536", "odd"])
+def test_row_bits_do_not_depend_on_batch(dtype, shape, library):
     in_features, out_features = shape
     gen = torch.Generator().manual_seed(0)
     dense = torch.randn(out_features, in_features, generator=gen).to(dtype)
     bias = torch.randn(out_features, generator=gen).to(dtype)
-    weight = prepack(dense) if packed else dense
+    weight = _prepack(dense, library)
     row = torch.randn(1, in_features, generator=gen).to(dtype)
     want = invariant_linear(row, weight, bias)[0]
-    for num_rows in [*range(1, 19), 64, 65, 300]:
+    for num_rows in [*range(1, 19), 64, 65, 97, 300]:
         for position in sorted({0, num_rows // 2, num_rows - 1}):
             x = torch.randn(num_rows, in_features, generator=gen).to(dtype)
             x[position] = row[0]
             assert torch.equal(invariant_linear(x, weight, bias)[position], want), (num_rows, position)
 
 
-def test_row_bits_do_not_depend_on_thread_count():
+@pytest.mark.parametrize("library", ["gemm", "onednn"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_row_bits_do_not_depend_on_thread_count(library, dtype):
     """One worker may run with 1 thread and another with 2 (the launcher splits the cores)."""
     gen = torch.Generator().manual_seed(2)
-    weight = prepack(torch.randn(1536, 576, generator=gen))
-    x = torch.randn(37, 576, generator=gen)
+    weight = _prepack(torch.randn(1536, 576, generator=gen).to(dtype), library)
+    x = torch.randn(37, 576, generator=gen).to(dtype)
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
@@ -41,18 +53,54 @@ def test_row_bits_do_not_depend_on_thread_count():
     assert torch.equal(one, two)
 
 
-def test_packed_weight_gives_the_dense_result():
+@pytest.mark.parametrize("library", LIBRARIES)
+@pytest.mark.parametrize("shape", [(256, 64), (49, 37), (1, 1), (100, 1537)], ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_packed_weight_gives_the_dense_result(library, shape, dtype):
+    """Every path computes x W^T + b: within fp32 rounding, and for bf16 within one bf16 step of
+    the exact product of the bf16 inputs (all accumulate in fp32)."""
     gen = torch.Generator().manual_seed(3)
-    dense = torch.randn(256, 64, generator=gen)
-    x = torch.randn(5, 64, generator=gen)
-    torch.testing.assert_close(invariant_linear(x, prepack(dense), None), x @ dense.T, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(plain_linear(x, prepack(dense), None), x @ dense.T, rtol=1e-5, atol=1e-5)
+    out_features, in_features = shape
+    dense = torch.randn(out_features, in_features, generator=gen).to(dtype)
+    bias = torch.randn(out_features, generator=gen).to(dtype)
+    x = torch.randn(5, in_features, generator=gen).to(dtype)
+    exact = x.double() @ dense.double().T + bias.double()
+    weight = _prepack(dense, library)
+    tolerance = dict(rtol=1e-5, atol=1e-4) if dtype == torch.float32 else dict(rtol=1 / 128, atol=1e-2)
+    for fn in (invariant_linear, plain_linear):
+        torch.testing.assert_close(fn(x, weight, bias).double(), exact, **tolerance)
 
 
-def test_plain_linear_is_not_invariant_here():
-    """Documents why the invariant path pads: a single row takes oneDNN's matrix-vector path."""
+def test_gemm_takes_strided_and_batched_inputs():
+    """A view of a wider tensor (a row stride) and [B, T, K] inputs give the contiguous result."""
+    gen = torch.Generator().manual_seed(4)
+    weight = _prepack(torch.randn(96, 64, generator=gen), "gemm")
+    wide = torch.randn(7, 100, generator=gen)
+    view = wide[:, 10:74]
+    assert torch.equal(invariant_linear(view, weight, None), invariant_linear(view.contiguous(), weight, None))
+    batched = torch.randn(2, 3, 64, generator=gen)
+    out = invariant_linear(batched, weight, None)
+    assert out.shape == (2, 3, 96)
+    assert torch.equal(out.reshape(6, 96), invariant_linear(batched.reshape(6, 64), weight, None))
+    assert invariant_linear(torch.empty(0, 64), weight, None).shape == (0, 96)
+
+
+def test_gemm_refuses_an_input_in_another_dtype():
+    weight = _prepack(torch.randn(48, 16), "gemm")
+    with pytest.raises(TypeError, match="bfloat16"):
+        invariant_linear(torch.randn(2, 16).to(torch.bfloat16), weight, None)
+
+
+def test_auto_packs_for_the_compiled_gemm_where_it_runs():
+    weight = prepack(torch.randn(48, 16))
+    assert isinstance(weight, GemmWeight) == cpu_kernels.gemm_supported(torch.float32)
+    assert weight.shape == (48, 16)
+
+
+def test_plain_linear_is_not_invariant_on_onednn():
+    """Documents why the oneDNN path pads: a single row takes oneDNN's matrix-vector path."""
     gen = torch.Generator().manual_seed(1)
-    weight, x = prepack(torch.randn(512, 64, generator=gen)), torch.randn(6, 64, generator=gen)
+    weight, x = prepack(torch.randn(512, 64, generator=gen), "onednn"), torch.randn(6, 64, generator=gen)
     alone = plain_linear(x[:1], weight, None)[0]
     in_batch = plain_linear(x, weight, None)[0]
     if torch.equal(alone, in_batch):

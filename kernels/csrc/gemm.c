@@ -1,0 +1,180 @@
+/* Linear layers for the CPU: out = x W^T (+ bias), on a weight packed once (kernels/linear.py).
+ *
+ * Batch-invariant by construction: output element (m, n) is one chain of fused multiply-adds
+ * over k = 0, 1, ..., K-1 in one vector lane, started from 0 and rounded once at the end.
+ * Which tile, row slot, lane or thread computes it, and how many rows share the call, never
+ * changes that chain, so a row's bits do not depend on the batch or the thread count. For
+ * bf16 the chain takes k in pairs (AVX-512 BF16's dot product of two bf16 pairs into fp32).
+ *
+ * It streams the weight once per call at small M (decode), where a library's GEMM falls back
+ * to kernels with other bits or reads the weight at a third of the memory bandwidth, and it
+ * keeps a panel of the weight in L2 across the rows at large M (prefill, big batches).
+ *
+ * Packed layout, PANEL = 48 output features per panel (the last one padded with zeros):
+ *   fp32: [panels][K][48]                element (p, k, j) = W[48 p + j][k]
+ *   bf16: [panels][ceil(K / 2)][48][2]   element (p, i, j, h) = W[48 p + j][2 i + h] (0 past K)
+ */
+#include <immintrin.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "vec.h"
+
+#define PANEL 48    /* output features per panel: 3 vectors of 16 */
+#define ROWS 8      /* rows of x per tile: 24 accumulators, 3 weight vectors, 1 broadcast */
+#define ROW_BLOCK 96 /* rows per pass over the panels: the panel stays in L2 across its tiles */
+
+#if defined(__AVX512F__)
+#define HAVE_F32 1
+#else
+#define HAVE_F32 0
+#endif
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+#define HAVE_BF16 1
+#else
+#define HAVE_BF16 0
+#endif
+
+/* whether this build has the kernel for the dtype (0: the caller takes oneDNN or F.linear) */
+int gemm_supported(int is_bf16) { return is_bf16 ? HAVE_BF16 : HAVE_F32; }
+
+#if HAVE_F32
+/* rows x PANEL accumulators to out (+ bias), rounded to out's dtype; columns past n are not stored */
+INLINE void store_tile(const int rows, __m512 acc[ROWS][3], const void *bias, void *out, int64_t ldo, int64_t n0,
+                       int64_t n, int is_bf16) {
+    for (int j = 0; j < 3; j++) {
+        const int64_t col = n0 + 16 * j, left = n - col;
+        if (left <= 0)
+            break;
+        vf b = {0};
+        if (bias != NULL)
+            b = left >= LANES ? load16(bias, is_bf16, col) : load16_partial(bias, is_bf16, col, (int)left);
+#pragma GCC unroll 8
+        for (int r = 0; r < rows; r++) {
+            vf v;
+            memcpy(&v, &acc[r][j], sizeof v);
+            if (bias != NULL)
+                v += b;
+            if (left >= LANES)
+                store16(out, is_bf16, r * ldo + col, v);
+            else
+                store16_partial(out, is_bf16, r * ldo + col, (int)left, v);
+        }
+    }
+}
+
+INLINE void tile_f32(const int rows, const float *x, int64_t ldx, const float *panel, int64_t k_len,
+                     const void *bias, void *out, int64_t ldo, int64_t n0, int64_t n) {
+    __m512 acc[ROWS][3];
+#pragma GCC unroll 8
+    for (int r = 0; r < rows; r++)
+        acc[r][0] = acc[r][1] = acc[r][2] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < k_len; k++) {
+        const float *w = panel + k * PANEL;
+        const __m512 w0 = _mm512_loadu_ps(w), w1 = _mm512_loadu_ps(w + 16), w2 = _mm512_loadu_ps(w + 32);
+#pragma GCC unroll 8
+        for (int r = 0; r < rows; r++) {
+            const __m512 a = _mm512_set1_ps(x[r * ldx + k]);
+            acc[r][0] = _mm512_fmadd_ps(a, w0, acc[r][0]);
+            acc[r][1] = _mm512_fmadd_ps(a, w1, acc[r][1]);
+            acc[r][2] = _mm512_fmadd_ps(a, w2, acc[r][2]);
+        }
+    }
+    store_tile(rows, acc, bias, out, ldo, n0, n, 0);
+}
+#endif
+
+#if HAVE_BF16
+/* x[r][2i], x[r][2i+1] as one 32-bit lane (the second 0 past the row's end) */
+INLINE __m512bh pair(const uint16_t *row, int64_t i, int64_t k_len) {
+    uint32_t bits = row[2 * i];
+    if (2 * i + 1 < k_len)
+        bits |= (uint32_t)row[2 * i + 1] << 16;
+    return (__m512bh)_mm512_set1_epi32((int)bits);
+}
+
+INLINE void tile_bf16(const int rows, const uint16_t *x, int64_t ldx, const uint16_t *panel, int64_t k_len,
+                      const void *bias, void *out, int64_t ldo, int64_t n0, int64_t n) {
+    __m512 acc[ROWS][3];
+#pragma GCC unroll 8
+    for (int r = 0; r < rows; r++)
+        acc[r][0] = acc[r][1] = acc[r][2] = _mm512_setzero_ps();
+    const int64_t full = k_len / 2, pairs = (k_len + 1) / 2;
+    for (int64_t i = 0; i < pairs; i++) {
+        const uint16_t *w = panel + i * PANEL * 2;
+        const __m512bh w0 = (__m512bh)_mm512_loadu_si512(w), w1 = (__m512bh)_mm512_loadu_si512(w + 32),
+                       w2 = (__m512bh)_mm512_loadu_si512(w + 64);
+#pragma GCC unroll 8
+        for (int r = 0; r < rows; r++) {
+            __m512bh a;
+            if (i < full) {
+                uint32_t bits;
+                memcpy(&bits, x + r * ldx + 2 * i, sizeof bits);
+                a = (__m512bh)_mm512_set1_epi32((int)bits);
+            } else {
+                a = pair(x + r * ldx, i, k_len);
+            }
+            acc[r][0] = _mm512_dpbf16_ps(acc[r][0], a, w0);
+            acc[r][1] = _mm512_dpbf16_ps(acc[r][1], a, w1);
+            acc[r][2] = _mm512_dpbf16_ps(acc[r][2], a, w2);
+        }
+    }
+    store_tile(rows, acc, bias, out, ldo, n0, n, 1);
+}
+#endif
+
+/* One tile: `rows` (1..ROWS) rows of x times one panel. A switch, so that each row count is
+ * its own fully unrolled loop with the accumulators in registers. */
+static void tile(int rows, const void *x, int64_t ldx, const void *panel, int64_t k_len, const void *bias,
+                 void *out, int64_t ldo, int64_t n0, int64_t n, int is_bf16) {
+#define TILE_CASE(R)                                                                                          \
+    case R:                                                                                                   \
+        if (is_bf16)                                                                                          \
+            TILE_BF16(R);                                                                                     \
+        else                                                                                                  \
+            TILE_F32(R);                                                                                      \
+        break;
+#if HAVE_BF16
+#define TILE_BF16(R) tile_bf16(R, x, ldx, panel, k_len, bias, out, ldo, n0, n)
+#else
+#define TILE_BF16(R) (void)0
+#endif
+#if HAVE_F32
+#define TILE_F32(R) tile_f32(R, x, ldx, panel, k_len, bias, out, ldo, n0, n)
+#else
+#define TILE_F32(R) (void)0
+#endif
+    switch (rows) {
+        TILE_CASE(1)
+        TILE_CASE(2)
+        TILE_CASE(3)
+        TILE_CASE(4)
+        TILE_CASE(5)
+        TILE_CASE(6)
+        TILE_CASE(7)
+        TILE_CASE(8)
+    }
+}
+
+/* out[M, N] (row stride ldo) = x[M, K] (row stride ldx) W^T + bias[N] (may be NULL), all in one
+ * dtype (fp32 or bf16), W packed as above. Threads take whole panels, the same ones for every
+ * block of rows, so a panel stays in the L2 of the core that reads it. */
+void linear(const void *x, int64_t ldx, const void *packed, const void *bias, void *out, int64_t ldo, int64_t m,
+            int64_t n, int64_t k, int is_bf16, int num_threads) {
+    const int64_t panels = (n + PANEL - 1) / PANEL;
+    const int64_t panel_size = is_bf16 ? (k + 1) / 2 * 2 * PANEL : k * PANEL; /* elements */
+    const int64_t elem = is_bf16 ? 2 : 4;
+#pragma omp parallel num_threads(num_threads)
+    for (int64_t m0 = 0; m0 < m; m0 += ROW_BLOCK) {
+        const int64_t m1 = m0 + ROW_BLOCK < m ? m0 + ROW_BLOCK : m;
+#pragma omp for schedule(static) nowait
+        for (int64_t p = 0; p < panels; p++) {
+            const void *panel = (const char *)packed + p * panel_size * elem;
+            for (int64_t r = m0; r < m1; r += ROWS) {
+                const int rows = m1 - r < ROWS ? (int)(m1 - r) : ROWS;
+                tile(rows, (const char *)x + r * ldx * elem, ldx, panel, k, bias, (char *)out + r * ldo * elem, ldo,
+                     p * PANEL, n, is_bf16);
+            }
+        }
+    }
+}
