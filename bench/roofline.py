@@ -4,8 +4,8 @@ prefill and decode steps reach at batch 1, 16 and 64.
     python bench/roofline.py                          # fp32 and bf16, context 128
     python bench/roofline.py --batch-sizes 1,16,64 --context 256 --decode-steps 8 --profile
 
-Limits: the best of ten large square matmuls (fp32, bf16) and of large tensor copies
-(read + write bytes), measured before and after the engine runs, the higher kept (other
+Limits: the best of ten large square matmuls (fp32, bf16; MKL, oneDNN and the own GEMM) and
+of large tensor copies (read + write bytes), sums and one-row GEMMs (read bytes), measured before and after the engine runs, the higher kept (other
 load on the machine only lowers them). Model cost from config.json: FLOPs per token = 2 x (linear weights,
 lm_head included) + 4 x layers x heads x head_dim x context (QK^T and PV); bytes per decode
 step = every linear weight once + the K/V each sequence reads (context x layers x 2 x KV heads
@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
 
 from common import loadavg, markdown_table, write_results  # noqa: E402
-from kernels.linear import invariant_linear, prepack  # noqa: E402
+from kernels.linear import GemmWeight, invariant_linear, prepack  # noqa: E402
 from runners import DTYPES  # noqa: E402
 from workload import model_folder  # noqa: E402
 
@@ -51,13 +51,22 @@ def matmul_flops(dtype: torch.dtype, n: int = 2048, repeats: int = 10) -> float:
 
 
 def bandwidth(num_bytes: int = 256 << 20, repeats: int = 10) -> float:
-    """The best of a large copy (read + write bytes) and a large sum (read bytes): decode mostly reads."""
+    """The best of a large copy (read + write bytes), a large sum (read bytes) and, where it runs,
+    the own GEMM on one row (it reads a weight of num_bytes once): decode mostly reads weights,
+    and the floor must not be slower than a kernel the engine already has."""
     src = torch.ones(num_bytes // 4, dtype=torch.float32)
     dst = torch.empty_like(src)
     dst.copy_(src)
     copy = min(_timed(lambda: dst.copy_(src)) for _ in range(repeats))
     read = min(_timed(lambda: src.sum()) for _ in range(repeats))
-    return max(2 * num_bytes / copy, num_bytes / read)
+    best = max(2 * num_bytes / copy, num_bytes / read)
+    del dst
+    weight = prepack(src.view(-1, 4096), "gemm")
+    if isinstance(weight, GemmWeight):
+        row = torch.ones(1, 4096)
+        invariant_linear(row, weight, None)
+        best = max(best, num_bytes / min(_timed(lambda: invariant_linear(row, weight, None)) for _ in range(repeats)))
+    return best
 
 
 def measure_limits(dtypes: list[str]) -> dict:
