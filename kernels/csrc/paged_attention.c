@@ -142,12 +142,17 @@ int paged_attention(const float *q, const void *k_cache, const void *v_cache, in
             if (scores == NULL || acc == NULL) continue;
             const int64_t offset = t * num_heads * head_dim;
             const int64_t *table = block_tables + token_seq[t] * max_blocks;
-            if (is_bf16)
-                attend(q + offset, k_cache, v_cache, 1, table, token_pos[t] + 1, out + offset, num_kv_heads, group,
-                       head_dim, block_size, scores, acc);
+#define ATTEND(BF16, HEAD_DIM)                                                                                  \
+    attend(q + offset, k_cache, v_cache, BF16, table, token_pos[t] + 1, out + offset, num_kv_heads, group, HEAD_DIM, \
+           block_size, scores, acc)
+            /* the common head widths as constants: the chunk loops unroll and a key stays in registers */
+            if (head_dim == 64)
+                is_bf16 ? ATTEND(1, 64) : ATTEND(0, 64);
+            else if (head_dim == 128)
+                is_bf16 ? ATTEND(1, 128) : ATTEND(0, 128);
             else
-                attend(q + offset, k_cache, v_cache, 0, table, token_pos[t] + 1, out + offset, num_kv_heads, group,
-                       head_dim, block_size, scores, acc);
+                is_bf16 ? ATTEND(1, head_dim) : ATTEND(0, head_dim);
+#undef ATTEND
         }
         free(scores);
         free(acc);
