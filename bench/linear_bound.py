@@ -5,8 +5,9 @@ the matrix library can go below.
 
 One step's worth of the served model's linear layers (every layer's own weights, so they
 stream from memory as in a real step; the lm_head last), timed for the engine's path
-(kernels.linear.invariant_linear on oneDNN-packed weights) and for MKL (F.linear on dense
-weights, what transformers runs). Reports ms per step, the weight bytes per second that
+(kernels.linear.invariant_linear on weights packed for the own GEMM, kernels/csrc/gemm.c),
+for its fallback (the same on oneDNN-packed weights, where the CPU lacks AVX-512) and for
+MKL (F.linear on dense weights, what transformers runs). Reports ms per step, the weight bytes per second that
 implies, and the tokens/s bound it sets on decode: batch / step time, as if everything else
 (attention, norms, sampling, Python) were free. Best of --repeats.
 Writes bench/results/linear_bound.{md,json}.
@@ -26,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
 
 from common import loadavg, markdown_table, write_results  # noqa: E402
-from kernels.linear import invariant_linear, prepack  # noqa: E402
+from kernels.linear import GemmWeight, invariant_linear, prepack  # noqa: E402
 from runners import DTYPES  # noqa: E402
 from workload import model_folder  # noqa: E402
 
@@ -67,11 +68,16 @@ def main() -> None:
     for name in args.dtypes.split(","):
         dtype = DTYPES[name]
         dense = [torch.randn(n, k).to(dtype) / k ** 0.5 for n, k in shapes]
-        packed = [prepack(w) for w in dense]
+        gemm = [prepack(w, "gemm") for w in dense]
+        onednn = [prepack(w, "onednn") for w in dense]
         num_bytes = sum(w.numel() * w.element_size() for w in dense)
         for batch in [int(b) for b in args.batch_sizes.split(",")]:
-            for library, weights, fn in (("oneDNN packed (engine)", packed, lambda x, w: invariant_linear(x, w, None)),
-                                         ("MKL F.linear (transformers)", dense, lambda x, w: F.linear(x, w))):
+            contenders = (("own GEMM (engine)", gemm, lambda x, w: invariant_linear(x, w, None)),
+                          ("oneDNN packed (fallback)", onednn, lambda x, w: invariant_linear(x, w, None)),
+                          ("MKL F.linear (transformers)", dense, lambda x, w: F.linear(x, w)))
+            for library, weights, fn in contenders:
+                if weights is gemm and not isinstance(gemm[0], GemmWeight):
+                    continue  # this CPU has no compiled GEMM for the dtype: the engine runs the fallback
                 seconds = time_step(weights, shapes, batch, dtype, fn, args.repeats)
                 row = dict(dtype=name, batch=batch, library=library, ms=seconds * 1e3,
                            gb_per_s=num_bytes / seconds / 1e9, bound_tok_per_s=batch / seconds)
@@ -79,7 +85,7 @@ def main() -> None:
                 rows.append([name, batch, library, f"{row['ms']:.1f}", f"{row['gb_per_s']:.1f}",
                              f"{row['bound_tok_per_s']:.0f}"])
                 print(row, flush=True)
-        del dense, packed
+        del dense, gemm, onednn
     body = (f"{len(shapes)} linear weights per step ({len(shapes) - 1} in the layers + lm_head).\n\n"
             + markdown_table(["dtype", "batch", "library", "ms / step", "weight GB/s", "decode tok/s bound"], rows))
     path = write_results(args.out, "Linear layers alone: the floor under a decode step", load_before, body,
