@@ -148,8 +148,12 @@ class ModelRunner:
                 rows.append(SamplingRow(state.params, state.seed, state.sample_index + k, state.num_tokens,
                                         state.prompt_token_ids, state.output_token_ids))
                 logit_rows.append(i)
-        hidden_rows = torch.tensor([row for _, row in batch.sample_seqs], device=self.device)
-        logits = self.model.compute_logits(hidden[hidden_rows])[torch.tensor(logit_rows, device=self.device)]
+        hidden_rows = [row for _, row in batch.sample_seqs]
+        if hidden_rows != list(range(hidden.shape[0])):  # decode: every row samples, no gather
+            hidden = hidden[torch.tensor(hidden_rows, device=self.device)]
+        logits = self.model.compute_logits(hidden)
+        if len(logit_rows) != len(hidden_rows):  # forks: a row's logits once per child (a [R, V] copy)
+            logits = logits[torch.tensor(logit_rows, device=self.device)]
         sampled = iter(sample(logits, rows, self.eos_token_ids))
         for state, _ in batch.sample_seqs:
             picks = [next(sampled) for _ in range(state.num_samples)]
