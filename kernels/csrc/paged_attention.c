@@ -44,9 +44,61 @@ static inline __attribute__((always_inline)) int64_t keys_in_block(int64_t num_k
     return left < block_size ? left : block_size;
 }
 
-/* One token, all its heads: the keys and values are read row by row, each row (all KV heads)
- * once and in block order. scores holds num_heads x padded_keys floats (num_keys rounded up
- * to LANES); acc holds num_heads x head_dim floats. */
+/* lane i of the result = fold(s[i]) with fold's own tree (vec.h), so the same bits: each level
+ * adds the same lane pairs, for 16 vectors at once (15 shuffle-add steps instead of 64, and no
+ * long chain per key). */
+static inline __attribute__((always_inline)) vf fold16(const vf *s) {
+    vf t[8], u[4], w[2];
+    for (int i = 0; i < 8; i++)
+        t[i] = __builtin_shufflevector(s[2 * i], s[2 * i + 1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
+               __builtin_shufflevector(s[2 * i], s[2 * i + 1], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29,
+                                       30, 31);
+    for (int i = 0; i < 4; i++)
+        u[i] = __builtin_shufflevector(t[2 * i], t[2 * i + 1], 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26,
+                                       27) +
+               __builtin_shufflevector(t[2 * i], t[2 * i + 1], 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30,
+                                       31);
+    for (int i = 0; i < 2; i++)
+        w[i] = __builtin_shufflevector(u[2 * i], u[2 * i + 1], 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28,
+                                       29) +
+               __builtin_shufflevector(u[2 * i], u[2 * i + 1], 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30,
+                                       31);
+    return __builtin_shufflevector(w[0], w[1], 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30) +
+           __builtin_shufflevector(w[0], w[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+}
+
+/* out for query heads g .. g+heads-1 of KV head h: (sum_j p_head,j v_j) / denom_head, keys in
+ * order. The first pass (h = 0, g = 0) warms the cache with each next block, all KV heads. */
+static inline __attribute__((always_inline)) void weigh_values(
+    const int heads, int h, int g, const void *v_cache, const int is_bf16, const int64_t *table, int64_t num_keys,
+    int block_size, int64_t num_blocks, int64_t row_stride, const float *scores, int64_t padded_keys,
+    const float *denom, float *out, int group, int head_dim) {
+    const int chunks = head_dim / LANES, first = h * group + g;
+    vf a[4][MAX_CHUNKS], v[MAX_CHUNKS];
+    for (int t = 0; t < heads; t++)
+        for (int c = 0; c < chunks; c++) a[t][c] = (vf){0};
+    for (int64_t b = 0; b < num_blocks; b++) {
+        if (h == 0 && g == 0 && b + 1 < num_blocks) prefetch_block(v_cache, is_bf16, table[b + 1], block_size, row_stride);
+        for (int64_t r = 0, keys = keys_in_block(num_keys, b, block_size); r < keys; r++) {
+            const int64_t row = (table[b] * block_size + r) * row_stride + (int64_t)h * head_dim, j = b * block_size + r;
+            for (int c = 0; c < chunks; c++) v[c] = load16(v_cache, is_bf16, row + c * LANES);
+            for (int t = 0; t < heads; t++) {
+                const float p = scores[(first + t) * padded_keys + j];
+                for (int c = 0; c < chunks; c++) a[t][c] += p * v[c];
+            }
+        }
+    }
+    for (int t = 0; t < heads; t++)
+        for (int c = 0; c < chunks; c++) {
+            const vf value = a[t][c] / denom[first + t];
+            memcpy(out + (int64_t)(first + t) * head_dim + c * LANES, &value, sizeof value);
+        }
+}
+
+/* One token, all its heads: the keys are read row by row, each row (all KV heads) once and in
+ * block order; the values once per few query heads of a KV head (weigh_values; after the first
+ * pass they come from L2). scores holds num_heads x padded_keys floats (num_keys rounded up to
+ * LANES); acc holds num_heads x LANES vectors (the products of 16 keys per head, for fold16). */
 static inline __attribute__((always_inline)) void attend(
     const float *q, const void *k_cache, const void *v_cache, const int is_bf16, const int64_t *table,
     int64_t num_keys, float *out, int num_kv_heads, int group, int head_dim, int block_size, float *scores,
@@ -56,11 +108,15 @@ static inline __attribute__((always_inline)) void attend(
     const int64_t num_blocks = (num_keys + block_size - 1) / block_size;
     const int64_t padded_keys = (num_keys + LANES - 1) / LANES * LANES;
     vf kv[MAX_CHUNKS], qv;
-    /* scores[head * padded_keys + j] = q_head . k_j */
-    for (int64_t b = 0; b < num_blocks; b++) {
-        if (b + 1 < num_blocks) prefetch_block(k_cache, is_bf16, table[b + 1], block_size, row_stride);
-        for (int64_t r = 0, keys = keys_in_block(num_keys, b, block_size); r < keys; r++) {
-            const int64_t row = (table[b] * block_size + r) * row_stride, j = b * block_size + r;
+    vf *sums = acc;
+    /* scores[head * padded_keys + j] = q_head . k_j, 16 keys at a time: each key's per-head
+     * products go to sums, then fold16 reduces 16 keys of a head at once (the same tree as fold) */
+    for (int64_t j0 = 0, b = 0, r = 0; j0 < num_keys; j0 += LANES) {
+        const int64_t j1 = j0 + LANES < num_keys ? j0 + LANES : num_keys;
+        for (int64_t j = j0; j < j1; j++, r++) {
+            if (r == block_size) r = 0, b++;
+            if (r == 0 && b + 1 < num_blocks) prefetch_block(k_cache, is_bf16, table[b + 1], block_size, row_stride);
+            const int64_t row = (table[b] * block_size + r) * row_stride;
             for (int h = 0; h < num_kv_heads; h++) {
                 for (int c = 0; c < chunks; c++) kv[c] = load16(k_cache, is_bf16, row + h * head_dim + c * LANES);
                 for (int g = 0; g < group; g++) {
@@ -71,9 +127,14 @@ static inline __attribute__((always_inline)) void attend(
                         memcpy(&qv, q_head + c * LANES, sizeof qv);
                         sum += qv * kv[c];
                     }
-                    scores[(h * group + g) * padded_keys + j] = fold(sum);
+                    sums[(h * group + g) * LANES + (j - j0)] = sum;
                 }
             }
+        }
+        for (int head = 0; head < num_heads; head++) {
+            for (int64_t j = j1; j < j0 + LANES; j++) sums[head * LANES + (j - j0)] = (vf){0};
+            const vf folded = fold16(sums + head * LANES);
+            memcpy(scores + head * padded_keys + j0, &folded, sizeof folded);
         }
     }
     /* exact softmax per head: the max, then exp and a 16-lane sum, key j in lane j % 16 */
@@ -96,26 +157,22 @@ static inline __attribute__((always_inline)) void attend(
         }
         denom[head] = fold(sum);
     }
-    /* out_head = (sum_j p_head,j v_j) / denom_head, key by key */
-    memset(acc, 0, sizeof(vf) * num_heads * chunks);
-    for (int64_t b = 0; b < num_blocks; b++) {
-        if (b + 1 < num_blocks) prefetch_block(v_cache, is_bf16, table[b + 1], block_size, row_stride);
-        for (int64_t r = 0, keys = keys_in_block(num_keys, b, block_size); r < keys; r++) {
-            const int64_t row = (table[b] * block_size + r) * row_stride, j = b * block_size + r;
-            for (int h = 0; h < num_kv_heads; h++) {
-                for (int c = 0; c < chunks; c++) kv[c] = load16(v_cache, is_bf16, row + h * head_dim + c * LANES);
-                for (int g = 0; g < group; g++) {
-                    const float p = scores[(h * group + g) * padded_keys + j];
-                    vf *a = acc + (h * group + g) * chunks;
-                    for (int c = 0; c < chunks; c++) a[c] += p * kv[c];
-                }
+    /* out_head = (sum_j p_head,j v_j) / denom_head, key by key: a few query heads of one KV head
+     * at a time, their sums in registers while that KV head's values stream past */
+    const int tile = chunks <= 4 ? 4 : 2;
+    for (int h = 0; h < num_kv_heads; h++)
+        for (int g = 0; g < group; g += tile) {
+            const int heads = group - g < tile ? group - g : tile;
+            switch (heads) { /* each count its own unrolled loop */
+            case 4: weigh_values(4, h, g, v_cache, is_bf16, table, num_keys, block_size, num_blocks, row_stride, scores,
+                                 padded_keys, denom, out, group, head_dim); break;
+            case 3: weigh_values(3, h, g, v_cache, is_bf16, table, num_keys, block_size, num_blocks, row_stride, scores,
+                                 padded_keys, denom, out, group, head_dim); break;
+            case 2: weigh_values(2, h, g, v_cache, is_bf16, table, num_keys, block_size, num_blocks, row_stride, scores,
+                                 padded_keys, denom, out, group, head_dim); break;
+            default: weigh_values(1, h, g, v_cache, is_bf16, table, num_keys, block_size, num_blocks, row_stride,
+                                  scores, padded_keys, denom, out, group, head_dim);
             }
-        }
-    }
-    for (int head = 0; head < num_heads; head++)
-        for (int c = 0; c < chunks; c++) {
-            const vf value = acc[head * chunks + c] / denom[head];
-            memcpy(out + head * head_dim + c * LANES, &value, sizeof value);
         }
 }
 
@@ -130,7 +187,7 @@ int paged_attention(const float *q, const void *k_cache, const void *v_cache, in
     int64_t max_keys = 0;
     for (int64_t t = 0; t < num_tokens; t++) max_keys = token_pos[t] + 1 > max_keys ? token_pos[t] + 1 : max_keys;
     const size_t score_floats = (size_t)num_heads * (size_t)((max_keys + LANES - 1) / LANES * LANES);
-    const size_t acc_vectors = (size_t)num_heads * (size_t)(head_dim / LANES);
+    const size_t acc_vectors = (size_t)num_heads * LANES; /* the QK products of 16 keys per head */
     int status = OK;
 #pragma omp parallel num_threads(num_threads)
     {
