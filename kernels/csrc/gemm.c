@@ -8,7 +8,8 @@
  *
  * It streams the weight once per call at small M (decode), where a library's GEMM falls back
  * to kernels with other bits or reads the weight at a third of the memory bandwidth, and it
- * keeps a panel of the weight in L2 across the rows at large M (prefill, big batches).
+ * keeps a panel of the weight in L2 across the rows at large M (prefill, big batches), while
+ * the tiles prefetch the next panel (Warm) so that streaming overlaps computing.
  *
  * Packed layout, PANEL = 48 output features per panel (the last one padded with zeros):
  *   fp32: [panels][K][48]                element (p, k, j) = W[48 p + j][k]
@@ -23,6 +24,7 @@
 #define PANEL 48    /* output features per panel: 3 vectors of 16 */
 #define ROWS 8      /* rows of x per tile: 24 accumulators, 3 weight vectors, 1 broadcast */
 #define ROW_BLOCK 96 /* rows per pass over the panels: the panel stays in L2 across its tiles */
+#define WARM_ROWS 16 /* rows from which the tiles warm the next panel (see Warm); below, memory-bound anyway */
 
 #if defined(__AVX512F__)
 #define HAVE_F32 1
@@ -37,6 +39,20 @@
 
 /* whether this build has the kernel for the dtype (0: the caller takes oneDNN or F.linear) */
 int gemm_supported(int is_bf16) { return is_bf16 ? HAVE_BF16 : HAVE_F32; }
+
+/* Where a tile warms L2 with a share of the next panel: `count` cache lines from `lines`, one per
+ * k step from the first (NULL: none). At M > ROWS the tiles of a panel are compute-bound on data
+ * already in L2; without this the next panel would only start coming from memory at its first
+ * tile, and streaming and computing would take turns instead of overlapping. */
+typedef struct {
+    const char *lines;
+    int64_t count;
+} Warm;
+
+INLINE void warm_step(const Warm *warm, int64_t step) {
+    if (warm->lines != NULL && step < warm->count)
+        _mm_prefetch(warm->lines + 64 * step, _MM_HINT_T1);
+}
 
 #if HAVE_F32
 /* rows x PANEL accumulators to out (+ bias), rounded to out's dtype; columns past n are not stored */
@@ -63,14 +79,15 @@ INLINE void store_tile(const int rows, __m512 acc[ROWS][3], const void *bias, vo
     }
 }
 
-INLINE void tile_f32(const int rows, const float *x, int64_t ldx, const float *panel, int64_t k_len,
-                     const void *bias, void *out, int64_t ldo, int64_t n0, int64_t n) {
+INLINE void tile_f32(const int rows, const float *x, int64_t ldx, const float *panel, const Warm *warm,
+                     int64_t k_len, const void *bias, void *out, int64_t ldo, int64_t n0, int64_t n) {
     __m512 acc[ROWS][3];
 #pragma GCC unroll 8
     for (int r = 0; r < rows; r++)
         acc[r][0] = acc[r][1] = acc[r][2] = _mm512_setzero_ps();
     for (int64_t k = 0; k < k_len; k++) {
         const float *w = panel + k * PANEL;
+        warm_step(warm, k);
         const __m512 w0 = _mm512_loadu_ps(w), w1 = _mm512_loadu_ps(w + 16), w2 = _mm512_loadu_ps(w + 32);
 #pragma GCC unroll 8
         for (int r = 0; r < rows; r++) {
@@ -93,8 +110,8 @@ INLINE __m512bh pair(const uint16_t *row, int64_t i, int64_t k_len) {
     return (__m512bh)_mm512_set1_epi32((int)bits);
 }
 
-INLINE void tile_bf16(const int rows, const uint16_t *x, int64_t ldx, const uint16_t *panel, int64_t k_len,
-                      const void *bias, void *out, int64_t ldo, int64_t n0, int64_t n) {
+INLINE void tile_bf16(const int rows, const uint16_t *x, int64_t ldx, const uint16_t *panel, const Warm *warm,
+                      int64_t k_len, const void *bias, void *out, int64_t ldo, int64_t n0, int64_t n) {
     __m512 acc[ROWS][3];
 #pragma GCC unroll 8
     for (int r = 0; r < rows; r++)
@@ -102,6 +119,7 @@ INLINE void tile_bf16(const int rows, const uint16_t *x, int64_t ldx, const uint
     const int64_t full = k_len / 2, pairs = (k_len + 1) / 2;
     for (int64_t i = 0; i < pairs; i++) {
         const uint16_t *w = panel + i * PANEL * 2;
+        warm_step(warm, i);
         const __m512bh w0 = (__m512bh)_mm512_loadu_si512(w), w1 = (__m512bh)_mm512_loadu_si512(w + 32),
                        w2 = (__m512bh)_mm512_loadu_si512(w + 64);
 #pragma GCC unroll 8
@@ -125,8 +143,8 @@ INLINE void tile_bf16(const int rows, const uint16_t *x, int64_t ldx, const uint
 
 /* One tile: `rows` (1..ROWS) rows of x times one panel. A switch, so that each row count is
  * its own fully unrolled loop with the accumulators in registers. */
-static void tile(int rows, const void *x, int64_t ldx, const void *panel, int64_t k_len, const void *bias,
-                 void *out, int64_t ldo, int64_t n0, int64_t n, int is_bf16) {
+static void tile(int rows, const void *x, int64_t ldx, const void *panel, const Warm *warm, int64_t k_len,
+                 const void *bias, void *out, int64_t ldo, int64_t n0, int64_t n, int is_bf16) {
 #define TILE_CASE(R)                                                                                          \
     case R:                                                                                                   \
         if (is_bf16)                                                                                          \
@@ -135,12 +153,12 @@ static void tile(int rows, const void *x, int64_t ldx, const void *panel, int64_
             TILE_F32(R);                                                                                      \
         break;
 #if HAVE_BF16
-#define TILE_BF16(R) tile_bf16(R, x, ldx, panel, k_len, bias, out, ldo, n0, n)
+#define TILE_BF16(R) tile_bf16(R, x, ldx, panel, warm, k_len, bias, out, ldo, n0, n)
 #else
 #define TILE_BF16(R) (void)0
 #endif
 #if HAVE_F32
-#define TILE_F32(R) tile_f32(R, x, ldx, panel, k_len, bias, out, ldo, n0, n)
+#define TILE_F32(R) tile_f32(R, x, ldx, panel, warm, k_len, bias, out, ldo, n0, n)
 #else
 #define TILE_F32(R) (void)0
 #endif
@@ -170,10 +188,15 @@ void linear(const void *x, int64_t ldx, const void *packed, const void *bias, vo
 #pragma omp for schedule(static) nowait
         for (int64_t p = 0; p < panels; p++) {
             const void *panel = (const char *)packed + p * panel_size * elem;
-            for (int64_t r = m0; r < m1; r += ROWS) {
+            const int64_t tiles = (m1 - m0 + ROWS - 1) / ROWS, lines = panel_size * elem / 64;
+            const int warming = m1 - m0 >= WARM_ROWS && p + 1 < panels;
+            for (int64_t r = m0, t = 0; r < m1; r += ROWS, t++) {
                 const int rows = m1 - r < ROWS ? (int)(m1 - r) : ROWS;
-                tile(rows, (const char *)x + r * ldx * elem, ldx, panel, k, bias, (char *)out + r * ldo * elem, ldo,
-                     p * PANEL, n, is_bf16);
+                const int64_t share = (lines + tiles - 1) / tiles;
+                const Warm warm = {warming ? (const char *)panel + panel_size * elem + 64 * share * t : NULL,
+                                   share * (t + 1) <= lines ? share : lines - share * t};
+                tile(rows, (const char *)x + r * ldx * elem, ldx, panel, &warm, k, bias, (char *)out + r * ldo * elem,
+                     ldo, p * PANEL, n, is_bf16);
             }
         }
     }
