@@ -61,30 +61,32 @@ def paged_attention_cpu(
 ) -> torch.Tensor:  # [T, H, D] in q's dtype; same contract as kernels.attention.paged_attention_ref
     num_tokens, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
-    if not _supported(k_cache, v_cache, num_heads, num_kv_heads, head_dim):  # a fixed choice per model
+    if not _supported(q, k_cache, v_cache, num_heads, num_kv_heads, head_dim):  # a fixed choice per model
         return paged_attention_ref(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, layout)
     token_seq, token_pos = layout if layout is not None else token_layout(seq_lens, query_start_loc)
-    q32 = (q.float() * scale).contiguous()
-    out = torch.empty(num_tokens, num_heads, head_dim, dtype=torch.float32)
+    out = torch.empty(num_tokens, num_heads, head_dim, dtype=q.dtype)
     if num_tokens == 0:
-        return out.to(q.dtype)
+        return out
+    q = _heads(q)  # the kernel scales q in fp32 and writes out in q's dtype, as q.float() * scale and .to() would
     tables = block_tables.to(torch.int64).contiguous()
     token_seq, token_pos = token_seq.to(torch.int64).contiguous(), token_pos.to(torch.int64).contiguous()
     status = library().paged_attention(
-        q32.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), int(k_cache.dtype == torch.bfloat16),
-        tables.data_ptr(), tables.shape[1], token_seq.data_ptr(), token_pos.data_ptr(), out.data_ptr(),
-        num_tokens, num_heads, num_kv_heads, head_dim, block_size, torch.get_num_threads())
+        q.data_ptr(), q.stride(0), int(q.dtype == torch.bfloat16), scale, k_cache.data_ptr(), v_cache.data_ptr(),
+        int(k_cache.dtype == torch.bfloat16), tables.data_ptr(), tables.shape[1], token_seq.data_ptr(),
+        token_pos.data_ptr(), out.data_ptr(), num_tokens, num_heads, num_kv_heads, head_dim, block_size,
+        torch.get_num_threads())
     if status == OUT_OF_MEMORY:
         raise MemoryError("paged_attention_cpu: out of memory for the score buffers")
     if status != 0:  # _supported() let through a shape the kernel refuses
         raise ValueError(f"paged_attention_cpu: shape not supported (status {status})")
-    return out.to(q.dtype)
+    return out
 
 
-def _supported(k_cache: torch.Tensor, v_cache: torch.Tensor, num_heads: int, num_kv_heads: int,
+def _supported(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, num_heads: int, num_kv_heads: int,
                head_dim: int) -> bool:
     group = num_heads // num_kv_heads
     return (is_available() and k_cache.dtype in (torch.float32, torch.bfloat16) and v_cache.dtype == k_cache.dtype
+            and q.dtype in (torch.float32, torch.bfloat16) and q.device.type == "cpu"
             and k_cache.device.type == "cpu" and k_cache.is_contiguous() and v_cache.is_contiguous()
             and head_dim % LANES == 0 and head_dim // LANES <= MAX_CHUNKS
             and num_heads <= MAX_HEADS and group * num_kv_heads == num_heads)
@@ -214,7 +216,7 @@ def library() -> ctypes.CDLL:
     lib = ctypes.CDLL(str(build()))
     ptr, i64, i32, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
     signatures = {
-        "paged_attention": [ptr, ptr, ptr, i32, ptr, i64, ptr, ptr, ptr, i64, i32, i32, i32, i32, i32],
+        "paged_attention": [ptr, i64, i32, f32, ptr, ptr, i32, ptr, i64, ptr, ptr, ptr, i64, i32, i32, i32, i32, i32],
         "rms_norm": [ptr, i64, ptr, i64, ptr, ptr, ptr, i64, i64, f32, i32, i32],
         "apply_rotary": [ptr, i64, ptr, i64, ptr, ptr, i32, ptr, ptr, i64, i32, i32, i32, i32, i32],
         "silu_and_mul": [ptr, i64, ptr, i64, i64, i32, i32],

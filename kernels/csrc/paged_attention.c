@@ -11,11 +11,12 @@
  * the compiler maps the 16-lane vectors to AVX-512, AVX2 or SSE.
  *
  * Layouts (all contiguous):
- *   q            [T, H, D] fp32, already multiplied by the softmax scale
+ *   q            [T, H, D] fp32 or bf16 (io_bf16), heads contiguous, token stride q_stride;
+ *                multiplied by `scale` in fp32 here (as torch's q.float() * scale)
  *   k/v cache    [num_blocks, block_size, KVH, D], fp32 or bf16 (is_bf16)
  *   block_tables [S, max_blocks] int64
  *   token_seq    [T] int64, each token's sequence; token_pos [T] int64, its position
- *   out          [T, H, D] fp32
+ *   out          [T, H, D] in q's dtype (bf16 rounded to nearest even, as torch's .to())
  * Token t attends to keys 0..token_pos[t] of its sequence. H = KVH * group, D % 16 == 0,
  * head_dim <= 16 * MAX_CHUNKS, H <= MAX_HEADS.
  */
@@ -72,7 +73,7 @@ static inline __attribute__((always_inline)) vf fold16(const vf *s) {
 static inline __attribute__((always_inline)) void weigh_values(
     const int heads, int h, int g, const void *v_cache, const int is_bf16, const int64_t *table, int64_t num_keys,
     int block_size, int64_t num_blocks, int64_t row_stride, const float *scores, int64_t padded_keys,
-    const float *denom, float *out, int group, int head_dim) {
+    const float *denom, void *out, int out_bf16, int group, int head_dim) {
     const int chunks = head_dim / LANES, first = h * group + g;
     vf a[4][MAX_CHUNKS], v[MAX_CHUNKS];
     for (int t = 0; t < heads; t++)
@@ -90,8 +91,7 @@ static inline __attribute__((always_inline)) void weigh_values(
     }
     for (int t = 0; t < heads; t++)
         for (int c = 0; c < chunks; c++) {
-            const vf value = a[t][c] / denom[first + t];
-            memcpy(out + (int64_t)(first + t) * head_dim + c * LANES, &value, sizeof value);
+            store16(out, out_bf16, (int64_t)(first + t) * head_dim + c * LANES, a[t][c] / denom[first + t]);
         }
 }
 
@@ -101,8 +101,8 @@ static inline __attribute__((always_inline)) void weigh_values(
  * LANES); acc holds num_heads x LANES vectors (the products of 16 keys per head, for fold16). */
 static inline __attribute__((always_inline)) void attend(
     const float *q, const void *k_cache, const void *v_cache, const int is_bf16, const int64_t *table,
-    int64_t num_keys, float *out, int num_kv_heads, int group, int head_dim, int block_size, float *scores,
-    vf *acc) {
+    int64_t num_keys, void *out, int out_bf16, int num_kv_heads, int group, int head_dim, int block_size,
+    float *scores, vf *acc) {
     const int chunks = head_dim / LANES, num_heads = num_kv_heads * group;
     const int64_t row_stride = (int64_t)num_kv_heads * head_dim;
     const int64_t num_blocks = (num_keys + block_size - 1) / block_size;
@@ -165,21 +165,21 @@ static inline __attribute__((always_inline)) void attend(
             const int heads = group - g < tile ? group - g : tile;
             switch (heads) { /* each count its own unrolled loop */
             case 4: weigh_values(4, h, g, v_cache, is_bf16, table, num_keys, block_size, num_blocks, row_stride, scores,
-                                 padded_keys, denom, out, group, head_dim); break;
+                                 padded_keys, denom, out, out_bf16, group, head_dim); break;
             case 3: weigh_values(3, h, g, v_cache, is_bf16, table, num_keys, block_size, num_blocks, row_stride, scores,
-                                 padded_keys, denom, out, group, head_dim); break;
+                                 padded_keys, denom, out, out_bf16, group, head_dim); break;
             case 2: weigh_values(2, h, g, v_cache, is_bf16, table, num_keys, block_size, num_blocks, row_stride, scores,
-                                 padded_keys, denom, out, group, head_dim); break;
+                                 padded_keys, denom, out, out_bf16, group, head_dim); break;
             default: weigh_values(1, h, g, v_cache, is_bf16, table, num_keys, block_size, num_blocks, row_stride,
-                                  scores, padded_keys, denom, out, group, head_dim);
+                                  scores, padded_keys, denom, out, out_bf16, group, head_dim);
             }
         }
 }
 
-int paged_attention(const float *q, const void *k_cache, const void *v_cache, int is_bf16,
-                    const int64_t *block_tables, int64_t max_blocks, const int64_t *token_seq,
-                    const int64_t *token_pos, float *out, int64_t num_tokens, int num_heads, int num_kv_heads,
-                    int head_dim, int block_size, int num_threads) {
+int paged_attention(const void *q, int64_t q_stride, int io_bf16, float scale, const void *k_cache,
+                    const void *v_cache, int is_bf16, const int64_t *block_tables, int64_t max_blocks,
+                    const int64_t *token_seq, const int64_t *token_pos, void *out, int64_t num_tokens, int num_heads,
+                    int num_kv_heads, int head_dim, int block_size, int num_threads) {
     const int group = num_heads / num_kv_heads;
     if (head_dim % LANES != 0 || head_dim / LANES > MAX_CHUNKS || num_heads > MAX_HEADS ||
         group * num_kv_heads != num_heads)
@@ -188,19 +188,25 @@ int paged_attention(const float *q, const void *k_cache, const void *v_cache, in
     for (int64_t t = 0; t < num_tokens; t++) max_keys = token_pos[t] + 1 > max_keys ? token_pos[t] + 1 : max_keys;
     const size_t score_floats = (size_t)num_heads * (size_t)((max_keys + LANES - 1) / LANES * LANES);
     const size_t acc_vectors = (size_t)num_heads * LANES; /* the QK products of 16 keys per head */
+    const int64_t width = (int64_t)num_heads * head_dim;
     int status = OK;
 #pragma omp parallel num_threads(num_threads)
     {
         float *scores = malloc(sizeof(float) * score_floats);
         vf *acc = aligned_alloc(sizeof(vf), sizeof(vf) * acc_vectors);
-        if (scores == NULL || acc == NULL) status = OUT_OF_MEMORY;
+        float *scaled = aligned_alloc(sizeof(vf), sizeof(float) * (size_t)width);
+        if (scores == NULL || acc == NULL || scaled == NULL) status = OUT_OF_MEMORY;
 #pragma omp for schedule(dynamic, 1)
         for (int64_t t = 0; t < num_tokens; t++) {
-            if (scores == NULL || acc == NULL) continue;
-            const int64_t offset = t * num_heads * head_dim;
+            if (scores == NULL || acc == NULL || scaled == NULL) continue;
+            for (int64_t i = 0; i < width; i += LANES) {
+                const vf value = load16(q, io_bf16, t * q_stride + i) * scale;
+                memcpy(scaled + i, &value, sizeof value);
+            }
+            void *token_out = (char *)out + t * width * (io_bf16 ? 2 : 4);
             const int64_t *table = block_tables + token_seq[t] * max_blocks;
-#define ATTEND(BF16, HEAD_DIM)                                                                                  \
-    attend(q + offset, k_cache, v_cache, BF16, table, token_pos[t] + 1, out + offset, num_kv_heads, group, HEAD_DIM, \
+#define ATTEND(BF16, HEAD_DIM)                                                                                     \
+    attend(scaled, k_cache, v_cache, BF16, table, token_pos[t] + 1, token_out, io_bf16, num_kv_heads, group, HEAD_DIM, \
            block_size, scores, acc)
             /* the common head widths as constants: the chunk loops unroll and a key stays in registers */
             if (head_dim == 64)
@@ -213,6 +219,7 @@ int paged_attention(const float *q, const void *k_cache, const void *v_cache, in
         }
         free(scores);
         free(acc);
+        free(scaled);
     }
     return status;
 }
