@@ -93,14 +93,20 @@ def _supported(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, nu
 
 
 # ---- row-wise ops ------------------------------------------------------------------------
+_KINDS = {torch.float32: 0, torch.bfloat16: 1}
+
+
 def _kind(*tensors: torch.Tensor) -> int | None:
-    """1 for bf16, 0 for fp32 (all the same dtype, on the CPU), None: take the reference."""
+    """1 for bf16, 0 for fp32 (all the same dtype, on the CPU), None: take the reference.
+    (Called ~150 times a step: plain loops and is_cpu, ~1 us cheaper than any() and .device.type.)"""
     dtype = tensors[0].dtype
-    if not is_available() or dtype not in (torch.float32, torch.bfloat16):
+    kind = _KINDS.get(dtype)
+    if kind is None or not is_available():
         return None
-    if any(t.dtype != dtype or t.device.type != "cpu" for t in tensors):
-        return None
-    return int(dtype == torch.bfloat16)
+    for t in tensors:
+        if t.dtype != dtype or not t.is_cpu:
+            return None
+    return kind
 
 
 def _rows(x: torch.Tensor, width: int) -> tuple[torch.Tensor, int]:
