@@ -199,12 +199,16 @@ def pack_gemm_weight(weight: torch.Tensor) -> torch.Tensor:
     return padded.view(panels, PANEL, in_features).transpose(1, 2).contiguous()
 
 
-def linear_cpu(x: torch.Tensor, packed: torch.Tensor, out_features: int,
+def linear_cpu(x: torch.Tensor, packed: torch.Tensor, out_features: int, in_features: int,
                bias: torch.Tensor | None) -> torch.Tensor:  # [..., K] -> [..., N] in x's dtype
-    """x W^T + bias on a weight from pack_gemm_weight, x in the weight's dtype."""
-    in_features = x.shape[-1]
+    """x W^T + bias on a weight [out_features, in_features] from pack_gemm_weight, x in its dtype.
+    Shapes are checked here: the kernel trusts them and would read past the weight."""
     if x.dtype != packed.dtype:
         raise TypeError(f"linear_cpu: input is {x.dtype}, weight is {packed.dtype}")
+    if x.shape[-1] != in_features:
+        raise ValueError(f"linear_cpu: input has {x.shape[-1]} features, the weight takes {in_features}")
+    if bias is not None and bias.numel() != out_features:
+        raise ValueError(f"linear_cpu: bias has {bias.numel()} elements, the weight gives {out_features}")
     rows, stride = _rows(x, in_features)
     out = torch.empty(rows.shape[0], out_features, dtype=x.dtype)
     if bias is not None:

@@ -60,7 +60,7 @@ def prepack(weight: torch.Tensor, library: str = "auto") -> torch.Tensor | GemmW
 
 def invariant_linear(x: torch.Tensor, weight: torch.Tensor | GemmWeight, bias: torch.Tensor | None) -> torch.Tensor:
     if isinstance(weight, GemmWeight):
-        return cpu_kernels.linear_cpu(x, weight.packed, weight.out_features, bias)
+        return cpu_kernels.linear_cpu(x, weight.packed, weight.out_features, weight.in_features, bias)
     x = x.contiguous()  # a strided input can take another library path
     if weight.is_mkldnn:
         return _padded(x, ONEDNN_MIN_ROWS, lambda rows: _onednn(rows, weight, bias), at_least=True)
@@ -72,7 +72,7 @@ def invariant_linear(x: torch.Tensor, weight: torch.Tensor | GemmWeight, bias: t
 def plain_linear(x: torch.Tensor, weight: torch.Tensor | GemmWeight, bias: torch.Tensor | None) -> torch.Tensor:
     """Without invariance: no padding. The own GEMM is invariant anyway, and the fastest here."""
     if isinstance(weight, GemmWeight):
-        return cpu_kernels.linear_cpu(x, weight.packed, weight.out_features, bias)
+        return cpu_kernels.linear_cpu(x, weight.packed, weight.out_features, weight.in_features, bias)
     if weight.is_mkldnn:
         return _onednn(x.contiguous(), weight, bias)
     return F.linear(x, weight, bias)

@@ -40,18 +40,21 @@
 /* whether this build has the kernel for the dtype (0: the caller takes oneDNN or F.linear) */
 int gemm_supported(int is_bf16) { return is_bf16 ? HAVE_BF16 : HAVE_F32; }
 
-/* Where a tile warms L2 with a share of the next panel: `count` cache lines from `lines`, one per
- * k step from the first (NULL: none). At M > ROWS the tiles of a panel are compute-bound on data
- * already in L2; without this the next panel would only start coming from memory at its first
- * tile, and streaming and computing would take turns instead of overlapping. */
+/* Where a tile warms L2 with a share of the next panel: `count` cache lines from `lines`,
+ * `per_step` of them per k step from the first (lines NULL: none). At M > ROWS the tiles of a
+ * panel are compute-bound on data already in L2; without this the next panel would only start
+ * coming from memory at its first tile, and streaming and computing would take turns instead
+ * of overlapping. */
 typedef struct {
     const char *lines;
-    int64_t count;
+    int64_t count, per_step;
 } Warm;
 
 INLINE void warm_step(const Warm *warm, int64_t step) {
-    if (warm->lines != NULL && step < warm->count)
-        _mm_prefetch(warm->lines + 64 * step, _MM_HINT_T1);
+    if (warm->lines == NULL)
+        return;
+    for (int64_t line = step * warm->per_step, end = line + warm->per_step; line < end && line < warm->count; line++)
+        _mm_prefetch(warm->lines + 64 * line, _MM_HINT_T1);
 }
 
 #if HAVE_F32
@@ -180,7 +183,8 @@ static void tile(int rows, const void *x, int64_t ldx, const void *panel, const 
 void linear(const void *x, int64_t ldx, const void *packed, const void *bias, void *out, int64_t ldo, int64_t m,
             int64_t n, int64_t k, int is_bf16, int num_threads) {
     const int64_t panels = (n + PANEL - 1) / PANEL;
-    const int64_t panel_size = is_bf16 ? (k + 1) / 2 * 2 * PANEL : k * PANEL; /* elements */
+    const int64_t steps = is_bf16 ? (k + 1) / 2 : k; /* k steps of a tile: k, or pairs of k */
+    const int64_t panel_size = steps * PANEL * (is_bf16 ? 2 : 1); /* elements */
     const int64_t elem = is_bf16 ? 2 : 4;
 #pragma omp parallel num_threads(num_threads)
     for (int64_t m0 = 0; m0 < m; m0 += ROW_BLOCK) {
@@ -190,11 +194,12 @@ void linear(const void *x, int64_t ldx, const void *packed, const void *bias, vo
             const void *panel = (const char *)packed + p * panel_size * elem;
             const int64_t tiles = (m1 - m0 + ROWS - 1) / ROWS, lines = panel_size * elem / 64;
             const int warming = m1 - m0 >= WARM_ROWS && p + 1 < panels;
+            const int64_t share = (lines + tiles - 1) / tiles; /* lines per tile, the last one's fewer */
             for (int64_t r = m0, t = 0; r < m1; r += ROWS, t++) {
                 const int rows = m1 - r < ROWS ? (int)(m1 - r) : ROWS;
-                const int64_t share = (lines + tiles - 1) / tiles;
-                const Warm warm = {warming ? (const char *)panel + panel_size * elem + 64 * share * t : NULL,
-                                   share * (t + 1) <= lines ? share : lines - share * t};
+                const int64_t first = share * t < lines ? share * t : lines;
+                const Warm warm = {warming ? (const char *)panel + panel_size * elem + 64 * first : NULL,
+                                   (first + share < lines ? first + share : lines) - first, (share + steps - 1) / steps};
                 tile(rows, (const char *)x + r * ldx * elem, ldx, panel, &warm, k, bias, (char *)out + r * ldo * elem,
                      ldo, p * PANEL, n, is_bf16);
             }

@@ -106,3 +106,12 @@ def test_plain_linear_is_not_invariant_on_onednn():
     if torch.equal(alone, in_batch):
         pytest.skip("this CPU's oneDNN gives a single row the same bits; the padding is harmless")
     assert not torch.equal(alone, in_batch)
+
+
+def test_gemm_refuses_mismatched_shapes():
+    """The compiled kernel trusts its shapes; a wrong input width or bias length must not reach it."""
+    weight = _prepack(torch.randn(4, 8), "gemm")
+    with pytest.raises(ValueError, match="16 features, the weight takes 8"):
+        invariant_linear(torch.randn(2, 16), weight, None)
+    with pytest.raises(ValueError, match="bias has 5 elements"):
+        invariant_linear(torch.randn(2, 8), weight, torch.randn(5))
