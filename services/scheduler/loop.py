@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 
 import structlog
 
@@ -19,7 +20,7 @@ from services.core.sampling_params import SamplingParams
 from services.core.scheduler import Scheduler
 from services.core.step import WorkerInfo
 from services.scheduler.config import SchedulerServiceConfig
-from services.scheduler.streams import RequestStream, StreamRouter
+from services.scheduler.streams import Delivery, RequestStream, StreamRouter
 from services.scheduler.worker_client import RemoteWorker, WorkerLost
 
 log = structlog.get_logger("scheduler")
@@ -37,14 +38,16 @@ class StepLoop:
         self._wake = asyncio.Event()
 
     # ---- requests --------------------------------------------------------------
-    def submit(self, request_id: str, prompt: list[int], params: SamplingParams, priority: int) -> RequestStream:
+    def submit(self, request_id: str, prompt: list[int], params: SamplingParams, priority: int,
+               deliver: Callable[[Delivery], None] | None = None) -> RequestStream:
+        """Admit a request; its updates go to `deliver` (default: the stream's own queue)."""
         if self.draining:
             raise Unavailable("the scheduler is shutting down")
         if self.core is None or not self.workers:
             raise Unavailable("no worker is registered yet")
         check(bool(request_id), "request_id", "must not be empty")
         check(request_id not in self.router.streams, "request_id", f"{request_id!r} is already running")
-        stream = self.router.open(self.core.add_request(request_id, prompt, params, priority))
+        stream = self.router.open(self.core.add_request(request_id, prompt, params, priority), deliver)
         self._wake.set()
         return stream
 

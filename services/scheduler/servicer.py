@@ -1,10 +1,14 @@
 """The Scheduler gRPC service: thin, convert -> StepLoop -> convert. Errors map in services.rpc_errors."""
 from __future__ import annotations
 
+import asyncio
+
 from pagedserve.internal.v1 import scheduler_pb2, scheduler_pb2_grpc
 from services import convert
-from services.rpc_errors import rpc_errors
+from services.core.errors import InvalidArgument, ResourceExhausted, Unavailable
+from services.rpc_errors import rpc_errors, status_of
 from services.scheduler.loop import StepLoop
+from services.scheduler.streams import Delivery, StreamMux
 
 
 class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
@@ -23,6 +27,35 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                 yield response
         finally:  # also when the client cancels: abort the request, free its blocks
             self.loop.release(request.request_id)
+
+    @rpc_errors
+    async def SubmitMany(self, request_iterator, context):
+        mux = StreamMux()
+        reader = asyncio.ensure_future(self._admit_many(request_iterator, mux))
+        try:
+            while (news := await mux.next()) is not None:
+                yield scheduler_pb2.SubmitManyResponse(news=[_news(*entry) for entry in news])
+            await reader  # raises what reading raised
+        finally:  # the call ended or the client went away: abort what still runs on it
+            reader.cancel()
+            for request_id in list(mux.streams):
+                self.loop.release(request_id)
+
+    async def _admit_many(self, request_iterator, mux: StreamMux) -> None:
+        try:
+            async for message in request_iterator:
+                if message.WhichOneof("kind") == "cancel":
+                    if mux.streams.pop(message.cancel, None) is not None:
+                        self.loop.release(message.cancel)
+                    continue
+                request_id = message.submit.request_id
+                try:  # StepLoop.submit refuses an empty or running request_id
+                    args = convert.submit_from_proto(message.submit)
+                    mux.streams[request_id] = self.loop.submit(*args, deliver=mux.sink(request_id))
+                except (InvalidArgument, ResourceExhausted, Unavailable) as error:  # that request only
+                    mux.put(request_id, 0.0, error)
+        finally:
+            mux.end_of_input()
 
     @rpc_errors
     async def Abort(self, request, context):
@@ -49,3 +82,18 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     @rpc_errors
     async def Heartbeat(self, request, context):
         return scheduler_pb2.HeartbeatResponse(known=self.loop.heartbeat(request.worker_id))
+
+
+def _news(request_id: str, queue_time_s: float, item: Delivery) -> scheduler_pb2.RequestNews:
+    """One delivery of a SubmitMany request as its RequestNews (a failed step is INTERNAL, as in Submit)."""
+    if item is None:
+        return scheduler_pb2.RequestNews(request_id=request_id, done=True)
+    if isinstance(item, Exception):
+        error = item if isinstance(item, (InvalidArgument, ResourceExhausted, Unavailable)) else \
+            RuntimeError(f"the scheduler failed a step: {item}")
+        code, message = status_of(error)
+        return scheduler_pb2.RequestNews(request_id=request_id, done=True, error_code=code.value[0],
+                                         error_message=message)
+    response = convert.updates_to_response(item)
+    response.queue_time_s = queue_time_s
+    return scheduler_pb2.RequestNews(request_id=request_id, response=response)

@@ -1,9 +1,11 @@
-"""One Submit call's view of its request: the queue the step loop feeds and when it is done."""
+"""One request's view for the call that submitted it: where the step loop delivers its updates
+(a Submit call's own queue, or a SubmitMany call's StreamMux) and when it is done."""
 from __future__ import annotations
 
 import asyncio
 import time
 from collections import defaultdict
+from collections.abc import Callable
 
 import structlog
 
@@ -12,13 +14,17 @@ from services.core.sequence import Request, SeqStatus, SeqUpdate
 log = structlog.get_logger("scheduler")
 
 
-class RequestStream:
-    """Each step's updates for one request go into `queue` as a list; None ends the stream and
-    an exception ends it with that error."""
+Delivery = list[SeqUpdate] | Exception | None
 
-    def __init__(self, request: Request):
+
+class RequestStream:
+    """Each step's updates for one request are delivered as a list; None ends the stream and an
+    exception ends it with that error. By default they go into `queue` (one Submit call)."""
+
+    def __init__(self, request: Request, deliver: Callable[[Delivery], None] | None = None):
         self.request = request
-        self.queue: asyncio.Queue[list[SeqUpdate] | Exception | None] = asyncio.Queue()
+        self.queue: asyncio.Queue[Delivery] = asyncio.Queue()
+        self.deliver = deliver or self.queue.put_nowait
         self.finish_reasons: dict[int, str] = {}
         self.num_output_tokens = 0
         self.started = time.monotonic()
@@ -30,7 +36,7 @@ class RequestStream:
         return len(self.finish_reasons) == self.request.params.n
 
     def push(self, updates: list[SeqUpdate]) -> None:
-        self.queue.put_nowait(updates)
+        self.deliver(updates)
         for update in updates:
             self.num_output_tokens += len(update.new_token_ids)
             if update.finish_reason:
@@ -47,7 +53,7 @@ class RequestStream:
                          len(request.prompt_token_ids), request.num_cached_tokens, request.seed)
 
     def close(self, event: str) -> None:
-        self.queue.put_nowait(None)
+        self.deliver(None)
         log.info(event, request_id=self.request.request_id, num_prompt_tokens=len(self.request.prompt_token_ids),
                  num_output_tokens=self.num_output_tokens, finish_reasons=sorted(set(self.finish_reasons.values())),
                  seconds=round(time.monotonic() - self.started, 4))
@@ -62,8 +68,8 @@ class StreamRouter:
     def __len__(self) -> int:
         return len(self.streams)
 
-    def open(self, request: Request) -> RequestStream:
-        stream = self.streams[request.request_id] = RequestStream(request)
+    def open(self, request: Request, deliver: Callable[[Delivery], None] | None = None) -> RequestStream:
+        stream = self.streams[request.request_id] = RequestStream(request, deliver)
         return stream
 
     def route(self, updates: list[SeqUpdate]) -> None:
@@ -81,7 +87,7 @@ class StreamRouter:
     def fail(self, request_id: str, error: Exception) -> None:
         stream = self.streams.pop(request_id, None)
         if stream is not None:
-            stream.queue.put_nowait(error)
+            stream.deliver(error)
             log.warning("request_failed", request_id=request_id, error=str(error))
 
     def close(self, request_id: str, event: str) -> bool:
@@ -91,3 +97,43 @@ class StreamRouter:
             return False
         stream.close(event)
         return True
+
+
+class StreamMux:
+    """The requests of one SubmitMany call. Whatever the step loop delivers for any of them
+    waits in `pending` as (request_id, queue_time_s, delivery) until the call's writer takes it
+    all at once (`next`): one message a step for the whole call instead of one per request."""
+
+    def __init__(self):
+        self.streams: dict[str, RequestStream] = {}  # open on this call
+        self.pending: list[tuple[str, float, Delivery]] = []
+        self.reading = True  # the client may still send requests
+        self._ready = asyncio.Event()
+
+    def sink(self, request_id: str) -> Callable[[Delivery], None]:
+        """The deliver function of a request opened on this call (add its stream to `streams`)."""
+        def deliver(item: Delivery) -> None:
+            stream = self.streams.get(request_id)
+            self.put(request_id, stream.queue_time_s if stream is not None else 0.0, item)
+            if item is None or isinstance(item, Exception):
+                self.streams.pop(request_id, None)
+        return deliver
+
+    def put(self, request_id: str, queue_time_s: float, item: Delivery) -> None:
+        self.pending.append((request_id, queue_time_s, item))
+        self._ready.set()
+
+    def end_of_input(self) -> None:
+        self.reading = False
+        self._ready.set()
+
+    async def next(self) -> list[tuple[str, float, Delivery]] | None:
+        """Everything delivered since the last call; None once the client sends no more requests
+        and none is open."""
+        while not self.pending:
+            if not self.reading and not self.streams:
+                return None
+            await self._ready.wait()
+            self._ready.clear()
+        news, self.pending = self.pending, []
+        return news

@@ -1,9 +1,10 @@
 """A real frontend on loopback in front of a fake Scheduler servicer, for the frontend's tests.
 
-The fake implements Submit / Abort / GetStats of the internal proto with a deterministic
-rule: sample i's token at position p is prompt[(i + p) % len(prompt)] (an echo), one token
-per step, finishing with "length" at max_tokens. It records what reached it: submitted
-requests, aborts (request id, sample index) and cancelled Submit calls.
+The fake implements Submit / SubmitMany / Abort / GetStats of the internal proto with a
+deterministic rule: sample i's token at position p is prompt[(i + p) % len(prompt)] (an echo),
+one token per step, finishing with "length" at max_tokens. It records what reached it:
+submitted requests, aborts (request id, sample index) and cancelled requests (a closed Submit
+call, or a cancel on the SubmitMany call, or that call ending while they ran).
 """
 from __future__ import annotations
 
@@ -40,6 +41,8 @@ class FakeScheduler(scheduler_pb2_grpc.SchedulerServicer):
         self.submitted: list[scheduler_pb2.SubmitRequest] = []
         self.aborts: list[tuple[str, int]] = []
         self.cancelled: list[str] = []
+        self.num_calls = 0  # SubmitMany calls the frontend opened
+        self.drop_calls = False  # end every open SubmitMany call with UNAVAILABLE at its next message
 
     async def Submit(self, request, context):
         if self.refuse:
@@ -51,6 +54,52 @@ class FakeScheduler(scheduler_pb2_grpc.SchedulerServicer):
         except asyncio.CancelledError:
             self.cancelled.append(request.request_id)
             raise
+
+    async def SubmitMany(self, request_iterator, context):
+        self.num_calls += 1
+        out: asyncio.Queue = asyncio.Queue()
+        running: dict[str, asyncio.Task] = {}
+
+        async def run(request) -> None:
+            try:
+                async for response in self._steps(request):
+                    out.put_nowait(scheduler_pb2.RequestNews(request_id=request.request_id, response=response))
+                out.put_nowait(scheduler_pb2.RequestNews(request_id=request.request_id, done=True))
+            except asyncio.CancelledError:
+                self.cancelled.append(request.request_id)
+                raise
+            finally:
+                running.pop(request.request_id, None)
+
+        async def read() -> None:
+            async for message in request_iterator:
+                if message.WhichOneof("kind") == "cancel":
+                    if message.cancel in running:
+                        running[message.cancel].cancel()
+                    continue
+                request = message.submit
+                if self.refuse:
+                    code, details = self.refuse
+                    out.put_nowait(scheduler_pb2.RequestNews(request_id=request.request_id, done=True,
+                                                             error_code=code.value[0], error_message=details))
+                    continue
+                self.submitted.append(request)
+                running[request.request_id] = asyncio.ensure_future(run(request))
+
+        reader = asyncio.ensure_future(read())
+        try:
+            while True:
+                news = [await out.get()]
+                while not out.empty():
+                    news.append(out.get_nowait())
+                if self.drop_calls:
+                    self.drop_calls = False
+                    await context.abort(grpc.StatusCode.UNAVAILABLE, "the scheduler is restarting")
+                yield scheduler_pb2.SubmitManyResponse(news=news)
+        finally:
+            reader.cancel()
+            for task in list(running.values()):
+                task.cancel()
 
     async def _steps(self, request):
         params, prompt, ended = request.params, list(request.prompt_token_ids), set()

@@ -3,12 +3,13 @@ from __future__ import annotations
 
 import asyncio
 
+import grpc
 import pytest
 from grpc_health.v1 import health_pb2
 from tokenizers import Tokenizer as HFTokenizer
 
 from frontend_harness import FAKE_SEED, MAX_MODEL_LEN, MODEL_ID, Harness, echo_token
-from services.client import AsyncClient, Client
+from services.client import AsyncClient, Client, GenerationError
 from services.core.tokenizer import Tokenizer
 
 MULTIBYTE = "你好, 世界 😀🎉 café"
@@ -131,3 +132,26 @@ def test_breaking_out_of_a_sync_stream_cancels_the_call(harness):
             if i == 2:
                 break  # no explicit cancel(): leaving the loop is enough
     assert harness.wait_for(lambda: "left-early" in harness.fake.cancelled)
+
+
+def test_concurrent_requests_share_one_scheduler_call_and_a_broken_one_is_replaced(harness):
+    """Every request travels on one SubmitMany call (one message a step for all of them); when
+    the scheduler drops that call, the requests on it fail and the next one opens a new call."""
+    async def run_four():
+        async with AsyncClient(harness.address) as client:
+            return await asyncio.gather(*(client.complete(f"echo {i}", max_tokens=5) for i in range(4)))
+
+    results = asyncio.run(run_four())
+    assert [len(r.token_ids) for r in results] == [5] * 4
+    assert harness.fake.num_calls == 1
+
+    with Client(harness.address) as client:
+        stream = client.stream("a long echo", max_tokens=60)
+        next(iter(stream))
+        harness.fake.drop_calls = True
+        with pytest.raises(GenerationError) as error:
+            list(stream)
+        assert error.value.code == grpc.StatusCode.UNAVAILABLE
+        assert len(client.generate("echo again", max_tokens=3).token_ids) == 3
+    assert harness.fake.num_calls == 2
+    assert harness.wait_for(lambda: harness.frontend.core.num_pending == 0)

@@ -51,6 +51,34 @@ class SubmitResponse(_message.Message):
     queue_time_s: float
     def __init__(self, deltas: _Optional[_Iterable[_Union[SampleDelta, _Mapping]]] = ..., seed: _Optional[int] = ..., num_prompt_tokens: _Optional[int] = ..., num_cached_tokens: _Optional[int] = ..., prompt_logprobs: _Optional[_Iterable[_Union[_common_pb2.OptionalLogprobs, _Mapping]]] = ..., queue_time_s: _Optional[float] = ...) -> None: ...
 
+class SubmitManyRequest(_message.Message):
+    __slots__ = ("submit", "cancel")
+    SUBMIT_FIELD_NUMBER: _ClassVar[int]
+    CANCEL_FIELD_NUMBER: _ClassVar[int]
+    submit: SubmitRequest
+    cancel: str
+    def __init__(self, submit: _Optional[_Union[SubmitRequest, _Mapping]] = ..., cancel: _Optional[str] = ...) -> None: ...
+
+class RequestNews(_message.Message):
+    __slots__ = ("request_id", "response", "done", "error_code", "error_message")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    RESPONSE_FIELD_NUMBER: _ClassVar[int]
+    DONE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    response: SubmitResponse
+    done: bool
+    error_code: int
+    error_message: str
+    def __init__(self, request_id: _Optional[str] = ..., response: _Optional[_Union[SubmitResponse, _Mapping]] = ..., done: _Optional[bool] = ..., error_code: _Optional[int] = ..., error_message: _Optional[str] = ...) -> None: ...
+
+class SubmitManyResponse(_message.Message):
+    __slots__ = ("news",)
+    NEWS_FIELD_NUMBER: _ClassVar[int]
+    news: _containers.RepeatedCompositeFieldContainer[RequestNews]
+    def __init__(self, news: _Optional[_Iterable[_Union[RequestNews, _Mapping]]] = ...) -> None: ...
+
 class AbortRequest(_message.Message):
     __slots__ = ("request_id", "sample_index")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]

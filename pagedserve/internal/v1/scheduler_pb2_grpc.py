@@ -40,6 +40,11 @@ class SchedulerStub:
                 request_serializer=pagedserve_dot_internal_dot_v1_dot_scheduler__pb2.SubmitRequest.SerializeToString,
                 response_deserializer=pagedserve_dot_internal_dot_v1_dot_scheduler__pb2.SubmitResponse.FromString,
                 _registered_method=True)
+        self.SubmitMany = channel.stream_stream(
+                '/pagedserve.internal.v1.Scheduler/SubmitMany',
+                request_serializer=pagedserve_dot_internal_dot_v1_dot_scheduler__pb2.SubmitManyRequest.SerializeToString,
+                response_deserializer=pagedserve_dot_internal_dot_v1_dot_scheduler__pb2.SubmitManyResponse.FromString,
+                _registered_method=True)
         self.Abort = channel.unary_unary(
                 '/pagedserve.internal.v1.Scheduler/Abort',
                 request_serializer=pagedserve_dot_internal_dot_v1_dot_scheduler__pb2.AbortRequest.SerializeToString,
@@ -69,6 +74,16 @@ class SchedulerServicer:
     def Submit(self, request, context):
         """Admit a tokenized request and stream its new tokens step by step until it finishes.
         Cancelling the call aborts the request and frees its blocks within one step.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SubmitMany(self, request_iterator, context):
+        """Many requests over one call (what the frontend uses): requests and cancellations go in as
+        they come; each step's news for every request of the call comes back as one message, so
+        the per-message cost is paid once a step, not once a token. Ending the call aborts every
+        request still running on it.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -109,6 +124,11 @@ def add_SchedulerServicer_to_server(servicer, server):
                     servicer.Submit,
                     request_deserializer=pagedserve_dot_internal_dot_v1_dot_scheduler__pb2.SubmitRequest.FromString,
                     response_serializer=pagedserve_dot_internal_dot_v1_dot_scheduler__pb2.SubmitResponse.SerializeToString,
+            ),
+            'SubmitMany': grpc.stream_stream_rpc_method_handler(
+                    servicer.SubmitMany,
+                    request_deserializer=pagedserve_dot_internal_dot_v1_dot_scheduler__pb2.SubmitManyRequest.FromString,
+                    response_serializer=pagedserve_dot_internal_dot_v1_dot_scheduler__pb2.SubmitManyResponse.SerializeToString,
             ),
             'Abort': grpc.unary_unary_rpc_method_handler(
                     servicer.Abort,
@@ -159,6 +179,33 @@ class Scheduler:
             '/pagedserve.internal.v1.Scheduler/Submit',
             pagedserve_dot_internal_dot_v1_dot_scheduler__pb2.SubmitRequest.SerializeToString,
             pagedserve_dot_internal_dot_v1_dot_scheduler__pb2.SubmitResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SubmitMany(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/pagedserve.internal.v1.Scheduler/SubmitMany',
+            pagedserve_dot_internal_dot_v1_dot_scheduler__pb2.SubmitManyRequest.SerializeToString,
+            pagedserve_dot_internal_dot_v1_dot_scheduler__pb2.SubmitManyResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,127 @@
+"""SubmitMany: many requests over one scheduler call, one message a step (what the frontend uses)."""
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import pytest
+
+from pagedserve.internal.v1 import scheduler_pb2
+from services import convert
+from services.core.sampling_params import SamplingParams
+from tests.conftest import greedy, random_prompts
+from tests.services.cluster import NUM_GPU_BLOCKS, Cluster, Generation, Sample, run
+from tests.services.test_scheduler_service import VOCAB, assert_same, mixed_params, reference
+
+
+@pytest.fixture(scope="module")
+def model(model_dir):
+    return model_dir("llama", "tiny")
+
+
+def submit(request_id: str, prompt: list[int], params: SamplingParams) -> scheduler_pb2.SubmitManyRequest:
+    return scheduler_pb2.SubmitManyRequest(submit=convert.submit_to_proto(request_id, prompt, params))
+
+
+async def collect(call, generations: dict[str, Generation], errors: dict[str, tuple[int, str]],
+                  until_done: set[str]) -> int:
+    """Read the call until every request in until_done has its last message; the number of messages."""
+    num_messages = 0
+    while until_done:
+        response = await call.read()
+        assert response is not grpc.aio.EOF, f"the call ended with {sorted(until_done)} open"
+        num_messages += 1
+        for news in response.news:
+            out = generations.setdefault(news.request_id, Generation())
+            if news.HasField("response"):
+                out.num_messages += 1
+                for update in convert.updates_from_response(news.request_id, news.response):
+                    sample = out.samples.setdefault(update.sample_index, Sample())
+                    assert sample.finish_reason is None, f"{news.request_id}: tokens after the finish"
+                    sample.token_ids += update.new_token_ids
+                    sample.logprobs += update.new_logprobs or []
+                    sample.finish_reason = update.finish_reason
+                    if update.prompt_logprobs is not None:
+                        out.prompt_logprobs = update.prompt_logprobs
+            if news.error_code:
+                errors[news.request_id] = (news.error_code, news.error_message)
+            if news.done:
+                until_done.discard(news.request_id)
+    return num_messages
+
+
+def test_many_requests_on_one_call_match_in_process_generate_in_one_message_a_step(model):
+    prompts = random_prompts(12, VOCAB, 1, 40, seed=7)
+    params = [mixed_params(i) for i in range(12)]
+    want = reference(model, prompts, params)
+
+    async def main():
+        cluster = await Cluster(model).start(num_workers=2)
+        try:
+            call = cluster.stub.SubmitMany()
+            for i, (prompt, sp) in enumerate(zip(prompts, params)):
+                await call.write(submit(f"m{i}", prompt, sp))
+            got, errors = {}, {}
+            num_messages = await collect(call, got, errors, {f"m{i}" for i in range(12)})
+            await call.done_writing()
+            assert await call.read() is grpc.aio.EOF  # nothing open and no more input: the call ends
+            stats = await cluster.stats()
+        finally:
+            await cluster.close()
+        assert errors == {}
+        for i, w in enumerate(want):
+            assert_same(got[f"m{i}"], w)
+        # one message per step for the whole call, far fewer than one per request and token
+        assert num_messages <= stats.num_steps + 1 < sum(g.num_messages for g in got.values())
+
+    run(main())
+
+
+def test_a_refused_request_gets_its_error_and_the_others_run_on(model):
+    prompt = random_prompts(1, VOCAB, 5, 10, seed=8)[0]
+
+    async def main():
+        cluster = await Cluster(model).start(num_workers=1)
+        try:
+            call = cluster.stub.SubmitMany()
+            bad = submit("bad", prompt, greedy(6))
+            bad.submit.params.max_tokens = 0  # what a buggy client could send
+            await call.write(submit("good", prompt, greedy(6)))
+            await call.write(bad)
+            await call.write(submit("", prompt, greedy(6)))
+            got, errors = {}, {}
+            await collect(call, got, errors, {"good", "bad", ""})
+        finally:
+            await cluster.close()
+        assert errors["bad"][0] == errors[""][0] == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+        assert errors["bad"][1].startswith("max_tokens: ")
+        assert errors[""][1].startswith("request_id: ")
+        assert "good" not in errors and len(got["good"].samples[0].token_ids) == 6
+
+    run(main())
+
+
+def test_cancel_and_ending_the_call_free_every_block(model):
+    prompts = random_prompts(6, VOCAB, 20, 60, seed=9)
+
+    async def main():
+        cluster = await Cluster(model).start(num_workers=2)
+        try:
+            call = cluster.stub.SubmitMany()
+            for i, prompt in enumerate(prompts):
+                await call.write(submit(f"c{i}", prompt, greedy(500)))
+            await call.read()
+            await call.read()
+            for i in range(3):  # three clients went away
+                await call.write(scheduler_pb2.SubmitManyRequest(cancel=f"c{i}"))
+            await cluster.wait_for(lambda s: s.num_running + s.num_waiting == 3, timeout=5)
+            call.cancel()  # the frontend went away: the other three end too
+            stats = await cluster.wait_for(lambda s: s.num_running == 0 and s.num_waiting == 0 and all(
+                w.num_free_gpu_blocks == w.num_gpu_blocks == NUM_GPU_BLOCKS for w in s.workers), timeout=5)
+            assert len(stats.workers) == 2
+            follow_up = await cluster.generate("after", prompts[0], greedy(4))  # still serving
+            assert len(follow_up.samples[0].token_ids) == 4
+        finally:
+            await cluster.close()
+
+    run(main())
