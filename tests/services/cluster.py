@@ -31,6 +31,18 @@ class Generation:
     prompt_logprobs: list[Logprobs | None] | None = None
     num_messages: int = 0
 
+    def add(self, request_id: str, response: scheduler_pb2.SubmitResponse) -> None:
+        """Fold one Submit message (or one SubmitMany news' response) into the samples."""
+        self.num_messages += 1
+        for update in convert.updates_from_response(request_id, response):
+            sample = self.samples.setdefault(update.sample_index, Sample())
+            assert sample.finish_reason is None, f"{request_id}: tokens after the finish"
+            sample.token_ids += update.new_token_ids
+            sample.logprobs += update.new_logprobs or []
+            sample.finish_reason = update.finish_reason
+            if update.prompt_logprobs is not None:
+                self.prompt_logprobs = update.prompt_logprobs
+
 
 class Cluster:
     def __init__(self, model, **scheduler_config):
@@ -80,15 +92,7 @@ class Cluster:
         """Collect a whole stream; on_message(generation) runs after each message."""
         out = Generation()
         async for response in self.submit(request_id, prompt, params):
-            out.num_messages += 1
-            for update in convert.updates_from_response(request_id, response):
-                sample = out.samples.setdefault(update.sample_index, Sample())
-                assert sample.finish_reason is None, f"{request_id}: tokens after the finish"
-                sample.token_ids += update.new_token_ids
-                sample.logprobs += update.new_logprobs or []
-                sample.finish_reason = update.finish_reason
-                if update.prompt_logprobs is not None:
-                    out.prompt_logprobs = update.prompt_logprobs
+            out.add(request_id, response)
             if on_message is not None:
                 await on_message(out)
         return out

@@ -10,7 +10,7 @@ from pagedserve.internal.v1 import scheduler_pb2
 from services import convert
 from services.core.sampling_params import SamplingParams
 from tests.conftest import greedy, random_prompts
-from tests.services.cluster import NUM_GPU_BLOCKS, Cluster, Generation, Sample, run
+from tests.services.cluster import NUM_GPU_BLOCKS, Cluster, Generation, run
 from tests.services.test_scheduler_service import VOCAB, assert_same, mixed_params, reference
 
 
@@ -32,17 +32,8 @@ async def collect(call, generations: dict[str, Generation], errors: dict[str, tu
         assert response is not grpc.aio.EOF, f"the call ended with {sorted(until_done)} open"
         num_messages += 1
         for news in response.news:
-            out = generations.setdefault(news.request_id, Generation())
             if news.HasField("response"):
-                out.num_messages += 1
-                for update in convert.updates_from_response(news.request_id, news.response):
-                    sample = out.samples.setdefault(update.sample_index, Sample())
-                    assert sample.finish_reason is None, f"{news.request_id}: tokens after the finish"
-                    sample.token_ids += update.new_token_ids
-                    sample.logprobs += update.new_logprobs or []
-                    sample.finish_reason = update.finish_reason
-                    if update.prompt_logprobs is not None:
-                        out.prompt_logprobs = update.prompt_logprobs
+                generations.setdefault(news.request_id, Generation()).add(news.request_id, news.response)
             if news.error_code:
                 errors[news.request_id] = (news.error_code, news.error_message)
             if news.done:
