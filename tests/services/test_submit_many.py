@@ -82,6 +82,8 @@ def test_a_refused_request_gets_its_error_and_the_others_run_on(model):
             await call.write(submit("", prompt, greedy(6)))
             got, errors = {}, {}
             await collect(call, got, errors, {"good", "bad", ""})
+            await call.done_writing()
+            assert await call.read() is grpc.aio.EOF
         finally:
             await cluster.close()
         assert errors["bad"][0] == errors[""][0] == grpc.StatusCode.INVALID_ARGUMENT.value[0]
