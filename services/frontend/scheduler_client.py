@@ -128,7 +128,8 @@ class SchedulerClient:
                     raise news
                 if news.error_code:
                     finished = True
-                    raise _core_error(_STATUS_BY_VALUE[news.error_code], news.error_message)
+                    code = _STATUS_BY_VALUE.get(news.error_code, grpc.StatusCode.UNKNOWN)
+                    raise _core_error(code, news.error_message)
                 if news.HasField("response"):
                     yield SubmitStep(convert.updates_from_response(request_id, news.response),
                                      news.response.queue_time_s)
