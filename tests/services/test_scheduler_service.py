@@ -290,9 +290,14 @@ def test_a_worker_restarted_under_the_same_id_replaces_the_old_one(model):
     async def main():
         cluster = await Cluster(model).start(num_workers=1)
         old = cluster.workers["w0"]
+        restarted = []
 
         async def restart_once(generation):
-            if generation.num_messages == 3 and cluster.workers["w0"] is old:
+            # the flag is set before the await: another stream reaching 3 messages while the new
+            # worker starts must not start a second one (it was never stopped, and its server's
+            # finalizer hung the test process at exit)
+            if generation.num_messages == 3 and not restarted:
+                restarted.append(True)
                 old.registration.cancel()  # the old process is gone as far as membership goes
                 await cluster.add_worker("w0")  # same id, fresh mirror, new port
 
