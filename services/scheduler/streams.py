@@ -19,11 +19,12 @@ Delivery = list[SeqUpdate] | Exception | None
 
 class RequestStream:
     """Each step's updates for one request are delivered as a list; None ends the stream and an
-    exception ends it with that error. By default they go into `queue` (one Submit call)."""
+    exception ends it with that error. By default they go into `queue` (one Submit call; None
+    when a SubmitMany call's `deliver` takes them)."""
 
     def __init__(self, request: Request, deliver: Callable[[Delivery], None] | None = None):
         self.request = request
-        self.queue: asyncio.Queue[Delivery] = asyncio.Queue()
+        self.queue: asyncio.Queue[Delivery] | None = None if deliver else asyncio.Queue()
         self.deliver = deliver or self.queue.put_nowait
         self.finish_reasons: dict[int, str] = {}
         self.num_output_tokens = 0
