@@ -46,6 +46,10 @@ class GemmWeight:
     def shape(self) -> torch.Size:
         return torch.Size((self.out_features, self.in_features))
 
+    def __call__(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """x W^T + bias: batch-invariant by construction, so both linear modes call this."""
+        return cpu_kernels.linear_cpu(x, self.packed, self.out_features, self.in_features, bias)
+
 
 def prepack(weight: torch.Tensor, library: str = "auto") -> torch.Tensor | GemmWeight:
     """The weight in the layout the CPU path multiplies fastest: the own GEMM's where this CPU
@@ -60,7 +64,7 @@ def prepack(weight: torch.Tensor, library: str = "auto") -> torch.Tensor | GemmW
 
 def invariant_linear(x: torch.Tensor, weight: torch.Tensor | GemmWeight, bias: torch.Tensor | None) -> torch.Tensor:
     if isinstance(weight, GemmWeight):
-        return cpu_kernels.linear_cpu(x, weight.packed, weight.out_features, weight.in_features, bias)
+        return weight(x, bias)
     x = x.contiguous()  # a strided input can take another library path
     if weight.is_mkldnn:
         return _padded(x, ONEDNN_MIN_ROWS, lambda rows: _onednn(rows, weight, bias), at_least=True)
@@ -72,7 +76,7 @@ def invariant_linear(x: torch.Tensor, weight: torch.Tensor | GemmWeight, bias: t
 def plain_linear(x: torch.Tensor, weight: torch.Tensor | GemmWeight, bias: torch.Tensor | None) -> torch.Tensor:
     """Without invariance: no padding. The own GEMM is invariant anyway, and the fastest here."""
     if isinstance(weight, GemmWeight):
-        return cpu_kernels.linear_cpu(x, weight.packed, weight.out_features, weight.in_features, bias)
+        return weight(x, bias)
     if weight.is_mkldnn:
         return _onednn(x.contiguous(), weight, bias)
     return F.linear(x, weight, bias)
