@@ -5,8 +5,9 @@ prefill and decode steps reach at batch 1, 16 and 64.
     python bench/roofline.py --batch-sizes 1,16,64 --context 256 --decode-steps 8 --profile
 
 Limits: the best of ten large square matmuls (fp32, bf16; MKL, oneDNN and the own GEMM) and
-of large tensor copies (read + write bytes), sums and one-row GEMMs (read bytes), measured before and after the engine runs, the higher kept (other
-load on the machine only lowers them). Model cost from config.json: FLOPs per token = 2 x (linear weights,
+of large tensor copies (read + write bytes), sums and one-row GEMMs (read bytes), measured
+before and after the engine runs, the higher kept (other load on the machine only lowers
+them). Model cost from config.json: FLOPs per token = 2 x (linear weights,
 lm_head included) + 4 x layers x heads x head_dim x context (QK^T and PV); bytes per decode
 step = every linear weight once + the K/V each sequence reads (context x layers x 2 x KV heads
 x head_dim in the cache dtype). Decode is timed by driving `llm.engine.step()` with B
