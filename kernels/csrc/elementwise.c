@@ -12,6 +12,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "kernels.h"
 #include "vec.h"
 
 /* 16 elements at index of a row of n (fewer at the row's end, the other lanes 0) */

@@ -19,6 +19,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "kernels.h"
 #include "vec.h"
 
 #define PANEL 48    /* output features per panel: 3 vectors of 16 */

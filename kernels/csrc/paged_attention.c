@@ -25,12 +25,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels.h"
 #include "vec.h"
 
 #define MAX_HEADS 256
 #define MAX_CHUNKS 16 /* head_dim <= 256 */
-
-enum { OK = 0, OUT_OF_MEMORY = 1, BAD_SHAPE = 2 };
 
 /* Warm the cache with the next block: its rows (all KV heads) are one contiguous region. */
 static inline __attribute__((always_inline)) void prefetch_block(const void *cache, int is_bf16, int64_t block,
@@ -183,19 +182,19 @@ int paged_attention(const void *q, int64_t q_stride, int io_bf16, float scale, c
     const int group = num_heads / num_kv_heads;
     if (head_dim % LANES != 0 || head_dim / LANES > MAX_CHUNKS || num_heads > MAX_HEADS ||
         group * num_kv_heads != num_heads)
-        return BAD_SHAPE;
+        return KERNEL_BAD_SHAPE;
     int64_t max_keys = 0;
     for (int64_t t = 0; t < num_tokens; t++) max_keys = token_pos[t] + 1 > max_keys ? token_pos[t] + 1 : max_keys;
     const size_t score_floats = (size_t)num_heads * (size_t)((max_keys + LANES - 1) / LANES * LANES);
     const size_t acc_vectors = (size_t)num_heads * LANES; /* the QK products of 16 keys per head */
     const int64_t width = (int64_t)num_heads * head_dim;
-    int status = OK;
+    int status = KERNEL_OK;
 #pragma omp parallel num_threads(num_threads)
     {
         float *scores = malloc(sizeof(float) * score_floats);
         vf *acc = aligned_alloc(sizeof(vf), sizeof(vf) * acc_vectors);
         float *scaled = aligned_alloc(sizeof(vf), sizeof(float) * (size_t)width);
-        if (scores == NULL || acc == NULL || scaled == NULL) status = OUT_OF_MEMORY;
+        if (scores == NULL || acc == NULL || scaled == NULL) status = KERNEL_OUT_OF_MEMORY;
 #pragma omp for schedule(dynamic, 1)
         for (int64_t t = 0; t < num_tokens; t++) {
             if (scores == NULL || acc == NULL || scaled == NULL) continue;

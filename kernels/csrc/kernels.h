@@ -1,0 +1,23 @@
+/* The compiled CPU kernels' entry points, as kernels/cpu_kernels.py declares them to ctypes.
+ * Each source file that defines or calls one includes this, so the compiler checks both sides. */
+#pragma once
+#include <stdint.h>
+
+enum { KERNEL_OK = 0, KERNEL_OUT_OF_MEMORY = 1, KERNEL_BAD_SHAPE = 2 };
+
+int paged_attention(const void *q, int64_t q_stride, int io_bf16, float scale, const void *k_cache,
+                    const void *v_cache, int is_bf16, const int64_t *block_tables, int64_t max_blocks,
+                    const int64_t *token_seq, const int64_t *token_pos, void *out, int64_t num_tokens, int num_heads,
+                    int num_kv_heads, int head_dim, int block_size, int num_threads);
+void rms_norm(const void *x, int64_t x_stride, const void *residual, int64_t residual_stride, const void *weight,
+              void *out, void *new_residual, int64_t num_rows, int64_t n, float eps, int is_bf16, int num_threads);
+void apply_rotary(const void *q, int64_t q_stride, const void *k, int64_t k_stride, const int64_t *positions,
+                  const void *cache, int cache_is_bf16, void *q_out, void *k_out, int64_t num_tokens, int num_heads,
+                  int num_kv_heads, int head_dim, int is_bf16, int num_threads);
+void silu_and_mul(const void *x, int64_t x_stride, void *out, int64_t num_rows, int64_t inter, int is_bf16,
+                  int num_threads);
+void write_kv(const void *k, int64_t k_stride, const void *v, int64_t v_stride, void *k_cache, void *v_cache,
+              const int64_t *slot_mapping, int64_t num_tokens, int64_t row_elems, int is_bf16);
+int gemm_supported(int is_bf16);
+void linear(const void *x, int64_t ldx, const void *packed, const void *bias, void *out, int64_t ldo, int64_t m,
+            int64_t n, int64_t k, int is_bf16, int num_threads);
