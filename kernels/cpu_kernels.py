@@ -38,7 +38,7 @@ from kernels.norm import rms_norm_ref
 from kernels.rotary import apply_rotary_ref
 
 CSRC = Path(__file__).with_name("csrc")
-SOURCES = [CSRC / "paged_attention.c", CSRC / "elementwise.c", CSRC / "gemm.c"]  # compiled into one library; vec.h included
+SOURCES = [CSRC / name for name in ("paged_attention.c", "elementwise.c", "gemm.c", "decoder.c")]  # one library
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=gnu11"]
 PANEL = 48  # output features per packed weight panel, as in gemm.c
 LANES, MAX_HEADS, MAX_CHUNKS = 16, 256, 16  # as in the C source: head_dim % 16 == 0, <= 256; heads <= 256
@@ -233,11 +233,12 @@ def library() -> ctypes.CDLL:
         "write_kv": [ptr, i64, ptr, i64, ptr, ptr, ptr, i64, i64, i32],
         "linear": [ptr, i64, ptr, ptr, ptr, i64, i64, i64, i64, i32, i32],
         "gemm_supported": [i32],
+        "decoder_stack": [ptr, ptr, ptr, i64, ptr, ptr, ptr, i64, ptr, ptr, i32],  # kernels/decoder.py
     }
     for name, argtypes in signatures.items():
         fn = getattr(lib, name)
         fn.argtypes = argtypes
-        fn.restype = i32 if name in ("paged_attention", "gemm_supported") else None
+        fn.restype = i32 if name in ("paged_attention", "gemm_supported", "decoder_stack") else None
     return lib
 
 

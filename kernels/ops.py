@@ -9,6 +9,7 @@ from kernels import cpu_kernels
 from kernels.activation import silu_and_mul_ref
 from kernels.attention import paged_attention_ref
 from kernels.cache import write_kv_ref
+from kernels.decoder import DecoderStack
 from kernels.norm import rms_norm_ref
 from kernels.rotary import apply_rotary_ref
 
@@ -21,12 +22,14 @@ class Ops:
     rms_norm: Callable  # see kernels.norm.rms_norm_ref
     apply_rotary: Callable  # see kernels.rotary.apply_rotary_ref
     silu_and_mul: Callable  # see kernels.activation.silu_and_mul_ref
+    # the whole decoder stack in one call where the backend has one (kernels.decoder.DecoderStack.build)
+    decoder_stack: Callable | None = None
 
 
 TORCH_OPS = Ops("torch", paged_attention_ref, write_kv_ref, rms_norm_ref, apply_rotary_ref, silu_and_mul_ref)
 # the kernels compiled for the CPU (kernels/cpu_kernels.py), same signatures
 CPU_OPS = Ops("cpu", cpu_kernels.paged_attention_cpu, cpu_kernels.write_kv_cpu, cpu_kernels.rms_norm_cpu,
-              cpu_kernels.apply_rotary_cpu, cpu_kernels.silu_and_mul_cpu)
+              cpu_kernels.apply_rotary_cpu, cpu_kernels.silu_and_mul_cpu, DecoderStack.build)
 
 
 def get_ops(backend: str, device_type: str) -> Ops:

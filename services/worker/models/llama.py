@@ -12,7 +12,9 @@ from typing import Callable
 import torch
 from torch import nn
 
+from kernels.decoder import LayerWeights, StackShape
 from kernels.ops import Ops
+from kernels.attention import token_layout
 from kernels.rotary import cos_sin_cache
 from services.worker.model_config import ModelArchConfig
 
@@ -108,21 +110,34 @@ class LlamaForCausalLM(nn.Module):
         self.final_norm = nn.Parameter(torch.empty(cfg.hidden_size), requires_grad=False)
         self.lm_head = self.embed if cfg.tie_word_embeddings else nn.Parameter(
             torch.empty(cfg.vocab_size, cfg.hidden_size), requires_grad=False)
+        self.stack = None  # kernels.decoder.DecoderStack, set by prepack where the ops have one
         self.register_buffer("rotary_cache", cos_sin_cache(cfg.head_dim, cfg.max_position_embeddings,
                                                            cfg.rope_theta, cfg.rope_scaling), persistent=False)
 
     def prepack(self, pack: Callable[[torch.Tensor], torch.Tensor]) -> None:
         """Replace every weight that only the linear layers read by pack(weight) (kernels.linear.prepack);
-        after this the module is no longer moved with .to()."""
+        after this the module is no longer moved with .to(). Then take the ops' one-call decoder stack
+        where they have one that runs these weights."""
         for module in self.modules():
             for name in getattr(module, "linear_weights", ()):
                 weight = module._parameters.pop(name)
                 setattr(module, name, pack(weight.data))
+        if self.ops.decoder_stack is not None:
+            cfg = self.cfg
+            layers = [LayerWeights(layer.input_norm.data, layer.post_attn_norm.data, layer.attn.qkv_weight,
+                                   _data(layer.attn.qkv_bias), _data(getattr(layer.attn, "q_norm", None)),
+                                   _data(getattr(layer.attn, "k_norm", None)), layer.attn.o_weight,
+                                   layer.mlp.gate_up_weight, layer.mlp.down_weight) for layer in self.layers]
+            shape = StackShape(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.rms_norm_eps, cfg.head_dim ** -0.5)
+            self.stack = self.ops.decoder_stack(layers, self.final_norm.data, self.rotary_cache, shape)
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
                 meta: AttentionMetadata) -> torch.Tensor:  # [T] -> [T, hidden], final norm applied
         x = self.embed[input_ids]
+        if self.stack is not None and self.stack.runs(x, kv_caches):  # the same kernels, one call
+            layout = meta.layout if meta.layout is not None else token_layout(meta.seq_lens, meta.query_start_loc)
+            return self.stack(x, kv_caches, meta.positions, meta.slot_mapping, meta.block_tables, *layout)
         residual = None
         for layer, kv_cache in zip(self.layers, kv_caches):
             x, residual = layer(x, residual, kv_cache, meta, self.rotary_cache)
@@ -131,3 +146,7 @@ class LlamaForCausalLM(nn.Module):
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [R, hidden] -> [R, V] fp32
         return self.linear(hidden, self.lm_head, None).float()
+
+
+def _data(param: nn.Parameter | None) -> torch.Tensor | None:
+    return param.data if param is not None else None

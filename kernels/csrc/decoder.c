@@ -1,0 +1,126 @@
+/* The whole decoder stack of a Llama-family model in one call: every layer's kernels, in the
+ * order and with the buffers that services/worker/models/llama.py gives them one Python call
+ * at a time. The same functions run on the same inputs, so the bits are the same as the
+ * layer-by-layer path's; what goes is ~10 ctypes calls, ~12 tensor allocations and views per
+ * layer (3-6 us each, a few ms per decode step at batch 1-16).
+ *
+ * Per layer (x: the layer's input, res: the residual stream, both [T, hidden]):
+ *   h, res = rms_norm(x, input_norm, res)       the first layer: h = rms_norm(x), res = x
+ *   q, k, v = linear(h, qkv, qkv_bias)           one packed weight, [T, q + 2 kv]
+ *   q, k = rms_norm per head (q_norm, k_norm)    Qwen3 only
+ *   q, k = apply_rotary(q, k)
+ *   write_kv(k, v); a = paged_attention(q)
+ *   h, res = rms_norm(linear(a, o), post_attn_norm, res)
+ *   x = linear(silu_and_mul(linear(h, gate_up)), down)
+ * and at the end out = rms_norm(x, final_norm, res).
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels.h"
+
+typedef struct {
+    const void *input_norm, *post_attn_norm; /* [hidden] */
+    const void *qkv, *qkv_bias;              /* packed (gemm.c) [q + 2 kv, hidden]; bias [q + 2 kv] or NULL */
+    const void *q_norm, *k_norm;             /* [head_dim], or NULL: no per-head q/k norm */
+    const void *o, *gate_up, *down;          /* packed [hidden, q], [2 inter, hidden], [hidden, inter] */
+    void *k_cache, *v_cache;                 /* [num_blocks, block_size, KVH, D] */
+} DecoderLayer;
+
+typedef struct {
+    int64_t num_layers, hidden, num_heads, num_kv_heads, head_dim, inter, block_size;
+    float eps, scale;
+    int is_bf16;                   /* weights, activations and cache: all bf16, or all fp32 */
+    int rotary_is_bf16;            /* the cos | sin cache [max_positions, head_dim] */
+    const void *rotary_cache;
+    const void *final_norm;        /* [hidden] */
+    const DecoderLayer *layers;    /* [num_layers] */
+} DecoderStack;
+
+/* Aligned scratch rows for every intermediate of a layer, one allocation. */
+typedef struct {
+    char *base;
+    void *res, *h, *qkv, *qn, *kn, *q, *k, *attn, *x, *gate_up, *act;
+} Scratch;
+
+static int scratch_alloc(Scratch *s, const DecoderStack *m, int64_t num_tokens) {
+    const int64_t q = m->num_heads * m->head_dim, kv = m->num_kv_heads * m->head_dim, elem = m->is_bf16 ? 2 : 4;
+    const int64_t widths[] = {m->hidden, m->hidden, q + 2 * kv, q, kv, q, kv, q, m->hidden, 2 * m->inter, m->inter};
+    void **slots[] = {&s->res, &s->h, &s->qkv, &s->qn, &s->kn, &s->q, &s->k, &s->attn, &s->x, &s->gate_up, &s->act};
+    size_t total = 0, sizes[11];
+    for (int i = 0; i < 11; i++) {
+        sizes[i] = ((size_t)(num_tokens * widths[i] * elem) + 63) / 64 * 64;
+        total += sizes[i];
+    }
+    s->base = aligned_alloc(64, total > 0 ? total : 64);
+    if (s->base == NULL)
+        return KERNEL_OUT_OF_MEMORY;
+    size_t offset = 0;
+    for (int i = 0; i < 11; i++) {
+        *slots[i] = s->base + offset;
+        offset += sizes[i];
+    }
+    return KERNEL_OK;
+}
+
+/* x [T, hidden] (the embeddings) -> out [T, hidden], the final norm applied. Returns a
+ * KERNEL_* status; paged_attention's shape check comes first, so nothing is written on
+ * KERNEL_BAD_SHAPE. */
+int decoder_stack(const DecoderStack *m, const void *x, void *out, int64_t num_tokens, const int64_t *positions,
+                  const int64_t *slots, const int64_t *tables, int64_t max_blocks, const int64_t *token_seq,
+                  const int64_t *token_pos, int num_threads) {
+    const int64_t hidden = m->hidden, heads = m->num_heads, kv_heads = m->num_kv_heads, dim = m->head_dim;
+    const int64_t q_size = heads * dim, kv_size = kv_heads * dim, qkv_size = q_size + 2 * kv_size;
+    const int64_t elem = m->is_bf16 ? 2 : 4;
+    const int bf16 = m->is_bf16;
+    if (num_tokens == 0)
+        return KERNEL_OK;
+    if (dim % 16 != 0 || heads % kv_heads != 0)
+        return KERNEL_BAD_SHAPE;
+    Scratch s;
+    if (scratch_alloc(&s, m, num_tokens) != KERNEL_OK)
+        return KERNEL_OUT_OF_MEMORY;
+    memcpy(s.res, x, (size_t)(num_tokens * hidden * elem));
+    int status = KERNEL_OK;
+    for (int64_t i = 0; i < m->num_layers && status == KERNEL_OK; i++) {
+        const DecoderLayer *layer = &m->layers[i];
+        if (i == 0) /* the embedding is the residual stream */
+            rms_norm(s.res, hidden, NULL, 0, layer->input_norm, s.h, NULL, num_tokens, hidden, m->eps, bf16,
+                     num_threads);
+        else
+            rms_norm(s.x, hidden, s.res, hidden, layer->input_norm, s.h, s.res, num_tokens, hidden, m->eps, bf16,
+                     num_threads);
+        linear(s.h, hidden, layer->qkv, layer->qkv_bias, s.qkv, qkv_size, num_tokens, qkv_size, hidden, bf16,
+               num_threads);
+        const char *q = s.qkv, *k = (const char *)s.qkv + q_size * elem, *v = (const char *)s.qkv + (q_size + kv_size) * elem;
+        int64_t q_stride = qkv_size, k_stride = qkv_size;
+        if (layer->q_norm != NULL) { /* per head: rows of head_dim, each token's heads contiguous */
+            for (int64_t t = 0; t < num_tokens; t++) {
+                memcpy((char *)s.qn + t * q_size * elem, q + t * qkv_size * elem, (size_t)(q_size * elem));
+                memcpy((char *)s.kn + t * kv_size * elem, k + t * qkv_size * elem, (size_t)(kv_size * elem));
+            }
+            rms_norm(s.qn, dim, NULL, 0, layer->q_norm, s.qn, NULL, num_tokens * heads, dim, m->eps, bf16, num_threads);
+            rms_norm(s.kn, dim, NULL, 0, layer->k_norm, s.kn, NULL, num_tokens * kv_heads, dim, m->eps, bf16,
+                     num_threads);
+            q = s.qn, k = s.kn, q_stride = q_size, k_stride = kv_size;
+        }
+        apply_rotary(q, q_stride, k, k_stride, positions, m->rotary_cache, m->rotary_is_bf16, s.q, s.k, num_tokens,
+                     (int)heads, (int)kv_heads, (int)dim, bf16, num_threads);
+        write_kv(s.k, kv_size, v, qkv_size, layer->k_cache, layer->v_cache, slots, num_tokens, kv_size, bf16);
+        status = paged_attention(s.q, q_size, bf16, m->scale, layer->k_cache, layer->v_cache, bf16, tables,
+                                 max_blocks, token_seq, token_pos, s.attn, num_tokens, (int)heads, (int)kv_heads,
+                                 (int)dim, (int)m->block_size, num_threads);
+        linear(s.attn, q_size, layer->o, NULL, s.x, hidden, num_tokens, hidden, q_size, bf16, num_threads);
+        rms_norm(s.x, hidden, s.res, hidden, layer->post_attn_norm, s.h, s.res, num_tokens, hidden, m->eps, bf16,
+                 num_threads);
+        linear(s.h, hidden, layer->gate_up, NULL, s.gate_up, 2 * m->inter, num_tokens, 2 * m->inter, hidden, bf16,
+               num_threads);
+        silu_and_mul(s.gate_up, 2 * m->inter, s.act, num_tokens, m->inter, bf16, num_threads);
+        linear(s.act, m->inter, layer->down, NULL, s.x, hidden, num_tokens, hidden, m->inter, bf16, num_threads);
+    }
+    if (status == KERNEL_OK)
+        rms_norm(s.x, hidden, s.res, hidden, m->final_norm, out, s.res, num_tokens, hidden, m->eps, bf16, num_threads);
+    free(s.base);
+    return status;
+}

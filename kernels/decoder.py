@@ -1,0 +1,153 @@
+"""The whole decoder stack in one call to the compiled CPU kernels (kernels/csrc/decoder.c).
+
+The layer-by-layer path makes ~10 kernel calls per layer through ctypes, each with its tensor
+allocations and views: 3-6 us of Python apiece, 1-3 ms of a decode step that takes 6-15 ms at
+batch 1-16. decoder.c runs the same kernels in the same order on the same inputs, so it
+gives the same bits (tests/kernels/test_decoder_stack.py); only the Python goes.
+
+It runs where every linear weight is packed for the own GEMM and the activations, the norms
+and the KV cache share one dtype (fp32 or bf16); anywhere else the model goes layer by layer.
+"""
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+
+import torch
+
+from kernels import cpu_kernels
+from kernels.linear import GemmWeight
+
+OUT_OF_MEMORY, BAD_SHAPE = 1, 2  # decoder_stack's status codes (kernels/csrc/kernels.h)
+_LAYER_FIELDS = ("input_norm", "post_attn_norm", "qkv", "qkv_bias", "q_norm", "k_norm", "o", "gate_up", "down",
+                 "k_cache", "v_cache")
+
+
+class _Layer(ctypes.Structure):  # DecoderLayer in decoder.c
+    _fields_ = [(name, ctypes.c_void_p) for name in _LAYER_FIELDS]
+
+
+class _Stack(ctypes.Structure):  # DecoderStack in decoder.c
+    _fields_ = [*((name, ctypes.c_int64) for name in ("num_layers", "hidden", "num_heads", "num_kv_heads", "head_dim",
+                                                       "inter", "block_size")),
+                ("eps", ctypes.c_float), ("scale", ctypes.c_float), ("is_bf16", ctypes.c_int),
+                ("rotary_is_bf16", ctypes.c_int), ("rotary_cache", ctypes.c_void_p), ("final_norm", ctypes.c_void_p),
+                ("layers", ctypes.POINTER(_Layer))]
+
+
+@dataclass(frozen=True)
+class LayerWeights:
+    """One pre-norm decoder layer's weights (Llama, Mistral, Qwen2 with qkv_bias, Qwen3 with q/k norms)."""
+    input_norm: torch.Tensor
+    post_attn_norm: torch.Tensor
+    qkv: GemmWeight  # q, k and v projections stacked: [q + 2 kv, hidden]
+    qkv_bias: torch.Tensor | None
+    q_norm: torch.Tensor | None
+    k_norm: torch.Tensor | None
+    o: GemmWeight
+    gate_up: GemmWeight  # gate and up stacked: [2 inter, hidden]
+    down: GemmWeight
+
+
+@dataclass(frozen=True)
+class StackShape:
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    eps: float
+    scale: float
+
+
+class DecoderStack:
+    """Callable: (embeddings [T, hidden], kv_caches, positions, slot_mapping, block_tables, token_seq,
+    token_pos) -> the last layer's output with the final norm applied, [T, hidden]."""
+
+    def __init__(self, layers: list[LayerWeights], final_norm: torch.Tensor, rotary_cache: torch.Tensor,
+                 shape: StackShape):
+        self.layers, self.final_norm, self.shape = layers, final_norm, shape
+        self.rotary_cache = rotary_cache.contiguous()
+        self.dtype = final_norm.dtype
+        self._cache_key: tuple[int, ...] | None = None
+        self._structs: tuple[ctypes.Array, _Stack] | None = None
+
+    @classmethod
+    def build(cls, layers: list[LayerWeights], final_norm: torch.Tensor, rotary_cache: torch.Tensor,
+              shape: StackShape) -> DecoderStack | None:
+        """The stack, or None where decoder.c cannot run these weights (the caller goes layer by layer)."""
+        dtype = final_norm.dtype
+        if dtype not in (torch.float32, torch.bfloat16) or not cpu_kernels.is_available():
+            return None
+        if not cpu_kernels.gemm_supported(dtype) or rotary_cache.dtype not in (torch.float32, torch.bfloat16):
+            return None
+        if shape.head_dim % cpu_kernels.LANES or shape.head_dim // cpu_kernels.LANES > cpu_kernels.MAX_CHUNKS:
+            return None
+        if shape.num_heads > cpu_kernels.MAX_HEADS or shape.num_heads % shape.num_kv_heads:
+            return None
+        for layer in layers:
+            tensors = [getattr(layer, name) for name in ("input_norm", "post_attn_norm", "qkv_bias", "q_norm", "k_norm")]
+            weights = [layer.qkv, layer.o, layer.gate_up, layer.down]
+            if not all(isinstance(w, GemmWeight) and w.dtype == dtype for w in weights):
+                return None
+            if not all(t.dtype == dtype and t.is_cpu and t.is_contiguous() for t in tensors if t is not None):
+                return None
+            if (layer.q_norm is None) != (layer.k_norm is None):
+                return None
+        return cls(layers, final_norm.contiguous(), rotary_cache, shape)
+
+    def runs(self, x: torch.Tensor, kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> bool:
+        """Whether this step's tensors suit decoder.c (the same dtype everywhere, contiguous caches on the CPU)."""
+        if x.dtype != self.dtype or not x.is_cpu:
+            return False
+        heads = (self.shape.num_kv_heads, self.shape.head_dim)
+        return all(c.dtype == self.dtype and c.is_cpu and c.is_contiguous() and tuple(c.shape[2:]) == heads
+                   for pair in kv_caches for c in pair)
+
+    def __call__(self, x: torch.Tensor, kv_caches: list[tuple[torch.Tensor, torch.Tensor]], positions: torch.Tensor,
+                 slot_mapping: torch.Tensor, block_tables: torch.Tensor, token_seq: torch.Tensor,
+                 token_pos: torch.Tensor) -> torch.Tensor:
+        x = x.contiguous()
+        out = torch.empty_like(x)
+        if x.shape[0] == 0:
+            return out
+        stack = self._stack(kv_caches)
+        ints = [t.to(torch.int64).contiguous() for t in (positions, slot_mapping, block_tables, token_seq, token_pos)]
+        positions, slots, tables, token_seq, token_pos = ints
+        status = cpu_kernels.library().decoder_stack(
+            ctypes.addressof(stack), x.data_ptr(), out.data_ptr(), x.shape[0], positions.data_ptr(), slots.data_ptr(),
+            tables.data_ptr(), tables.shape[1], token_seq.data_ptr(), token_pos.data_ptr(), torch.get_num_threads())
+        if status == OUT_OF_MEMORY:
+            raise MemoryError("decoder_stack: out of memory for the scratch buffers")
+        if status != 0:
+            raise ValueError(f"decoder_stack: shape not supported (status {status})")
+        return out
+
+    def _stack(self, kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> _Stack:
+        """The C descriptors, rebuilt only when the caches move (they are allocated once per worker)."""
+        key = tuple(c.data_ptr() for pair in kv_caches for c in pair)
+        if key != self._cache_key:
+            if len(kv_caches) != len(self.layers):
+                raise ValueError(f"decoder_stack: {len(kv_caches)} KV caches for {len(self.layers)} layers")
+            self._structs = self._describe(kv_caches)
+            self._cache_key = key
+        return self._structs[1]
+
+    def _describe(self, kv_caches) -> tuple[ctypes.Array, _Stack]:
+        def ptr(t) -> int | None:
+            if t is None:
+                return None
+            return (t.packed if isinstance(t, GemmWeight) else t).data_ptr()
+
+        array = (_Layer * len(self.layers))()
+        for slot, layer, (k_cache, v_cache) in zip(array, self.layers, kv_caches):
+            for name in _LAYER_FIELDS[:-2]:
+                setattr(slot, name, ptr(getattr(layer, name)))
+            slot.k_cache, slot.v_cache = k_cache.data_ptr(), v_cache.data_ptr()
+        first, shape = self.layers[0], self.shape
+        stack = _Stack(
+            num_layers=len(self.layers), hidden=first.o.out_features, num_heads=shape.num_heads,
+            num_kv_heads=shape.num_kv_heads, head_dim=shape.head_dim, inter=first.down.in_features,
+            block_size=kv_caches[0][0].shape[1], eps=shape.eps, scale=shape.scale,
+            is_bf16=int(self.dtype == torch.bfloat16), rotary_is_bf16=int(self.rotary_cache.dtype == torch.bfloat16),
+            rotary_cache=self.rotary_cache.data_ptr(), final_norm=self.final_norm.data_ptr(),
+            layers=ctypes.cast(array, ctypes.POINTER(_Layer)))
+        return array, stack

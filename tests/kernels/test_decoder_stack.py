@@ -1,0 +1,59 @@
+"""The one-call decoder stack (kernels/csrc/decoder.c) gives the layer-by-layer path's bits."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels import cpu_kernels
+from kernels.decoder import DecoderStack
+from kernels.linear import prepack
+from tests.conftest import greedy, make_llm, random_prompts
+
+pytestmark = pytest.mark.skipif(not cpu_kernels.is_available() or not cpu_kernels.gemm_supported(torch.float32),
+                                reason="needs the compiled kernels with the own GEMM (AVX-512)")
+
+
+def _models(llm):
+    return [worker.runner.model for worker in llm.engine.workers.values()]
+
+
+def _outputs(llm, prompts, params):
+    return [[(o.token_ids, o.logprobs) for o in out.outputs] for out in llm.generate(prompts, params, use_tqdm=False)]
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])  # plain, q/k/v bias, per-head q/k norm
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_same_tokens_and_logprobs_as_layer_by_layer(model_dir, arch, dtype):
+    if dtype == "bfloat16" and not cpu_kernels.gemm_supported(torch.bfloat16):
+        pytest.skip("no AVX-512 BF16 here")
+    folder = model_dir(arch, "tiny", dtype=dtype)
+    prompts = random_prompts(10, 512, 1, 150, seed=7)
+    params = greedy(10, logprobs=2)
+    # chunked prefill: steps that mix prompt chunks with decode tokens
+    engine_args = dict(dtype=dtype, max_num_batched_tokens=64, enable_chunked_prefill=True)
+    fused = make_llm(folder, **engine_args)
+    layered = make_llm(folder, **engine_args)
+    assert all(m.stack is not None for m in _models(fused))
+    for model in _models(layered):
+        model.stack = None
+    assert _outputs(fused, prompts, params) == _outputs(layered, prompts, params)
+
+
+def test_not_taken_where_it_cannot_run(model_dir):
+    """The torch reference ops have no stack; a stack refuses weights not packed for the own GEMM."""
+    llm = make_llm(model_dir("llama", "tiny"), kernel_backend="torch")
+    assert all(m.stack is None for m in _models(llm))
+    model = _models(make_llm(model_dir("llama", "tiny")))[0]
+    layers = model.stack.layers
+    dense = [type(layer)(**{**layer.__dict__, "o": prepack(torch.zeros(8, 8), library="dense")}) for layer in layers]
+    assert DecoderStack.build(dense, model.final_norm.data, model.rotary_cache, model.stack.shape) is None
+
+
+def test_kv_caches_must_match_the_layers(model_dir):
+    llm = make_llm(model_dir("llama", "tiny"))
+    model, runner = _models(llm)[0], next(iter(llm.engine.workers.values())).runner
+    x = torch.zeros(1, model.cfg.hidden_size)
+    ints = [torch.zeros(1, dtype=torch.int64)] * 2
+    with pytest.raises(ValueError, match="KV caches"):
+        model.stack(x, runner.kv_cache.layers[:-1], *ints, torch.zeros(1, 1, dtype=torch.int64), *ints)
+    assert not model.stack.runs(x.to(torch.bfloat16), runner.kv_cache.layers)  # another dtype: layer by layer
