@@ -5,7 +5,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-from kernels.attention import token_layout
 from services.core.errors import InvalidArgument, UnknownSequence
 from services.core.sampling_params import SamplingParams
 from services.core.step import NewSequence, SeqOutput, StepDelta, StepResult
@@ -44,6 +43,7 @@ class _Batch:
 
     input_ids: list[int] = field(default_factory=list)
     positions: list[int] = field(default_factory=list)
+    token_seqs: list[int] = field(default_factory=list)  # each token's sequence: a row of `tables`
     slots: list[int] = field(default_factory=list)
     seq_lens: list[int] = field(default_factory=list)
     query_start_loc: list[int] = field(default_factory=lambda: [0])
@@ -113,6 +113,7 @@ class ModelRunner:
             first_row = len(batch.input_ids)
             batch.input_ids += state.token_ids(start, end)
             batch.positions += range(start, end)
+            batch.token_seqs += [len(batch.tables)] * num_new
             batch.slots += [state.block_ids[p // bs] * bs + p % bs for p in range(start, end)]
             batch.seq_lens.append(end)
             batch.query_start_loc.append(len(batch.input_ids))
@@ -130,11 +131,12 @@ class ModelRunner:
         tables = torch.tensor([t + [0] * (width - len(t)) for t in batch.tables], dtype=torch.int64, device=dev)
         seq_lens = torch.tensor(batch.seq_lens, dtype=torch.int64, device=dev)
         query_start_loc = torch.tensor(batch.query_start_loc, dtype=torch.int64, device=dev)
+        positions = torch.tensor(batch.positions, dtype=torch.int64, device=dev)
+        # kernels.attention.token_layout, from the lists: a token's position is its place in the sequence
+        layout = (torch.tensor(batch.token_seqs, dtype=torch.int64, device=dev), positions)
         meta = AttentionMetadata(
-            positions=torch.tensor(batch.positions, dtype=torch.int64, device=dev),
-            slot_mapping=torch.tensor(batch.slots, dtype=torch.int64, device=dev),
-            block_tables=tables, seq_lens=seq_lens, query_start_loc=query_start_loc,
-            layout=token_layout(seq_lens, query_start_loc))
+            positions=positions, slot_mapping=torch.tensor(batch.slots, dtype=torch.int64, device=dev),
+            block_tables=tables, seq_lens=seq_lens, query_start_loc=query_start_loc, layout=layout)
         input_ids = torch.tensor(batch.input_ids, dtype=torch.int64, device=dev)
         return input_ids, self.kv_cache.layers, meta
 
