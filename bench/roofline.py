@@ -15,8 +15,9 @@ requests of `--context` random prompt tokens in flight (after their prefill and 
 step); prefill is one step over B prompts of `--context` tokens. Compute fraction = achieved
 FLOP/s / matmul peak; bandwidth fraction = (bytes / bandwidth) / step time, i.e. how close the
 step is to the time it would take just to stream its bytes.
-Writes bench/results/roofline.{md,json}; --profile adds the time per step in the linear layers and
-in each kernel (wall time around each call) and torch.profiler's top ops of one decode step.
+Writes bench/results/roofline.{md,json}; --profile adds the time per step in the one-call decoder
+stack, the linear layers and each kernel (wall time around each call; once as the step runs, once
+layer by layer to show the kernels) and torch.profiler's top ops of one decode step.
 """
 from __future__ import annotations
 
@@ -103,21 +104,24 @@ def decode_bytes(costs: dict, batch: int, context: int, elem: int) -> float:
     return costs["linear_params"] * elem + kv
 
 
+EXTRA_STEPS = 24  # beyond the timed ones: prefill, warm-up, the profiled step and both breakdowns (11)
+
+
 def _add_requests(llm, batch: int, context: int, steps: int, seed: int) -> None:
     """Requests that run for the whole measurement (the KV cache is sized to hold them)."""
     from services import SamplingParams
     rng = random.Random(seed)
     for i in range(batch):
         prompt = [rng.randrange(16, 49000) for _ in range(context)]
-        llm.scheduler.add_request(f"r{seed}-{i}", prompt, SamplingParams(temperature=0, max_tokens=steps + 8,
-                                                                          ignore_eos=True))
+        params = SamplingParams(temperature=0, max_tokens=steps + EXTRA_STEPS, ignore_eos=True)
+        llm.scheduler.add_request(f"r{seed}-{i}", prompt, params)
 
 
 def time_engine(folder: Path, dtype: str, batch: int, context: int, steps: int, profile: bool) -> dict:
     """(prefill seconds for batch x context tokens, mean decode step seconds, profile table or None)."""
     from services import LLM
     llm = LLM(str(folder), dtype=dtype, max_num_seqs=batch, max_num_batched_tokens=max(2048, batch * context),
-              num_gpu_blocks=batch * (context + steps + 8) // 16 + batch + 16, enable_prefix_caching=False)
+              num_gpu_blocks=batch * (context + steps + EXTRA_STEPS) // 16 + batch + 16, enable_prefix_caching=False)
     _add_requests(llm, batch, context, steps, seed=batch)
     start = time.perf_counter()
     llm.engine.step()  # the whole prefill (and each sequence's first token)
@@ -128,18 +132,51 @@ def time_engine(folder: Path, dtype: str, batch: int, context: int, steps: int, 
         llm.engine.step()
     decode = (time.perf_counter() - start) / steps
     table = _profile(llm) if profile else None
-    breakdown = _breakdown(llm, steps=5) if profile else None
+    breakdown = _breakdowns(llm, steps=5) if profile else None
     return {"prefill_s": prefill, "decode_step_s": decode, "profile": table, "breakdown": breakdown}
 
 
 OPS_FIELDS = ("paged_attention", "write_kv", "rms_norm", "apply_rotary", "silu_and_mul")
 
 
+def _breakdowns(llm, steps: int) -> dict:
+    """The step as it runs (the one-call decoder stack where there is one), then layer by layer,
+    which shows each kernel (the stack's calls are invisible from Python)."""
+    model = next(iter(llm.engine.workers.values())).runner.model
+    result = {"": _breakdown(llm, steps)}
+    if model.stack is not None:
+        stack, model.stack = model.stack, None
+        try:
+            result[", layer by layer"] = _breakdown(llm, steps)
+        finally:
+            model.stack = stack
+    return result
+
+
+class _TimedStack:
+    def __init__(self, stack, totals: dict):
+        self.stack, self.totals = stack, totals
+
+    def runs(self, *args) -> bool:
+        return self.stack.runs(*args)
+
+    def __call__(self, *args):
+        start = time.perf_counter()
+        try:
+            return self.stack(*args)
+        finally:
+            self.totals["decoder_stack"] += time.perf_counter() - start
+
+
 def _breakdown(llm, steps: int) -> dict:
-    """ms per decode step spent in the linear layers and in each kernel of the model's Ops (wall
+    """ms per decode step spent in the one-call decoder stack, the linear layers outside it (the
+    lm_head when the stack runs) and each kernel of the model's Ops called from Python (wall
     time around each call: torch.profiler does not see inside the compiled CPU kernels)."""
     model = next(iter(llm.engine.workers.values())).runner.model
-    totals = dict.fromkeys(("linear", *OPS_FIELDS), 0.0)
+    totals = dict.fromkeys(("decoder_stack", "linear", *OPS_FIELDS), 0.0)
+    stack = model.stack
+    if stack is not None:
+        model.stack = _TimedStack(stack, totals)
 
     def timed(name, fn):
         def call(*args, **kwargs):
@@ -166,6 +203,7 @@ def _breakdown(llm, steps: int) -> dict:
             object.__setattr__(ops, field, fn)
         for module, fn in zip(linear_modules, saved_linear):
             module.linear = fn
+        model.stack = stack
     result = {name: 1e3 * t / steps for name, t in totals.items()}
     result["other"] = 1e3 * step / steps - sum(result.values())
     result["step"] = 1e3 * step / steps
@@ -219,7 +257,8 @@ def main() -> None:
     limits = {k: max(v, again[k]) for k, v in limits.items()}
     rows = [analyse(costs, limits, dtype, batch, args.context, t) for (dtype, batch), t in timings.items()]
     profiles = {f"{d} batch {b}": t["profile"] for (d, b), t in timings.items() if t["profile"]}
-    breakdowns = {f"{d} batch {b}": t["breakdown"] for (d, b), t in timings.items() if t["breakdown"]}
+    breakdowns = {f"{d} batch {b}{mode}": breakdown for (d, b), t in timings.items() if t["breakdown"]
+                  for mode, breakdown in t["breakdown"].items()}
     body = _body(costs, limits, rows, profiles, breakdowns, args)
     path = write_results(args.out, "Roofline: prefill and decode against this machine's limits", load_before,
                          body, {"costs": costs, "limits": limits, "rows": rows, "profiles": profiles,
@@ -238,7 +277,7 @@ def _body(costs: dict, limits: dict, rows: list[dict], profiles: dict, breakdown
               f"{100 * r['decode_bandwidth_frac']:.1f}%"] for r in rows]
     lines.append(markdown_table(headers, table))
     if breakdowns:
-        names = ["step", "linear", *OPS_FIELDS, "other"]
+        names = ["step", "decoder_stack", "linear", *OPS_FIELDS, "other"]
         lines += ["\n## Where a decode step goes (ms per step, wall time around each call, 5 steps)\n",
                   markdown_table(["point", *names], [[point, *(f"{b[n]:.1f}" for n in names)]
                                                      for point, b in breakdowns.items()])]
