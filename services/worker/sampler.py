@@ -23,6 +23,7 @@ from itertools import chain
 import torch
 import torch.nn.functional as F
 
+from kernels.cpu_kernels import argmax_cpu
 from services.core import seeding
 from services.core.sampling_params import SamplingParams
 from services.core.step import Logprobs
@@ -52,7 +53,7 @@ def sample(logits: torch.Tensor, rows: list[SamplingRow],
     tokens = torch.empty(len(rows), dtype=torch.long)
     greedy = [i for i, row in enumerate(rows) if row.params.greedy]
     if greedy:
-        tokens[greedy] = _take_rows(processed, greedy).argmax(-1)  # first index on ties
+        tokens[greedy] = argmax_cpu(_take_rows(processed, greedy))  # torch's argmax: first index on ties
     randoms = [i for i, row in enumerate(rows) if not row.params.greedy]
     if randoms:
         tokens[randoms] = _sample_random(_take_rows(processed, randoms), [rows[i] for i in randoms])

@@ -102,3 +102,19 @@ def test_widths_that_are_not_multiples_of_16(dtype):
     cache, positions = cos_sin_cache(40, 64, 10000.0).to(dtype), torch.tensor([0, 3, 9, 63])
     got, want = cpu_kernels.apply_rotary_cpu(q, k, positions, cache), apply_rotary_ref(q, k, positions, cache)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+@pytest.mark.parametrize("width", [1, 15, 16, 17, 1000, 49152])
+def test_argmax_is_torchs_argmax(width):
+    """Ties give the first index, a NaN wins (the first one), -0.0 ties with 0.0; strided rows too."""
+    rows = [torch.randn(5, width), torch.randint(0, 3, (5, width)).float(), torch.full((5, width), float("-inf")),
+            torch.zeros(5, width), torch.randn(5, 2 * width)[:, ::2]]
+    rows[3][:, -1], rows[3][0, 0] = -0.0, -0.0
+    with_nan = torch.randn(5, width)
+    with_nan[1:, width // 2], with_nan[0, -1] = float("nan"), float("nan")
+    with_inf = torch.randn(5, width)
+    with_inf[2, -1] = float("inf")
+    for x in [*rows, with_nan, with_inf]:
+        assert torch.equal(cpu_kernels.argmax_cpu(x), x.argmax(-1))
+    one = torch.randn(9, width)
+    assert torch.equal(cpu_kernels.argmax_cpu(one[4:5]), cpu_kernels.argmax_cpu(one)[4:5])  # batch-invariant
