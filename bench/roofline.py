@@ -12,9 +12,12 @@ lm_head included) + 4 x layers x heads x head_dim x context (QK^T and PV); bytes
 step = every linear weight once + the K/V each sequence reads (context x layers x 2 x KV heads
 x head_dim in the cache dtype). Decode is timed by driving `llm.engine.step()` with B
 requests of `--context` random prompt tokens in flight (after their prefill and one warm-up
-step); prefill is one step over B prompts of `--context` tokens. Compute fraction = achieved
-FLOP/s / matmul peak; bandwidth fraction = (bytes / bandwidth) / step time, i.e. how close the
-step is to the time it would take just to stream its bytes.
+step), in --rounds rounds; prefill is one step over B prompts of `--context` tokens. Compute
+fraction = achieved FLOP/s / matmul peak; bandwidth fraction = (bytes / bandwidth) / step time,
+i.e. how close the step is to the time it would take just to stream its bytes. This machine's
+bandwidth drifts by up to 2x within minutes (a KVM guest sharing its host), so each round
+of decode steps comes right after its own bandwidth probe and the fraction is the median over
+the rounds of each round's pair; the fraction against the run's best bandwidth is kept too.
 Writes bench/results/roofline.{md,json}; --profile adds the time per step in the one-call decoder
 stack, the linear layers and each kernel (wall time around each call; once as the step runs, once
 layer by layer to show the kernels) and torch.profiler's top ops of one decode step.
@@ -24,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -117,8 +121,9 @@ def _add_requests(llm, batch: int, context: int, steps: int, seed: int) -> None:
         llm.scheduler.add_request(f"r{seed}-{i}", prompt, params)
 
 
-def time_engine(folder: Path, dtype: str, batch: int, context: int, steps: int, profile: bool) -> dict:
-    """(prefill seconds for batch x context tokens, mean decode step seconds, profile table or None)."""
+def time_engine(folder: Path, dtype: str, batch: int, context: int, steps: int, profile: bool, rounds: int) -> dict:
+    """Prefill seconds for batch x context tokens, mean decode step seconds, each round's
+    (bandwidth, decode step seconds) pair, and the profile tables (None without --profile)."""
     from services import LLM
     llm = LLM(str(folder), dtype=dtype, max_num_seqs=batch, max_num_batched_tokens=max(2048, batch * context),
               num_gpu_blocks=batch * (context + steps + EXTRA_STEPS) // 16 + batch + 16, enable_prefix_caching=False)
@@ -127,13 +132,19 @@ def time_engine(folder: Path, dtype: str, batch: int, context: int, steps: int, 
     llm.engine.step()  # the whole prefill (and each sequence's first token)
     prefill = time.perf_counter() - start
     llm.engine.step()  # warm-up decode
-    start = time.perf_counter()
-    for _ in range(steps):
-        llm.engine.step()
-    decode = (time.perf_counter() - start) / steps
+    per_round = max(1, steps // rounds)
+    paired = []
+    for _ in range(rounds):
+        probe = bandwidth(repeats=5)
+        start = time.perf_counter()
+        for _ in range(per_round):
+            llm.engine.step()
+        paired.append({"bandwidth_bytes_per_s": probe, "decode_step_s": (time.perf_counter() - start) / per_round})
+    decode = sum(p["decode_step_s"] for p in paired) / len(paired)
     table = _profile(llm) if profile else None
     breakdown = _breakdowns(llm, steps=5) if profile else None
-    return {"prefill_s": prefill, "decode_step_s": decode, "profile": table, "breakdown": breakdown}
+    return {"prefill_s": prefill, "decode_step_s": decode, "paired": paired, "profile": table,
+            "breakdown": breakdown}
 
 
 OPS_FIELDS = ("paged_attention", "write_kv", "rms_norm", "apply_rotary", "silu_and_mul")
@@ -223,13 +234,18 @@ def analyse(costs: dict, limits: dict, dtype: str, batch: int, context: int, tim
     prefill_flops = batch * context * flops_per_token(costs, context // 2)  # mean context over the prompt
     step = timing["decode_step_s"]
     decode_flops = batch * flops_per_token(costs, context)
+    fractions = [decode_bytes(costs, batch, context, elem) / p["bandwidth_bytes_per_s"] / p["decode_step_s"]
+                 for p in timing["paired"]]
     return {
         "dtype": dtype, "batch": batch, "context": context,
         "prefill_tok_s": batch * context / timing["prefill_s"],
         "prefill_compute_frac": prefill_flops / timing["prefill_s"] / peak,
         "decode_step_ms": step * 1e3, "decode_tok_s": batch / step,
         "decode_compute_frac": decode_flops / step / peak,
-        "decode_bandwidth_frac": decode_bytes(costs, batch, context, elem) / bw / step,
+        "decode_bandwidth_frac": statistics.median(fractions),
+        "decode_bandwidth_frac_range": (min(fractions), max(fractions)),
+        "paired_bandwidth_bytes_per_s": statistics.median(p["bandwidth_bytes_per_s"] for p in timing["paired"]),
+        "decode_bandwidth_frac_best_bw": decode_bytes(costs, batch, context, elem) / bw / step,
     }
 
 
@@ -239,7 +255,9 @@ def main() -> None:
     parser.add_argument("--dtypes", default="float32,bfloat16")
     parser.add_argument("--batch-sizes", default="1,16,64")
     parser.add_argument("--context", type=int, default=128, help="prompt tokens per sequence")
-    parser.add_argument("--decode-steps", type=int, default=10, help="timed decode steps per batch size")
+    parser.add_argument("--decode-steps", type=int, default=12, help="timed decode steps per batch size")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="the decode steps come in this many rounds, each after its own bandwidth probe")
     parser.add_argument("--profile", action="store_true", help="torch.profiler of one decode step at each point")
     parser.add_argument("--out", default="roofline")
     args = parser.parse_args()
@@ -251,10 +269,13 @@ def main() -> None:
     timings = {}
     for dtype in args.dtypes.split(","):
         for batch in [int(b) for b in args.batch_sizes.split(",")]:
-            timings[dtype, batch] = time_engine(folder, dtype, batch, args.context, args.decode_steps, args.profile)
+            timings[dtype, batch] = time_engine(folder, dtype, batch, args.context, args.decode_steps, args.profile,
+                                                args.rounds)
             print(dtype, batch, {k: v for k, v in timings[dtype, batch].items() if k != "profile"}, flush=True)
     again = measure_limits(args.dtypes.split(","))  # limits are the best seen: other load only lowers them
     limits = {k: max(v, again[k]) for k, v in limits.items()}
+    paired_best = max(p["bandwidth_bytes_per_s"] for t in timings.values() for p in t["paired"])
+    limits["bandwidth_bytes_per_s"] = max(limits["bandwidth_bytes_per_s"], paired_best)
     rows = [analyse(costs, limits, dtype, batch, args.context, t) for (dtype, batch), t in timings.items()]
     profiles = {f"{d} batch {b}": t["profile"] for (d, b), t in timings.items() if t["profile"]}
     breakdowns = {f"{d} batch {b}{mode}": breakdown for (d, b), t in timings.items() if t["breakdown"]
@@ -271,10 +292,14 @@ def _body(costs: dict, limits: dict, rows: list[dict], profiles: dict, breakdown
              f"{flops_per_token(costs, args.context) / 1e6:.0f} MFLOP per token at context {args.context}.",
              "Limits: " + ", ".join(f"{k} {v / 1e9:.1f} G" for k, v in limits.items()), ""]
     headers = ["dtype", "batch", "prefill tok/s", "prefill % compute", "decode ms/step", "decode tok/s",
-               "decode % compute", "decode % bandwidth floor"]
+               "decode % compute", "decode % bandwidth floor (paired)", "paired probe GB/s",
+               "% floor at the run's best GB/s"]
     table = [[r["dtype"], r["batch"], r["prefill_tok_s"], f"{100 * r['prefill_compute_frac']:.1f}%",
               r["decode_step_ms"], r["decode_tok_s"], f"{100 * r['decode_compute_frac']:.1f}%",
-              f"{100 * r['decode_bandwidth_frac']:.1f}%"] for r in rows]
+              "{:.1f}% ({:.0f}-{:.0f})".format(100 * r["decode_bandwidth_frac"],
+                                                *(100 * f for f in r["decode_bandwidth_frac_range"])),
+              f"{r['paired_bandwidth_bytes_per_s'] / 1e9:.1f}", f"{100 * r['decode_bandwidth_frac_best_bw']:.1f}%"]
+             for r in rows]
     lines.append(markdown_table(headers, table))
     if breakdowns:
         names = ["step", "decoder_stack", "linear", *OPS_FIELDS, "other"]

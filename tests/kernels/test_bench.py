@@ -53,3 +53,20 @@ def test_linear_bound_times_the_weights_the_engine_multiplies(model_dir):
     model = load_model(folder, torch.float32, torch.device("cpu"), TORCH_OPS, plain_linear)
     engine = [tuple(getattr(m, name).shape) for m in model.modules() for name in getattr(m, "linear_weights", ())]
     assert sorted(load_bench("linear_bound").step_shapes(folder)) == sorted(engine)
+
+
+def test_roofline_pairs_each_round_with_its_own_bandwidth_probe(model_dir):
+    """The host's bandwidth drifts within minutes: a round's decode steps are compared with the
+    probe taken just before them, and the median over rounds is reported."""
+    roofline = load_bench("roofline")
+    costs = roofline.model_costs(model_dir("llama", "tiny"))
+    step_bytes = roofline.decode_bytes(costs, 1, 128, 2)
+    paired = [{"bandwidth_bytes_per_s": step_bytes / 0.005, "decode_step_s": 0.010},  # 50%
+              {"bandwidth_bytes_per_s": step_bytes / 0.008, "decode_step_s": 0.010},  # 80%
+              {"bandwidth_bytes_per_s": step_bytes / 0.007, "decode_step_s": 0.010}]  # 70%
+    limits = {"bandwidth_bytes_per_s": step_bytes / 0.004, "matmul_flops_bfloat16": 1e12}
+    timing = {"prefill_s": 1.0, "decode_step_s": 0.010, "paired": paired}
+    row = roofline.analyse(costs, limits, "bfloat16", 1, 128, timing)
+    assert abs(row["decode_bandwidth_frac"] - 0.7) < 1e-9
+    assert [round(f, 9) for f in row["decode_bandwidth_frac_range"]] == [0.5, 0.8]
+    assert abs(row["decode_bandwidth_frac_best_bw"] - 0.4) < 1e-9
