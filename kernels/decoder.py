@@ -84,7 +84,8 @@ class DecoderStack:
         if shape.num_heads > cpu_kernels.MAX_HEADS or shape.num_heads % shape.num_kv_heads:
             return None
         for layer in layers:
-            tensors = [getattr(layer, name) for name in ("input_norm", "post_attn_norm", "qkv_bias", "q_norm", "k_norm")]
+            names = ("input_norm", "post_attn_norm", "qkv_bias", "q_norm", "k_norm")
+            tensors = [getattr(layer, name) for name in names]
             weights = [layer.qkv, layer.o, layer.gate_up, layer.down]
             if not all(isinstance(w, GemmWeight) and w.dtype == dtype for w in weights):
                 return None

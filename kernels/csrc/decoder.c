@@ -93,7 +93,7 @@ int decoder_stack(const DecoderStack *m, const void *x, void *out, int64_t num_t
                      num_threads);
         linear(s.h, hidden, layer->qkv, layer->qkv_bias, s.qkv, qkv_size, num_tokens, qkv_size, hidden, bf16,
                num_threads);
-        const char *q = s.qkv, *k = (const char *)s.qkv + q_size * elem, *v = (const char *)s.qkv + (q_size + kv_size) * elem;
+        const char *q = s.qkv, *k = q + q_size * elem, *v = k + kv_size * elem;
         int64_t q_stride = qkv_size, k_stride = qkv_size;
         if (layer->q_norm != NULL) { /* per head: rows of head_dim, each token's heads contiguous */
             for (int64_t t = 0; t < num_tokens; t++) {

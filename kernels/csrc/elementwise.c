@@ -119,7 +119,8 @@ static int64_t first_match(const float *row, int64_t n, float target) {
     const __m512 wanted = _mm512_set1_ps(target);
     for (; i + LANES <= n; i += LANES) {
         const __m512 v = _mm512_loadu_ps(row + i);
-        const __mmask16 hit = find_nan ? _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q) : _mm512_cmp_ps_mask(v, wanted, _CMP_EQ_OQ);
+        const __mmask16 hit =
+            find_nan ? _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q) : _mm512_cmp_ps_mask(v, wanted, _CMP_EQ_OQ);
         if (hit)
             return i + __builtin_ctz(hit);
     }
