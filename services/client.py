@@ -10,6 +10,8 @@
         async for delta in client.generate([1, 2, 3], n=2, seed=7):
             print(delta.index, delta.text)
 
+    results = await client.complete_batch([{"prompt": p, "max_tokens": 64} for p in prompts])  # one call
+
 A prompt is text, a list of token ids, or a list of chat messages ({"role", "content"});
 keyword arguments are the sampling parameters of the proto (max_tokens, temperature, stop,
 n, logprobs, seed, logit_bias={id: bias}, ...). Errors raise GenerationError.
@@ -19,11 +21,14 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 
+import uuid
+
 import grpc
 
 from pagedserve.v1 import generate_pb2 as pb
 from pagedserve.v1 import generate_pb2_grpc
 
+_STATUS = {code.value[0]: code for code in grpc.StatusCode}
 _FINISH = {pb.FINISH_REASON_STOP: "stop", pb.FINISH_REASON_LENGTH: "length", pb.FINISH_REASON_ABORT: "abort"}
 
 
@@ -191,6 +196,63 @@ class AsyncStream:
         self._call.cancel()
 
 
+def _batch_requests(requests: list[dict]) -> tuple[list[pb.GenerateRequest], dict[str, int]]:
+    """Each dict: "prompt" plus build_request's keywords; ids are assigned where missing."""
+    prefix = uuid.uuid4().hex[:12]
+    built = [build_request(**{"request_id": f"{prefix}-{i}", **r}) for i, r in enumerate(requests)]
+    return built, {request.request_id: i for i, request in enumerate(built)}
+
+
+class _BatchFolder:
+    """Folds GenerateBatch messages into (index, delta) pairs and one Result or error per request."""
+
+    def __init__(self, ids: dict[str, int]):
+        self.ids, self.folders = ids, [_Folder() for _ in ids]
+        self.errors: dict[int, GenerationError] = {}
+
+    def fold(self, response: pb.GenerateBatchResponse) -> list[tuple[int, Delta]]:
+        for error in response.errors:
+            self.errors[error.index] = GenerationError(_STATUS.get(error.code, grpc.StatusCode.UNKNOWN), error.message)
+        return [(self.ids[r.request_id], delta) for r in response.responses
+                for delta in self.folders[self.ids[r.request_id]].fold(r)]
+
+    @property
+    def results(self) -> list[Result | GenerationError]:
+        return [self.errors.get(i, folder.result) for i, folder in enumerate(self.folders)]
+
+
+class BatchStream:
+    """(request index, delta) pairs of one GenerateBatch call; `results` is complete once the
+    iteration ends: a Result per request, or the GenerationError it ended with."""
+
+    def __init__(self, call, ids: dict[str, int]):
+        self._call, self._folder = call, _BatchFolder(ids)
+
+    @property
+    def results(self) -> list[Result | GenerationError]:
+        return self._folder.results
+
+    def __iter__(self) -> Iterator[tuple[int, Delta]]:
+        try:
+            for response in self._call:
+                yield from self._folder.fold(response)
+        except grpc.RpcError as error:
+            raise GenerationError.wrap(error) from None
+
+    def cancel(self) -> None:
+        self._call.cancel()
+
+
+class AsyncBatchStream(BatchStream):
+    async def __aiter__(self) -> AsyncIterator[tuple[int, Delta]]:
+        try:
+            async for response in self._call:
+                for pair in self._folder.fold(response):
+                    yield pair
+        except grpc.aio.AioRpcError as error:
+            raise GenerationError.wrap(error) from None
+
+
 class Client:
     """Blocking client; one channel, safe to share between threads."""
 
@@ -206,6 +268,18 @@ class Client:
         for _ in stream:
             pass
         return stream.result
+
+    def generate_batch(self, requests: list[dict]) -> BatchStream:
+        """Many requests over one call (GenerateBatch); each dict is "prompt" plus the keywords of
+        `generate`. Iterate for (index, delta) pairs."""
+        built, ids = _batch_requests(requests)
+        return BatchStream(self.stub.GenerateBatch(iter(built)), ids)
+
+    def complete_batch(self, requests: list[dict]) -> list[Result | GenerationError]:
+        stream = self.generate_batch(requests)
+        for _ in stream:
+            pass
+        return stream.results
 
     def tokenize(self, prompt: str | list[dict], add_special_tokens: bool | None = None) -> list[int]:
         return list(self._call(self.stub.Tokenize, _tokenize_request(prompt, add_special_tokens)).token_ids)
@@ -249,6 +323,18 @@ class AsyncClient:
         async for _ in stream:
             pass
         return stream.result
+
+    def generate_batch(self, requests: list[dict]) -> AsyncBatchStream:
+        """Many requests over one call (GenerateBatch); each dict is "prompt" plus the keywords of
+        `generate`. `async for index, delta in ...`."""
+        built, ids = _batch_requests(requests)
+        return AsyncBatchStream(self.stub.GenerateBatch(iter(built)), ids)
+
+    async def complete_batch(self, requests: list[dict]) -> list[Result | GenerationError]:
+        stream = self.generate_batch(requests)
+        async for _ in stream:
+            pass
+        return stream.results
 
     async def tokenize(self, prompt: str | list[dict], add_special_tokens: bool | None = None) -> list[int]:
         return list((await self._call(self.stub.Tokenize, _tokenize_request(prompt, add_special_tokens))).token_ids)

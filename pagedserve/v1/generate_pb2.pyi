@@ -167,6 +167,26 @@ class PromptLogprob(_message.Message):
     value: Logprob
     def __init__(self, has_value: _Optional[bool] = ..., value: _Optional[_Union[Logprob, _Mapping]] = ...) -> None: ...
 
+class GenerateBatchResponse(_message.Message):
+    __slots__ = ("responses", "errors")
+    RESPONSES_FIELD_NUMBER: _ClassVar[int]
+    ERRORS_FIELD_NUMBER: _ClassVar[int]
+    responses: _containers.RepeatedCompositeFieldContainer[GenerateResponse]
+    errors: _containers.RepeatedCompositeFieldContainer[RequestError]
+    def __init__(self, responses: _Optional[_Iterable[_Union[GenerateResponse, _Mapping]]] = ..., errors: _Optional[_Iterable[_Union[RequestError, _Mapping]]] = ...) -> None: ...
+
+class RequestError(_message.Message):
+    __slots__ = ("request_id", "index", "code", "message")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    index: int
+    code: int
+    message: str
+    def __init__(self, request_id: _Optional[str] = ..., index: _Optional[int] = ..., code: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
+
 class GenerateSummary(_message.Message):
     __slots__ = ("finish_reasons", "num_prompt_tokens", "num_completion_tokens", "num_cached_tokens", "seed")
     FINISH_REASONS_FIELD_NUMBER: _ClassVar[int]

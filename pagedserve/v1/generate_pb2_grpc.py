@@ -40,6 +40,11 @@ class GenerationStub:
                 request_serializer=pagedserve_dot_v1_dot_generate__pb2.GenerateRequest.SerializeToString,
                 response_deserializer=pagedserve_dot_v1_dot_generate__pb2.GenerateResponse.FromString,
                 _registered_method=True)
+        self.GenerateBatch = channel.stream_stream(
+                '/pagedserve.v1.Generation/GenerateBatch',
+                request_serializer=pagedserve_dot_v1_dot_generate__pb2.GenerateRequest.SerializeToString,
+                response_deserializer=pagedserve_dot_v1_dot_generate__pb2.GenerateBatchResponse.FromString,
+                _registered_method=True)
         self.Tokenize = channel.unary_unary(
                 '/pagedserve.v1.Generation/Tokenize',
                 request_serializer=pagedserve_dot_v1_dot_generate__pb2.TokenizeRequest.SerializeToString,
@@ -65,6 +70,19 @@ class GenerationServicer:
         """Generate from one prompt. The stream carries the new text and token ids of each
         sample as they are produced, then one final message with finish reasons and counts.
         Cancelling the call aborts the request and frees its memory on the server.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GenerateBatch(self, request_iterator, context):
+        """Many requests over one call, for batch jobs. Write GenerateRequests, each with a
+        request_id unique within the call; read GenerateBatchResponses. Each response carries what
+        every request produced since the previous one (usually one scheduling step), as the
+        GenerateResponses Generate would have streamed, so N requests cost about one message per
+        step instead of N. A request that is refused or fails ends alone, with an entry in
+        errors; the others go on. The call ends once the client has half-closed and every request
+        has ended; cancelling it aborts the requests still running.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -98,6 +116,11 @@ def add_GenerationServicer_to_server(servicer, server):
                     servicer.Generate,
                     request_deserializer=pagedserve_dot_v1_dot_generate__pb2.GenerateRequest.FromString,
                     response_serializer=pagedserve_dot_v1_dot_generate__pb2.GenerateResponse.SerializeToString,
+            ),
+            'GenerateBatch': grpc.stream_stream_rpc_method_handler(
+                    servicer.GenerateBatch,
+                    request_deserializer=pagedserve_dot_v1_dot_generate__pb2.GenerateRequest.FromString,
+                    response_serializer=pagedserve_dot_v1_dot_generate__pb2.GenerateBatchResponse.SerializeToString,
             ),
             'Tokenize': grpc.unary_unary_rpc_method_handler(
                     servicer.Tokenize,
@@ -143,6 +166,33 @@ class Generation:
             '/pagedserve.v1.Generation/Generate',
             pagedserve_dot_v1_dot_generate__pb2.GenerateRequest.SerializeToString,
             pagedserve_dot_v1_dot_generate__pb2.GenerateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GenerateBatch(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/pagedserve.v1.Generation/GenerateBatch',
+            pagedserve_dot_v1_dot_generate__pb2.GenerateRequest.SerializeToString,
+            pagedserve_dot_v1_dot_generate__pb2.GenerateBatchResponse.FromString,
             options,
             channel_credentials,
             insecure,

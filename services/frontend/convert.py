@@ -5,9 +5,11 @@ from google.protobuf.message import Message
 from google.protobuf.unknown_fields import UnknownFieldSet
 
 from pagedserve.v1 import generate_pb2 as pb
+from services.rpc_errors import status_of
 from services.core.errors import InvalidArgument
 from services.core.sampling_params import SamplingParams
 from services.core.step import Logprobs
+from services.frontend.batch import BatchError, BatchItem
 from services.frontend.types import GenerateEvent, GenerateRequest, ModelCard, Prompt, SampleEvent, Summary
 
 FINISH_REASONS = {None: pb.FINISH_REASON_UNSPECIFIED, "stop": pb.FINISH_REASON_STOP,
@@ -60,6 +62,18 @@ def event_to_pb(event: GenerateEvent) -> pb.GenerateResponse:
             for lp in event.prompt_logprobs)
     if event.summary is not None:
         response.summary.CopyFrom(_summary_to_pb(event.summary))
+    return response
+
+
+def batch_to_pb(items: list[BatchItem]) -> pb.GenerateBatchResponse:
+    response = pb.GenerateBatchResponse()
+    for item in items:
+        if isinstance(item, BatchError):
+            code, message = status_of(item.error)
+            response.errors.append(pb.RequestError(request_id=item.request_id, index=item.index, code=code.value[0],
+                                                   message=message))
+        else:
+            response.responses.append(event_to_pb(item))
     return response
 
 

@@ -5,7 +5,9 @@ from contextlib import aclosing
 
 from pagedserve.v1 import generate_pb2 as pb
 from pagedserve.v1 import generate_pb2_grpc
+from services.core.errors import InvalidArgument
 from services.frontend import convert
+from services.frontend.batch import run_batch
 from services.frontend.core import FrontendCore
 from services.rpc_errors import rpc_errors
 
@@ -19,6 +21,12 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
         async with aclosing(self.core.generate(convert.generate_request_from_pb(request))) as events:
             async for event in events:
                 yield convert.event_to_pb(event)
+
+    @rpc_errors
+    async def GenerateBatch(self, request_iterator, context):
+        async with aclosing(run_batch(self.core, _requests(request_iterator))) as batches:
+            async for items in batches:
+                yield convert.batch_to_pb(items)
 
     @rpc_errors
     async def Tokenize(self, request: pb.TokenizeRequest, context) -> pb.TokenizeResponse:
@@ -36,3 +44,12 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
     @rpc_errors
     async def ListModels(self, request: pb.ListModelsRequest, context) -> pb.ListModelsResponse:
         return pb.ListModelsResponse(models=[convert.model_card_to_pb(await self.core.model_card())])
+
+
+async def _requests(request_iterator):
+    """The call's requests as (request_id, GenerateRequest); one with a bad field brings its error instead."""
+    async for request in request_iterator:
+        try:
+            yield request.request_id, convert.generate_request_from_pb(request)
+        except InvalidArgument as error:
+            yield request.request_id, error

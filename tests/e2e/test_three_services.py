@@ -8,7 +8,8 @@ import grpc
 import pytest
 
 from pagedserve.internal.v1 import scheduler_pb2, scheduler_pb2_grpc
-from services.client import AsyncClient, Client, GenerationError
+from pagedserve.v1 import generate_pb2_grpc
+from services.client import AsyncClient, Client, GenerationError, build_request
 from services.core.sampling_params import SamplingParams
 from services.launcher import free_ports
 from tests.conftest import make_llm, random_prompts
@@ -69,6 +70,26 @@ def test_32_concurrent_streams_match_the_in_process_engine(cluster):
             assert text == client.detokenize(ids)  # streamed text = the detokenized final ids
     workers = scheduler_stats(scheduler).workers
     assert len(workers) == 2 and all(w.prefix_cache_queries > 0 for w in workers)  # both got work
+
+
+def test_a_batch_call_matches_the_in_process_engine_in_a_fraction_of_the_messages(cluster):
+    """A message carries what every request produced since the last one: about a step's worth
+    (19 steps gave 50 messages here; the tiny model steps faster than the frontend reads)."""
+    model, frontend, _ = cluster
+    prompts = random_prompts(32, 512, 1, 120, seed=22)
+    params = [request_params(i) for i in range(32)]
+    requests = [build_request(p, request_id=f"b{i}", **kw) for i, (p, kw) in enumerate(zip(prompts, params))]
+    with grpc.insecure_channel(frontend) as channel:
+        messages = list(generate_pb2_grpc.GenerationStub(channel).GenerateBatch(iter(requests)))
+    ids = {f"b{i}": [] for i in range(32)}
+    for message in messages:
+        assert not message.errors
+        for response in message.responses:
+            for sample in response.samples:
+                ids[response.request_id] += sample.token_ids
+    want = make_llm(model, dtype="float32").generate(prompts, [SamplingParams(**p) for p in params], use_tqdm=False)
+    assert [ids[f"b{i}"] for i in range(32)] == [o.outputs[0].token_ids for o in want]
+    assert len(messages) <= 32 * (MAX_NEW + 1) / 4  # one call each: 32 x (MAX_NEW + 1) messages
 
 
 def test_multibyte_text_streams_whole_characters(cluster):

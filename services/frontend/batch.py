@@ -1,0 +1,107 @@
+"""Many requests over one call (the public GenerateBatch RPC), transport-free.
+
+Each request runs through FrontendCore.generate exactly as a Generate call would; what
+changes is the delivery. Everything the requests produced since the last message goes out
+as one message, usually one scheduler step's worth, so a job of N requests costs about one
+message per step instead of N. On a small machine that matters: one streamed message costs
+~60-70 us of Python in the frontend and as much in the client.
+
+A request that is refused or fails ends alone, as an error item; the others go on. The run
+ends once the client has sent everything and every request has ended; closing the run early
+(the client went away) aborts the requests still running.
+"""
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from dataclasses import dataclass
+
+from services.core.errors import InvalidArgument
+from services.frontend.core import FrontendCore
+from services.frontend.types import GenerateEvent, GenerateRequest
+
+
+@dataclass
+class BatchError:
+    """Request `index` (its place in the client's stream, from 0) ended with this error."""
+
+    index: int
+    request_id: str
+    error: Exception
+
+
+BatchItem = GenerateEvent | BatchError
+
+
+async def run_batch(core: FrontendCore, requests: AsyncIterator[tuple[str, GenerateRequest | Exception]]
+                    ) -> AsyncIterator[list[BatchItem]]:
+    """Yields lists of items, each list what was ready since the previous one. `requests`
+    gives the client's requests in order as (request_id, request); an Exception in a request's
+    place is one that could not be read (a bad field), reported as that request's error."""
+    outbox: asyncio.Queue[BatchItem | None] = asyncio.Queue()  # None: a request, or the reader, ended
+    tasks: set[asyncio.Task] = set()
+    seen: set[str] = set()
+    open_count = 1  # the reader, plus every request it started; each puts one None when it ends
+
+    async def one(index: int, request: GenerateRequest) -> None:
+        try:
+            async with aclosing(core.generate(request)) as events:
+                async for event in events:
+                    outbox.put_nowait(event)
+        except Exception as error:  # noqa: BLE001 - reported to the client as this request's error
+            outbox.put_nowait(BatchError(index, request.request_id, error))
+        finally:
+            outbox.put_nowait(None)
+
+    async def read() -> None:
+        nonlocal open_count
+        try:
+            async for index, (request_id, request) in _numbered(requests):
+                problem = request if isinstance(request, Exception) else _check_id(request_id, seen)
+                if problem is not None:
+                    outbox.put_nowait(BatchError(index, request_id, problem))
+                    continue
+                seen.add(request_id)
+                open_count += 1
+                task = asyncio.create_task(one(index, request))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+        finally:
+            outbox.put_nowait(None)
+
+    reader = asyncio.create_task(read())
+    try:
+        while open_count:
+            items: list[BatchItem] = []
+            item = await outbox.get()
+            while True:  # everything that is ready now goes out in one message
+                if item is None:
+                    open_count -= 1
+                else:
+                    items.append(item)
+                if outbox.empty():
+                    break
+                item = outbox.get_nowait()
+            if items:
+                yield items
+    finally:
+        reader.cancel()
+        for task in list(tasks):
+            task.cancel()
+        await asyncio.gather(reader, *tasks, return_exceptions=True)
+
+
+async def _numbered(requests):
+    index = 0
+    async for request in requests:
+        yield index, request
+        index += 1
+
+
+def _check_id(request_id: str, seen: set[str]) -> InvalidArgument | None:
+    if not request_id:
+        return InvalidArgument("request_id", "required in GenerateBatch: responses are matched to requests by it")
+    if request_id in seen:
+        return InvalidArgument("request_id", f"{request_id!r} is used twice in this batch")
+    return None
