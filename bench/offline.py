@@ -5,7 +5,9 @@
     python bench/offline.py --modes engine,services --services-address 127.0.0.1:50051
 
 Modes (per dtype): engine (a, the in-process LLM, batch-invariant), services (b, the three
-services over gRPC, started here with `python -m services up` unless --services-address),
+services over gRPC, started here with `python -m services up` unless --services-address, one
+Generate call per request), services-batch (b', the same services, every request over one
+GenerateBatch call: about one message a step instead of one per request and token),
 hf-batch (c, transformers generate on static left-padded batches, best of --hf-batch-sizes),
 hf-single (d, transformers one request at a time, on the first --single-requests requests),
 llamacpp (e, llama-cpp-python on the GGUF, Q4_1 whatever --dtypes says; skipped when not
@@ -13,7 +15,7 @@ installed), engine-plain (f, the engine with batch_invariant=False: the determin
 Every request is greedy with ignore_eos and produces exactly its output length; tokens/s
 counts those tokens only. Model loading and service start-up are not timed; --warmup passes of
 the same requests run first, untimed, for every contender except llama.cpp; (a), (b) and
-(f) report the median of --repeats timed passes.
+(f) report the median of --repeats timed passes (and so do (b')).
 Writes bench/results/offline.{md,json,png}.
 """
 from __future__ import annotations
@@ -30,8 +32,9 @@ import runners  # noqa: E402
 from common import RESULTS_DIR, loadavg, markdown_table, write_results  # noqa: E402
 from workload import add_workload_flags, describe, load_workload, model_folder, summary  # noqa: E402
 
-MODES = ("engine", "services", "hf-batch", "hf-single", "llamacpp", "engine-plain")
+MODES = ("engine", "services", "services-batch", "hf-batch", "hf-single", "llamacpp", "engine-plain")
 LABELS = {"engine": "(a) engine, in-process", "services": "(b) three services, gRPC",
+          "services-batch": "(b') three services, one GenerateBatch call",
           "hf-batch": "(c) transformers, static batch", "hf-single": "(d) transformers, one at a time",
           "llamacpp": "(e) llama.cpp (GGUF Q4_1), one at a time", "engine-plain": "(f) engine, batch_invariant=False"}
 
@@ -61,15 +64,16 @@ def run_mode(mode: str, dtype: str, requests, args, folder: str) -> dict:
     """One contender on one dtype -> {tokens, seconds, tokens_per_s, ...} or {skipped: why}."""
     if mode == "llamacpp" and (why := runners.llamacpp_missing()):
         return {"skipped": why}
-    if mode == "services" and "services" not in args.explicit_modes:
+    if mode.startswith("services") and mode not in args.explicit_modes:
         from services_run import missing_services
         if why := missing_services():
             return {"skipped": why}
     extra = {}
-    if mode in ("engine", "engine-plain", "services"):
-        if mode == "services":
+    if mode in ("engine", "engine-plain", "services", "services-batch"):
+        if mode.startswith("services"):
             tokens, passes = runners.run_services(requests, folder, dtype, args.services_address, args.max_num_seqs,
-                                                  args.max_num_batched_tokens, args.warmup, args.repeats)
+                                                  args.max_num_batched_tokens, args.warmup, args.repeats,
+                                                  one_call=mode == "services-batch")
         else:
             tokens, passes = runners.run_engine(requests, folder, dtype, mode == "engine", args.max_num_seqs,
                                                 args.max_num_batched_tokens, args.warmup, args.repeats)

@@ -36,8 +36,9 @@ def run_engine(requests: list[Request], model: str, dtype: str, batch_invariant:
 
 def run_services(requests: list[Request], model: str, dtype: str, address: str | None = None,
                  max_num_seqs: int = 64, max_num_batched_tokens: int = 2048, warmup: int = 0,
-                 repeats: int = 1) -> tuple[int, list[float]]:
-    """All requests at once through the frontend; `address` None starts the services here.
+                 repeats: int = 1, one_call: bool = False) -> tuple[int, list[float]]:
+    """All requests at once through the frontend (one Generate call each, or with one_call all
+    over one GenerateBatch call); `address` None starts the services here.
     (output tokens of one pass, seconds of each timed pass)."""
     import asyncio
     import contextlib
@@ -48,12 +49,12 @@ def run_services(requests: list[Request], model: str, dtype: str, address: str |
     with context as target:
         asyncio.run(run_batch(target, requests[:1]))  # the connection and the first step, even when cold
         for _ in range(warmup):
-            asyncio.run(run_batch(target, requests))
+            asyncio.run(run_batch(target, requests, one_call=one_call))
         passes = []
         for _ in range(repeats):
             with tqdm(total=len(requests), desc="services", unit="req") as bar:
                 start = time.perf_counter()
-                counts = asyncio.run(run_batch(target, requests, bar))
+                counts = asyncio.run(run_batch(target, requests, bar, one_call=one_call))
                 passes.append(time.perf_counter() - start)
     return sum(counts), passes
 
