@@ -29,6 +29,7 @@ class WorkerSlot:
     pending_forget: list[int] = field(default_factory=list)
     pending_swap_out: list[tuple[int, int]] = field(default_factory=list)
     pending_copy: list[tuple[int, int]] = field(default_factory=list)
+    continuing: bool = False  # its last step promised the continuation: this one admits nothing new
 
 
 @dataclass
@@ -146,8 +147,9 @@ class Scheduler:
         plans = {w: _Plan(w, StepDelta(self.step_id)) for w in self.workers}
         preempted = self._schedule_running(plans)
         if not preempted:
-            self._schedule_swapped(plans)
-            self._schedule_waiting(plans)
+            admitting = {w: plan for w, plan in plans.items() if not self.workers[w].continuing}
+            self._schedule_swapped(admitting)
+            self._schedule_waiting(admitting)
         deltas = {}
         for worker_id, plan in plans.items():
             slot = self.workers[worker_id]
@@ -155,11 +157,39 @@ class Scheduler:
             plan.delta.blocks_to_swap_out = slot.pending_swap_out + plan.delta.blocks_to_swap_out
             plan.delta.blocks_to_copy = slot.pending_copy + plan.delta.blocks_to_copy
             slot.pending_forget, slot.pending_swap_out, slot.pending_copy = [], [], []
+            slot.continuing = self._continues(plan)  # before the delta is filled: it may add blocks
             self._fill_delta(plan)
+            plan.delta.speculate_next = slot.continuing
             if not plan.delta.is_empty:
                 deltas[worker_id] = plan.delta
                 self._inflight[worker_id] = plan
         return deltas
+
+    def _continues(self, plan: _Plan) -> bool:
+        """Whether the worker can be promised this step's continuation (StepDelta.speculate_next):
+        overlap is on, nothing waits to be admitted, and the step is a pure decode step over every
+        sequence the worker runs. Each sequence then gets the slot of its next token now (at most
+        one block ahead of time), so the continuation needs nothing new."""
+        delta, blocks = plan.delta, self.workers[plan.worker_id].blocks
+        if not self.config.overlap_steps or self.waiting or self.swapped or not plan.scheduled:
+            return False
+        if delta.blocks_to_swap_in or delta.blocks_to_swap_out or delta.blocks_to_copy:
+            return False
+        if len(plan.scheduled) != sum(1 for s in self.running.values() if s.worker_id == plan.worker_id):
+            return False
+        for seq, num_new in plan.scheduled:
+            if seq.num_tokens_on_worker == 0 or num_new != 1 or seq.num_computed_tokens + 1 != seq.num_tokens:
+                return False  # new to the worker, or not one token sampled this step
+            if seq.request.params.n > 1 and not seq.request.forked:  # a fork comes with its first token
+                return False
+        needed = sum(max(0, blocks.num_blocks_needed(seq.num_tokens + 1) - len(blocks.block_table(seq.seq_id)))
+                     for seq, _ in plan.scheduled)
+        if needed > blocks.num_free_blocks:
+            return False
+        for seq, _ in plan.scheduled:
+            if blocks.allocate_slots(seq.seq_id, seq.num_tokens + 1) is None:
+                raise AssertionError("allocate_slots failed with enough free blocks")
+        return True
 
     def _key(self, seq: Sequence) -> tuple:
         return policy_key(self.config.scheduling_policy, seq)

@@ -5,6 +5,13 @@ schedules a sequence on a worker carries it in full (`NewSequence`); later steps
 only what changed (`CachedSequence`). A sequence that is preempted, swapped out or
 moved is forgotten by the worker (`finished_seq_ids`) and re-sent in full when it
 runs again. Block ids are the scheduler's; the worker only obeys them (rule 2).
+
+Overlapped steps: a delta with `speculate_next` promises that the worker's next step will
+be its continuation: the same sequences, one token each (the one this step samples), in the
+blocks they already hold, minus any that end. The worker may run that continuation while
+the result travels and the scheduler decides, and answer the next delta from it. Rows do
+not depend on their batch (rule 4), so the sequences that go on get the bits they would
+have got in a step of their own; a delta that does not match is simply run.
 """
 from __future__ import annotations
 
@@ -49,6 +56,7 @@ class StepDelta:
     blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)  # (device, cpu)
     blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)  # (cpu, device)
     blocks_to_copy: list[tuple[int, int]] = field(default_factory=list)  # (src, dst), copy-on-write
+    speculate_next: bool = False  # the next step is this one's continuation (see the module docstring)
 
     @property
     def num_scheduled_tokens(self) -> int:

@@ -24,6 +24,7 @@ class SchedulerServiceConfig:
     max_waiting_requests: int = 4096
     heartbeat_timeout_s: float = 10.0  # a worker silent this long is dropped
     seed: int | None = None  # seeds requests that bring none from this; None: fresh random seeds
+    overlap_steps: bool = True  # workers run a promised decode step while the last result travels
     reflection: bool = False
 
     def __post_init__(self) -> None:
@@ -48,4 +49,5 @@ class SchedulerServiceConfig:
         check(max_len <= model_max_len, "max_model_len",
               f"{max_len} exceeds the model's max_position_embeddings {model_max_len}")
         return SchedulerConfig(self.max_num_seqs, self.max_num_batched_tokens, max_len, self.enable_chunked_prefill,
-                               self.preemption_mode, self.scheduling_policy, self.max_waiting_requests, self.seed)
+                               self.preemption_mode, self.scheduling_policy, self.max_waiting_requests, self.seed,
+                               self.overlap_steps)

@@ -1,4 +1,12 @@
-"""Runs one step on a worker: apply the delta, flatten the batch, forward, sample."""
+"""Runs one step on a worker: apply the delta, flatten the batch, forward, sample.
+
+When a delta promises its continuation (StepDelta.speculate_next), `speculate` runs that
+continuation ahead, between the step's result leaving and the next delta arriving, and the next
+`execute` answers from it when the delta is the promised one (or, with batch-invariant kernels,
+the promised one minus sequences that ended); any other delta runs as usual. The ahead-of-time
+step writes only each continuing sequence's next K/V slot, in a block the sequence holds, with
+the values the real step would write, so a delta that does not match loses nothing.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -7,7 +15,7 @@ import torch
 
 from services.core.errors import InvalidArgument, UnknownSequence
 from services.core.sampling_params import SamplingParams
-from services.core.step import NewSequence, SeqOutput, StepDelta, StepResult
+from services.core.step import CachedSequence, NewSequence, SeqOutput, StepDelta, StepResult
 from services.worker.kv_cache import KVCache
 from services.worker.models.llama import AttentionMetadata, LlamaForCausalLM
 from services.worker.sampler import SamplingRow, prompt_logprobs, sample
@@ -52,14 +60,94 @@ class _Batch:
     prompt_rows: list[tuple[SeqState, int, int]] = field(default_factory=list)  # (seq, first row, first pos)
 
 
+@dataclass
+class _Speculation:
+    """A continuation run ahead of its delta: the cached-sequence entries it assumed, and its outputs."""
+
+    expected: dict[int, CachedSequence]
+    outputs: dict[int, SeqOutput]
+
+
 class ModelRunner:
-    def __init__(self, model: LlamaForCausalLM, kv_cache: KVCache, device: torch.device):
+    def __init__(self, model: LlamaForCausalLM, kv_cache: KVCache, device: torch.device,
+                 batch_invariant: bool = True):
         self.model, self.kv_cache, self.device = model, kv_cache, device
         self.block_size = kv_cache.block_size
         self.eos_token_ids = model.cfg.eos_token_ids
+        self.batch_invariant = batch_invariant  # a row's bits do not depend on its batch: subsets may be served
         self.seqs: dict[int, SeqState] = {}
+        self._continuation: list[CachedSequence] = []  # promised by the last delta, not run yet
+        self._speculation: _Speculation | None = None
+        self.num_speculated = self.num_served = 0
 
     def execute(self, delta: StepDelta) -> StepResult:
+        speculation, self._speculation, self._continuation = self._speculation, None, []
+        result = self._serve(delta, speculation) if speculation is not None else None
+        if result is None:
+            result = self._run(delta)
+        if delta.speculate_next:
+            self._continuation = self._continuation_of(result)
+        return result
+
+    def speculate(self) -> None:
+        """Run the continuation the last delta promised, if any, and keep its outputs for `execute`."""
+        continuation, self._continuation = self._continuation, []
+        if not continuation:
+            return
+        states = [self.seqs[c.seq_id] for c in continuation]
+        saved = [(len(s.output_token_ids), s.num_computed_tokens, s.num_samples) for s in states]
+        try:
+            result = self._run(StepDelta(-1, cached_seqs=continuation))
+        finally:  # the mirrors stay as the scheduler knows them until a delta confirms the step
+            for state, (num_outputs, num_computed, num_samples) in zip(states, saved):
+                del state.output_token_ids[num_outputs:]
+                state.num_computed_tokens, state.num_samples = num_computed, num_samples
+        self._speculation = _Speculation({c.seq_id: c for c in continuation}, {o.seq_id: o for o in result.outputs})
+        self.num_speculated += 1
+
+    def forget_all(self) -> None:
+        """The scheduler dropped this worker: no sequence it holds will be named again."""
+        self.seqs.clear()
+        self._continuation, self._speculation = [], None
+
+    def _continuation_of(self, result: StepResult) -> list[CachedSequence]:
+        """The entries the next delta will hold for the sequences that go on: each sampled token
+        comes back as the one new token, computed from the position it takes."""
+        entries = []
+        for output in result.outputs:
+            state = self.seqs.get(output.seq_id)
+            if state is not None and len(output.token_ids) == 1 and not self._ends(state, output.token_ids[0]):
+                entries.append(CachedSequence(output.seq_id, list(output.token_ids), [], state.num_computed_tokens, 1))
+        return entries
+
+    def _ends(self, state: SeqState, token: int) -> bool:
+        """Whether the scheduler will end the sequence on this token (its stop rules, but
+        max_model_len, which only makes a wasted row)."""
+        params, num_outputs = state.params, len(state.output_token_ids) + 1
+        return (token in params.stop_token_ids or num_outputs >= params.max_tokens
+                or (not params.ignore_eos and token in self.eos_token_ids and num_outputs >= params.min_tokens))
+
+    def _serve(self, delta: StepDelta, speculation: _Speculation) -> StepResult | None:
+        """The step from the speculation when the delta is its continuation, else None."""
+        if delta.new_seqs or delta.blocks_to_swap_out or delta.blocks_to_swap_in or delta.blocks_to_copy:
+            return None
+        expected = speculation.expected
+        if not self.batch_invariant and len(delta.cached_seqs) != len(expected):
+            return None
+        for entry in delta.cached_seqs:  # new blocks may come: they hold later tokens than the one run ahead
+            promised = expected.get(entry.seq_id)
+            if promised is None or (entry.new_token_ids, entry.num_computed_tokens, entry.num_scheduled_tokens) != \
+                    (promised.new_token_ids, promised.num_computed_tokens, promised.num_scheduled_tokens):
+                return None
+        for seq_id in delta.finished_seq_ids:
+            self.seqs.pop(seq_id, None)
+        for entry in delta.cached_seqs:
+            state, num_new = self._update(entry)
+            state.num_computed_tokens += num_new
+        self.num_served += 1
+        return StepResult(delta.step_id, [speculation.outputs[entry.seq_id] for entry in delta.cached_seqs])
+
+    def _run(self, delta: StepDelta) -> StepResult:
         for seq_id in delta.finished_seq_ids:
             self.seqs.pop(seq_id, None)
         self.kv_cache.swap_out(delta.blocks_to_swap_out)

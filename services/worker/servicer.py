@@ -29,8 +29,10 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     @rpc_errors
     async def Step(self, request, context):
         delta = convert.delta_from_proto(request)
-        result = await asyncio.get_running_loop().run_in_executor(self._executor, self.worker.step, delta)
-        return convert.result_to_proto(result)
+        step = asyncio.get_running_loop().run_in_executor(self._executor, self.worker.step, delta)
+        if delta.speculate_next:  # queued right behind the step: it runs while the result travels back
+            self._executor.submit(self.worker.speculate)
+        return convert.result_to_proto(await step)
 
     @rpc_errors
     async def GetInfo(self, request, context):
@@ -38,7 +40,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
 
     async def forget_all(self) -> None:
         """The scheduler dropped this worker: its mirrored sequences will never be named again."""
-        await asyncio.get_running_loop().run_in_executor(self._executor, self.worker.runner.seqs.clear)
+        await asyncio.get_running_loop().run_in_executor(self._executor, self.worker.runner.forget_all)
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)

@@ -40,7 +40,7 @@ class Worker:
                                     cache.kv_cache_memory_bytes)
         num_cpu_blocks = cache.swap_space_bytes // block_bytes(arch, cache.block_size, self.dtype)
         kv_cache = KVCache(arch, num_blocks, num_cpu_blocks, cache.block_size, self.dtype, self.device)
-        self.runner = ModelRunner(model, kv_cache, self.device)
+        self.runner = ModelRunner(model, kv_cache, self.device, config.batch_invariant)
         self.info = WorkerInfo(
             model=str(self.model_path), dtype=str(self.dtype).removeprefix("torch."), block_size=cache.block_size,
             num_gpu_blocks=num_blocks, num_cpu_blocks=num_cpu_blocks, vocab_size=arch.vocab_size,
@@ -51,3 +51,11 @@ class Worker:
 
     def step(self, delta: StepDelta) -> StepResult:
         return self.runner.execute(delta)
+
+    def speculate(self) -> None:
+        """Run the continuation the last step promised (StepDelta.speculate_next) while its result
+        travels. A failure only costs the head start: the next delta then runs as usual."""
+        try:
+            self.runner.speculate()
+        except Exception:  # noqa: BLE001 - never fatal: nothing was committed
+            log.exception("speculation_failed")

@@ -172,3 +172,52 @@ def test_queue_limit_refuses_with_resource_exhausted():
     sched.add_request("b", [5], params())
     with pytest.raises(ResourceExhausted):
         sched.add_request("c", [5], params())
+
+
+def test_overlap_promises_pure_decode_steps_with_the_next_slot_allocated():
+    sched, fakes = make_scheduler(overlap_steps=True)
+    sched.add_request("a", list(range(10, 17)), params(12))  # 7 prompt tokens: decode crosses block edges
+    sched.add_request("b", list(range(20, 35)), params(12))
+    deltas = []
+    while sched.has_unfinished():
+        for worker_id, delta in sched.schedule().items():
+            deltas.append(delta)
+            for seq, _ in sched._inflight[worker_id].scheduled:  # the promised step needs no new slot
+                if delta.speculate_next:
+                    table = sched.workers[worker_id].blocks.block_table(seq.seq_id)
+                    assert len(table) * 8 >= seq.num_tokens + 1
+            sched.update(worker_id, fakes[worker_id].step(delta))
+    assert not deltas[0].speculate_next  # a prefill step
+    promised = [d for d in deltas[:-1] if d.speculate_next]
+    assert len(promised) >= 9  # every decode step but the last, whatever block edges they cross
+    for before, after in zip(deltas, deltas[1:]):
+        if before.speculate_next:  # the continuation: the same sequences, one token each, nothing new
+            assert not after.new_seqs and {c.seq_id for c in after.cached_seqs} <= {c.seq_id for c in before.cached_seqs}
+            assert all(c.num_scheduled_tokens == 1 for c in after.cached_seqs)
+    assert all_free(sched)
+
+
+def test_overlap_admits_a_new_request_one_step_later_and_tokens_do_not_change():
+    def run(overlap):
+        sched, fakes = make_scheduler(overlap_steps=overlap)
+        sched.add_request("a", list(range(10, 30)), params(8))
+        steps, tokens = [], {}
+        for step in range(40):
+            if step == 3:
+                sched.add_request("late", list(range(40, 50)), params(5))
+            if not sched.has_unfinished():
+                break
+            for worker_id, delta in sched.schedule().items():
+                steps.append(delta)
+                for u in sched.update(worker_id, fakes[worker_id].step(delta)):
+                    tokens.setdefault(u.request_id, []).extend(u.new_token_ids)
+        return steps, tokens, all_free(sched)
+
+    plain_steps, plain_tokens, plain_free = run(False)
+    steps, tokens, free = run(True)
+    assert tokens == plain_tokens and free and plain_free
+    admitted = next(i for i, d in enumerate(steps) if any(len(n.prompt_token_ids) == 10 for n in d.new_seqs))
+    plain_admitted = next(i for i, d in enumerate(plain_steps) if any(len(n.prompt_token_ids) == 10 for n in d.new_seqs))
+    assert admitted == plain_admitted + 1  # the promised continuation ran first
+    assert steps[admitted - 2].speculate_next and not steps[admitted - 1].speculate_next  # it waits: no promise
+    assert not steps[admitted].speculate_next  # a prefill step promises nothing
