@@ -153,47 +153,45 @@ class _Folder:
         return deltas
 
 
-class Stream:
-    """Deltas of one Generate call; `result` is complete once the iteration ends. `cancel()` aborts it."""
+class _CallStream:
+    """A streaming call, each message folded (`folder.fold`) into the items it yields, with
+    `for` on a blocking call or `async for` on an asyncio one. `cancel()` aborts the call."""
 
-    def __init__(self, call):
-        self._call, self._folder = call, _Folder()
+    def __init__(self, call, folder):
+        self._call, self._folder = call, folder
 
-    @property
-    def result(self) -> Result:
-        return self._folder.result
-
-    def __iter__(self) -> Iterator[Delta]:
+    def __iter__(self):
         try:
             for response in self._call:
                 yield from self._folder.fold(response)
         except grpc.RpcError as error:
             raise GenerationError.wrap(error) from None
 
+    async def __aiter__(self):
+        try:
+            async for response in self._call:
+                for item in self._folder.fold(response):
+                    yield item
+        except grpc.RpcError as error:  # grpc.aio.AioRpcError is one
+            raise GenerationError.wrap(error) from None
+
     def cancel(self) -> None:
         self._call.cancel()
 
 
-class AsyncStream:
-    """`async for delta in stream`; `result` is complete once the iteration ends."""
+class Stream(_CallStream):
+    """Deltas of one Generate call; `result` is complete once the iteration ends."""
 
     def __init__(self, call):
-        self._call, self._folder = call, _Folder()
+        super().__init__(call, _Folder())
 
     @property
     def result(self) -> Result:
         return self._folder.result
 
-    async def __aiter__(self) -> AsyncIterator[Delta]:
-        try:
-            async for response in self._call:
-                for delta in self._folder.fold(response):
-                    yield delta
-        except grpc.aio.AioRpcError as error:
-            raise GenerationError.wrap(error) from None
 
-    def cancel(self) -> None:
-        self._call.cancel()
+class AsyncStream(Stream):
+    """`async for delta in stream`; `result` is complete once the iteration ends."""
 
 
 def _batch_requests(requests: list[dict]) -> tuple[list[pb.GenerateRequest], dict[str, int]]:
@@ -221,36 +219,20 @@ class _BatchFolder:
         return [self.errors.get(i, folder.result) for i, folder in enumerate(self.folders)]
 
 
-class BatchStream:
+class BatchStream(_CallStream):
     """(request index, delta) pairs of one GenerateBatch call; `results` is complete once the
     iteration ends: a Result per request, or the GenerationError it ended with."""
 
     def __init__(self, call, ids: dict[str, int]):
-        self._call, self._folder = call, _BatchFolder(ids)
+        super().__init__(call, _BatchFolder(ids))
 
     @property
     def results(self) -> list[Result | GenerationError]:
         return self._folder.results
 
-    def __iter__(self) -> Iterator[tuple[int, Delta]]:
-        try:
-            for response in self._call:
-                yield from self._folder.fold(response)
-        except grpc.RpcError as error:
-            raise GenerationError.wrap(error) from None
-
-    def cancel(self) -> None:
-        self._call.cancel()
-
 
 class AsyncBatchStream(BatchStream):
-    async def __aiter__(self) -> AsyncIterator[tuple[int, Delta]]:
-        try:
-            async for response in self._call:
-                for pair in self._folder.fold(response):
-                    yield pair
-        except grpc.aio.AioRpcError as error:
-            raise GenerationError.wrap(error) from None
+    """`async for index, delta in stream`."""
 
 
 class Client:
