@@ -67,7 +67,7 @@ class DecoderStack:
         self.layers, self.final_norm, self.shape = layers, final_norm, shape
         self.rotary_cache = rotary_cache.contiguous()
         self.dtype = final_norm.dtype
-        self._cache_key: tuple[int, ...] | None = None
+        self._cache_key: tuple | None = None
         self._structs: tuple[ctypes.Array, _Stack] | None = None
 
     @classmethod
@@ -81,7 +81,11 @@ class DecoderStack:
             return None
         if shape.head_dim % cpu_kernels.LANES or shape.head_dim // cpu_kernels.LANES > cpu_kernels.MAX_CHUNKS:
             return None
-        if shape.num_heads > cpu_kernels.MAX_HEADS or shape.num_heads % shape.num_kv_heads:
+        if not layers or shape.num_heads > cpu_kernels.MAX_HEADS or shape.num_heads % shape.num_kv_heads:
+            return None
+        if not all(_shapes_fit(layer, shape, final_norm.numel()) for layer in layers):
+            return None  # decoder.c trusts them and would read past a weight
+        if rotary_cache.dim() != 2 or rotary_cache.shape[1] != shape.head_dim:
             return None
         for layer in layers:
             names = ("input_norm", "post_attn_norm", "qkv_bias", "q_norm", "k_norm")
@@ -123,8 +127,9 @@ class DecoderStack:
         return out
 
     def _stack(self, kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> _Stack:
-        """The C descriptors, rebuilt only when the caches move (they are allocated once per worker)."""
-        key = tuple(c.data_ptr() for pair in kv_caches for c in pair)
+        """The C descriptors, rebuilt only when the caches move or change shape (they are allocated
+        once per worker; a new cache at the same address may have another block size)."""
+        key = (tuple(kv_caches[0][0].shape), *(c.data_ptr() for pair in kv_caches for c in pair))
         if key != self._cache_key:
             if len(kv_caches) != len(self.layers):
                 raise ValueError(f"decoder_stack: {len(kv_caches)} KV caches for {len(self.layers)} layers")
@@ -152,3 +157,15 @@ class DecoderStack:
             rotary_cache=self.rotary_cache.data_ptr(), final_norm=self.final_norm.data_ptr(),
             layers=ctypes.cast(array, ctypes.POINTER(_Layer)))
         return array, stack
+
+
+def _shapes_fit(layer: LayerWeights, shape: StackShape, hidden: int) -> bool:
+    q_size, kv_size = shape.num_heads * shape.head_dim, shape.num_kv_heads * shape.head_dim
+    inter = layer.down.in_features
+    expected = {"qkv": (q_size + 2 * kv_size, hidden), "o": (hidden, q_size), "gate_up": (2 * inter, hidden),
+                "down": (hidden, inter)}
+    if any(tuple(getattr(layer, name).shape) != want for name, want in expected.items()):
+        return False
+    vectors = {"input_norm": hidden, "post_attn_norm": hidden, "qkv_bias": q_size + 2 * kv_size,
+               "q_norm": shape.head_dim, "k_norm": shape.head_dim}
+    return all(getattr(layer, name) is None or getattr(layer, name).numel() == size for name, size in vectors.items())

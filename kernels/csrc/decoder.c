@@ -65,8 +65,8 @@ static int scratch_alloc(Scratch *s, const DecoderStack *m, int64_t num_tokens) 
 }
 
 /* x [T, hidden] (the embeddings) -> out [T, hidden], the final norm applied. Returns a
- * KERNEL_* status; paged_attention's shape check comes first, so nothing is written on
- * KERNEL_BAD_SHAPE. */
+ * KERNEL_* status; the shapes are checked first (the kernels' own limits), so nothing is
+ * written on KERNEL_BAD_SHAPE. The weights' shapes are the caller's (kernels/decoder.py). */
 int decoder_stack(const DecoderStack *m, const void *x, void *out, int64_t num_tokens, const int64_t *positions,
                   const int64_t *slots, const int64_t *tables, int64_t max_blocks, const int64_t *token_seq,
                   const int64_t *token_pos, int num_threads) {
@@ -76,8 +76,8 @@ int decoder_stack(const DecoderStack *m, const void *x, void *out, int64_t num_t
     const int bf16 = m->is_bf16;
     if (num_tokens == 0)
         return KERNEL_OK;
-    if (dim % 16 != 0 || heads % kv_heads != 0)
-        return KERNEL_BAD_SHAPE;
+    if (m->num_layers < 1 || kv_heads < 1 || heads > 256 || heads % kv_heads != 0 || dim % 16 != 0 || dim > 256)
+        return KERNEL_BAD_SHAPE; /* paged_attention's MAX_HEADS and MAX_CHUNKS */
     Scratch s;
     if (scratch_alloc(&s, m, num_tokens) != KERNEL_OK)
         return KERNEL_OUT_OF_MEMORY;

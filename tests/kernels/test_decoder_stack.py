@@ -45,8 +45,10 @@ def test_not_taken_where_it_cannot_run(model_dir):
     assert all(m.stack is None for m in _models(llm))
     model = _models(make_llm(model_dir("llama", "tiny")))[0]
     layers = model.stack.layers
-    dense = [type(layer)(**{**layer.__dict__, "o": prepack(torch.zeros(8, 8), library="dense")}) for layer in layers]
-    assert DecoderStack.build(dense, model.final_norm.data, model.rotary_cache, model.stack.shape) is None
+    for other in (prepack(torch.zeros(8, 8), library="dense"), prepack(torch.zeros(8, 8), library="gemm")):
+        changed = [type(layer)(**{**layer.__dict__, "o": other}) for layer in layers]  # not packed; wrong shape
+        assert DecoderStack.build(changed, model.final_norm.data, model.rotary_cache, model.stack.shape) is None
+    assert DecoderStack.build(layers, model.final_norm.data, model.rotary_cache, model.stack.shape) is not None
 
 
 def test_kv_caches_must_match_the_layers(model_dir):
