@@ -130,10 +130,11 @@ def build_request(prompt: str | list[int] | list[dict], *, request_id: str = "",
 
 
 class _Folder:
-    """Folds stream messages into deltas and the final Result."""
+    """Folds stream messages into deltas and the final Result (`done` once the summary came)."""
 
     def __init__(self):
         self.result = Result()
+        self.done = False
 
     def fold(self, response: pb.GenerateResponse) -> list[Delta]:
         result = self.result
@@ -146,6 +147,7 @@ class _Folder:
                 result.samples.append(Sample(len(result.samples)))
             _extend(result.samples[delta.index], delta)
         if response.HasField("summary"):
+            self.done = True
             summary = response.summary
             result.num_prompt_tokens, result.num_completion_tokens = summary.num_prompt_tokens, \
                 summary.num_completion_tokens
@@ -198,7 +200,10 @@ def _batch_requests(requests: list[dict]) -> tuple[list[pb.GenerateRequest], dic
     """Each dict: "prompt" plus build_request's keywords; ids are assigned where missing."""
     prefix = uuid.uuid4().hex[:12]
     built = [build_request(**{"request_id": f"{prefix}-{i}", **r}) for i, r in enumerate(requests)]
-    return built, {request.request_id: i for i, request in enumerate(built)}
+    ids = {request.request_id: i for i, request in enumerate(built)}
+    if len(ids) != len(built):
+        raise ValueError("request_id: each request of a batch needs its own (responses are matched by it)")
+    return built, ids
 
 
 class _BatchFolder:
@@ -216,7 +221,10 @@ class _BatchFolder:
 
     @property
     def results(self) -> list[Result | GenerationError]:
-        return [self.errors.get(i, folder.result) for i, folder in enumerate(self.folders)]
+        """Once the call has ended: a request with neither a summary nor an error never finished."""
+        return [self.errors.get(i) or (folder.result if folder.done else
+                                       GenerationError(grpc.StatusCode.UNKNOWN, "the call ended before this request"))
+                for i, folder in enumerate(self.folders)]
 
 
 class BatchStream(_CallStream):

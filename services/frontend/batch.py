@@ -17,7 +17,9 @@ from collections.abc import AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass
 
-from services.core.errors import InvalidArgument
+import structlog
+
+from services.core.errors import InvalidArgument, ResourceExhausted, Unavailable
 from services.frontend.core import FrontendCore
 from services.frontend.types import GenerateEvent, GenerateRequest
 
@@ -32,6 +34,9 @@ class BatchError:
 
 
 BatchItem = GenerateEvent | BatchError
+MAX_ITEMS_PER_MESSAGE = 256  # keeps a message far under gRPC's 4 MB default even with logprobs
+ROOM_POLL_S = 0.05  # how often a batch waiting for room under max_pending looks again
+log = structlog.get_logger("frontend")
 
 
 async def run_batch(core: FrontendCore, requests: AsyncIterator[tuple[str, GenerateRequest | Exception]]
@@ -44,15 +49,29 @@ async def run_batch(core: FrontendCore, requests: AsyncIterator[tuple[str, Gener
     seen: set[str] = set()
     open_count = 1  # the reader, plus every request it started; each puts one None when it ends
 
+    room = asyncio.Event()  # set whenever one of this batch's requests ends
+
     async def one(index: int, request: GenerateRequest) -> None:
         try:
             async with aclosing(core.generate(request)) as events:
                 async for event in events:
                     outbox.put_nowait(event)
         except Exception as error:  # noqa: BLE001 - reported to the client as this request's error
+            if not isinstance(error, (InvalidArgument, ResourceExhausted, Unavailable)):
+                log.exception("batch_request_failed", request_id=request.request_id)
             outbox.put_nowait(BatchError(index, request.request_id, error))
         finally:
+            room.set()
             outbox.put_nowait(None)
+
+    async def wait_for_room() -> None:
+        """Under max_pending a batch waits for room instead of having its requests refused."""
+        while core.max_pending and max(core.num_pending, len(tasks)) >= core.max_pending:
+            room.clear()
+            try:
+                await asyncio.wait_for(room.wait(), ROOM_POLL_S)  # other clients' requests end unseen
+            except TimeoutError:
+                pass
 
     async def read() -> None:
         nonlocal open_count
@@ -63,6 +82,7 @@ async def run_batch(core: FrontendCore, requests: AsyncIterator[tuple[str, Gener
                     outbox.put_nowait(BatchError(index, request_id, problem))
                     continue
                 seen.add(request_id)
+                await wait_for_room()
                 open_count += 1
                 task = asyncio.create_task(one(index, request))
                 tasks.add(task)
@@ -75,16 +95,18 @@ async def run_batch(core: FrontendCore, requests: AsyncIterator[tuple[str, Gener
         while open_count:
             items: list[BatchItem] = []
             item = await outbox.get()
-            while True:  # everything that is ready now goes out in one message
+            while True:  # everything that is ready now goes out in one message (up to a size)
                 if item is None:
                     open_count -= 1
                 else:
                     items.append(item)
-                if outbox.empty():
+                if outbox.empty() or len(items) == MAX_ITEMS_PER_MESSAGE:
                     break
                 item = outbox.get_nowait()
             if items:
                 yield items
+        if reader.done() and not reader.cancelled() and reader.exception() is not None:
+            raise reader.exception()  # the client's stream broke: the call fails, not "all done"
     finally:
         reader.cancel()
         for task in list(tasks):

@@ -85,3 +85,20 @@ def test_cancelling_the_call_aborts_every_running_request(harness):
     asyncio.run(leave_early())
     assert harness.wait_for(lambda: {"gone-0", "gone-1", "gone-2"} <= set(harness.fake.cancelled))
     assert harness.wait_for(lambda: harness.frontend.core.num_pending == 0)
+
+
+def test_the_client_refuses_two_requests_with_one_id(harness):
+    with Client(harness.address) as client, pytest.raises(ValueError, match="request_id"):
+        client.complete_batch([{"prompt": [5], "request_id": "same"}, {"prompt": [6], "request_id": "same"}])
+
+
+def test_a_large_batch_waits_for_room_under_max_pending(tiny_llama):
+    """max_pending bounds the requests in flight; a batch beyond it is paced, not refused."""
+    harness = Harness(tiny_llama, Tokenizer(tiny_llama).vocab_size, max_pending=3)
+    try:
+        assert harness.wait_for(lambda: harness.health() == health_pb2.HealthCheckResponse.SERVING)
+        with Client(harness.address) as client:
+            results = client.complete_batch([{"prompt": [5 + i, 6], "max_tokens": 3} for i in range(10)])
+        assert [r.token_ids for r in results] == [[5 + i, 6, 5 + i] for i in range(10)]
+    finally:
+        harness.close()
