@@ -70,7 +70,7 @@ class _Speculation:
 
 class ModelRunner:
     def __init__(self, model: LlamaForCausalLM, kv_cache: KVCache, device: torch.device,
-                 batch_invariant: bool = True):
+                 batch_invariant: bool = False):
         self.model, self.kv_cache, self.device = model, kv_cache, device
         self.block_size = kv_cache.block_size
         self.eos_token_ids = model.cfg.eos_token_ids
@@ -150,9 +150,9 @@ class ModelRunner:
     def _run(self, delta: StepDelta) -> StepResult:
         for seq_id in delta.finished_seq_ids:
             self.seqs.pop(seq_id, None)
+        self.kv_cache.copy(delta.blocks_to_copy)  # first: a forked block may be swapped out in the same step
         self.kv_cache.swap_out(delta.blocks_to_swap_out)
         self.kv_cache.swap_in(delta.blocks_to_swap_in)
-        self.kv_cache.copy(delta.blocks_to_copy)
         scheduled = [self._add(new) for new in delta.new_seqs] + [self._update(c) for c in delta.cached_seqs]
         result = StepResult(delta.step_id)
         if not scheduled:
@@ -179,7 +179,6 @@ class ModelRunner:
         state.output_token_ids.extend(cached.new_token_ids)
         state.block_ids.extend(cached.new_block_ids)
         state.num_computed_tokens = cached.num_computed_tokens
-        state.num_samples = 1
         return state, cached.num_scheduled_tokens
 
     def _check_blocks(self, seq_id: int, block_ids: list[int]) -> None:
@@ -247,6 +246,7 @@ class ModelRunner:
         sampled = iter(sample(logits, rows, self.eos_token_ids))
         for state, _ in batch.sample_seqs:
             picks = [next(sampled) for _ in range(state.num_samples)]
+            state.num_samples = 1  # the fork (if any) happened: from now on one token a step
             logprobs = [lp for _, lp in picks] if state.params.logprobs is not None else None
             result.outputs.append(SeqOutput(state.seq_id, [tok for tok, _ in picks], logprobs))
 

@@ -116,6 +116,32 @@ def test_parallel_samples_fork_and_match_single_seeds(model_dir):
         llm.scheduler.stats()["workers"]["worker-0"]["num_blocks"]
 
 
+def test_parallel_samples_survive_a_chunked_prefill(model_dir):
+    """A prompt prefilled over several steps still forks into n samples at its last chunk,
+    the same ones as in one step."""
+    folder = model_dir("llama", "tiny")
+    prompt = random_prompts(1, 512, 37, 37, seed=7)[0]
+    params = SamplingParams(n=3, temperature=1.0, seed=99, max_tokens=6, ignore_eos=True)
+    whole = make_llm(folder).generate([prompt], params, use_tqdm=False)[0]
+    chunked = make_llm(folder, max_num_batched_tokens=8).generate([prompt], params, use_tqdm=False)[0]
+    assert [o.token_ids for o in chunked.outputs] == [o.token_ids for o in whole.outputs]
+    assert len(chunked.outputs) == 3
+
+
+def test_a_fork_copy_lands_before_its_block_is_swapped_out(model_dir):
+    """A step may both copy a forked block (copy-on-write) and swap the child's blocks out: the
+    copy must come first, or the swapped-out block misses the copied K/V."""
+    from services.core.step import StepDelta
+    llm = make_llm(model_dir("llama", "tiny"), swap_space_bytes=1 << 20)
+    runner = next(iter(llm.engine.workers.values())).runner
+    k_cache, v_cache = runner.kv_cache.layers[0]
+    k_cache[3].fill_(1.5)
+    v_cache[3].fill_(-2.5)
+    runner.execute(StepDelta(1, blocks_to_copy=[(3, 7)], blocks_to_swap_out=[(7, 0)]))
+    cpu_k, cpu_v = runner.kv_cache.cpu_layers[0]
+    assert bool((cpu_k[0] == 1.5).all()) and bool((cpu_v[0] == -2.5).all())
+
+
 def test_the_engine_seed_makes_unseeded_requests_reproducible(model_dir):
     """As vLLM's `seed`: requests without a seed get seeds drawn from the engine's seed."""
     folder = model_dir("llama", "tiny")
