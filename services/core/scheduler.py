@@ -182,11 +182,13 @@ class Scheduler:
                 return False  # new to the worker, or not one token sampled this step
             if seq.request.params.n > 1 and not seq.request.forked:  # a fork comes with its first token
                 return False
+        going_on = [seq for seq, _ in plan.scheduled  # a sequence that ends on this token needs no slot
+                    if len(seq.output_token_ids) + 1 < seq.request.params.max_tokens]
         needed = sum(max(0, blocks.num_blocks_needed(seq.num_tokens + 1) - len(blocks.block_table(seq.seq_id)))
-                     for seq, _ in plan.scheduled)
+                     for seq in going_on)
         if needed > blocks.num_free_blocks:
             return False
-        for seq, _ in plan.scheduled:
+        for seq in going_on:
             if blocks.allocate_slots(seq.seq_id, seq.num_tokens + 1) is None:
                 raise AssertionError("allocate_slots failed with enough free blocks")
         return True
