@@ -45,8 +45,8 @@ class SchedulerConfig:
     max_waiting_requests: int = 4096  # beyond this, new requests are refused (RESOURCE_EXHAUSTED)
     seed: int | None = None  # draws the seeds of requests that bring none; None: fresh random seeds
     # promise a worker the continuation of a pure decode step when nothing waits, so it can run
-    # it while the result travels (StepDelta.speculate_next); a request that arrives meanwhile
-    # joins one step later. Worth it across processes, not in one (the in-process engine).
+    # it while the result travels (StepDelta.speculate_next). Worth it across processes, not in
+    # one (the in-process engine).
     overlap_steps: bool = False
 
     def __post_init__(self) -> None:

@@ -29,7 +29,6 @@ class WorkerSlot:
     pending_forget: list[int] = field(default_factory=list)
     pending_swap_out: list[tuple[int, int]] = field(default_factory=list)
     pending_copy: list[tuple[int, int]] = field(default_factory=list)
-    continuing: bool = False  # its last step promised the continuation: this one admits nothing new
 
 
 @dataclass
@@ -147,9 +146,8 @@ class Scheduler:
         plans = {w: _Plan(w, StepDelta(self.step_id)) for w in self.workers}
         preempted = self._schedule_running(plans)
         if not preempted:
-            admitting = {w: plan for w, plan in plans.items() if not self.workers[w].continuing}
-            self._schedule_swapped(admitting)
-            self._schedule_waiting(admitting)
+            self._schedule_swapped(plans)
+            self._schedule_waiting(plans)
         deltas = {}
         for worker_id, plan in plans.items():
             slot = self.workers[worker_id]
@@ -157,9 +155,9 @@ class Scheduler:
             plan.delta.blocks_to_swap_out = slot.pending_swap_out + plan.delta.blocks_to_swap_out
             plan.delta.blocks_to_copy = slot.pending_copy + plan.delta.blocks_to_copy
             slot.pending_forget, slot.pending_swap_out, slot.pending_copy = [], [], []
-            slot.continuing = self._continues(plan)  # before the delta is filled: it may add blocks
+            promise = self._continues(plan)  # before the delta is filled: it may add blocks
             self._fill_delta(plan)
-            plan.delta.speculate_next = slot.continuing
+            plan.delta.speculate_next = promise
             if not plan.delta.is_empty:
                 deltas[worker_id] = plan.delta
                 self._inflight[worker_id] = plan
@@ -168,8 +166,9 @@ class Scheduler:
     def _continues(self, plan: _Plan) -> bool:
         """Whether the worker can be promised this step's continuation (StepDelta.speculate_next):
         overlap is on, nothing waits to be admitted, and the step is a pure decode step over every
-        sequence the worker runs. Each sequence then gets the slot of its next token now (at most
-        one block ahead of time), so the continuation needs nothing new."""
+        sequence the worker runs. Each sequence that goes on then gets the slot of its next token
+        now (at most one block ahead of time), so the continuation needs nothing new, and the next
+        step can neither preempt nor swap it; a request that arrives meanwhile joins that step."""
         delta, blocks = plan.delta, self.workers[plan.worker_id].blocks
         if not self.config.overlap_steps or self.waiting or self.swapped or not plan.scheduled:
             return False

@@ -7,11 +7,12 @@ moved is forgotten by the worker (`finished_seq_ids`) and re-sent in full when i
 runs again. Block ids are the scheduler's; the worker only obeys them (rule 2).
 
 Overlapped steps: a delta with `speculate_next` promises that the worker's next step will
-be its continuation: the same sequences, one token each (the one this step samples), in the
-blocks they already hold, minus any that end. The worker may run that continuation while
-the result travels and the scheduler decides, and answer the next delta from it. Rows do
-not depend on their batch (rule 4), so the sequences that go on get the bits they would
-have got in a step of their own; a delta that does not match is simply run.
+hold its continuation: the same sequences, one token each (the one this step samples), in the
+blocks they already hold, minus any that end, plus any request admitted meanwhile. The worker
+may run the continuation while the result travels and the scheduler decides, and answer those
+sequences from it. Rows do not depend on their batch (rule 4), so they get the bits they would
+have got in the real step, and the admitted requests run on their own; a delta that does not
+match is simply run.
 """
 from __future__ import annotations
 

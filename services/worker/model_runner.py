@@ -2,13 +2,15 @@
 
 When a delta promises its continuation (StepDelta.speculate_next), `speculate` runs that
 continuation ahead, between the step's result leaving and the next delta arriving, and the next
-`execute` answers from it when the delta is the promised one (or, with batch-invariant kernels,
-the promised one minus sequences that ended); any other delta runs as usual. The ahead-of-time
-step writes only each continuing sequence's next K/V slot, in a block the sequence holds, with
-the values the real step would write, so a delta that does not match loses nothing.
+`execute` answers the promised sequences from it. With batch-invariant kernels the next delta
+may differ from the promise: sequences that ended are left out, and requests admitted meanwhile
+run now, on their own (a row's bits do not depend on its batch). The ahead-of-time step writes
+only each continuing sequence's next K/V slot, in a block the sequence holds, with the values
+the real step would write, so a delta that does not match loses nothing.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import torch
@@ -58,6 +60,12 @@ class _Batch:
     tables: list[list[int]] = field(default_factory=list)
     sample_seqs: list[tuple[SeqState, int]] = field(default_factory=list)  # (seq, row in hidden)
     prompt_rows: list[tuple[SeqState, int, int]] = field(default_factory=list)  # (seq, first row, first pos)
+
+
+def _as_promised(entry: CachedSequence, promised: CachedSequence | None) -> bool:
+    """New blocks may come with it: they hold later tokens than the one run ahead."""
+    return promised is not None and (entry.new_token_ids, entry.num_computed_tokens, entry.num_scheduled_tokens) == \
+        (promised.new_token_ids, promised.num_computed_tokens, promised.num_scheduled_tokens)
 
 
 @dataclass
@@ -128,24 +136,24 @@ class ModelRunner:
                 or (not params.ignore_eos and token in self.eos_token_ids and num_outputs >= params.min_tokens))
 
     def _serve(self, delta: StepDelta, speculation: _Speculation) -> StepResult | None:
-        """The step from the speculation when the delta is its continuation, else None."""
-        if delta.new_seqs or delta.blocks_to_swap_out or delta.blocks_to_swap_in or delta.blocks_to_copy:
-            return None
+        """The step, with the sequences that are as promised answered from the speculation and the
+        rest of the delta (requests admitted meanwhile) run now; None when none is as promised.
+        Answering part of a step needs batch-invariant kernels; without, only the exact promise."""
         expected = speculation.expected
-        if not self.batch_invariant and len(delta.cached_seqs) != len(expected):
+        served = [entry for entry in delta.cached_seqs if _as_promised(entry, expected.get(entry.seq_id))]
+        rest = [entry for entry in delta.cached_seqs if not _as_promised(entry, expected.get(entry.seq_id))]
+        exact = not rest and not delta.new_seqs and len(served) == len(expected)
+        if not served or not (self.batch_invariant or exact):
             return None
-        for entry in delta.cached_seqs:  # new blocks may come: they hold later tokens than the one run ahead
-            promised = expected.get(entry.seq_id)
-            if promised is None or (entry.new_token_ids, entry.num_computed_tokens, entry.num_scheduled_tokens) != \
-                    (promised.new_token_ids, promised.num_computed_tokens, promised.num_scheduled_tokens):
-                return None
         for seq_id in delta.finished_seq_ids:
             self.seqs.pop(seq_id, None)
-        for entry in delta.cached_seqs:
+        for entry in served:
             state, num_new = self._update(entry)
             state.num_computed_tokens += num_new
+        result = self._run(dataclasses.replace(delta, cached_seqs=rest, finished_seq_ids=[]))
+        result.outputs[:0] = [speculation.outputs[entry.seq_id] for entry in served]
         self.num_served += 1
-        return StepResult(delta.step_id, [speculation.outputs[entry.seq_id] for entry in delta.cached_seqs])
+        return result
 
     def _run(self, delta: StepDelta) -> StepResult:
         for seq_id in delta.finished_seq_ids:

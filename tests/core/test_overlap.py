@@ -7,6 +7,7 @@ import dataclasses
 from services.core.config import EngineArgs
 from services.core.sampling_params import SamplingParams
 from services.core.scheduler import Scheduler
+from services.worker.model_runner import ModelRunner
 from services.worker.worker import Worker
 from tests.conftest import make_llm, random_prompts
 
@@ -17,18 +18,25 @@ def params_for(i: int) -> SamplingParams:
     return SamplingParams(temperature=0, max_tokens=6 + i, ignore_eos=True, logprobs=1)  # they end at different steps
 
 
-def run_overlapped(folder, prompts, params, shadow: Worker | None = None):
+def run_overlapped(folder, prompts, params, late: int = 0):
     """The core scheduler with overlap on, driving a real worker the way the worker service does:
-    step, then run the promised continuation before the next delta arrives."""
+    step, then run the promised continuation before the next delta arrives. The last `late`
+    requests arrive one per step once the others are decoding."""
     args = EngineArgs(model=str(folder), dtype="float32", seed=0)
     worker = Worker(args.worker_config(), args.cache_config())
     config = dataclasses.replace(args.scheduler_config(worker.info.max_model_len), overlap_steps=True)
     sched = Scheduler(config, args.cache_config())
     sched.add_worker("w", worker.info)
-    for i, (prompt, p) in enumerate(zip(prompts, params)):
-        sched.add_request(f"r{i}", prompt, p)
+    arrivals = [(f"r{i}", prompt, p) for i, (prompt, p) in enumerate(zip(prompts, params))]
+    for request in arrivals[:len(arrivals) - late]:
+        sched.add_request(*request)
+    waiting = arrivals[len(arrivals) - late:]
     tokens: dict[str, list] = {}
-    while sched.has_unfinished():
+    for step in range(1000):
+        if step >= 3 and waiting:
+            sched.add_request(*waiting.pop(0))
+        if not sched.has_unfinished() and not waiting:
+            break
         for worker_id, delta in sched.schedule().items():
             result = worker.step(delta)
             if delta.speculate_next:
@@ -48,6 +56,29 @@ def test_same_tokens_and_logprobs_as_plain_steps_and_most_steps_come_from_ahead(
         assert [lp for _, lps in steps for lp in lps] == out.outputs[0].logprobs
     runner = worker.runner
     assert runner.num_served == runner.num_speculated >= 8  # requests ending only shrink the batch: still served
+
+
+def test_requests_admitted_during_a_promised_step_run_beside_it(tiny_llama, monkeypatch):
+    """A request that arrives while the continuation runs ahead joins the next step at once: the
+    promised sequences are answered from the step run ahead, the newcomer's prefill runs alone."""
+    served_with_newcomers = []
+    serve = ModelRunner._serve
+
+    def spy(self, delta, speculation):
+        result = serve(self, delta, speculation)
+        served_with_newcomers.append(result is not None and bool(delta.new_seqs))
+        return result
+
+    monkeypatch.setattr(ModelRunner, "_serve", spy)
+    prompts = random_prompts(5, 512, 3, 40, seed=6)
+    params = [params_for(i) for i in range(5)]
+    worker, got = run_overlapped(tiny_llama, prompts, params, late=2)
+    want = make_llm(tiny_llama, dtype="float32").generate(prompts, params, use_tqdm=False)
+    for steps, out in zip(got, want):
+        assert [t for ids, _ in steps for t in ids] == out.outputs[0].token_ids
+        assert [lp for _, lps in steps for lp in lps] == out.outputs[0].logprobs
+    assert worker.runner.num_served == worker.runner.num_speculated >= 8
+    assert any(served_with_newcomers)
 
 
 def test_a_delta_that_breaks_the_promise_runs_as_usual(tiny_llama):
