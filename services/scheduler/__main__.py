@@ -39,8 +39,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add_flag(parser, "--heartbeat-timeout-s", 10.0, float, help="drop a worker silent this long")
     add_flag(parser, "--seed", None, int, help="draw the seeds of requests that bring none from this (default: random)")
     add_switch(parser, "--overlap-steps", True,
-               help="let a worker run the next decode step while the last one's result travels "
-                    "(a request arriving then joins one step later)")
+               help="let a worker run the next decode step while the last one's result travels")
     add_switch(parser, "--reflection", False, help="serve gRPC reflection")
     add_flag(parser, "--log-level", "info", help="debug, info, warning or error")
     return parser.parse_args(argv)
