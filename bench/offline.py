@@ -14,8 +14,10 @@ llamacpp (e, llama-cpp-python on the GGUF, Q4_1 whatever --dtypes says; skipped 
 installed), engine-plain (f, the engine with batch_invariant=False: the determinism cost).
 Every request is greedy with ignore_eos and produces exactly its output length; tokens/s
 counts those tokens only. Model loading and service start-up are not timed; --warmup passes of
-the same requests run first, untimed, for every contender except llama.cpp; (a), (b) and
-(f) report the median of --repeats timed passes (and so do (b')).
+the same requests run first, untimed, for every contender except llama.cpp; (a), (b), (b')
+and (f) report the median of --repeats timed passes. (a), (b) and (b') run interleaved, one pass
+of each in turn with the services up and the engine loaded side by side, because this host's
+speed drifts by up to 2x within minutes; their "vs (a)" is the median of each round's own ratio.
 Writes bench/results/offline.{md,json,png}.
 """
 from __future__ import annotations
@@ -91,6 +93,34 @@ def run_mode(mode: str, dtype: str, requests, args, folder: str) -> dict:
     return {"tokens": tokens, "seconds": round(seconds, 2), "tokens_per_s": tokens / seconds, **extra}
 
 
+def _run_split(dtype: str, requests, args, folder: str, modes: list[str]) -> dict:
+    """(a), (b) and (b') interleaved (runners.run_interleaved) when (a) and a services mode are
+    both asked for; {} otherwise (each then runs alone)."""
+    split = [m for m in runners.SPLIT_MODES if m in modes]
+    if "engine" not in split or len(split) < 2 or _services_missing(split, args):
+        return {}
+    timed = runners.run_interleaved(requests, folder, dtype, split, args.services_address, args.max_num_seqs,
+                                    args.max_num_batched_tokens, args.warmup, args.repeats)
+    engine_passes = timed["engine"][1]
+    results = {}
+    for mode, (tokens, passes) in timed.items():
+        results[mode] = {"tokens": tokens, "seconds": round(statistics.median(passes), 2),
+                         "tokens_per_s": tokens / statistics.median(passes),
+                         "passes_tokens_per_s": [round(tokens / p, 1) for p in passes], "interleaved": True}
+        if mode != "engine":  # each round's own ratio: this pass against the engine's pass of the same round
+            ratios = [e / p for e, p in zip(engine_passes, passes)]
+            results[mode]["paired_ratio"] = statistics.median(ratios)
+            results[mode]["paired_ratio_range"] = [min(ratios), max(ratios)]
+    return results
+
+
+def _services_missing(split: list[str], args) -> bool:
+    """Whether the services cannot run here (then every mode runs, or is skipped, alone)."""
+    from services_run import missing_services
+    return any(m.startswith("services") and m not in args.explicit_modes for m in split) and \
+        missing_services() is not None
+
+
 def _hf_sweep(requests, folder: str, dtype: str, sizes: str, warmup: int) -> tuple[int, float, dict]:
     hf = runners.load_hf(folder, dtype)
     sweep = {}
@@ -110,7 +140,8 @@ def report(results: dict, args, requests, load_before: str) -> Path:
             if "skipped" in r:
                 rows.append([dtype, LABELS[mode], "skipped", "", "", r["skipped"]])
                 continue
-            ratio = f"{r['tokens_per_s'] / base:.2f}x" if base else "n/a"
+            ratio = f"{r['paired_ratio']:.2f}x" if "paired_ratio" in r else \
+                f"{r['tokens_per_s'] / base:.2f}x" if base else "n/a"
             note = _note(mode, r)
             rows.append([dtype, LABELS[mode], r["tokens_per_s"], r["seconds"], ratio, note])
     table = markdown_table(["dtype", "contender", "output tok/s", "seconds", "vs (a)", "notes"], rows)
@@ -129,7 +160,13 @@ def _note(mode: str, r: dict) -> str:
         return f"first {r['requests']} requests only"
     if len(r.get("passes_tokens_per_s", [])) > 1:
         passes = r["passes_tokens_per_s"]
-        return f"median of {len(passes)} passes ({min(passes):.0f}-{max(passes):.0f})"
+        note = f"median of {len(passes)} passes ({min(passes):.0f}-{max(passes):.0f})"
+        if "paired_ratio_range" in r:
+            low, high = r["paired_ratio_range"]
+            note += f"; interleaved with (a), each round's ratio {low:.2f}-{high:.2f}x"
+        elif r.get("interleaved"):
+            note += "; interleaved with (b) and (b')"
+        return note
     return ""
 
 
@@ -166,9 +203,10 @@ def main() -> None:
     results = {}
     for dtype in args.dtypes.split(","):
         results[dtype] = {}
+        paired = _run_split(dtype, requests, args, folder, modes)
         for mode in modes:
             print(f"== {dtype} {LABELS[mode]}", flush=True)
-            results[dtype][mode] = r = run_mode(mode, dtype, requests, args, folder)
+            results[dtype][mode] = r = paired[mode] if mode in paired else run_mode(mode, dtype, requests, args, folder)
             print(f"   {r}", flush=True)
     path = report(results, args, requests, load_before)
     print(path.read_text())

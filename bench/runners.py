@@ -34,6 +34,47 @@ def run_engine(requests: list[Request], model: str, dtype: str, batch_invariant:
     return sum(len(o.outputs[0].token_ids) for o in outputs), passes
 
 
+SPLIT_MODES = ("engine", "services", "services-batch")  # (a), (b), (b'): what run_interleaved times in turn
+
+
+def run_interleaved(requests: list[Request], model: str, dtype: str, modes: list[str], address: str | None = None,
+                    max_num_seqs: int = 64, max_num_batched_tokens: int = 2048, warmup: int = 0,
+                    repeats: int = 1) -> dict[str, tuple[int, list[float]]]:
+    """(a) the in-process engine and the services' modes, one pass of each in turn, `repeats`
+    times: the host's drift (up to 2x within minutes here) then falls on all of them alike, and
+    each round gives a fair ratio. {mode: (output tokens of one pass, seconds of each timed pass)}."""
+    import asyncio
+    import contextlib
+    from services import LLM, SamplingParams
+    from services_run import launched, require_services, run_batch
+    require_services()
+    llm = LLM(model, dtype=dtype, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens)
+    params = [SamplingParams(temperature=0, max_tokens=r.output_len, ignore_eos=True) for r in requests]
+    prompts = [list(r.prompt_ids) for r in requests]
+    context = contextlib.nullcontext(address) if address else \
+        launched(model, dtype, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens)
+
+    def one_pass(mode: str, target: str) -> tuple[int, float]:
+        start = time.perf_counter()
+        if mode == "engine":
+            tokens = sum(len(o.outputs[0].token_ids) for o in llm.generate(prompts, params, use_tqdm=False))
+        else:
+            tokens = sum(asyncio.run(run_batch(target, requests, one_call=mode == "services-batch")))
+        return tokens, time.perf_counter() - start
+
+    with context as target:
+        asyncio.run(run_batch(target, requests[:1]))  # the connection and the first step, even when cold
+        for _ in range(warmup):
+            for mode in modes:
+                one_pass(mode, target)
+        results = {mode: (0, []) for mode in modes}
+        for _ in tqdm(range(repeats), desc=f"interleaved {'/'.join(modes)}", unit="round"):
+            for mode in modes:
+                tokens, seconds = one_pass(mode, target)
+                results[mode] = (tokens, results[mode][1] + [seconds])
+    return results
+
+
 def run_services(requests: list[Request], model: str, dtype: str, address: str | None = None,
                  max_num_seqs: int = 64, max_num_batched_tokens: int = 2048, warmup: int = 0,
                  repeats: int = 1, one_call: bool = False) -> tuple[int, list[float]]:
