@@ -15,9 +15,10 @@ installed), engine-plain (f, the engine with batch_invariant=False: the determin
 Every request is greedy with ignore_eos and produces exactly its output length; tokens/s
 counts those tokens only. Model loading and service start-up are not timed; --warmup passes of
 the same requests run first, untimed, for every contender except llama.cpp; (a), (b), (b')
-and (f) report the median of --repeats timed passes. (a), (b) and (b') run interleaved, one pass
-of each in turn with the services up and the engine loaded side by side, because this host's
-speed drifts by up to 2x within minutes; their "vs (a)" is the median of each round's own ratio.
+and (f) report the median of --repeats timed passes. (a), (b), (b') and (c) run interleaved, one
+pass of each in turn with the engine, the services and transformers loaded side by side
+((c) at the batch size its sweep found best), because this host's speed drifts by up to 2x
+within minutes; their "vs (a)" is the median of each round's own ratio.
 Writes bench/results/offline.{md,json,png}.
 """
 from __future__ import annotations
@@ -93,20 +94,28 @@ def run_mode(mode: str, dtype: str, requests, args, folder: str) -> dict:
     return {"tokens": tokens, "seconds": round(seconds, 2), "tokens_per_s": tokens / seconds, **extra}
 
 
-def _run_split(dtype: str, requests, args, folder: str, modes: list[str]) -> dict:
-    """(a), (b) and (b') interleaved (runners.run_interleaved) when (a) and a services mode are
-    both asked for; {} otherwise (each then runs alone)."""
-    split = [m for m in runners.SPLIT_MODES if m in modes]
-    if "engine" not in split or len(split) < 2 or _services_missing(split, args):
+def _run_interleaved(dtype: str, requests, args, folder: str, modes: list[str]) -> dict:
+    """(a), (b), (b') and (c) interleaved (runners.run_interleaved) when (a) and another of them
+    are asked for; {} otherwise (each then runs alone). (c) first sweeps its batch sizes alone,
+    then its best one takes its turns."""
+    split = [m for m in runners.INTERLEAVED_MODES if m in modes]
+    if "engine" not in split or len(split) < 2:
         return {}
+    if _services_missing(split, args):
+        split = [m for m in split if not m.startswith("services")]
+        if len(split) < 2:
+            return {}
+    sweep = _hf_sweep(requests, folder, dtype, args.hf_batch_sizes, args.warmup)[2] if "hf-batch" in split else {}
     timed = runners.run_interleaved(requests, folder, dtype, split, args.services_address, args.max_num_seqs,
-                                    args.max_num_batched_tokens, args.warmup, args.repeats)
+                                    args.max_num_batched_tokens, args.warmup, args.repeats,
+                                    sweep.get("best_batch_size", 16))
     engine_passes = timed["engine"][1]
     results = {}
     for mode, (tokens, passes) in timed.items():
         results[mode] = {"tokens": tokens, "seconds": round(statistics.median(passes), 2),
                          "tokens_per_s": tokens / statistics.median(passes),
-                         "passes_tokens_per_s": [round(tokens / p, 1) for p in passes], "interleaved": True}
+                         "passes_tokens_per_s": [round(tokens / p, 1) for p in passes], "interleaved": True,
+                         **(sweep if mode == "hf-batch" else {})}
         if mode != "engine":  # each round's own ratio: this pass against the engine's pass of the same round
             ratios = [e / p for e, p in zip(engine_passes, passes)]
             results[mode]["paired_ratio"] = statistics.median(ratios)
@@ -115,7 +124,7 @@ def _run_split(dtype: str, requests, args, folder: str, modes: list[str]) -> dic
 
 
 def _services_missing(split: list[str], args) -> bool:
-    """Whether the services cannot run here (then every mode runs, or is skipped, alone)."""
+    """Whether the services cannot run here (then they run alone, and are skipped with the reason)."""
     from services_run import missing_services
     return any(m.startswith("services") and m not in args.explicit_modes for m in split) and \
         missing_services() is not None
@@ -155,7 +164,13 @@ def report(results: dict, args, requests, load_before: str) -> Path:
 def _note(mode: str, r: dict) -> str:
     if mode == "hf-batch":
         sweep = ", ".join(f"bs{k}: {v:.1f}" for k, v in r["sweep_tokens_per_s"].items())
-        return f"best batch size {r['best_batch_size']} ({sweep} tok/s)"
+        note = f"best batch size {r['best_batch_size']} (sweep alone: {sweep} tok/s)"
+        if "paired_ratio_range" in r:
+            passes = r["passes_tokens_per_s"]
+            low, high = r["paired_ratio_range"]
+            note += (f"; then median of {len(passes)} passes ({min(passes):.0f}-{max(passes):.0f}) interleaved "
+                     f"with (a), each round's ratio {low:.2f}-{high:.2f}x")
+        return note
     if "requests" in r:
         return f"first {r['requests']} requests only"
     if len(r.get("passes_tokens_per_s", [])) > 1:
@@ -165,7 +180,7 @@ def _note(mode: str, r: dict) -> str:
             low, high = r["paired_ratio_range"]
             note += f"; interleaved with (a), each round's ratio {low:.2f}-{high:.2f}x"
         elif r.get("interleaved"):
-            note += "; interleaved with (b) and (b')"
+            note += "; interleaved with the others marked so"
         return note
     return ""
 
@@ -203,7 +218,7 @@ def main() -> None:
     results = {}
     for dtype in args.dtypes.split(","):
         results[dtype] = {}
-        paired = _run_split(dtype, requests, args, folder, modes)
+        paired = _run_interleaved(dtype, requests, args, folder, modes)
         for mode in modes:
             print(f"== {dtype} {LABELS[mode]}", flush=True)
             results[dtype][mode] = r = paired[mode] if mode in paired else run_mode(mode, dtype, requests, args, folder)

@@ -34,15 +34,16 @@ def run_engine(requests: list[Request], model: str, dtype: str, batch_invariant:
     return sum(len(o.outputs[0].token_ids) for o in outputs), passes
 
 
-SPLIT_MODES = ("engine", "services", "services-batch")  # (a), (b), (b'): what run_interleaved times in turn
+INTERLEAVED_MODES = ("engine", "services", "services-batch", "hf-batch")  # (a), (b), (b'), (c)
 
 
 def run_interleaved(requests: list[Request], model: str, dtype: str, modes: list[str], address: str | None = None,
                     max_num_seqs: int = 64, max_num_batched_tokens: int = 2048, warmup: int = 0,
-                    repeats: int = 1) -> dict[str, tuple[int, list[float]]]:
-    """(a) the in-process engine and the services' modes, one pass of each in turn, `repeats`
-    times: the host's drift (up to 2x within minutes here) then falls on all of them alike, and
-    each round gives a fair ratio. {mode: (output tokens of one pass, seconds of each timed pass)}."""
+                    repeats: int = 1, hf_batch_size: int = 16) -> dict[str, tuple[int, list[float]]]:
+    """(a) the in-process engine, the services' modes and (c) transformers at one static batch
+    size, one pass of each in turn, `repeats` times: the host's drift (up to 2x within minutes
+    here) then falls on all of them alike, and each round gives a fair ratio.
+    {mode: (output tokens of one pass, seconds of each timed pass)}."""
     import asyncio
     import contextlib
     from services import LLM, SamplingParams
@@ -51,10 +52,14 @@ def run_interleaved(requests: list[Request], model: str, dtype: str, modes: list
     llm = LLM(model, dtype=dtype, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens)
     params = [SamplingParams(temperature=0, max_tokens=r.output_len, ignore_eos=True) for r in requests]
     prompts = [list(r.prompt_ids) for r in requests]
-    context = contextlib.nullcontext(address) if address else \
+    services = any(mode.startswith("services") for mode in modes)
+    context = contextlib.nullcontext(address) if address or not services else \
         launched(model, dtype, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens)
+    hf = load_hf(model, dtype) if "hf-batch" in modes else None
 
     def one_pass(mode: str, target: str) -> tuple[int, float]:
+        if mode == "hf-batch":
+            return run_hf(requests, hf, hf_batch_size, f"hf batch {hf_batch_size} {dtype}")
         start = time.perf_counter()
         if mode == "engine":
             tokens = sum(len(o.outputs[0].token_ids) for o in llm.generate(prompts, params, use_tqdm=False))
@@ -63,7 +68,8 @@ def run_interleaved(requests: list[Request], model: str, dtype: str, modes: list
         return tokens, time.perf_counter() - start
 
     with context as target:
-        asyncio.run(run_batch(target, requests[:1]))  # the connection and the first step, even when cold
+        if services:
+            asyncio.run(run_batch(target, requests[:1]))  # the connection and the first step, even when cold
         for _ in range(warmup):
             for mode in modes:
                 one_pass(mode, target)
@@ -88,7 +94,8 @@ def run_services(requests: list[Request], model: str, dtype: str, address: str |
     context = contextlib.nullcontext(address) if address else \
         launched(model, dtype, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens)
     with context as target:
-        asyncio.run(run_batch(target, requests[:1]))  # the connection and the first step, even when cold
+        if services:
+            asyncio.run(run_batch(target, requests[:1]))  # the connection and the first step, even when cold
         for _ in range(warmup):
             asyncio.run(run_batch(target, requests, one_call=one_call))
         passes = []
