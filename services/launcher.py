@@ -33,6 +33,7 @@ VALUE_FLAGS = {
     "--preemption-mode": ("scheduler",),
     "--max-waiting-requests": ("scheduler",),
     "--heartbeat-timeout-s": ("scheduler",),
+    "--step-timeout-s": ("scheduler",),
     "--dtype": ("worker",),
     "--device": ("worker",),
     "--num-gpu-blocks": ("worker",),

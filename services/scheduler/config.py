@@ -23,6 +23,7 @@ class SchedulerServiceConfig:
     enable_chunked_prefill: bool = True
     max_waiting_requests: int = 4096
     heartbeat_timeout_s: float = 10.0  # a worker silent this long is dropped
+    step_timeout_s: float = 120.0  # a step that takes longer drops its worker (hung, not dead: it still beats)
     seed: int | None = None  # seeds requests that bring none from this; None: fresh random seeds
     overlap_steps: bool = True  # workers run a promised decode step while the last result travels
     reflection: bool = False
@@ -32,6 +33,7 @@ class SchedulerServiceConfig:
         check(self.max_model_len == 0 or self.max_model_len >= 2, "max_model_len",
               f"must be 0 (from the model) or >= 2, got {self.max_model_len}")
         check(self.heartbeat_timeout_s > 0, "heartbeat_timeout_s", f"must be > 0, got {self.heartbeat_timeout_s}")
+        check(self.step_timeout_s > 0, "step_timeout_s", f"must be > 0, got {self.step_timeout_s}")
         self.cache_config()
         self.scheduler_config(self.max_model_len or DEFAULT_MAX_MODEL_LEN)
 

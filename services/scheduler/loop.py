@@ -86,7 +86,7 @@ class StepLoop:
         except InvalidArgument as error:
             log.warning("worker_refused", worker_id=worker_id, address=address, reason=str(error))
             return str(error)
-        self.workers[worker_id] = RemoteWorker(worker_id, address, info)
+        self.workers[worker_id] = RemoteWorker(worker_id, address, info, self.config.step_timeout_s)
         log.info("worker_registered", worker_id=worker_id, address=address, num_gpu_blocks=info.num_gpu_blocks,
                  num_cpu_blocks=info.num_cpu_blocks, device=info.device, dtype=info.dtype)
         self._wake.set()

@@ -18,12 +18,13 @@ CHANNEL_OPTIONS = [("grpc.max_send_message_length", 64 << 20), ("grpc.max_receiv
 
 
 class WorkerLost(RuntimeError):
-    """A Step failed or was cancelled: drop the worker and recompute its sequences elsewhere."""
+    """A Step failed, timed out or was cancelled: drop the worker and recompute its sequences elsewhere."""
 
 
 class RemoteWorker:
-    def __init__(self, worker_id: str, address: str, info: WorkerInfo):
+    def __init__(self, worker_id: str, address: str, info: WorkerInfo, step_timeout_s: float | None = None):
         self.worker_id, self.address, self.info = worker_id, address, info
+        self.step_timeout_s = step_timeout_s  # a hung worker still heartbeats: only a deadline catches it
         self.channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
         self.stub = worker_pb2_grpc.WorkerStub(self.channel)
         self.last_seen = time.monotonic()
@@ -31,7 +32,7 @@ class RemoteWorker:
         self._call = None
 
     async def step(self, delta: StepDelta) -> StepResult:
-        self._call = self.stub.Step(convert.delta_to_proto(delta))
+        self._call = self.stub.Step(convert.delta_to_proto(delta), timeout=self.step_timeout_s)
         try:
             result = convert.result_from_proto(await self._call)
             self.last_seen = time.monotonic()

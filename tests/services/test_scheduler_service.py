@@ -165,6 +165,47 @@ def test_killed_worker_requests_complete_without_repeats(model):
     run(main())
 
 
+def test_a_hung_worker_is_dropped_at_the_step_timeout_and_its_requests_complete_elsewhere(model):
+    """A worker whose step never returns still heartbeats; the step deadline catches it."""
+    import time
+
+    prompts = random_prompts(4, VOCAB, 10, 30, seed=12)
+    params = [greedy(12) for _ in prompts]
+    want = reference(model, prompts, params)
+
+    async def main():
+        cluster = await Cluster(model, step_timeout_s=1.0).start(num_workers=2)
+        hung = asyncio.Event()
+        worker = cluster.workers["w0"].worker
+        real_step = worker.step
+
+        def step(delta):
+            if delta.cached_seqs and not hung.is_set():  # once, in a decode step: stuck for 3 s
+                hung.set()
+                time.sleep(3)
+            return real_step(delta)
+
+        worker.step = step
+        dropped = []
+        loop, real_drop = cluster.scheduler.loop, cluster.scheduler.loop.drop
+
+        async def drop(worker_id, reason):
+            dropped.append((worker_id, reason))
+            await real_drop(worker_id, reason)
+
+        loop.drop = drop
+        try:
+            got = await asyncio.gather(*(cluster.generate(f"h{i}", p, sp) for i, (p, sp) in
+                                         enumerate(zip(prompts, params))))
+        finally:
+            await cluster.close()
+        assert hung.is_set() and dropped and dropped[0][0] == "w0" and "DEADLINE_EXCEEDED" in dropped[0][1]
+        for g, w in zip(got, want):
+            assert_same(g, w)  # recomputed on w1: the same tokens, none twice
+
+    run(main())
+
+
 def test_bad_submits_are_invalid_argument_and_the_next_one_works(model):
     async def main():
         cluster = await Cluster(model, max_model_len=64).start(num_workers=1)
