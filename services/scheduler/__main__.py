@@ -3,7 +3,7 @@
     python -m services.scheduler --host 0.0.0.0 --port 50052 --block-size 16 --max-num-seqs 64 \\
         --max-num-batched-tokens 2048 --max-model-len 0 --scheduling-policy fcfs \\
         --preemption-mode recompute --enable-prefix-caching --enable-chunked-prefill \\
-        --max-waiting-requests 4096 --heartbeat-timeout-s 10 --step-timeout-s 120 --overlap-steps \\
+        --max-waiting-requests 4096 --heartbeat-timeout-s 10 --step-timeout-s 300 --overlap-steps \\
         [--reflection] --log-level info
 
 Every flag also reads PAGEDSERVE_<FLAG> from the environment. SIGTERM/SIGINT: health turns
@@ -37,8 +37,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add_switch(parser, "--enable-chunked-prefill", True, help="split long prompts across steps")
     add_flag(parser, "--max-waiting-requests", 4096, int, help="beyond this, Submit gets RESOURCE_EXHAUSTED")
     add_flag(parser, "--heartbeat-timeout-s", 10.0, float, help="drop a worker silent this long")
-    add_flag(parser, "--step-timeout-s", 120.0, float,
-             help="drop a worker whose step takes this long (its sequences are recomputed elsewhere)")
+    add_flag(parser, "--step-timeout-s", 300.0, float,
+             help="drop a worker whose step takes this long (its sequences are recomputed elsewhere; "
+                  "raise it for big models on slow machines, where one long prefill step can take minutes)")
     add_flag(parser, "--seed", None, int, help="draw the seeds of requests that bring none from this (default: random)")
     add_switch(parser, "--overlap-steps", True,
                help="let a worker run the next decode step while the last one's result travels")

@@ -23,7 +23,7 @@ class SchedulerServiceConfig:
     enable_chunked_prefill: bool = True
     max_waiting_requests: int = 4096
     heartbeat_timeout_s: float = 10.0  # a worker silent this long is dropped
-    step_timeout_s: float = 120.0  # a step that takes longer drops its worker (hung, not dead: it still beats)
+    step_timeout_s: float = 300.0  # a step that takes longer drops its worker (hung, not dead: it still beats)
     seed: int | None = None  # seeds requests that bring none from this; None: fresh random seeds
     overlap_steps: bool = True  # workers run a promised decode step while the last result travels
     reflection: bool = False
