@@ -139,6 +139,8 @@ class ModelRunner:
         """The step, with the sequences that are as promised answered from the speculation and the
         rest of the delta (requests admitted meanwhile) run now; None when none is as promised.
         Answering part of a step needs batch-invariant kernels; without, only the exact promise."""
+        if delta.blocks_to_swap_out or delta.blocks_to_swap_in or delta.blocks_to_copy:
+            return None  # never after a promise (every slot is held); were they there, they would go first
         expected = speculation.expected
         served = [entry for entry in delta.cached_seqs if _as_promised(entry, expected.get(entry.seq_id))]
         rest = [entry for entry in delta.cached_seqs if not _as_promised(entry, expected.get(entry.seq_id))]
