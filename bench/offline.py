@@ -74,9 +74,9 @@ def run_mode(mode: str, dtype: str, requests, args, folder: str) -> dict:
     extra = {}
     if mode in ("engine", "engine-plain", "services", "services-batch"):
         if mode.startswith("services"):
-            tokens, passes = runners.run_services(requests, folder, dtype, args.services_address, args.max_num_seqs,
-                                                  args.max_num_batched_tokens, args.warmup, args.repeats,
-                                                  one_call=mode == "services-batch")
+            tokens, passes = runners.run_interleaved(requests, folder, dtype, [mode], args.services_address,
+                                                     args.max_num_seqs, args.max_num_batched_tokens, args.warmup,
+                                                     args.repeats)[mode]
         else:
             tokens, passes = runners.run_engine(requests, folder, dtype, mode == "engine", args.max_num_seqs,
                                                 args.max_num_batched_tokens, args.warmup, args.repeats)

@@ -42,17 +42,21 @@ def run_interleaved(requests: list[Request], model: str, dtype: str, modes: list
                     repeats: int = 1, hf_batch_size: int = 16) -> dict[str, tuple[int, list[float]]]:
     """(a) the in-process engine, the services' modes and (c) transformers at one static batch
     size, one pass of each in turn, `repeats` times: the host's drift (up to 2x within minutes
-    here) then falls on all of them alike, and each round gives a fair ratio.
-    {mode: (output tokens of one pass, seconds of each timed pass)}."""
+    here) then falls on all of them alike, and each round gives a fair ratio. Any one of them
+    alone is just timed. Services modes: all requests at once through the frontend, one
+    Generate call each (services) or all over one GenerateBatch call (services-batch); `address`
+    None starts the services here. {mode: (output tokens of one pass, seconds of each timed pass)}."""
     import asyncio
     import contextlib
     from services import LLM, SamplingParams
     from services_run import launched, require_services, run_batch
-    require_services()
-    llm = LLM(model, dtype=dtype, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens)
+    services = any(mode.startswith("services") for mode in modes)
+    if services:
+        require_services()
+    llm = LLM(model, dtype=dtype, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens) \
+        if "engine" in modes else None
     params = [SamplingParams(temperature=0, max_tokens=r.output_len, ignore_eos=True) for r in requests]
     prompts = [list(r.prompt_ids) for r in requests]
-    services = any(mode.startswith("services") for mode in modes)
     context = contextlib.nullcontext(address) if address or not services else \
         launched(model, dtype, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens)
     hf = load_hf(model, dtype) if "hf-batch" in modes else None
@@ -79,32 +83,6 @@ def run_interleaved(requests: list[Request], model: str, dtype: str, modes: list
                 tokens, seconds = one_pass(mode, target)
                 results[mode] = (tokens, results[mode][1] + [seconds])
     return results
-
-
-def run_services(requests: list[Request], model: str, dtype: str, address: str | None = None,
-                 max_num_seqs: int = 64, max_num_batched_tokens: int = 2048, warmup: int = 0,
-                 repeats: int = 1, one_call: bool = False) -> tuple[int, list[float]]:
-    """All requests at once through the frontend (one Generate call each, or with one_call all
-    over one GenerateBatch call); `address` None starts the services here.
-    (output tokens of one pass, seconds of each timed pass)."""
-    import asyncio
-    import contextlib
-    from services_run import launched, require_services, run_batch
-    require_services()
-    context = contextlib.nullcontext(address) if address else \
-        launched(model, dtype, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens)
-    with context as target:
-        if services:
-            asyncio.run(run_batch(target, requests[:1]))  # the connection and the first step, even when cold
-        for _ in range(warmup):
-            asyncio.run(run_batch(target, requests, one_call=one_call))
-        passes = []
-        for _ in range(repeats):
-            with tqdm(total=len(requests), desc="services", unit="req") as bar:
-                start = time.perf_counter()
-                counts = asyncio.run(run_batch(target, requests, bar, one_call=one_call))
-                passes.append(time.perf_counter() - start)
-    return sum(counts), passes
 
 
 def load_hf(model: str, dtype: str):
