@@ -73,13 +73,9 @@ def run_mode(mode: str, dtype: str, requests, args, folder: str) -> dict:
             return {"skipped": why}
     extra = {}
     if mode in ("engine", "engine-plain", "services", "services-batch"):
-        if mode.startswith("services"):
-            tokens, passes = runners.run_interleaved(requests, folder, dtype, [mode], args.services_address,
-                                                     args.max_num_seqs, args.max_num_batched_tokens, args.warmup,
-                                                     args.repeats)[mode]
-        else:
-            tokens, passes = runners.run_engine(requests, folder, dtype, mode == "engine", args.max_num_seqs,
-                                                args.max_num_batched_tokens, args.warmup, args.repeats)
+        tokens, passes = runners.run_interleaved(requests, folder, dtype, [mode], args.services_address,
+                                                 args.max_num_seqs, args.max_num_batched_tokens, args.warmup,
+                                                 args.repeats)[mode]
         seconds = statistics.median(passes)
         extra = {"passes_tokens_per_s": [round(tokens / p, 1) for p in passes]}
     elif mode == "hf-batch":

@@ -15,25 +15,6 @@ from workload import Request
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
-def run_engine(requests: list[Request], model: str, dtype: str, batch_invariant: bool = True,
-               max_num_seqs: int = 64, max_num_batched_tokens: int = 2048, warmup: int = 0,
-               repeats: int = 1) -> tuple[int, list[float]]:
-    """(output tokens of one pass, seconds of each of `repeats` timed passes)."""
-    from services import LLM, SamplingParams
-    llm = LLM(model, dtype=dtype, batch_invariant=batch_invariant, max_num_seqs=max_num_seqs,
-              max_num_batched_tokens=max_num_batched_tokens)
-    params = [SamplingParams(temperature=0, max_tokens=r.output_len, ignore_eos=True) for r in requests]
-    prompts = [list(r.prompt_ids) for r in requests]
-    for _ in range(warmup):
-        llm.generate(prompts, params, use_tqdm=False)
-    passes = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        outputs = llm.generate(prompts, params, use_tqdm=True)
-        passes.append(time.perf_counter() - start)
-    return sum(len(o.outputs[0].token_ids) for o in outputs), passes
-
-
 INTERLEAVED_MODES = ("engine", "services", "services-batch", "hf-batch")  # (a), (b), (b'), (c)
 
 
@@ -43,7 +24,7 @@ def run_interleaved(requests: list[Request], model: str, dtype: str, modes: list
     """(a) the in-process engine, the services' modes and (c) transformers at one static batch
     size, one pass of each in turn, `repeats` times: the host's drift (up to 2x within minutes
     here) then falls on all of them alike, and each round gives a fair ratio. Any one of them
-    alone is just timed. Services modes: all requests at once through the frontend, one
+    alone is just timed, and so is (f) engine-plain, the engine with batch_invariant=False. Services modes: all requests at once through the frontend, one
     Generate call each (services) or all over one GenerateBatch call (services-batch); `address`
     None starts the services here. {mode: (output tokens of one pass, seconds of each timed pass)}."""
     import asyncio
@@ -53,8 +34,9 @@ def run_interleaved(requests: list[Request], model: str, dtype: str, modes: list
     services = any(mode.startswith("services") for mode in modes)
     if services:
         require_services()
-    llm = LLM(model, dtype=dtype, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens) \
-        if "engine" in modes else None
+    engines = {mode: LLM(model, dtype=dtype, batch_invariant=mode == "engine", max_num_seqs=max_num_seqs,
+                         max_num_batched_tokens=max_num_batched_tokens)
+               for mode in modes if mode in ("engine", "engine-plain")}  # (f): batch_invariant=False
     params = [SamplingParams(temperature=0, max_tokens=r.output_len, ignore_eos=True) for r in requests]
     prompts = [list(r.prompt_ids) for r in requests]
     context = contextlib.nullcontext(address) if address or not services else \
@@ -65,8 +47,8 @@ def run_interleaved(requests: list[Request], model: str, dtype: str, modes: list
         if mode == "hf-batch":
             return run_hf(requests, hf, hf_batch_size, f"hf batch {hf_batch_size} {dtype}")
         start = time.perf_counter()
-        if mode == "engine":
-            tokens = sum(len(o.outputs[0].token_ids) for o in llm.generate(prompts, params, use_tqdm=False))
+        if mode in engines:
+            tokens = sum(len(o.outputs[0].token_ids) for o in engines[mode].generate(prompts, params, use_tqdm=False))
         else:
             tokens = sum(asyncio.run(run_batch(target, requests, one_call=mode == "services-batch")))
         return tokens, time.perf_counter() - start

@@ -81,7 +81,7 @@ def request_kwargs(output_len: int) -> dict:
     return {"max_tokens": output_len, "min_tokens": output_len, "ignore_eos": True, "temperature": 0.0}
 
 
-async def run_batch(address: str, requests, progress=None, one_call: bool = False) -> list[int]:
+async def run_batch(address: str, requests, one_call: bool = False) -> list[int]:
     """All requests at once, streamed; returns the number of tokens each produced. one_call: all
     of them over one GenerateBatch call, else one Generate call each."""
     import asyncio
@@ -89,19 +89,14 @@ async def run_batch(address: str, requests, progress=None, one_call: bool = Fals
 
     async with AsyncClient(address) as client:
         if one_call:
-            stream = client.generate_batch([dict(prompt=list(r.prompt_ids), **request_kwargs(r.output_len))
-                                            for r in requests])
-            async for index, delta in stream:
-                if progress is not None and delta.finish_reason:
-                    progress.update(1)
-            failed = [r for r in stream.results if isinstance(r, GenerationError)]
+            results = await client.complete_batch([dict(prompt=list(r.prompt_ids), **request_kwargs(r.output_len))
+                                                   for r in requests])
+            failed = [r for r in results if isinstance(r, GenerationError)]
             if failed:
                 raise failed[0]
-            return [len(r.token_ids) for r in stream.results]
+            return [len(r.token_ids) for r in results]
 
         async def one(request) -> int:
             result = await client.complete(list(request.prompt_ids), **request_kwargs(request.output_len))
-            if progress is not None:
-                progress.update(1)
             return len(result.token_ids)
         return await asyncio.gather(*(one(r) for r in requests))

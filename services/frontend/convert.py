@@ -5,12 +5,12 @@ from google.protobuf.message import Message
 from google.protobuf.unknown_fields import UnknownFieldSet
 
 from pagedserve.v1 import generate_pb2 as pb
-from services.rpc_errors import status_of
 from services.core.errors import InvalidArgument
 from services.core.sampling_params import SamplingParams
 from services.core.step import Logprobs
 from services.frontend.batch import BatchError, BatchItem
 from services.frontend.types import GenerateEvent, GenerateRequest, ModelCard, Prompt, SampleEvent, Summary
+from services.rpc_errors import status_of
 
 FINISH_REASONS = {None: pb.FINISH_REASON_UNSPECIFIED, "stop": pb.FINISH_REASON_STOP,
                   "length": pb.FINISH_REASON_LENGTH, "abort": pb.FINISH_REASON_ABORT}

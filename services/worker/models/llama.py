@@ -12,9 +12,9 @@ from typing import Callable
 import torch
 from torch import nn
 
+from kernels.attention import token_layout
 from kernels.decoder import LayerWeights, StackShape
 from kernels.ops import Ops
-from kernels.attention import token_layout
 from kernels.rotary import cos_sin_cache
 from services.worker.model_config import ModelArchConfig
 
