@@ -24,9 +24,10 @@ def run_interleaved(requests: list[Request], model: str, dtype: str, modes: list
     """(a) the in-process engine, the services' modes and (c) transformers at one static batch
     size, one pass of each in turn, `repeats` times: the host's drift (up to 2x within minutes
     here) then falls on all of them alike, and each round gives a fair ratio. Any one of them
-    alone is just timed, and so is (f) engine-plain, the engine with batch_invariant=False. Services modes: all requests at once through the frontend, one
-    Generate call each (services) or all over one GenerateBatch call (services-batch); `address`
-    None starts the services here. {mode: (output tokens of one pass, seconds of each timed pass)}."""
+    alone is just timed, and so is (f) engine-plain, the engine with batch_invariant=False.
+    Services modes: all requests at once through the frontend, one Generate call each
+    (services) or all over one GenerateBatch call (services-batch); `address` None starts the
+    services here. {mode: (output tokens of one pass, seconds of each timed pass)}."""
     import asyncio
     import contextlib
     from services import LLM, SamplingParams
@@ -48,7 +49,8 @@ def run_interleaved(requests: list[Request], model: str, dtype: str, modes: list
             return run_hf(requests, hf, hf_batch_size, f"hf batch {hf_batch_size} {dtype}")
         start = time.perf_counter()
         if mode in engines:
-            tokens = sum(len(o.outputs[0].token_ids) for o in engines[mode].generate(prompts, params, use_tqdm=False))
+            outputs = engines[mode].generate(prompts, params, use_tqdm=False)
+            tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
         else:
             tokens = sum(asyncio.run(run_batch(target, requests, one_call=mode == "services-batch")))
         return tokens, time.perf_counter() - start

@@ -18,7 +18,6 @@ n, logprobs, seed, logit_bias={id: bias}, ...). Errors raise GenerationError.
 """
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 
 import uuid

@@ -22,6 +22,11 @@ class UnknownSequence(KeyError):
     """A step delta named a sequence the worker does not hold (DESIGN rule 3)."""
 
 
+# What a request can be refused with, as opposed to a bug: each transport passes these on to the
+# client with their own status, and fails one request (not the call) with them.
+REFUSALS = (InvalidArgument, ResourceExhausted, Unavailable)
+
+
 def check(condition: bool, field: str, message: str) -> None:
     """Raise InvalidArgument(field, message) unless condition holds."""
     if not condition:

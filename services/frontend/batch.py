@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import structlog
 
-from services.core.errors import InvalidArgument, ResourceExhausted, Unavailable
+from services.core.errors import REFUSALS, InvalidArgument
 from services.frontend.core import FrontendCore
 from services.frontend.types import GenerateEvent, GenerateRequest
 
@@ -57,7 +57,7 @@ async def run_batch(core: FrontendCore, requests: AsyncIterator[tuple[str, Gener
                 async for event in events:
                     outbox.put_nowait(event)
         except Exception as error:  # noqa: BLE001 - reported to the client as this request's error
-            if not isinstance(error, (InvalidArgument, ResourceExhausted, Unavailable)):
+            if not isinstance(error, REFUSALS):
                 log.exception("batch_request_failed", request_id=request.request_id)
             outbox.put_nowait(BatchError(index, request.request_id, error))
         finally:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from services.core.errors import InvalidArgument, ResourceExhausted, Unavailable, check
+from services.core.errors import REFUSALS, InvalidArgument, ResourceExhausted, Unavailable, check
 from services.core.tokenizer import Tokenizer
 from services.frontend.metrics import FrontendMetrics
 from services.frontend.stream import RequestStream
@@ -78,7 +78,7 @@ class FrontendCore:
         anything reaches the scheduler), ResourceExhausted or Unavailable."""
         try:
             request_id, prompt_ids = await self._admit(request)
-        except (InvalidArgument, ResourceExhausted, Unavailable) as error:
+        except REFUSALS as error:
             log.info("refused", request_id=request.request_id, error=type(error).__name__, details=str(error))
             raise
         stream = RequestStream(request_id, prompt_ids, request.params, self.tokenizer)

@@ -5,7 +5,7 @@ import asyncio
 
 from pagedserve.internal.v1 import scheduler_pb2, scheduler_pb2_grpc
 from services import convert
-from services.core.errors import InvalidArgument, ResourceExhausted, Unavailable
+from services.core.errors import REFUSALS
 from services.rpc_errors import rpc_errors, status_of
 from services.scheduler.loop import StepLoop
 from services.scheduler.streams import Delivery, StreamMux
@@ -52,7 +52,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                 try:  # StepLoop.submit refuses an empty or running request_id
                     args = convert.submit_from_proto(message.submit)
                     mux.streams[request_id] = self.loop.submit(*args, deliver=mux.sink(request_id))
-                except (InvalidArgument, ResourceExhausted, Unavailable) as error:  # that request only
+                except REFUSALS as error:  # that request only
                     mux.put(request_id, 0.0, error)
         finally:
             mux.end_of_input()
@@ -89,7 +89,7 @@ def _news(request_id: str, queue_time_s: float, item: Delivery) -> scheduler_pb2
     if item is None:
         return scheduler_pb2.RequestNews(request_id=request_id, done=True)
     if isinstance(item, Exception):
-        error = item if isinstance(item, (InvalidArgument, ResourceExhausted, Unavailable)) else \
+        error = item if isinstance(item, REFUSALS) else \
             RuntimeError(f"the scheduler failed a step: {item}")
         code, message = status_of(error)
         return scheduler_pb2.RequestNews(request_id=request_id, done=True, error_code=code.value[0],

@@ -1,8 +1,6 @@
 """SubmitMany: many requests over one scheduler call, one message a step (what the frontend uses)."""
 from __future__ import annotations
 
-import asyncio
-
 import grpc
 import pytest
 

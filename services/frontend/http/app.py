@@ -11,7 +11,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from services.core.errors import InvalidArgument, ResourceExhausted, Unavailable
+from services.core.errors import REFUSALS, Unavailable
 from services.frontend.core import STATS_TIMEOUT_S, FrontendCore
 from services.frontend.http import convert
 from services.frontend.http.errors import error_body, install_error_handlers
@@ -113,6 +113,6 @@ async def _errors_as_events(chunks: AsyncIterator[str]) -> AsyncIterator[str]:
     try:
         async for chunk in chunks:
             yield chunk
-    except (InvalidArgument, ResourceExhausted, Unavailable) as error:
+    except REFUSALS as error:
         yield f"data: {error_body(str(error), 'service_unavailable', 'unavailable').decode()}\n\n"
         yield "data: [DONE]\n\n"
