@@ -128,7 +128,8 @@ class LlamaForCausalLM(nn.Module):
                                    _data(layer.attn.qkv_bias), _data(getattr(layer.attn, "q_norm", None)),
                                    _data(getattr(layer.attn, "k_norm", None)), layer.attn.o_weight,
                                    layer.mlp.gate_up_weight, layer.mlp.down_weight) for layer in self.layers]
-            shape = StackShape(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.rms_norm_eps, cfg.head_dim ** -0.5)
+            scale = self.layers[0].attn.scale  # the attention's own, not a second formula
+            shape = StackShape(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.rms_norm_eps, scale)
             self.stack = self.ops.decoder_stack(layers, self.final_norm.data, self.rotary_cache, shape)
 
     @torch.inference_mode()
