@@ -20,6 +20,7 @@ from services import convert
 from services.core.errors import InvalidArgument, ResourceExhausted, Unavailable
 from services.core.sampling_params import SamplingParams
 from services.core.sequence import SeqUpdate
+from services.grpc_server import RECONNECT_OPTIONS
 
 _CORE_ERROR = {grpc.StatusCode.RESOURCE_EXHAUSTED: ResourceExhausted, grpc.StatusCode.UNAVAILABLE: Unavailable,
                grpc.StatusCode.DEADLINE_EXCEEDED: Unavailable}
@@ -99,7 +100,7 @@ class _Mux:
 
 class SchedulerClient:
     def __init__(self, address: str):
-        self.channel = grpc.aio.insecure_channel(address)
+        self.channel = grpc.aio.insecure_channel(address, options=RECONNECT_OPTIONS)
         self.stub = scheduler_pb2_grpc.SchedulerStub(self.channel)
         self._mux: _Mux | None = None
 
