@@ -9,7 +9,9 @@
    them go away mid-answer (or before it), --deadline of them carry a deadline. At --kill-at of
    the run, worker-0 gets SIGKILL; the launcher restarts it.
 3. Pass: no failure among the requests that were neither cancelled nor timed out (an error, or
-   tokens/text other than the reference's), the killed worker is back (new pid, the scheduler
+   tokens/text other than the reference's; a deadline that reached a gRPC client as INTERNAL after
+   it passed is counted apart, as timed_out_as_internal: gRPC's own best effort, grpc/grpc#2685),
+   the killed worker is back (new pid, the scheduler
    counts --workers again), and every KV block is free again. Reported too: each service's
    resident memory before and after the run.
 

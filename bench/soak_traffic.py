@@ -10,12 +10,14 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import time
 import uuid
 from dataclasses import dataclass, field
 
 from stream_clients import _body_pieces, _read_head
 
 TRANSPORTS = ("grpc-stream", "grpc-batch", "http-stream", "http-json")
+DEADLINE_AS_INTERNAL = "Internal error from Core"
 
 
 @dataclass(frozen=True)
@@ -37,7 +39,7 @@ class Shot:
 
 @dataclass
 class Outcome:
-    kind: str  # completed, cancelled, timed_out, error
+    kind: str  # completed, cancelled, timed_out (or timed_out_as_internal: see GrpcShots), error
     text: str = ""
     token_ids: list[int] | None = None  # gRPC only; HTTP gives the count
     num_tokens: int = 0
@@ -82,7 +84,7 @@ class GrpcShots:
                                       {request_id: 0})
         else:
             stream = AsyncStream(self.client.stub.Generate(request, timeout=timeout))
-        text, ids, seen = "", [], 0
+        text, ids, seen, started = "", [], 0, time.monotonic()
         try:
             if shot.fate == "disconnect" and shot.cut == 0:
                 stream.cancel()
@@ -96,6 +98,11 @@ class GrpcShots:
         except GenerationError as error:
             if error.code == grpc.StatusCode.DEADLINE_EXCEEDED and shot.fate == "deadline":
                 return Outcome("timed_out", text, ids, len(ids))
+            if shot.fate == "deadline" and time.monotonic() - started >= shot.deadline_s and \
+                    (error.code, error.details) == (grpc.StatusCode.INTERNAL, DEADLINE_AS_INTERNAL):
+                # gRPC's deadline status is best effort: when the server's copy of the deadline fires
+                # first, its RST_STREAM can reach the client as INTERNAL (grpc/grpc#2685)
+                return Outcome("timed_out_as_internal", text, ids, len(ids), error=str(error))
             return Outcome("error", text, ids, len(ids), error=str(error))
         if shot.transport == "grpc-batch" and isinstance(stream.results[0], GenerationError):
             return Outcome("error", text, ids, len(ids), error=str(stream.results[0]))

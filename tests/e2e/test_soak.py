@@ -27,7 +27,7 @@ def test_a_one_minute_soak_with_disconnects_deadlines_and_a_killed_worker_loses_
     assert outcomes["normal/completed"] > 100
     assert outcomes["disconnect/cancelled"] > 0 and outcomes["deadline/timed_out"] > 0  # the faults happened
     assert set(outcomes) <= {"normal/completed", "disconnect/cancelled", "disconnect/completed",
-                             "deadline/timed_out", "deadline/completed"}
+                             "deadline/timed_out", "deadline/timed_out_as_internal", "deadline/completed"}
     kill = summary["worker_kill"]
     assert kill["new_pid"] not in (None, kill["pid"])  # restarted by the launcher
     after = summary["after_the_run"]
