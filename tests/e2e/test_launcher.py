@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import io
 import json
 import os
 import re
@@ -29,6 +30,7 @@ from grpc_health.v1 import health, health_pb2_grpc
 from services.healthcheck import health_status
 from services.__main__ import DEFAULT_STOP_TIMEOUT_S, default_worker_threads
 from services.launcher import SWITCH_FLAGS, VALUE_FLAGS, Deployment, free_ports, service_commands
+from services.supervisor import Launcher, RestartPolicy
 
 ROOT = Path(__file__).resolve().parents[2]
 FAKE_SERVICE = Path(__file__).with_name("fake_service.py")
@@ -381,3 +383,20 @@ def test_up_serves_a_tiny_model_with_the_real_services(launch, tiny_llama):
     up.proc.send_signal(signal.SIGINT)
     assert up.finish(timeout=30) == 0, up.log()
     assert_all_stopped(up, ports + up.worker_ports(), pids, within=1)
+
+
+def test_the_backoff_doubles_to_its_cap_and_starts_over_after_a_minute_of_running(fake_model):
+    """The restart bookkeeping alone: no process is started."""
+    launcher = Launcher(Deployment(model=str(fake_model), worker_ports=(1,)), err=io.StringIO())
+    worker = launcher.children[1]
+    worker.proc = subprocess.Popen(["true"])
+    worker.proc.wait()
+    delays = []
+    for _ in range(8):  # each run lasted a second
+        worker.started_at, worker.restart_at = 100.0, None
+        launcher._exited(worker, 1, now=101.0)
+        delays.append(worker.restart_at - 101.0)
+    assert delays == [0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0]
+    worker.started_at = 100.0
+    launcher._exited(worker, 1, now=100.0 + RestartPolicy().reset_after_s)  # it ran a minute
+    assert worker.restart_at - (100.0 + RestartPolicy().reset_after_s) == 0.5 and worker.restarts == 1
