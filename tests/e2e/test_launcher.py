@@ -219,6 +219,7 @@ def test_a_worker_that_dies_is_restarted_and_the_deployment_keeps_serving(launch
     assert up.proc.returncode == 0, up.log()
 
 
+@pytest.mark.slow
 def test_a_frontend_that_keeps_dying_stops_the_deployment_after_three_restarts(launch, fake_python, fake_model,
                                                                                 tmp_path):
     ports, logs = free_ports(3), tmp_path / "logs"
@@ -322,6 +323,7 @@ def test_sigterm_stops_the_frontend_first_then_the_scheduler_then_the_workers(la
     assert started_argvs(argv_dir)[pids["frontend"]][-len(["--drain-timeout-s", "4"]):] == ["--drain-timeout-s", "4"]
 
 
+@pytest.mark.slow
 def test_a_frontend_that_does_not_drain_in_the_grace_period_is_killed(launch, fake_python, fake_model):
     up = launch(up_args(fake_model, free_ports(3), workers=1) + ["--python", fake_python, "--stop-timeout", "3"],
                 {"FAKE_DRAIN_S": "60"})
