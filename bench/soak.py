@@ -243,6 +243,7 @@ def report(summary: dict) -> str:
                summary["resident_mb_growth"][name]] for name in summary["resident_mb_before"]]
     kill = summary["worker_kill"]
     return "\n".join([
+        "", "## Verdict", "",
         f"**{'PASS' if summary['passed'] else 'FAIL'}**: {summary['requests']} requests in "
         f"{summary['duration_s']} s, {summary['num_failures']} failures among those neither cancelled nor "
         f"timed out; worker-0 (pid {kill['pid']}) killed, back as pid {kill['new_pid']} after "
