@@ -14,14 +14,19 @@ import sys
 from pathlib import Path
 
 from services.cli import add_flag
-from services.launcher import SWITCH_FLAGS, VALUE_FLAGS, Deployment, Launcher, free_ports
+from services.launcher import SWITCH_FLAGS, VALUE_FLAGS, Deployment, free_ports
+from services.supervisor import Launcher, frontend_drain_timeout
+
+DEFAULT_STOP_TIMEOUT_S = 15.0  # docker-compose.yml's stop_grace_period is the same (a test checks)
 
 
 def add_up_parser(commands) -> None:
     up = commands.add_parser("up", help="start all three services locally and wait for Ctrl-C",
                              description="Start the scheduler, N workers and the frontend as separate "
                                          "processes (the commands the containers run), wait until each is "
-                                         "SERVING, print the addresses, stop them all on Ctrl-C.")
+                                         "SERVING, print the addresses; restart a service that exits (a worker "
+                                         "always, the scheduler and the frontend 3 times in a row); on Ctrl-C "
+                                         "or SIGTERM drain the frontend, then stop the scheduler, then the workers.")
     add_flag(up, "--model", default="default", help='a model folder, a hub id, or "default" (SmolLM2-135M-Instruct)')
     add_flag(up, "--workers", default=1, type=int, help="number of worker processes")
     add_flag(up, "--host", default="127.0.0.1", help="the frontend's bind address (0.0.0.0: all interfaces)")
@@ -31,7 +36,10 @@ def add_up_parser(commands) -> None:
     add_flag(up, "--log-dir", default=None, type=Path,
              help="write each service's log to DIR/<service>.log (default: the terminal, prefixed)")
     add_flag(up, "--startup-timeout", default=600.0, type=float, help="seconds for all services to be SERVING")
-    add_flag(up, "--stop-timeout", default=15.0, type=float, help="seconds for services to stop before SIGKILL")
+    add_flag(up, "--stop-timeout", default=DEFAULT_STOP_TIMEOUT_S, type=float,
+             help="the whole grace period of a stop: open streams get 2/3 of it to finish, then the scheduler "
+                  "and the workers stop; what is left at the end gets SIGKILL (docker-compose.yml's "
+                  "stop_grace_period is the same)")
     add_flag(up, "--python", default=sys.executable, help="the interpreter the services run with")
     engine = up.add_argument_group("engine flags", "passed through to the services that take them")
     for flag, services in VALUE_FLAGS.items():
@@ -65,6 +73,9 @@ def run_up(args: argparse.Namespace) -> int:
     if args.workers < 1:
         print("error: --workers must be at least 1", file=sys.stderr)
         return 2
+    if args.stop_timeout <= 0:
+        print("error: --stop-timeout must be > 0", file=sys.stderr)
+        return 2
     try:
         model = resolve_model_path(args.model)  # once, so "default" is converted before anything starts
     except InvalidArgument as exc:
@@ -76,6 +87,7 @@ def run_up(args: argparse.Namespace) -> int:
         http_port=args.http_port, scheduler_port=args.scheduler_port,
         worker_ports=free_ports(args.workers),
         engine_flags=engine_flags(args), python=args.python,
+        drain_timeout_s=frontend_drain_timeout(args.stop_timeout),
     )
     launcher = Launcher(deployment, log_dir=args.log_dir)
     signal.signal(signal.SIGINT, launcher.request_stop)

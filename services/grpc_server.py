@@ -15,6 +15,15 @@ SERVER_OPTIONS = [
     ("grpc.so_reuseport", 0),
 ]
 
+# For the internal clients' channels (worker -> scheduler, frontend -> scheduler): after an outage
+# gRPC waits up to 120 s between reconnect attempts by default, so a scheduler that is back went
+# unnoticed for seconds. On loopback or a compose network a reconnect attempt costs nothing.
+RECONNECT_OPTIONS = [
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+]
+
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 

@@ -26,6 +26,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add_flag(parser, "--api-key", "", help="HTTP clients must send 'Authorization: Bearer KEY' (empty: no key)")
     add_flag(parser, "--max-body-bytes", 2 * 1024 * 1024, type=int, help="larger HTTP request bodies get 413")
     add_flag(parser, "--max-pending", 0, type=int, help="requests in flight before RESOURCE_EXHAUSTED (0: no limit)")
+    add_flag(parser, "--drain-timeout-s", 60.0, type=float,
+             help="on SIGTERM, seconds the open requests get to finish before the process exits")
     add_switch(parser, "--reflection", False, help="serve gRPC reflection")
     add_flag(parser, "--log-level", "info", help="debug, info, warning or error")
     return parser.parse_args(argv)
@@ -50,7 +52,7 @@ def main(argv: list[str] | None = None) -> None:
                                 scheduler_address=args.scheduler_address, host=args.host,
                                 grpc_port=args.grpc_port, http_port=args.http_port, api_key=args.api_key,
                                 max_body_bytes=args.max_body_bytes, max_pending=args.max_pending,
-                                reflection=args.reflection)
+                                reflection=args.reflection, drain_timeout_s=args.drain_timeout_s)
     except InvalidArgument as error:
         raise SystemExit(f"python -m services.frontend: --{error.field.replace('_', '-')}: {error.message}")
     uvloop.run(serve(config))

@@ -14,9 +14,11 @@ import structlog
 from pagedserve.internal.v1 import scheduler_pb2, scheduler_pb2_grpc
 from services import convert
 from services.core.step import WorkerInfo
+from services.grpc_server import RECONNECT_OPTIONS
 
 log = structlog.get_logger("worker")
 MAX_BACKOFF_S = 5.0
+HEARTBEAT_RETRY_S = 0.25  # after a failed beat: a scheduler that is back hears from us (and re-admits us) soon
 
 
 class Refused(RuntimeError):
@@ -33,7 +35,7 @@ class Registrar:
 
     async def run(self) -> None:
         """Register, then heartbeat until cancelled; raises Refused when the scheduler refuses."""
-        async with grpc.aio.insecure_channel(self.scheduler_address) as channel:
+        async with grpc.aio.insecure_channel(self.scheduler_address, options=RECONNECT_OPTIONS) as channel:
             stub = scheduler_pb2_grpc.SchedulerStub(channel)
             while True:
                 interval = await self._register(stub)
@@ -61,13 +63,19 @@ class Registrar:
     async def _heartbeat(self, stub, interval: float) -> None:
         """Returns when the scheduler no longer knows this worker."""
         request = scheduler_pb2.HeartbeatRequest(worker_id=self.worker_id)
+        failing = False
         while True:
-            await asyncio.sleep(interval)
+            await asyncio.sleep(min(HEARTBEAT_RETRY_S, interval) if failing else interval)
             try:
                 response = await stub.Heartbeat(request, timeout=max(interval, 1.0))
             except grpc.RpcError as error:
-                log.warning("heartbeat_failed", code=error.code().name)
+                if not failing:  # once per outage, not every retry
+                    log.warning("heartbeat_failed", code=error.code().name, retry_every_s=HEARTBEAT_RETRY_S)
+                failing = True
                 continue
+            if failing:
+                log.info("heartbeat_restored", worker_id=self.worker_id)
+            failing = False
             if not response.known:
                 log.warning("worker_forgotten", worker_id=self.worker_id)
                 return

@@ -3,9 +3,13 @@
 Run as the launcher runs a service, with this file in place of the interpreter's `-m`:
 `python fake_service.py -m services.<name> <the service's flags>`. The environment steers it:
 
-    FAKE_ARGV_DIR      write this process's argv (from "-m" on) to DIR/<pid>.json
+    FAKE_ARGV_DIR      write this process's argv (from "-m" on) to DIR/<pid>.json, and when it
+                       got SIGTERM and when it exited (time.time()) to DIR/<pid>.stop.json
     FAKE_NOT_SERVING   a module name that answers NOT_SERVING forever
-    FAKE_EXIT_AFTER    a module name that exits with code 3 after a second of serving
+    FAKE_EXIT_AFTER    a module name that exits with code FAKE_EXIT_CODE (3) after a second of serving
+    FAKE_DRAIN_S       seconds the frontend takes to exit after SIGTERM (as it drains open streams)
+
+Like the real services it binds without SO_REUSEPORT, so a port another server holds fails it.
 """
 from __future__ import annotations
 
@@ -16,13 +20,14 @@ import signal
 import socket
 import sys
 import threading
+import time
 from concurrent import futures
 from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-EXIT_CODE = 3
+EXIT_CODE = int(os.environ.get("FAKE_EXIT_CODE", "3"))
 
 
 def parse(argv: list[str]) -> tuple[str, argparse.Namespace]:
@@ -39,10 +44,11 @@ def serve(module: str, args: argparse.Namespace) -> grpc.Server:
         else health_pb2.HealthCheckResponse.SERVING
     servicer = health.HealthServicer()
     servicer.set("", status)
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2), options=[("grpc.so_reuseport", 0)])
     health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
     port = args.grpc_port if module == "services.frontend" else args.port
-    server.add_insecure_port(f"{args.host}:{port}")
+    if server.add_insecure_port(f"{args.host}:{port}") == 0:
+        raise OSError(f"cannot listen on {args.host}:{port}")
     server.start()
     print(f"fake {module} serving on {args.host}:{port}", flush=True)
     return server
@@ -52,8 +58,8 @@ def main() -> int:
     module, args = parse(sys.argv[1:])
     if os.environ.get("FAKE_ARGV_DIR"):
         Path(os.environ["FAKE_ARGV_DIR"], f"{os.getpid()}.json").write_text(json.dumps(sys.argv[1:]))
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    stop, signalled = threading.Event(), []
+    signal.signal(signal.SIGTERM, lambda *_: (signalled.append(time.time()), stop.set()))
     server = serve(module, args)
     http = None
     if args.http_port:
@@ -62,10 +68,15 @@ def main() -> int:
         print(f"fake {module} failing on purpose", flush=True)
         return EXIT_CODE
     stop.wait()
+    if module == "services.frontend":
+        time.sleep(float(os.environ.get("FAKE_DRAIN_S", "0")))
     server.stop(0).wait()
     if http:
         http.close()
     print(f"fake {module} stopped", flush=True)
+    if os.environ.get("FAKE_ARGV_DIR"):
+        Path(os.environ["FAKE_ARGV_DIR"], f"{os.getpid()}.stop.json").write_text(
+            json.dumps({"module": module, "signalled": signalled[0], "exited": time.time()}))
     return 0
 
 
