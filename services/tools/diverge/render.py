@@ -80,6 +80,7 @@ th.fail{color:#b71c1c} td.l{text-align:left;max-width:360px;overflow:hidden;text
 td.c{width:34px;height:26px;font-family:ui-monospace,monospace;font-size:12px}
 td.c a{color:inherit;text-decoration:none;display:block}
 .identical{background:#2e7d32;color:#fff}.same{background:#aed581}.notrun{background:#eee;color:#999}
+.seed{background:#9575cd;color:#fff} td.w{text-align:left}
 .tie{background-image:repeating-linear-gradient(45deg,rgba(255,255,255,.55) 0 4px,transparent 4px 8px)}
 .bad{outline:2px solid #b71c1c;outline-offset:-2px}
 .verdict{padding:8px 12px;border-radius:4px;display:inline-block}.ok{background:#e8f5e9}.ko{background:#ffebee}
@@ -113,6 +114,8 @@ def _td(report: Report, result: VariantResult, case_id: str, max_tokens: int) ->
         classes.append("same")
     elif cell.status == NOT_RUN:
         classes.append("notrun")
+    elif cell.draws_same is False:
+        classes.append("seed")  # the request brought no seed: its draws differ, not the variant's math
     else:
         style = f' style="background-color:{_color(cell, max_tokens)};color:#fff"'
         classes += ["tie"] if cell.near_tie else []
@@ -146,7 +149,7 @@ def html_page(report: Report) -> str:
         '<p class="legend"><span class="identical">= identical</span><span class="same">≈ same tokens</span>'
         '<span style="background:hsl(4,85%,42%);color:#fff">@k diverged at token k (early: red)</span>'
         f'<span class="tie" style="background-color:#e57373">~ near-tie (margin &lt; {report.near_tie:g})</span>'
-        '<span>! another seed</span><span class="bad">failed a promise</span> <span id="count"></span></p>',
+        '<span class="seed">! another seed (the request had none)</span><span class="bad">failed a promise</span> <span id="count"></span></p>',
         f"<h2>First divergence, prompts × variants</h2><table><tr><th>prompt</th>{head}</tr>{''.join(rows)}</table>",
         _variants_table(report),
         "<h2>Prompts</h2>", *(_prompt_section(report, case) for case in report.cases),
@@ -159,10 +162,10 @@ def html_page(report: Report) -> str:
 
 def _variants_table(report: Report) -> str:
     rows = "".join(
-        f"<tr><td class=l>{html.escape(r.variant.name)}</td><td class=l>{html.escape(r.variant.changes)}</td>"
+        f"<tr><td class=w>{html.escape(r.variant.name)}</td><td class=w>{html.escape(r.variant.changes)}</td>"
         f"<td>{html.escape(r.variant.expect)}{' (counts)' if r.variant.name in report.fail_on else ''}</td>"
-        f"<td class=l>{html.escape(report.summary(r))}</td>"
-        f"<td class=l>{html.escape(r.note + ('' if r.exercised else ' (not exercised)'))}</td>"
+        f"<td class=w>{html.escape(report.summary(r))}</td>"
+        f"<td class=w>{html.escape(r.note + ('' if r.exercised else ' (not exercised)'))}</td>"
         f"<td>{r.seconds:.1f}s</td></tr>" for r in report.results)
     return ("<h2>Variants</h2><table><tr><th>variant</th><th>what changes</th><th>expected</th><th>result</th>"
             f"<th>note</th><th>time</th></tr>{rows}</table>")

@@ -49,16 +49,19 @@ class Report:
         if not cells:
             return "not run"
         same = sum(c.status == IDENTICAL for c in cells)
-        diverged = [c for c in cells if c.status == DIVERGED]
-        text = f"{same}/{len(cells)} identical"
+        seeds = sum(c.status != IDENTICAL and c.draws_same is False for c in cells)
+        diverged = [c for c in cells if c.status == DIVERGED and c.draws_same is not False]
+        parts = [f"{same}/{len(cells)} identical"]
         if diverged:
             ties = sum(c.near_tie for c in diverged)
-            text += f", {len(diverged)} diverged (first at token {min(c.first_divergence for c in diverged)}" + \
-                    (f", {ties} at a near-tie)" if ties else ")")
-        drift = len(cells) - same - len(diverged)
+            parts.append(f"{len(diverged)} diverged (first at token {min(c.first_divergence for c in diverged)}"
+                         + (f", {ties} at a near-tie)" if ties else ")"))
+        drift = len(cells) - same - seeds - len(diverged)
         if drift:
-            text += f", {drift} same tokens with other logprobs"
-        return text
+            parts.append(f"{drift} same tokens with other logprobs")
+        if seeds:
+            parts.append(f"{seeds} with another seed (no seed given)")
+        return ", ".join(parts)
 
     def to_json(self) -> dict:
         return {
