@@ -161,3 +161,31 @@ def test_unknown_variant_names_are_refused_before_anything_runs(model_dir, tmp_p
         ["preempt-recompute", "preempt-swap", "block-8"]
     assert {v.name for v in select(variants, "tier", "variants")} == {"tier-avx2", "kernels-torch"}
     assert all(v.expect == EXPECT_IDENTICAL for v in select(variants, "invariant", "fail_on"))
+
+
+@pytest.mark.slow
+def test_against_a_running_cluster_and_a_worker_killed_mid_request(model_dir, tmp_path):
+    """The three services on loopback (one worker); diverge adds a worker of its own, which the
+    scheduler fills first, and kills it mid-request: the cluster's worker recomputes the same bits."""
+    from services.launcher import free_ports
+    from tests.e2e.test_launcher import REAL_SERVICES, Up, up_args
+
+    if not REAL_SERVICES:
+        pytest.skip("services not there")
+    model = model_dir("llama", "tiny")
+    ports = free_ports(3)
+    up = Up(up_args(model, ports, workers=1) + ["--dtype", "float32", "--num-threads", "1", "--num-gpu-blocks", "64",
+                                                 "--startup-timeout", "240"])
+    try:
+        up.wait_ready(timeout=300)
+        entries = [{**p, "max_tokens": 24} for p in PROMPTS]  # long enough to be killed mid-request
+        code, report = diverge(model, write_prompts(tmp_path, entries), tmp_path / "out", "--variants", "cluster",
+                               "--against", f"127.0.0.1:{ports[0]}", "--scheduler", f"127.0.0.1:{ports[2]}")
+    finally:
+        up.stop()
+    for name in ("cluster", "worker-killed"):
+        v = variant(report, name)
+        assert not v["error"], v["error"]
+        assert {k: c["status"] for k, c in v["cells"].items()} == {p["id"]: IDENTICAL for p in PROMPTS}, (name, v)
+    assert variant(report, "worker-killed")["exercised"], variant(report, "worker-killed")["note"]
+    assert code == 0

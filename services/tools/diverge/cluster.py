@@ -113,7 +113,8 @@ class OwnWorker:
 
 
 async def _killed_mid_request(frontend: str, cases: list[Case], worker: OwnWorker) -> Run:
-    """Kill our worker once the requests have streamed about a token each."""
+    """Kill our worker once the requests have streamed about a token each: stopped first, so
+    that the sequences it holds can be counted before it dies."""
     client = AsyncClient(frontend)
     try:
         stream = client.generate_batch(_requests(cases))
@@ -121,6 +122,7 @@ async def _killed_mid_request(frontend: str, cases: list[Case], worker: OwnWorke
         async for _, delta in stream:
             seen += len(delta.token_ids)
             if held is None and seen >= len(cases):
+                worker.process.send_signal(signal.SIGSTOP)  # frozen mid-step: what it holds stays put
                 mine = worker.mine(await asyncio.to_thread(worker.stats))
                 held = mine.num_running if mine is not None else 0
                 worker.kill()
