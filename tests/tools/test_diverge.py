@@ -60,6 +60,8 @@ def test_every_variant_that_should_be_invariant_is_identical(full_run):
         assert {k: c["status"] for k, c in v["cells"].items()} == {p["id"]: IDENTICAL for p in PROMPTS}, v["name"]
     for name in ("preempt-recompute", "preempt-swap", "prefix-hit", "chunk-8"):
         assert variant(report, name)["exercised"], variant(report, name)["note"]  # it really preempted / hit / chunked
+    for name in ("preempt-recompute", "preempt-swap"):  # every prompt, not only neighbours
+        assert variant(report, name)["note"].startswith(f"{len(PROMPTS)}/{len(PROMPTS)} prompts preempted")
     assert variant(report, "batch-64")["cells"]["seeded"]["draws_same"] is True
     assert code == 0 and report["failures"] == []
 

@@ -51,6 +51,7 @@ def add_diverge_parser(commands) -> None:
                       help="that cluster's scheduler: adds worker-killed (a worker of ours, killed mid-request)")
     what.add_argument("--out", type=Path, default=Path("diverge-report"), help="folder for report.json and report.html")
     what.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True)
+    what.add_argument("--log-level", default="warning", help="the engines' logs (JSON lines on stderr)")
     p.set_defaults(run=run_diverge_command)
 
 
@@ -61,9 +62,11 @@ def sampling_defaults(args: argparse.Namespace) -> dict:
 
 
 def run_diverge_command(args: argparse.Namespace) -> int:
-    from services.tools.diverge.run import prepare, run_all
+    from services.logs import configure_logging
     from services.tools.diverge.render import html_page, text_table
+    from services.tools.diverge.run import prepare, run_all
 
+    configure_logging("diverge", args.log_level)
     try:
         plan = prepare(args)
     except (InvalidArgument, ValueError, FileNotFoundError) as exc:

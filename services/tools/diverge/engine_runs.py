@@ -71,40 +71,55 @@ class EngineRuns:
 
     def _batch(self, variant: Variant, cases: list[Case]) -> Run:
         """Groups of up to half the batch of the user's prompts, the rest random neighbours, in a
-        random order (the same for a batch size whatever the variant), or reversed; with a tiny
-        cache the user's prompts come last, so they are the first to be preempted."""
+        random order (the same for a batch size whatever the variant), or reversed."""
+        if variant.tiny_cache:
+            return self._preempted(variant, cases)
         per_group = max(1, variant.batch_size // 2)
         groups = [cases[i:i + per_group] for i in range(0, len(cases), per_group)]
-        requests = [self._layout(variant, group, g) for g, group in enumerate(groups)]
-        extra = {"num_gpu_blocks": max(map(self._tiny_cache, requests))} if variant.tiny_cache else {}
-        llm = self.llm(**variant.engine_args, **extra)
-        run = Run()
-        for group, batch in zip(groups, requests):
-            outputs = llm.generate([p for p, _, _ in batch], [sp for _, sp, _ in batch], use_tqdm=False)
-            for (_, _, case_id), output in zip(batch, outputs):
-                if case_id is not None:
-                    run.samples[case_id] = samples_of(output)
-        if variant.tiny_cache:
-            count = llm.scheduler.num_preemptions
-            run.note, run.exercised = f"{count} preemptions ({extra['num_gpu_blocks']} KV blocks)", count > 0
+        llm, run = self.llm(**variant.engine_args), Run()
+        for index, group in enumerate(groups):
+            rng = random.Random(f"{self.seed}-{variant.batch_size}-{index}")
+            batch = self._neighbours(variant.batch_size - len(group), group, rng) + \
+                [(list(c.prompt_token_ids), c.params, c.id) for c in group]
+            rng.shuffle(batch)
+            self._generate(llm, batch[::-1] if variant.reverse else batch, run)
         return run
 
-    def _layout(self, variant: Variant, group: list[Case], index: int) -> list[tuple[list[int], SamplingParams, str | None]]:
-        rng = random.Random(f"{self.seed}-{variant.batch_size}-{index}")
-        max_tokens = max(c.params.max_tokens for c in group)
-        others = [(p, sp, None) for p, sp in neighbours(variant.batch_size - len(group), self.vocab_size, max_tokens, rng)]
-        ours = [(list(c.prompt_token_ids), c.params, c.id) for c in group]
-        if variant.tiny_cache:
-            return others + ours
-        batch = others + ours
-        rng.shuffle(batch)
-        return batch[::-1] if variant.reverse else batch
-
-    def _tiny_cache(self, batch) -> int:
-        """Blocks for the largest request (so each can run) but about half of what the batch needs."""
+    def _preempted(self, variant: Variant, cases: list[Case]) -> Run:
+        """Each prompt after batch_size - 1 neighbours whose prompts fill whole blocks, in a cache
+        that holds the prompts and one block more: at the first decode step every neighbour needs
+        a block, and the latest arrival (the user's prompt, under FCFS) is preempted."""
         block_size = self.base_args.get("block_size", 16)
-        need = [-(-(len(p) + sp.max_tokens) // block_size) for p, sp, _ in batch]
-        return max(max(need) + 1, sum(need) // 2)
+        batches = []
+        for index, case in enumerate(cases):
+            rng = random.Random(f"{self.seed}-preempt-{index}")
+            others = [([rng.randrange(3, self.vocab_size) for _ in range(block_size * rng.randint(1, 2))], sp, None)
+                      for _, sp, _ in self._neighbours(variant.batch_size - 1, [case], rng)]
+            batches.append(others + [(list(case.prompt_token_ids), case.params, case.id)])
+        need = max(-(-(len(p) + sp.max_tokens) // block_size) for batch in batches for p, sp, _ in batch)
+        held = max(sum(-(-len(p) // block_size) for p, _, _ in batch) for batch in batches)
+        num_blocks = max(need, held + 1)
+        llm, run = self.llm(**variant.engine_args, num_gpu_blocks=num_blocks), Run()
+        requests = _track_requests(llm)
+        for batch in batches:
+            self._generate(llm, batch, run)
+        users = requests[variant.batch_size - 1::variant.batch_size]  # the last of each batch
+        preempted = sum(any(s.num_preemptions for s in r.seqs) for r in users)
+        run.note = f"{preempted}/{len(cases)} prompts preempted ({llm.scheduler.num_preemptions} preemptions, " \
+                   f"{num_blocks} KV blocks)"
+        run.exercised = preempted > 0
+        return run
+
+    def _neighbours(self, num: int, group: list[Case], rng: random.Random):
+        max_tokens = max(c.params.max_tokens for c in group)
+        return [(p, sp, None) for p, sp in neighbours(num, self.vocab_size, max_tokens, rng)]
+
+    @staticmethod
+    def _generate(llm: LLM, batch: list[tuple[list[int], SamplingParams, str | None]], run: Run) -> None:
+        outputs = llm.generate([p for p, _, _ in batch], [sp for _, sp, _ in batch], use_tqdm=False)
+        for (_, _, case_id), output in zip(batch, outputs):
+            if case_id is not None:
+                run.samples[case_id] = samples_of(output)
 
     def _prefix(self, variant: Variant, cases: list[Case]) -> Run:
         """Before each prompt, a request sharing all of it but its last token fills the cache."""
@@ -119,3 +134,16 @@ class EngineRuns:
             hits += output.num_cached_tokens > 0
         run.note, run.exercised = f"{hits}/{len(cases)} prompts hit the cache", hits > 0
         return run
+
+
+def _track_requests(llm: LLM) -> list:
+    """Every Request the engine admits from now on, in order (to read their preemption counts
+    after they finished and left the scheduler)."""
+    admitted, add = [], llm.scheduler.add_request
+
+    def add_and_keep(*args, **kwargs):
+        admitted.append(add(*args, **kwargs))
+        return admitted[-1]
+
+    llm.scheduler.add_request = add_and_keep
+    return admitted

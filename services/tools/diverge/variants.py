@@ -20,7 +20,7 @@ ENGINE, TRANSFORMERS, CLUSTER, CLUSTER_KILL = "engine", "transformers", "cluster
 CHUNK_SIZES = (8, 13, 64)  # 13: chunks that end inside a block
 BLOCK_SIZES = (8, 16, 32)
 BATCH_SIZES = (8, 64)
-PREEMPTION_BATCH = 8
+PREEMPTION_BATCH = 8  # each prompt the latest of 8: the first to be preempted
 
 
 @dataclass(frozen=True)
