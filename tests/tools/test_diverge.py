@@ -72,6 +72,8 @@ def test_the_may_differ_variants_are_shown_not_failed(full_run):
     bf16 = variant(report, "bfloat16")
     assert bf16["expect"] == "may differ" and not bf16["fails_on_difference"]
     assert all(c["status"] != IDENTICAL for c in bf16["cells"].values())  # other bits in bf16, shown
+    tiers = [v for v in report["variants"] if v["group"] == "tier"]
+    assert tiers and all(v["expect"] == "may differ" and not v["error"] for v in tiers)  # each tier the host runs
     hf = variant(report, "transformers")
     greedy = [p["id"] for p in PROMPTS if "temperature" not in p]
     assert [hf["cells"][k]["status"] for k in greedy] == [SAME_TOKENS] * len(greedy)  # same tokens as HF fp32

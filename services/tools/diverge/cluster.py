@@ -79,6 +79,7 @@ class OwnWorker:
                  "--port": port, "--advertise-host": "127.0.0.1", "--worker-id": self.worker_id,
                  "--dtype": engine_args["dtype"], "--block-size": engine_args["block_size"],
                  "--num-gpu-blocks": blocks, "--kernel-backend": engine_args["kernel_backend"],
+                 "--cpu-isa": engine_args["cpu_isa"],
                  "--num-threads": engine_args["num_threads"], "--log-level": "warning"}
         command = [sys.executable, "-m", "services.worker", *(str(x) for kv in flags.items() for x in kv)]
         self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)

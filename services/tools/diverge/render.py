@@ -56,8 +56,9 @@ def text_table(report: Report) -> str:
 
 def _baseline_line(report: Report) -> str:
     s = report.settings
+    kernels = s.get("kernels", "") + (f" ({s['tier']})" if s.get("tier") else "")
     return (f"baseline: {report.model}, batch 1, {s.get('dtype')}, block size {s.get('block_size')}, "
-            f"{s.get('num_threads')} threads, {len(report.cases)} prompts")
+            f"{s.get('num_threads')} threads, {kernels} kernels, {len(report.cases)} prompts")
 
 
 def _verdict(report: Report) -> str:

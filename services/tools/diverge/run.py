@@ -29,11 +29,14 @@ class Options:
     progress: bool = True
 
 
-def host_tiers() -> tuple[list[str], str | None]:
-    """The kernel tiers this host runs and the one `auto` picks. None yet: the tiers engine
-    argument (cpu_isa) has not landed; when it does, this returns its list, and each tier
-    becomes a variant (variants.tier_variants)."""
-    return [], None
+def host_tiers(cpu_isa: str, kernels: str) -> tuple[list[str], str | None]:
+    """The kernel tiers this host runs, and the one the baseline runs (cpu_isa, or the one auto
+    picks); none where the baseline does not run the compiled CPU kernels."""
+    from kernels import cpu_kernels
+
+    if kernels != "cpu":
+        return [], None
+    return list(cpu_kernels.host_tiers()), cpu_kernels.select_isa(cpu_isa)
 
 
 @dataclass
@@ -64,11 +67,12 @@ def prepare(args) -> Plan:
     dtype = str(resolve_dtype(args.dtype, arch, device)).removeprefix("torch.")
     num_threads = args.num_threads or torch.get_num_threads()
     engine_args = dict(dtype=dtype, block_size=args.block_size, num_threads=num_threads,
-                       kernel_backend=args.kernel_backend, seed=args.engine_seed, enable_prefix_caching=False)
+                       kernel_backend=args.kernel_backend, cpu_isa=args.cpu_isa, seed=args.engine_seed,
+                       enable_prefix_caching=False)
     if args.max_model_len:
         engine_args["max_model_len"] = args.max_model_len
-    kernels = get_ops(args.kernel_backend, device.type).name
-    tiers, tier = host_tiers()
+    kernels = get_ops(args.kernel_backend, device.type, args.cpu_isa).name
+    tiers, tier = host_tiers(args.cpu_isa, kernels)
     variants = local_variants(args.block_size, dtype, num_threads, tiers, tier, kernels)
     if args.against:
         variants += cluster_variants(with_kill=bool(args.scheduler))
