@@ -18,6 +18,7 @@ from services.core.tokenizer import Tokenizer
 
 MIN_LOGPROBS = 2  # the chosen token's logprob and the top two, for the margin at a divergence
 PROMPT_KEYS = ("prompt", "messages", "prompt_token_ids")
+NEIGHBOUR_MAX_PROMPT = 48  # tokens; a neighbour generates up to twice the batch's max_tokens
 
 
 @dataclass(frozen=True)
@@ -83,7 +84,7 @@ def neighbours(num: int, vocab_size: int, max_tokens: int, rng: random.Random) -
     0..2), random lengths, greedy and seeded sampling mixed, running to their max_tokens."""
     out = []
     for _ in range(num):
-        prompt = [rng.randrange(3, vocab_size) for _ in range(rng.randint(1, 48))]
+        prompt = [rng.randrange(3, vocab_size) for _ in range(rng.randint(1, NEIGHBOUR_MAX_PROMPT))]
         sampled = rng.random() < 0.5
         params = SamplingParams(temperature=rng.uniform(0.5, 1.2) if sampled else 0.0, top_p=0.95 if sampled else 1.0,
                                 seed=rng.getrandbits(32) if sampled else None, ignore_eos=True,

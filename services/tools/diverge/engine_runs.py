@@ -10,7 +10,7 @@ import torch
 
 from services.core.sampling_params import SamplingParams
 from services.llm import LLM
-from services.tools.diverge.cases import Case, neighbours
+from services.tools.diverge.cases import NEIGHBOUR_MAX_PROMPT, Case, neighbours
 from services.tools.diverge.compare import Sample
 from services.tools.diverge.variants import BATCH, BATCH_SIZES, PREFIX, Variant
 
@@ -33,10 +33,11 @@ class EngineRuns:
     def __init__(self, model: str, base_args: dict, vocab_size: int, cases: list[Case], seed: int = 0):
         self.model, self.base_args, self.vocab_size, self.seed = model, dict(base_args), vocab_size, seed
         self.num_threads = torch.get_num_threads()  # a worker sets the process's count; put it back after each
-        # KV cache for the biggest batch without preemption (neighbours: up to 48 prompt tokens, 2x max_tokens),
-        # instead of the default budget: an engine per variant allocates and zeroes it
-        longest = max(len(c.prompt_token_ids) + 2 * c.params.max_tokens for c in cases)
-        self.kv_tokens = BATCH_SIZES[-1] * (max(longest, 48 + 2 * max(c.params.max_tokens for c in cases)) + 32)
+        # KV cache for the biggest batch without preemption, instead of the default budget: an engine
+        # per variant allocates and zeroes it
+        max_tokens = max(c.params.max_tokens for c in cases)
+        longest = max(max(len(c.prompt_token_ids) for c in cases), NEIGHBOUR_MAX_PROMPT) + 2 * max_tokens
+        self.kv_tokens = BATCH_SIZES[-1] * (longest + 32)
 
     def llm(self, **overrides) -> LLM:
         args = {**self.base_args, **overrides}
