@@ -104,7 +104,7 @@ def _color(cell: Cell, max_tokens: int) -> str:
     return f"hsl({int(4 + 36 * frac)},{int(85 - 20 * frac)}%,{int(42 + 38 * frac)}%)"
 
 
-def _td(report: Report, result: VariantResult, case_id: str, max_tokens: int) -> str:
+def _td(result: VariantResult, case_id: str, max_tokens: int, failures: set[tuple[str, str]]) -> str:
     cell = result.cells.get(case_id)
     if cell is None:
         return '<td class="c notrun">-</td>'
@@ -120,7 +120,7 @@ def _td(report: Report, result: VariantResult, case_id: str, max_tokens: int) ->
     else:
         style = f' style="background-color:{_color(cell, max_tokens)};color:#fff"'
         classes += ["tie"] if cell.near_tie else []
-    if (result.variant.name, case_id) in set(report.failures()):
+    if (result.variant.name, case_id) in failures:
         classes.append("bad")
     title = html.escape(f"{case_id} × {result.variant.name}: {describe(cell)}")
     mark = html.escape(cell_mark(cell))
@@ -128,14 +128,14 @@ def _td(report: Report, result: VariantResult, case_id: str, max_tokens: int) ->
 
 
 def html_page(report: Report) -> str:
-    ids = [c.id for c in report.cases]
-    failed = {name for name, _ in report.failures()}
+    failures = set(report.failures())
+    failed = {name for name, _ in failures}
     head = "".join(f'<th class="v{" fail" if r.variant.name in failed else ""}" title="{html.escape(r.variant.changes)}">'
                    f"{html.escape(r.variant.name)}</th>" for r in report.results)
     rows = []
     for case in report.cases:
         max_tokens = case.params.max_tokens
-        tds = "".join(_td(report, r, case.id, max_tokens) for r in report.results)
+        tds = "".join(_td(r, case.id, max_tokens, failures) for r in report.results)
         rows.append(f'<tr><td class="l" title="{html.escape(case.label)}">{html.escape(case.id)}: '
                     f"{html.escape(case.label[:80])}</td>{tds}</tr>")
     verdict = _verdict(report)

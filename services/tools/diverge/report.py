@@ -5,7 +5,7 @@ from dataclasses import asdict, dataclass, field
 
 from services.tools.diverge.cases import Case
 from services.tools.diverge.compare import DIVERGED, IDENTICAL, NOT_RUN, Cell, Sample
-from services.tools.diverge.variants import IDENTICAL as EXPECT_IDENTICAL, Variant
+from services.tools.diverge.variants import Variant
 
 
 @dataclass
@@ -76,9 +76,6 @@ class Report:
                           "summary": self.summary(r), "cells": {k: asdict(c) for k, c in r.cells.items()}}
                          for r in self.results],
         }
-
-    def expects_identical(self, result: VariantResult) -> bool:
-        return result.variant.expect == EXPECT_IDENTICAL
 
 
 def _params(case: Case) -> dict:
