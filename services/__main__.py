@@ -1,6 +1,7 @@
 """python -m services <command>
 
     up    start the scheduler, N workers and the frontend as local processes (no Docker)
+    diverge  why did my output change? each cause of drift against a batch-1 baseline
 
 Each flag of `up` also reads PAGEDSERVE_<FLAG> from the environment; engine flags not given
 are left to the services, which read their own PAGEDSERVE_* variables.
@@ -16,6 +17,7 @@ from pathlib import Path
 from services.cli import add_flag
 from services.launcher import SWITCH_FLAGS, VALUE_FLAGS, Deployment, free_ports
 from services.supervisor import Launcher, frontend_drain_timeout
+from services.tools.diverge.cli import add_diverge_parser
 
 DEFAULT_STOP_TIMEOUT_S = 15.0  # docker-compose.yml's stop_grace_period is the same (a test checks)
 
@@ -100,6 +102,7 @@ def main(argv: list[str] | None = None) -> int:
                                      "LLM server as three gRPC services")
     commands = parser.add_subparsers(title="commands", metavar="COMMAND")
     add_up_parser(commands)
+    add_diverge_parser(commands)
     args = parser.parse_args(argv)
     if not hasattr(args, "run"):
         parser.print_help()

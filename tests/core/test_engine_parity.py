@@ -10,31 +10,23 @@ NUM_PROMPTS, MAX_NEW = 32, 64
 TIE_GAP = 1e-4  # a mismatch is tolerated only where the reference's own top two are this close
 
 
-def top2_gap(model, ids: list[int]) -> float:
-    with torch.no_grad():
-        logits = model(torch.tensor([ids])).logits[0, -1]
-    top = logits.topk(2).values
-    return float(top[0] - top[1])
-
-
 def check_parity(model_dir, ours: list[list[int]], prompts: list[list[int]], max_new: int = MAX_NEW) -> list[str]:
-    """Fails on a real mismatch; returns the tolerated near-tie cases."""
-    from transformers import AutoModelForCausalLM
+    """Fails on a real mismatch; returns the tolerated near-tie cases. The reference and the
+    comparison are `python -m services diverge`'s (its transformers variant)."""
+    from services.tools.diverge.compare import DIVERGED, Sample, compare
+    from services.tools.diverge.transformers_ref import TransformersReference
 
-    hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    hf.generation_config.eos_token_id = None
+    hf = TransformersReference(model_dir)
     tolerated = []
     for i, (prompt, got) in enumerate(zip(prompts, ours)):
-        with torch.no_grad():
-            want = hf.generate(torch.tensor([prompt]), max_new_tokens=max_new, do_sample=False,
-                               pad_token_id=0)[0, len(prompt):].tolist()
-        if got == want:
+        want = hf.greedy(prompt, max_new)
+        cell = compare([want], [Sample(got, [], [])], sampled=False, near_tie=TIE_GAP)
+        if cell.status != DIVERGED:
             continue
-        at = next(j for j, (a, b) in enumerate(zip(got, want)) if a != b)
-        gap = top2_gap(hf, prompt + want[:at])
-        assert gap < TIE_GAP, f"prompt {i} (len {len(prompt)}): token {at} differs ({got[at]} vs {want[at]}), " \
-                              f"reference top-2 gap {gap:.3g}"
-        tolerated.append(f"prompt {i}: near-tie at token {at} (gap {gap:.2g})")
+        at = cell.first_divergence
+        assert cell.near_tie, f"prompt {i} (len {len(prompt)}): token {at} differs ({cell.variant_tokens[:1]} vs " \
+                              f"{cell.reference_tokens[:1]}), reference top-2 gap {cell.margin:.3g}"
+        tolerated.append(f"prompt {i}: near-tie at token {at} (gap {cell.margin:.2g})")
     return tolerated
 
 
