@@ -208,7 +208,9 @@ class Stack:
                             check=False).stdout
 
     def down(self) -> None:
-        """Containers and the model volume go; the kernel volume stays (compiled once per CPU)."""
+        """Containers (with their anonymous volumes, the image's VOLUME /models where nothing is
+        mounted) and the model volume go; the kernel volume stays (compiled once per CPU)."""
+        self.compose("rm", "--stop", "--force", "-v", check=False)
         self.compose("down", "--timeout", "5", check=False)
         run([self.engine.docker, "volume", "rm", f"{self.project}_models"], check=False)
 
