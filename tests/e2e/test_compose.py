@@ -1,11 +1,15 @@
-"""docker-compose.yml (+ the GPU override) validate, publish only the frontend, and run the
-launcher's commands (services.launcher.service_commands); the health-check command works.
+"""docker-compose.yml (+ the GPU and host-network overlays) validate, publish only the frontend,
+run the launcher's commands (services.launcher.service_commands) and stop in the launcher's
+order; the health-check command works.
 
-No Docker engine runs here, so the files are checked against the compose spec's JSON
-schema and their commands compared with the launcher's for the same settings.
+These need no Docker engine: the files are checked against the compose spec's JSON schema
+and, where Compose is installed (v1.29 `docker-compose`, v2 `docker compose`), by its own
+`config`; their commands are compared with the launcher's for the same settings. The stack
+itself runs in tests/e2e/test_docker.py.
 """
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -21,7 +25,7 @@ from services.launcher import Deployment, free_ports, health_addresses, service_
 from services.tools.default_model import default_model_path
 
 ROOT = Path(__file__).resolve().parents[2]
-BASE, GPU = ROOT / "docker-compose.yml", ROOT / "docker-compose.gpu.yml"
+BASE, GPU, HOSTNET = ROOT / "docker-compose.yml", ROOT / "docker-compose.gpu.yml", ROOT / "docker-compose.hostnet.yml"
 SERVICES = ("scheduler", "worker", "frontend")
 CONTAINER_HOSTNAME = "3f2a9c1b7d4e"  # what Docker puts in $HOSTNAME
 
@@ -49,14 +53,45 @@ def compose_deployment(**changes) -> Deployment:
 def container_argv(service: dict) -> list[str]:
     """What the container executes: the entrypoint (a shell, given $HOSTNAME) run on the command."""
     entrypoint = [part.replace("$$", "$") for part in service.get("entrypoint", [])]
+    command = [interpolate(part) for part in service["command"]]
     if not entrypoint:
-        return service["command"]
-    shown = subprocess.run(entrypoint + ["printf", r"%s\n"] + service["command"], capture_output=True, text=True,
+        return command
+    shown = subprocess.run(entrypoint + ["printf", r"%s\n"] + command, capture_output=True, text=True,
                            env={"HOSTNAME": CONTAINER_HOSTNAME, "PATH": "/usr/bin:/bin"}, check=True)
     return shown.stdout.splitlines()
 
 
-@pytest.mark.parametrize("files", [[BASE], [GPU], [BASE, GPU]], ids=["base", "gpu", "both"])
+def interpolate(value: str) -> str:
+    """Compose's ${NAME:-default}, with no variable set."""
+    return re.sub(r"\$\{[A-Z_]+:-([^}]*)\}", r"\1", value)
+
+
+def stop_order(services: dict) -> list[str]:
+    """The order compose stops the long-running services in: every service before those it depends on."""
+    order: list[str] = []
+    def visit(name):
+        if name not in order:
+            for dependent, s in services.items():
+                if name in s.get("depends_on", {}):
+                    visit(dependent)
+            order.append(name)
+    for name in services:
+        visit(name)
+    return [name for name in order if "restart" in services[name]]
+
+
+def compose_commands() -> list[list[str]]:
+    """Each installed Compose: v2 (the docker CLI plugin) and v1 (docker-compose)."""
+    found = []
+    docker = shutil.which("docker")
+    if docker and subprocess.run([docker, "compose", "version"], capture_output=True).returncode == 0:
+        found.append([docker, "compose"])
+    if shutil.which("docker-compose"):
+        found.append([shutil.which("docker-compose")])
+    return found
+
+
+@pytest.mark.parametrize("files", [[BASE], [GPU], [BASE, GPU], [BASE, HOSTNET]], ids=["base", "gpu", "both", "hostnet"])
 def test_compose_files_validate_against_the_compose_spec(files):
     check = shutil.which("check-jsonschema", path=str(Path(sys.executable).parent)) or "check-jsonschema"
     result = subprocess.run([check, "--builtin-schema", "vendor.compose-spec", *map(str, files)],
@@ -95,9 +130,58 @@ def test_model_init_fills_the_volume_the_services_read():
     assert compose_deployment().model == str(default_model_path(init[init.index("--cache-dir") + 1]))
     assert services["model-init"]["volumes"] == ["models:/models"]
     for name in ("worker", "frontend"):
-        assert services[name]["volumes"] == ["models:/models:ro"]
-        assert services[name]["depends_on"] == {"model-init": {"condition": "service_completed_successfully"},
-                                                "scheduler": {"condition": "service_healthy"}}
+        assert "models:/models:ro" in services[name]["volumes"]
+        assert services[name]["depends_on"]["model-init"] == {"condition": "service_completed_successfully"}
+    assert services["frontend"]["depends_on"]["scheduler"] == {"condition": "service_healthy"}
+
+
+def test_kernels_compile_into_a_writable_volume_not_the_model_volume():
+    worker = load(BASE)["services"]["worker"]
+    assert worker["volumes"] == ["models:/models:ro", "kernels:/home/pagedserve/.cache/pagedserve-kernels"]
+    assert "kernels" in load(BASE)["volumes"]
+
+
+@pytest.mark.parametrize("files", [[BASE], [BASE, HOSTNET]], ids=["base", "hostnet"])
+def test_compose_stops_the_frontend_then_the_scheduler_then_the_workers(files):
+    """The launcher's stop order: the frontend drains its streams while the scheduler and workers still run."""
+    services = {name: s for name, s in load(*files)["services"].items() if "published-ports" not in s.get("profiles", [])}
+    assert stop_order(services) in (["frontend", "scheduler", "worker"], ["frontend-host", "scheduler", "worker"])
+    assert {s["stop_grace_period"] for name, s in services.items() if "restart" in s} == {"15s"}
+
+
+def test_no_healthcheck_uses_what_compose_1_29_refuses():
+    for files in ([BASE], [BASE, GPU], [BASE, HOSTNET]):
+        for name, service in load(*files)["services"].items():
+            assert "start_interval" not in service.get("healthcheck", {}), name
+
+
+@pytest.mark.parametrize("files", [[BASE], [BASE, GPU], [BASE, HOSTNET]], ids=["base", "gpu", "hostnet"])
+def test_installed_compose_accepts_the_files(files):
+    """`config` of each installed Compose (v1.29 and/or v2): the files parse, merge and validate there."""
+    commands = compose_commands()
+    if not commands:
+        pytest.skip("no Compose installed (docker-compose or the docker compose plugin)")
+    for compose in commands:
+        args = [arg for f in files for arg in ("-f", str(f))]
+        result = subprocess.run(compose + args + ["config", "-q"], cwd=ROOT, capture_output=True, text=True,
+                                timeout=60)
+        assert result.returncode == 0, f"{' '.join(compose)}: {result.stdout}{result.stderr}"
+
+
+def test_hostnet_overlay_runs_the_launchers_commands_on_loopback():
+    """Every service on the host network, bound to 127.0.0.1; workers on port 0, advertising 127.0.0.1."""
+    services = load(BASE, HOSTNET)["services"]
+    assert {name: s.get("network_mode") for name, s in services.items()} == {
+        "model-init": "host", "scheduler": "host", "worker": "host", "frontend": None, "frontend-host": "host"}
+    assert services["frontend"]["profiles"] == ["published-ports"]  # parked: its ports cannot go on the host network
+    expected = service_commands(compose_deployment(
+        host="127.0.0.1", internal_host="127.0.0.1", grpc_port=58051, http_port=58000, scheduler_port=58052,
+        scheduler_address="127.0.0.1:58052", worker_ports=(0,), advertise_host="127.0.0.1"))
+    assert container_argv(services["scheduler"]) == expected["scheduler"]
+    assert container_argv(services["frontend-host"]) == expected["frontend"]
+    worker = container_argv(services["worker"])
+    assert worker[:-2] == expected["worker-0"] and worker[-2] == "--worker-id"
+    assert worker[-1] != container_argv(services["worker"])[-1]  # a replica's own id: same hostname, same pid 1
 
 
 def test_health_checks_ask_each_service_on_its_own_port():
