@@ -18,6 +18,7 @@ import torch
 from services.core.errors import InvalidArgument, UnknownSequence
 from services.core.sampling_params import SamplingParams
 from services.core.step import CachedSequence, NewSequence, SeqOutput, StepDelta, StepResult
+from services.worker.grammar import Grammars, SequenceGrammar
 from services.worker.kv_cache import KVCache
 from services.worker.models.llama import AttentionMetadata, LlamaForCausalLM
 from services.worker.sampler import SamplingRow, prompt_logprobs, sample
@@ -36,6 +37,7 @@ class SeqState:
     seed: int
     sample_index: int
     num_samples: int = 1
+    grammar: SequenceGrammar | None = None  # structured outputs: the matcher of its output tokens
 
     @property
     def num_tokens(self) -> int:
@@ -78,11 +80,12 @@ class _Speculation:
 
 class ModelRunner:
     def __init__(self, model: LlamaForCausalLM, kv_cache: KVCache, device: torch.device,
-                 batch_invariant: bool = False):
+                 batch_invariant: bool = False, grammars: Grammars | None = None):
         self.model, self.kv_cache, self.device = model, kv_cache, device
         self.block_size = kv_cache.block_size
         self.eos_token_ids = model.cfg.eos_token_ids
         self.batch_invariant = batch_invariant  # a row's bits do not depend on its batch: subsets may be served
+        self.grammars = grammars  # compiles and applies structured-outputs constraints
         self.seqs: dict[int, SeqState] = {}
         self._continuation: list[CachedSequence] = []  # promised by the last delta, not run yet
         self._speculation: _Speculation | None = None
@@ -178,6 +181,10 @@ class ModelRunner:
         self._check_blocks(new.seq_id, new.block_ids)
         state = SeqState(new.seq_id, list(new.prompt_token_ids), list(new.output_token_ids), list(new.block_ids),
                          new.num_computed_tokens, new.params, new.seed, new.sample_index, new.num_samples)
+        if new.params.structured_outputs is not None:
+            if self.grammars is None:
+                raise InvalidArgument("structured_outputs", "this worker has no grammar compiler")
+            state.grammar = self.grammars.start(new.params.structured_outputs, new.seq_id)
         self.seqs[new.seq_id] = state
         return state, new.num_scheduled_tokens
 
@@ -241,9 +248,11 @@ class ModelRunner:
     def _sample(self, batch: _Batch, hidden: torch.Tensor, result: StepResult) -> None:
         if not batch.sample_seqs:
             return
-        rows, logit_rows = [], []
+        rows, logit_rows, constrained = [], [], []
         for i, (state, row) in enumerate(batch.sample_seqs):
             for k in range(state.num_samples):  # a fork samples each child's first token here
+                if state.grammar is not None:
+                    constrained.append((len(rows), state.grammar, state.output_token_ids))
                 rows.append(SamplingRow(state.params, state.seed, state.sample_index + k, state.num_tokens,
                                         state.prompt_token_ids, state.output_token_ids))
                 logit_rows.append(i)
@@ -253,6 +262,8 @@ class ModelRunner:
         logits = self.model.compute_logits(hidden)
         if len(logit_rows) != len(hidden_rows):  # forks: a row's logits once per child (a [R, V] copy)
             logits = logits[torch.tensor(logit_rows, device=self.device)]
+        if constrained:
+            self.grammars.mask(logits, constrained)
         sampled = iter(sample(logits, rows, self.eos_token_ids))
         for state, _ in batch.sample_seqs:
             picks = [next(sampled) for _ in range(state.num_samples)]
