@@ -159,9 +159,11 @@ class GrammarCache:
               f"the constraint is {size} bytes; the limit is {self.limits.max_bytes}")
         matcher = llguidance.LLMatcher(self.tokenizer, constraint.grammar(), log_level=0,
                                        limits=self.limits.parser_limits())
+        if not matcher.is_error():
+            matcher.compute_bitmask()  # the first mask: some limits (lexer size) only show here
         if matcher.is_error():
             raise InvalidArgument(constraint.field, f"cannot compile the {constraint.kind}: "
-                                                    f"{matcher.get_error()[:300]}")
+                                                    f"{matcher.get_error().replace('<non-verbose/>', '').strip()[:300]}")
         self.num_compiled += 1
         return matcher
 

@@ -15,6 +15,7 @@ import structlog
 
 from services.core.errors import REFUSALS, InvalidArgument, ResourceExhausted, Unavailable, check
 from services.core.tokenizer import Tokenizer
+from services.frontend.grammar_check import GrammarCheck
 from services.frontend.metrics import FrontendMetrics
 from services.frontend.stream import RequestStream
 from services.frontend.types import CHAT_ROLES, GenerateEvent, GenerateRequest, ModelCard, Prompt, UnknownModel
@@ -34,6 +35,7 @@ class FrontendCore:
         self.num_pending = 0
         self.draining = False
         self.card: ModelCard | None = None  # known once a worker registered at the scheduler
+        self.grammar_check = GrammarCheck(tokenizer)
 
     async def refresh(self) -> bool:
         """Ask the scheduler for the served model's limits; True when a worker is ready."""
@@ -61,7 +63,7 @@ class FrontendCore:
         for i, message in enumerate(prompt.messages):
             check(message.get("role") in CHAT_ROLES, f"messages[{i}].role",
                   f"unknown role {message.get('role')!r}; expected one of {', '.join(CHAT_ROLES)}")
-        return self.tokenizer.apply_chat_template(prompt.messages, prompt.add_generation_prompt)
+        return self.tokenizer.apply_chat_template(prompt.messages, prompt.add_generation_prompt, prompt.tools)
 
     def tokenize(self, prompt: Prompt) -> list[int]:
         """The token ids of a text or chat prompt (a chat template brings its own special tokens)."""
@@ -129,6 +131,8 @@ class FrontendCore:
         check(request.params.max_tokens <= room, "max_tokens",
               f"{request.params.max_tokens} with a {len(prompt_ids)}-token prompt exceeds max_model_len "
               f"{card.max_model_len}; at most {room}")
+        if request.params.structured_outputs is not None:
+            await self.grammar_check.check(request.params.structured_outputs, card.vocab_size)
         if self.max_pending and self.num_pending >= self.max_pending:
             raise ResourceExhausted(f"{self.num_pending} requests pending, the limit is {self.max_pending}")
         return request.request_id or uuid.uuid4().hex, prompt_ids
