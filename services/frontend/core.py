@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import structlog
 
 from services.core.errors import REFUSALS, InvalidArgument, ResourceExhausted, Unavailable, check
+from services.core.structured import GrammarLimits
 from services.core.tokenizer import Tokenizer
 from services.frontend.grammar_check import GrammarCheck
 from services.frontend.metrics import FrontendMetrics
@@ -28,14 +29,15 @@ STATS_TIMEOUT_S = 5.0
 
 
 class FrontendCore:
-    def __init__(self, tokenizer: Tokenizer, scheduler: SchedulerClient, model_id: str, max_pending: int = 0):
+    def __init__(self, tokenizer: Tokenizer, scheduler: SchedulerClient, model_id: str, max_pending: int = 0,
+                 grammar_limits: GrammarLimits = GrammarLimits()):
         self.tokenizer, self.scheduler, self.model_id = tokenizer, scheduler, model_id
         self.max_pending = max_pending  # 0: no limit
         self.metrics = FrontendMetrics(model_id)
         self.num_pending = 0
         self.draining = False
         self.card: ModelCard | None = None  # known once a worker registered at the scheduler
-        self.grammar_check = GrammarCheck(tokenizer)
+        self.grammar_check = GrammarCheck(tokenizer, grammar_limits)
 
     async def refresh(self) -> bool:
         """Ask the scheduler for the served model's limits; True when a worker is ready."""

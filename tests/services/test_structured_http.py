@@ -162,3 +162,39 @@ def test_streamed_tool_calls_parse_with_the_sdk_stream_helper(served, client):
     chunks = list(client.chat.completions.create(**kwargs, stream=True))
     deltas = [c.choices[0].delta.tool_calls for c in chunks if c.choices and c.choices[0].delta.tool_calls]
     assert deltas and all(d.index == 0 for delta in deltas for d in delta)
+
+
+def test_the_public_grpc_api_takes_the_constraint_oneof(served):
+    from services.client import Client, GenerationError
+
+    with Client(f"127.0.0.1:{served.frontend.port}") as grpc_client:
+        for seed in range(3):
+            result = grpc_client.generate("x", json_schema=json.dumps(SCHEMA), temperature=1.0, seed=seed,
+                                          max_tokens=80)
+            jsonschema.validate(json.loads(result.text), SCHEMA)
+        assert grpc_client.generate("x", choice=["on", "off"], seed=1, max_tokens=5).text in ("on", "off")
+        with pytest.raises(GenerationError) as error:
+            grpc_client.generate("x", regex="[unclosed", max_tokens=5)
+        assert error.value.field == "params.regex"
+
+
+def test_the_compile_limits_are_configurable_and_refuse_with_the_field(tiny_llama):
+    import asyncio
+
+    from services.core.errors import InvalidArgument
+    from services.core.structured import Constraint, GrammarLimits
+    from services.core.tokenizer import Tokenizer
+    from services.frontend.grammar_check import GrammarCheck
+
+    tokenizer = Tokenizer(tiny_llama)
+    schema = Constraint.json_schema(SCHEMA, "response_format.json_schema.schema")
+    slow = GrammarCheck(tokenizer, GrammarLimits(compile_timeout_s=1e-6))
+    with pytest.raises(InvalidArgument, match=r"^response_format.json_schema.schema: the json did not compile within"):
+        asyncio.run(slow.check(schema, tokenizer.vocab_size))
+    small = GrammarCheck(tokenizer, GrammarLimits(max_bytes=16))
+    with pytest.raises(InvalidArgument, match=r"^response_format.json_schema.schema: the constraint is \d+ bytes"):
+        asyncio.run(small.check(schema, tokenizer.vocab_size))
+    cache = GrammarCheck(tokenizer, GrammarLimits(max_entries=2))
+    for pattern in ("a+", "b+", "c+", "a+"):
+        asyncio.run(cache.check(Constraint("regex", pattern), tokenizer.vocab_size))
+    assert len(cache._cache) == 2 and cache._cache.num_compiled == 4  # bounded: "a+" was evicted and rebuilt
