@@ -107,6 +107,12 @@ def test_overlapped_steps_advance_the_matcher_consistently(tiny_llama):
     assert worker.runner.num_served >= 8
 
 
+def test_the_engine_refuses_a_constraint_that_does_not_compile_before_running_anything(llm):
+    with pytest.raises(InvalidArgument, match=r"^structured_outputs\.regex: cannot compile"):
+        llm.generate(["x"], SamplingParams(structured_outputs={"regex": "(unclosed"}), use_tqdm=False)
+    assert not llm.scheduler.has_unfinished()
+
+
 def test_bad_constraints_name_the_field():
     with pytest.raises(InvalidArgument, match="^structured_outputs: exactly one"):
         SamplingParams(structured_outputs={"regex": "a", "json": {}})

@@ -32,7 +32,7 @@ async def chat_request(core: FrontendCore, body: ChatCompletionRequest,
     tool_choice = body.tool_choice.model_dump() if hasattr(body.tool_choice, "model_dump") else body.tool_choice
     tool_plan = tools.plan([t.model_dump(exclude_none=True) for t in body.tools or []], tool_choice,
                            body.parallel_tool_calls)
-    messages, template_tools = tools.template_messages([_message(m) for m in body.messages], tool_plan,
+    messages, template_tools = tools.template_messages([_message(i, m) for i, m in enumerate(body.messages)], tool_plan,
                                                        core.tokenizer.template_source)
     prompt_ids = core.tokenize(Prompt(messages=messages, tools=template_tools))
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
@@ -73,19 +73,19 @@ def _constraint(body: SamplingFields) -> Constraint | None:
     return Constraint.json_schema(schema if schema is not None else {}, "response_format.json_schema.schema")
 
 
-def _message(m) -> dict:
+def _message(i: int, m) -> dict:
     """A request message as the chat template gets it (tool calls and ids as plain values)."""
     message = {"role": m.role, "content": _text(m.content) if m.content is not None else ""}
     if m.content is None:
-        check(m.role == "assistant" and m.tool_calls, "messages.content", "may be null only on an assistant "
-                                                                          "message with tool_calls")
+        check(m.role == "assistant" and m.tool_calls, f"messages[{i}].content",
+              "is required (it may be null only on an assistant message with tool_calls)")
     if m.name:
         message["name"] = m.name
     if m.tool_calls:
         message["tool_calls"] = [c.model_dump() for c in m.tool_calls]
     if m.tool_call_id is not None:
         message["tool_call_id"] = m.tool_call_id
-    check(m.role != "tool" or m.tool_call_id is not None, "messages.tool_call_id", "a tool message needs one")
+    check(m.role != "tool" or m.tool_call_id is not None, f"messages[{i}].tool_call_id", "a tool message needs one")
     return message
 
 

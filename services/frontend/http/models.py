@@ -3,7 +3,7 @@
 
 Types only; value ranges are checked once, by SamplingParams and FrontendCore (the same
 checks the gRPC API gets). Unknown fields are refused rather than ignored, so a field this
-server does not implement (a `chat_template`, `tools`) is a 400 naming it.
+server does not implement (a `chat_template`, `functions`) is a 400 naming it.
 """
 from __future__ import annotations
 
