@@ -38,7 +38,10 @@ class Constraint:
         check(self.kind in KINDS, self.field, f"unknown constraint kind {self.kind!r}; expected one of {KINDS}")
         check(isinstance(self.spec, str), self.field, "must be text")
         if self.kind == "choice":
-            choices = json.loads(self.spec) if self.spec else []
+            try:
+                choices = json.loads(self.spec)
+            except ValueError:
+                choices = None
             check(isinstance(choices, list) and 0 < len(choices) <= MAX_CHOICES
                   and all(isinstance(c, str) and c for c in choices), self.field,
                   f"choice must be 1 to {MAX_CHOICES} non-empty strings")

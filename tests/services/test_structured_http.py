@@ -12,7 +12,7 @@ import openai
 import pytest
 
 from test_http_api import raw
-from test_http_cluster import HttpCluster
+from test_http_cluster import client, served  # noqa: F401 - the module's fixtures: a real cluster over HTTP
 
 SCHEMA = {"type": "object", "properties": {
     "city": {"type": "string", "maxLength": 12},
@@ -25,22 +25,6 @@ TIME = {"type": "function", "function": {"name": "get_time", "parameters": {
     "type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]}}, "required": ["zone"],
     "additionalProperties": False}}}
 MESSAGES = [{"role": "developer", "content": "Answer with tools."}, {"role": "user", "content": "Weather in Oslo?"}]
-
-
-@pytest.fixture(scope="module")
-def served(tiny_llama):
-    served = HttpCluster(tiny_llama)
-    deadline = time.monotonic() + 10
-    while raw(served.url + "/health")[0] != 200:
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
-    yield served
-    served.close()
-
-
-@pytest.fixture(scope="module")
-def client(served):
-    return openai.OpenAI(base_url=served.url + "/v1", api_key="unused", max_retries=0)
 
 
 def test_response_format_json_schema_outputs_are_valid_for_every_seed(served, client):
