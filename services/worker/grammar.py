@@ -19,6 +19,7 @@ from __future__ import annotations
 import concurrent.futures
 from pathlib import Path
 
+import numpy as np
 import structlog
 import torch
 
@@ -26,7 +27,6 @@ from services.core.errors import InvalidArgument
 from services.core.structured import Constraint, GrammarCache, GrammarLimits, make_tokenizer
 
 log = structlog.get_logger("worker.grammar")
-_BITS = torch.arange(32, dtype=torch.int32)
 
 
 class SequenceGrammar:
@@ -109,6 +109,17 @@ class Grammars:
         self._cache: GrammarCache | None = None
         # compiles run here, beside the forward pass (llguidance drops the GIL while it builds)
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="grammar")
+        self._mask_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="grammar-mask")
+
+    @staticmethod
+    def rows(sample_seqs) -> list[tuple[int, SequenceGrammar, list[int]]]:
+        """The constrained logits rows of a step's sampling sequences (a fork: one row per child)."""
+        rows, num_rows = [], 0
+        for state, _ in sample_seqs:
+            if state.grammar is not None:
+                rows += [(num_rows + k, state.grammar, state.output_token_ids) for k in range(state.num_samples)]
+            num_rows += state.num_samples
+        return rows
 
     def start(self, constraint: Constraint, seq_id: int) -> SequenceGrammar:
         """A new sequence's grammar; compiling starts now and is awaited at its first sample."""
@@ -122,16 +133,37 @@ class Grammars:
             self._cache = GrammarCache(make_tokenizer(text, self.vocab_size, self.eos_token_ids), self.limits)
         return self._cache
 
-    def mask(self, logits: torch.Tensor, rows: list[tuple[int, SequenceGrammar, list[int]]]) -> None:
-        """Set to -inf, in place, the logits [R, V] no grammar allows: rows are (logits row, its
-        grammar, the sequence's output tokens)."""
+    def start_masks(self, rows: list[tuple[int, SequenceGrammar, list[int]]]) -> concurrent.futures.Future | None:
+        """Build the masks of a step's constrained rows (logits row, its grammar, the sequence's output
+        tokens) on a side thread, beside the forward pass; `apply` waits for them."""
         if not rows:
+            return None
+        return self._mask_pool.submit(self._allowed, [(row, grammar, list(tokens)) for row, grammar, tokens in rows])
+
+    def apply(self, logits: torch.Tensor, masks: concurrent.futures.Future | None) -> None:
+        """Set to -inf, in place, the logits [R, V] their grammar does not allow."""
+        if masks is None:
             return
-        bitmask = torch.empty(len(rows), -(-logits.shape[1] // 32), dtype=torch.int32)
+        index, allowed = masks.result()
+        if logits.device.type == "cpu" and logits.is_contiguous():  # numpy, in place: one thread, no pool wake-up
+            values = logits.numpy()
+            for i, row in enumerate(index):
+                np.putmask(values[row], allowed[i] == 0, -np.inf)
+            return
+        blocked = torch.from_numpy(allowed).to(logits.device) == 0  # [r, V]
+        rows = torch.tensor(index, device=logits.device)
+        with torch.inference_mode():  # the logits are an inference tensor
+            logits[rows] = logits[rows].masked_fill_(blocked, float("-inf"))
+
+    def mask(self, logits: torch.Tensor, rows: list[tuple[int, SequenceGrammar, list[int]]]) -> None:
+        """start_masks then apply, for callers with the logits already at hand."""
+        self.apply(logits, self.start_masks(rows))
+
+    def _allowed(self, rows) -> tuple[list[int], np.ndarray]:
+        """The rows' logits indices and their allowed tokens, uint8 [r, V]."""
+        bitmask = torch.empty(len(rows), -(-self.vocab_size // 32), dtype=torch.int32)
         for i, (_, grammar, tokens) in enumerate(rows):
             grammar.sync(tokens)
             grammar.fill(bitmask, i, self.eos_token_ids)
-        allowed = ((bitmask.unsqueeze(-1) >> _BITS) & 1).view(len(rows), -1)[:, :logits.shape[1]].bool()
-        index = torch.tensor([row for row, _, _ in rows], device=logits.device)
-        with torch.inference_mode():  # the logits are an inference tensor
-            logits[index] = logits[index].masked_fill(~allowed.to(logits.device), float("-inf"))
+        bits = np.unpackbits(bitmask.numpy().view(np.uint8), axis=1, count=self.vocab_size, bitorder="little")
+        return [row for row, _, _ in rows], bits

@@ -171,8 +171,10 @@ class ModelRunner:
         if not scheduled:
             return result
         batch = self._prepare(scheduled)
+        constrained = self.grammars.rows(batch.sample_seqs) if self.grammars is not None else []
+        masks = self.grammars.start_masks(constrained) if constrained else None  # built beside the forward pass
         hidden = self.model(*self._tensors(batch))
-        self._sample(batch, hidden, result)
+        self._sample(batch, hidden, result, masks)
         self._prompt_logprobs(batch, hidden, result)
         return result
 
@@ -245,14 +247,12 @@ class ModelRunner:
         return input_ids, self.kv_cache.layers, meta
 
     # ---- sampling --------------------------------------------------------------
-    def _sample(self, batch: _Batch, hidden: torch.Tensor, result: StepResult) -> None:
+    def _sample(self, batch: _Batch, hidden: torch.Tensor, result: StepResult, masks=None) -> None:
         if not batch.sample_seqs:
             return
-        rows, logit_rows, constrained = [], [], []
+        rows, logit_rows = [], []
         for i, (state, row) in enumerate(batch.sample_seqs):
             for k in range(state.num_samples):  # a fork samples each child's first token here
-                if state.grammar is not None:
-                    constrained.append((len(rows), state.grammar, state.output_token_ids))
                 rows.append(SamplingRow(state.params, state.seed, state.sample_index + k, state.num_tokens,
                                         state.prompt_token_ids, state.output_token_ids))
                 logit_rows.append(i)
@@ -262,8 +262,8 @@ class ModelRunner:
         logits = self.model.compute_logits(hidden)
         if len(logit_rows) != len(hidden_rows):  # forks: a row's logits once per child (a [R, V] copy)
             logits = logits[torch.tensor(logit_rows, device=self.device)]
-        if constrained:
-            self.grammars.mask(logits, constrained)
+        if masks is not None:
+            self.grammars.apply(logits, masks)  # structured outputs
         sampled = iter(sample(logits, rows, self.eos_token_ids))
         for state, _ in batch.sample_seqs:
             picks = [next(sampled) for _ in range(state.num_samples)]
