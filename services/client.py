@@ -121,6 +121,8 @@ def build_request(prompt: str | list[int] | list[dict], *, request_id: str = "",
             raise TypeError(f"unknown sampling parameter {name!r}")
         if name == "logit_bias":
             request.params.logit_bias.update({int(t): float(b) for t, b in value.items()})
+        elif name == "choice":  # structured outputs: the allowed strings
+            request.params.choice.choices.extend(value)
         elif name in ("stop", "stop_token_ids"):
             getattr(request.params, name).extend([value] if isinstance(value, str) else value)
         elif value is not None:

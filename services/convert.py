@@ -9,6 +9,7 @@ from __future__ import annotations
 from pagedserve.internal.v1 import common_pb2, scheduler_pb2, worker_pb2
 from services.core.sampling_params import SamplingParams
 from services.core.sequence import SeqUpdate
+from services.core.structured import Constraint
 from services.core.step import (CachedSequence, Logprobs, NewSequence, SeqOutput, StepDelta, StepResult,
                                 WorkerInfo)
 
@@ -24,7 +25,8 @@ def params_to_proto(params: SamplingParams) -> common_pb2.SamplingParams:
         logit_bias=[common_pb2.LogitBias(token_id=t, bias=b) for t, b in params.logit_bias],
         seed=params.seed or 0, has_seed=params.seed is not None, max_tokens=params.max_tokens,
         min_tokens=params.min_tokens, stop_token_ids=params.stop_token_ids, ignore_eos=params.ignore_eos,
-        logprobs=_opt_to_proto(params.logprobs), prompt_logprobs=_opt_to_proto(params.prompt_logprobs))
+        logprobs=_opt_to_proto(params.logprobs), prompt_logprobs=_opt_to_proto(params.prompt_logprobs),
+        structured_outputs=_constraint_to_proto(params.structured_outputs))
 
 
 def params_from_proto(msg: common_pb2.SamplingParams) -> SamplingParams:
@@ -35,7 +37,13 @@ def params_from_proto(msg: common_pb2.SamplingParams) -> SamplingParams:
         frequency_penalty=msg.frequency_penalty, logit_bias=tuple((b.token_id, b.bias) for b in msg.logit_bias),
         seed=msg.seed if msg.has_seed else None, max_tokens=msg.max_tokens, min_tokens=msg.min_tokens,
         stop_token_ids=tuple(msg.stop_token_ids), ignore_eos=msg.ignore_eos,
-        logprobs=_opt_from_proto(msg.logprobs), prompt_logprobs=_opt_from_proto(msg.prompt_logprobs))
+        logprobs=_opt_from_proto(msg.logprobs), prompt_logprobs=_opt_from_proto(msg.prompt_logprobs),
+        structured_outputs=Constraint(msg.structured_outputs.kind, msg.structured_outputs.spec)
+        if msg.HasField("structured_outputs") else None)
+
+
+def _constraint_to_proto(constraint: Constraint | None) -> common_pb2.Constraint | None:
+    return None if constraint is None else common_pb2.Constraint(kind=constraint.kind, spec=constraint.spec)
 
 
 def _opt_to_proto(value: int | None) -> int:

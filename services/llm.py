@@ -35,6 +35,9 @@ class LLM:
             [sampling_params or SamplingParams()] * len(prompts)
         if len(params) != len(prompts):
             raise InvalidArgument("sampling_params", f"{len(params)} given for {len(prompts)} prompts")
+        grammars = next(iter(self.engine.workers.values())).runner.grammars
+        for constraint in {sp.structured_outputs for sp in params} - {None}:
+            grammars.cache.matcher(constraint)  # an invalid one is refused here, naming the field
         collectors = [self._submit(p, sp, priority[i] if priority else 0)
                       for i, (p, sp) in enumerate(zip(prompts, params))]
         by_id = {c.output.request_id: c for c in collectors}

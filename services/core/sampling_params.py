@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 
 from services.core.errors import check
+from services.core.structured import Constraint
 
 MAX_LOGPROBS = 20
 
@@ -36,6 +37,8 @@ class SamplingParams:
     logprobs: int | None = None  # None: none; k >= 0: the sampled token's and the top k
     prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
+    # the output must match this (services/core/structured.py); a dict is vLLM's form, e.g. {"json": schema}
+    structured_outputs: Constraint | None = None
 
     def __post_init__(self) -> None:
         # Accept lists and dicts from callers; store hashable tuples.
@@ -45,6 +48,8 @@ class SamplingParams:
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
         bias = self.logit_bias.items() if isinstance(self.logit_bias, dict) else self.logit_bias
         object.__setattr__(self, "logit_bias", tuple((int(t), float(b)) for t, b in bias))
+        if isinstance(self.structured_outputs, dict):
+            object.__setattr__(self, "structured_outputs", Constraint.from_options(self.structured_outputs))
         self._validate()
 
     def _validate(self) -> None:
@@ -72,6 +77,10 @@ class SamplingParams:
         check(all(isinstance(s, str) and s for s in self.stop), "stop", "stop strings must be non-empty")
         check(len(self.stop) <= 16, "stop", "at most 16 stop strings")
         check(all(t >= 0 for t in self.stop_token_ids), "stop_token_ids", "token ids must be >= 0")
+        check(self.structured_outputs is None or isinstance(self.structured_outputs, Constraint),
+              "structured_outputs", "must be a Constraint or a dict of vLLM's options")
+        check(self.structured_outputs is None or self.min_tokens == 0, "min_tokens",
+              "cannot be combined with structured outputs (the grammar decides where the output may end)")
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
             check(value is None or (isinstance(value, int) and 0 <= value <= MAX_LOGPROBS), name,

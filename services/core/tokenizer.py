@@ -32,6 +32,7 @@ class Tokenizer:
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)  # client text is never evaluated
         env.globals["raise_exception"] = _raise
         self._template = env.from_string(template) if template else None
+        self.template_source = template or ""  # what the template uses (e.g. `tools`) decides what it gets
         self.vocab_size = self._tok.get_vocab_size()
         self.eos_token_id = self._tok.token_to_id(self.eos_token) if self.eos_token else None
 
@@ -43,10 +44,15 @@ class Tokenizer:
                 ids = [bos] + ids
         return ids
 
+    def to_json(self) -> str:
+        """The tokenizer.json text (the grammar compiler builds its own view of the vocabulary)."""
+        return self._tok.to_str()
+
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
+                            tools: list[dict] | None = None) -> str:
         if self._template is None:
             raise InvalidArgument("messages", "this model has no chat template")
         for i, message in enumerate(messages):
@@ -54,7 +60,8 @@ class Tokenizer:
                     or not isinstance(message.get("content"), str):
                 raise InvalidArgument(f"messages[{i}]", "needs a string role and a string content")
         try:
-            return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
+            extra = {"tools": tools} if tools else {}  # templates test `tools is defined`
+            return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt, **extra,
                                          bos_token=self.bos_token or "", eos_token=self.eos_token or "")
         except jinja2.exceptions.TemplateError as exc:
             raise InvalidArgument("messages", f"chat template refused the messages: {exc}") from exc

@@ -10,6 +10,7 @@ import uvloop
 from services.cli import add_flag, add_switch
 from services.core.errors import InvalidArgument
 from services.core.model_path import resolve_model_path
+from services.core.structured import GrammarLimits
 from services.frontend.config import FrontendConfig
 from services.frontend.server import FrontendServer
 from services.logs import configure_logging
@@ -29,6 +30,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add_flag(parser, "--drain-timeout-s", 60.0, type=float,
              help="on SIGTERM, seconds the open requests get to finish before the process exits")
     add_switch(parser, "--reflection", False, help="serve gRPC reflection")
+    add_flag(parser, "--max-grammar-bytes", GrammarLimits.max_bytes, type=int,
+             help="structured outputs: larger constraints are refused (400)")
+    add_flag(parser, "--grammar-compile-timeout-s", GrammarLimits.compile_timeout_s, type=float,
+             help="structured outputs: constraints that take longer to compile are refused (400)")
+    add_flag(parser, "--grammar-cache-size", GrammarLimits.max_entries, type=int,
+             help="structured outputs: compiled grammars kept in memory")
     add_flag(parser, "--log-level", "info", help="debug, info, warning or error")
     return parser.parse_args(argv)
 
@@ -52,7 +59,10 @@ def main(argv: list[str] | None = None) -> None:
                                 scheduler_address=args.scheduler_address, host=args.host,
                                 grpc_port=args.grpc_port, http_port=args.http_port, api_key=args.api_key,
                                 max_body_bytes=args.max_body_bytes, max_pending=args.max_pending,
-                                reflection=args.reflection, drain_timeout_s=args.drain_timeout_s)
+                                reflection=args.reflection, drain_timeout_s=args.drain_timeout_s,
+                                grammar=GrammarLimits(max_bytes=args.max_grammar_bytes,
+                                                      max_entries=args.grammar_cache_size,
+                                                      compile_timeout_s=args.grammar_compile_timeout_s))
     except InvalidArgument as error:
         raise SystemExit(f"python -m services.frontend: --{error.field.replace('_', '-')}: {error.message}")
     uvloop.run(serve(config))

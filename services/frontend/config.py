@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from services.core.errors import check
+from services.core.structured import GrammarLimits
 
 
 @dataclass(frozen=True)
@@ -20,6 +21,7 @@ class FrontendConfig:
     reflection: bool = False
     health_poll_s: float = 1.0  # how often to ask the scheduler whether a worker is ready
     drain_timeout_s: float = 60.0  # on SIGTERM, how long running requests may take to finish
+    grammar: GrammarLimits = GrammarLimits()  # structured outputs: compile limits and cache size
 
     @property
     def model_id(self) -> str:

@@ -1,6 +1,8 @@
 """The public proto (pagedserve.v1) to the frontend's plain types and back."""
 from __future__ import annotations
 
+import dataclasses
+
 from google.protobuf.message import Message
 from google.protobuf.unknown_fields import UnknownFieldSet
 
@@ -8,6 +10,7 @@ from pagedserve.v1 import generate_pb2 as pb
 from services.core.errors import InvalidArgument
 from services.core.sampling_params import SamplingParams
 from services.core.step import Logprobs
+from services.core.structured import Constraint
 from services.frontend.batch import BatchError, BatchItem
 from services.frontend.types import GenerateEvent, GenerateRequest, ModelCard, Prompt, SampleEvent, Summary
 from services.rpc_errors import status_of
@@ -51,7 +54,17 @@ def tokenize_prompt_from_pb(request: pb.TokenizeRequest) -> Prompt:
 def params_from_pb(params: pb.SamplingParams) -> SamplingParams:
     kwargs = {name: getattr(params, name) for name in _SCALAR_PARAMS if params.HasField(name)}
     return SamplingParams(**kwargs, logit_bias=dict(params.logit_bias), stop=tuple(params.stop),
-                          stop_token_ids=tuple(params.stop_token_ids))
+                          stop_token_ids=tuple(params.stop_token_ids), structured_outputs=_constraint_from_pb(params))
+
+
+def _constraint_from_pb(params: pb.SamplingParams) -> Constraint | None:
+    """The oneof structured_outputs; vLLM's option names (json_schema travels as json)."""
+    kind = params.WhichOneof("structured_outputs")
+    if kind is None or (kind == "json_object" and not params.json_object):
+        return None
+    value = list(params.choice.choices) if kind == "choice" else getattr(params, kind)
+    name = "json" if kind == "json_schema" else kind
+    return dataclasses.replace(Constraint.from_options({name: value}, "params"), field=f"params.{kind}")
 
 
 def event_to_pb(event: GenerateEvent) -> pb.GenerateResponse:

@@ -14,7 +14,9 @@ from typing import TYPE_CHECKING
 import structlog
 
 from services.core.errors import REFUSALS, InvalidArgument, ResourceExhausted, Unavailable, check
+from services.core.structured import GrammarLimits
 from services.core.tokenizer import Tokenizer
+from services.frontend.grammar_check import GrammarCheck
 from services.frontend.metrics import FrontendMetrics
 from services.frontend.stream import RequestStream
 from services.frontend.types import CHAT_ROLES, GenerateEvent, GenerateRequest, ModelCard, Prompt, UnknownModel
@@ -27,13 +29,15 @@ STATS_TIMEOUT_S = 5.0
 
 
 class FrontendCore:
-    def __init__(self, tokenizer: Tokenizer, scheduler: SchedulerClient, model_id: str, max_pending: int = 0):
+    def __init__(self, tokenizer: Tokenizer, scheduler: SchedulerClient, model_id: str, max_pending: int = 0,
+                 grammar_limits: GrammarLimits = GrammarLimits()):
         self.tokenizer, self.scheduler, self.model_id = tokenizer, scheduler, model_id
         self.max_pending = max_pending  # 0: no limit
         self.metrics = FrontendMetrics(model_id)
         self.num_pending = 0
         self.draining = False
         self.card: ModelCard | None = None  # known once a worker registered at the scheduler
+        self.grammar_check = GrammarCheck(tokenizer, grammar_limits)
 
     async def refresh(self) -> bool:
         """Ask the scheduler for the served model's limits; True when a worker is ready."""
@@ -61,7 +65,7 @@ class FrontendCore:
         for i, message in enumerate(prompt.messages):
             check(message.get("role") in CHAT_ROLES, f"messages[{i}].role",
                   f"unknown role {message.get('role')!r}; expected one of {', '.join(CHAT_ROLES)}")
-        return self.tokenizer.apply_chat_template(prompt.messages, prompt.add_generation_prompt)
+        return self.tokenizer.apply_chat_template(prompt.messages, prompt.add_generation_prompt, prompt.tools)
 
     def tokenize(self, prompt: Prompt) -> list[int]:
         """The token ids of a text or chat prompt (a chat template brings its own special tokens)."""
@@ -129,6 +133,8 @@ class FrontendCore:
         check(request.params.max_tokens <= room, "max_tokens",
               f"{request.params.max_tokens} with a {len(prompt_ids)}-token prompt exceeds max_model_len "
               f"{card.max_model_len}; at most {room}")
+        if request.params.structured_outputs is not None:
+            await self.grammar_check.check(request.params.structured_outputs, card.vocab_size)
         if self.max_pending and self.num_pending >= self.max_pending:
             raise ResourceExhausted(f"{self.num_pending} requests pending, the limit is {self.max_pending}")
         return request.request_id or uuid.uuid4().hex, prompt_ids

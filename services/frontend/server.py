@@ -29,7 +29,8 @@ class FrontendServer:
     def __init__(self, config: FrontendConfig, model_path: Path):
         self.config = config
         self.scheduler = SchedulerClient(config.scheduler_address)
-        self.core = FrontendCore(Tokenizer(model_path), self.scheduler, config.model_id, config.max_pending)
+        self.core = FrontendCore(Tokenizer(model_path), self.scheduler, config.model_id, config.max_pending,
+                                 config.grammar)
         servicer = GenerationServicer(self.core)
         self.grpc = GrpcServer(lambda server: generate_pb2_grpc.add_GenerationServicer_to_server(servicer, server),
                                SERVICE_NAME, config.reflection)

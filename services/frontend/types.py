@@ -10,7 +10,7 @@ from services.core.errors import InvalidArgument
 from services.core.sampling_params import SamplingParams
 from services.core.step import Logprobs
 
-CHAT_ROLES = ("system", "user", "assistant", "tool")
+CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
 class UnknownModel(InvalidArgument):
@@ -29,6 +29,7 @@ class Prompt:
     messages: list[dict] | None = None
     add_special_tokens: bool = True  # for text
     add_generation_prompt: bool = True  # for messages
+    tools: list[dict] | None = None  # for messages: tool definitions the chat template shows
 
 
 @dataclass

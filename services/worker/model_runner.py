@@ -18,6 +18,7 @@ import torch
 from services.core.errors import InvalidArgument, UnknownSequence
 from services.core.sampling_params import SamplingParams
 from services.core.step import CachedSequence, NewSequence, SeqOutput, StepDelta, StepResult
+from services.worker.grammar import Grammars, SequenceGrammar
 from services.worker.kv_cache import KVCache
 from services.worker.models.llama import AttentionMetadata, LlamaForCausalLM
 from services.worker.sampler import SamplingRow, prompt_logprobs, sample
@@ -36,6 +37,7 @@ class SeqState:
     seed: int
     sample_index: int
     num_samples: int = 1
+    grammar: SequenceGrammar | None = None  # structured outputs: the matcher of its output tokens
 
     @property
     def num_tokens(self) -> int:
@@ -78,11 +80,12 @@ class _Speculation:
 
 class ModelRunner:
     def __init__(self, model: LlamaForCausalLM, kv_cache: KVCache, device: torch.device,
-                 batch_invariant: bool = False):
+                 batch_invariant: bool = False, grammars: Grammars | None = None):
         self.model, self.kv_cache, self.device = model, kv_cache, device
         self.block_size = kv_cache.block_size
         self.eos_token_ids = model.cfg.eos_token_ids
         self.batch_invariant = batch_invariant  # a row's bits do not depend on its batch: subsets may be served
+        self.grammars = grammars  # compiles and applies structured-outputs constraints
         self.seqs: dict[int, SeqState] = {}
         self._continuation: list[CachedSequence] = []  # promised by the last delta, not run yet
         self._speculation: _Speculation | None = None
@@ -168,8 +171,10 @@ class ModelRunner:
         if not scheduled:
             return result
         batch = self._prepare(scheduled)
+        constrained = self.grammars.rows(batch.sample_seqs) if self.grammars is not None else []
+        masks = self.grammars.start_masks(constrained) if constrained else None  # built beside the forward pass
         hidden = self.model(*self._tensors(batch))
-        self._sample(batch, hidden, result)
+        self._sample(batch, hidden, result, masks)
         self._prompt_logprobs(batch, hidden, result)
         return result
 
@@ -178,6 +183,10 @@ class ModelRunner:
         self._check_blocks(new.seq_id, new.block_ids)
         state = SeqState(new.seq_id, list(new.prompt_token_ids), list(new.output_token_ids), list(new.block_ids),
                          new.num_computed_tokens, new.params, new.seed, new.sample_index, new.num_samples)
+        if new.params.structured_outputs is not None:
+            if self.grammars is None:
+                raise InvalidArgument("structured_outputs", "this worker has no grammar compiler")
+            state.grammar = self.grammars.start(new.params.structured_outputs, new.seq_id)
         self.seqs[new.seq_id] = state
         return state, new.num_scheduled_tokens
 
@@ -238,7 +247,7 @@ class ModelRunner:
         return input_ids, self.kv_cache.layers, meta
 
     # ---- sampling --------------------------------------------------------------
-    def _sample(self, batch: _Batch, hidden: torch.Tensor, result: StepResult) -> None:
+    def _sample(self, batch: _Batch, hidden: torch.Tensor, result: StepResult, masks=None) -> None:
         if not batch.sample_seqs:
             return
         rows, logit_rows = [], []
@@ -253,6 +262,8 @@ class ModelRunner:
         logits = self.model.compute_logits(hidden)
         if len(logit_rows) != len(hidden_rows):  # forks: a row's logits once per child (a [R, V] copy)
             logits = logits[torch.tensor(logit_rows, device=self.device)]
+        if masks is not None:
+            self.grammars.apply(logits, masks)  # structured outputs
         sampled = iter(sample(logits, rows, self.eos_token_ids))
         for state, _ in batch.sample_seqs:
             picks = [next(sampled) for _ in range(state.num_samples)]

@@ -13,6 +13,7 @@ from services.worker.kv_cache import KVCache, block_bytes, num_blocks_for
 from kernels.linear import invariant_linear, plain_linear
 from services.worker.loader import load_model, resolve_dtype
 from services.worker.model_config import ModelArchConfig
+from services.worker.grammar import Grammars
 from services.worker.model_runner import ModelRunner
 
 log = structlog.get_logger("worker")
@@ -41,7 +42,8 @@ class Worker:
                                     cache.kv_cache_memory_bytes)
         num_cpu_blocks = cache.swap_space_bytes // block_bytes(arch, cache.block_size, self.dtype)
         kv_cache = KVCache(arch, num_blocks, num_cpu_blocks, cache.block_size, self.dtype, self.device)
-        self.runner = ModelRunner(model, kv_cache, self.device, config.batch_invariant)
+        grammars = Grammars(self.model_path, arch.vocab_size, arch.eos_token_ids)
+        self.runner = ModelRunner(model, kv_cache, self.device, config.batch_invariant, grammars)
         self.info = WorkerInfo(
             model=str(self.model_path), dtype=str(self.dtype).removeprefix("torch."), block_size=cache.block_size,
             num_gpu_blocks=num_blocks, num_cpu_blocks=num_cpu_blocks, vocab_size=arch.vocab_size,

@@ -17,6 +17,7 @@ from services.frontend.http import convert
 from services.frontend.http.errors import error_body, install_error_handlers
 from services.frontend.http.guard import Guard
 from services.frontend.http.models import ChatCompletionRequest, CompletionRequest
+from services.frontend.http.tool_responses import ToolChatRenderer
 from services.frontend.http.responses import ChatRenderer, CompletionRenderer, Renderer, collect, sse
 from services.frontend.http.streams import merge, start
 from services.frontend.types import GenerateRequest
@@ -61,9 +62,11 @@ def build_app(core: FrontendCore, is_ready: Callable[[], bool], api_key: str = "
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         request_id = request.state.request_id = f"chatcmpl-{uuid.uuid4().hex}"
-        generate_request = await convert.chat_request(core, body, request_id)
-        renderer = ChatRenderer(request_id, core.model_id, await _fingerprint(core), core.tokenizer,
-                                generate_request.params.n)
+        generate_request, tool_plan = await convert.chat_request(core, body, request_id)
+        renderer = (ChatRenderer(request_id, core.model_id, await _fingerprint(core), core.tokenizer,
+                                 generate_request.params.n) if tool_plan.mode == "none" else
+                    ToolChatRenderer(request_id, core.model_id, await _fingerprint(core), core.tokenizer,
+                                     generate_request.params.n, plan=tool_plan))
         return await _respond(core, [generate_request], renderer, body, body.logprobs, request)
 
     return Guard(app, api_key, max_body_bytes)

@@ -3,6 +3,9 @@ from __future__ import annotations
 
 from services.core.errors import InvalidArgument, check
 from services.core.sampling_params import SamplingParams
+from services.core.structured import Constraint
+from services.frontend import tools
+from services.frontend.tools import ToolPlan
 from services.frontend.core import FrontendCore
 from services.frontend.http.models import ChatCompletionRequest, CompletionRequest, SamplingFields
 from services.frontend.types import GenerateRequest, Prompt
@@ -21,28 +24,69 @@ def completion_requests(body: CompletionRequest, request_id: str) -> list[Genera
             for i, prompt in enumerate(prompts)]
 
 
-async def chat_request(core: FrontendCore, body: ChatCompletionRequest, request_id: str) -> GenerateRequest:
+async def chat_request(core: FrontendCore, body: ChatCompletionRequest,
+                       request_id: str) -> tuple[GenerateRequest, ToolPlan]:
     """The messages rendered and tokenized here, so max_tokens can default to what the context leaves."""
     check(body.top_logprobs is None or body.logprobs, "top_logprobs", "needs logprobs: true")
     core.check_model(body.model or "")
-    messages = [{"role": m.role, "content": _text(m.content), **({"name": m.name} if m.name else {})}
-                for m in body.messages]
-    prompt_ids = core.tokenize(Prompt(messages=messages))
+    tool_choice = body.tool_choice.model_dump() if hasattr(body.tool_choice, "model_dump") else body.tool_choice
+    tool_plan = tools.plan([t.model_dump(exclude_none=True) for t in body.tools or []], tool_choice,
+                           body.parallel_tool_calls)
+    messages, template_tools = tools.template_messages([_message(i, m) for i, m in enumerate(body.messages)], tool_plan,
+                                                       core.tokenizer.template_source)
+    prompt_ids = core.tokenize(Prompt(messages=messages, tools=template_tools))
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     if max_tokens is None:
         card = await core.model_card()
         max_tokens = max(card.max_model_len - len(prompt_ids), 1)  # a too-long prompt is refused by the core
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
-    params = sampling_params(body, max_tokens, logprobs)
-    return GenerateRequest(Prompt(token_ids=prompt_ids), params, request_id, body.model or "", body.priority)
+    params = sampling_params(body, max_tokens, logprobs, tool_plan.constraint())
+    return GenerateRequest(Prompt(token_ids=prompt_ids), params, request_id, body.model or "", body.priority), tool_plan
 
 
-def sampling_params(body: SamplingFields, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
+def sampling_params(body: SamplingFields, max_tokens: int | None, logprobs: int | None,
+                    tool_constraint: Constraint | None = None) -> SamplingParams:
     kwargs = {name: value for name in PASSED_AS_IS if (value := getattr(body, name)) is not None}
     if max_tokens is not None:
         kwargs["max_tokens"] = max_tokens
+    constraint = _constraint(body)
+    check(constraint is None or tool_constraint is None, "tool_choice",
+          "a required or named tool choice cannot be combined with response_format or structured_outputs")
     return SamplingParams(**kwargs, logprobs=logprobs, stop=body.stop or (), stop_token_ids=body.stop_token_ids or (),
-                          logit_bias=_logit_bias(body.logit_bias or {}))
+                          logit_bias=_logit_bias(body.logit_bias or {}),
+                          structured_outputs=constraint or tool_constraint)
+
+
+def _constraint(body: SamplingFields) -> Constraint | None:
+    """response_format (OpenAI) or structured_outputs (vLLM), not both."""
+    fmt, options = body.response_format, body.structured_outputs
+    check(options is None or fmt is None or fmt.type == "text", "structured_outputs",
+          "cannot be combined with response_format")
+    if options is not None:
+        return Constraint.from_options(options.options(), "structured_outputs")
+    if fmt is None or fmt.type == "text":
+        return None
+    if fmt.type == "json_object":
+        return Constraint("json_object", "", "response_format")
+    check(fmt.json_schema is not None, "response_format.json_schema", "is required with type json_schema")
+    schema = fmt.json_schema.schema_
+    return Constraint.json_schema(schema if schema is not None else {}, "response_format.json_schema.schema")
+
+
+def _message(i: int, m) -> dict:
+    """A request message as the chat template gets it (tool calls and ids as plain values)."""
+    message = {"role": m.role, "content": _text(m.content) if m.content is not None else ""}
+    if m.content is None:
+        check(m.role == "assistant" and m.tool_calls, f"messages[{i}].content",
+              "is required (it may be null only on an assistant message with tool_calls)")
+    if m.name:
+        message["name"] = m.name
+    if m.tool_calls:
+        message["tool_calls"] = [c.model_dump() for c in m.tool_calls]
+    if m.tool_call_id is not None:
+        message["tool_call_id"] = m.tool_call_id
+    check(m.role != "tool" or m.tool_call_id is not None, f"messages[{i}].tool_call_id", "a tool message needs one")
+    return message
 
 
 def _prompts(prompt: str | list) -> list[Prompt]:

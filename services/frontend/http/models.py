@@ -3,13 +3,15 @@
 
 Types only; value ranges are checked once, by SamplingParams and FrontendCore (the same
 checks the gRPC API gets). Unknown fields are refused rather than ignored, so a field this
-server does not implement (a `chat_template`, `tools`) is a 400 naming it.
+server does not implement (a `chat_template`, `functions`) is a 400 naming it.
 """
 from __future__ import annotations
 
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from services.frontend.http.structured_models import NamedToolChoice, ResponseFormat, StructuredOutputs, Tool, ToolCallIn
 
 
 class Strict(BaseModel):
@@ -45,6 +47,8 @@ class SamplingFields(Strict):
     include_stop_str_in_output: bool | None = None
     skip_special_tokens: bool | None = None
     priority: int = Field(0, description="Lower runs first under the scheduler's priority policy.")
+    response_format: ResponseFormat | None = Field(None, description="text, json_object or json_schema.")
+    structured_outputs: StructuredOutputs | None = Field(None, description="vLLM's constraints (one of them).")
 
 
 class CompletionRequest(SamplingFields):
@@ -60,9 +64,11 @@ class TextPart(Strict):
 
 
 class ChatMessage(Strict):
-    role: str = Field(description="system, user, assistant or tool.")
-    content: str | list[TextPart]
+    role: str = Field(description="system, developer, user, assistant or tool.")
+    content: str | list[TextPart] | None = Field(None, description="May be null on an assistant message with tool_calls.")
     name: str | None = None
+    tool_calls: list[ToolCallIn] | None = Field(None, description="An assistant message's tool calls.")
+    tool_call_id: str | None = Field(None, description="A tool message: the call it answers.")
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -71,3 +77,7 @@ class ChatCompletionRequest(SamplingFields):
     max_tokens: int | None = Field(None, description="Deprecated name of max_completion_tokens.")
     logprobs: bool = False
     top_logprobs: int | None = Field(None, description="With logprobs: this many top tokens per position.")
+    tools: list[Tool] | None = Field(None, description="Functions the model may call.")
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = Field(
+        None, description="Default: auto with tools, none without.")
+    parallel_tool_calls: bool | None = Field(None, description="Allow more than one call (default true).")

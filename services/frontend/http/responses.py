@@ -130,7 +130,9 @@ async def sse(renderer: Renderer, events: Events, num_prompts: int, include_usag
         for sample in event.samples:
             if sample.text or sample.finish_reason or sample.logprobs:
                 index = renderer.choice_index(prompt_index, sample)
-                yield data([renderer.chunk_choice(index, sample, offsets.get(index, 0))])
+                chunk = renderer.chunk_choice(index, sample, offsets.get(index, 0))
+                if chunk is not None:  # None: held back (a tool call is sent whole when it ends)
+                    yield data([chunk])
                 offsets[index] = offsets.get(index, 0) + len(sample.text)
         if event.summary is not None:
             summaries.append(event.summary)

@@ -1,0 +1,197 @@
+"""Tool calling in chat completions: what the model is shown, what it may emit, how it is read.
+
+- `tool_choice` "none" (or no tools): plain chat; the tools are not shown.
+- "auto": the tools reach the chat template (`tools=`); a template that does not use them gets
+  them in a system message in the Hermes format. The output is parsed afterwards (`parse_auto`):
+  Hermes / Qwen2.5 / Qwen3 `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` blocks, or,
+  as a fallback, an output that is nothing but such a JSON object (or a list of them; `parameters`
+  is accepted for `arguments`, as Llama 3.1 emits). Anything else is content.
+- "required": the output is constrained by a JSON schema to a list of calls
+  `[{"name": one of the tools, "arguments": valid against its parameters}]` (one call unless
+  `parallel_tool_calls`), so it always parses and its arguments are always valid.
+- a named function: the output is constrained to that function's arguments object.
+"""
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass
+
+from services.core.errors import InvalidArgument, check
+from services.core.structured import Constraint
+
+TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.S)
+NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+MAX_TOOLS = 128
+HERMES_SYSTEM = (
+    "You may call one or more functions to assist with the user query. The functions are given "
+    "inside <tools></tools> tags:\n<tools>\n{tools}\n</tools>\n\nFor each function call, return a JSON "
+    "object with the function name and arguments inside <tool_call></tool_call> tags:\n<tool_call>\n"
+    '{{"name": <function-name>, "arguments": <args-json-object>}}\n</tool_call>')
+
+
+@dataclass
+class ToolCall:
+    name: str
+    arguments: str  # JSON text
+    id: str = ""
+
+    def __post_init__(self) -> None:
+        self.id = self.id or f"call_{uuid.uuid4().hex[:24]}"
+
+    def to_openai(self, index: int | None = None) -> dict:
+        call = {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+        return call if index is None else {"index": index, **call}
+
+
+@dataclass
+class ToolPlan:
+    """What a request's tools and tool_choice mean for its prompt, constraint and parsing."""
+
+    tools: list[dict]  # OpenAI tool definitions, validated
+    mode: str  # none, auto, required or named
+    name: str = ""  # the named function
+    parallel: bool = True
+
+    def constraint(self) -> Constraint | None:
+        if self.mode == "named":
+            return Constraint.json_schema(self._parameters(self.name), "tool_choice")
+        if self.mode != "required":
+            return None
+        calls = [{"type": "object", "properties": {"name": {"const": t["function"]["name"]},
+                                                   "arguments": self._parameters(t["function"]["name"])},
+                  "required": ["name", "arguments"], "additionalProperties": False} for t in self.tools]
+        schema = {"type": "array", "items": {"anyOf": calls}, "minItems": 1}
+        if not self.parallel:
+            schema["maxItems"] = 1
+        return Constraint.json_schema(schema, "tools")
+
+    def parse(self, text: str) -> tuple[str | None, list[ToolCall]]:
+        """(content, tool calls) of a finished output."""
+        if self.mode == "named":
+            return None, [ToolCall(self.name, _compact(text))]
+        if self.mode == "required":
+            try:
+                return None, [ToolCall(c["name"], json.dumps(c["arguments"], ensure_ascii=False))
+                              for c in json.loads(text)]
+            except (ValueError, TypeError, KeyError):  # cut short by max_tokens
+                return text, []
+        if self.mode == "auto":
+            return parse_auto(text, {t["function"]["name"] for t in self.tools})
+        return text, []
+
+    def _parameters(self, name: str) -> dict:
+        tool = next(t for t in self.tools if t["function"]["name"] == name)
+        return tool["function"].get("parameters") or {"type": "object"}
+
+
+def plan(tools: list[dict] | None, tool_choice, parallel_tool_calls: bool | None) -> ToolPlan:
+    """Validate tools and tool_choice (plain dicts, as the request carried them)."""
+    tools = tools or []
+    check(len(tools) <= MAX_TOOLS, "tools", f"at most {MAX_TOOLS} tools, got {len(tools)}")
+    for i, tool in enumerate(tools):
+        function = tool.get("function") or {}
+        check(isinstance(function.get("name"), str) and NAME.match(function["name"]) is not None,
+              f"tools[{i}].function.name", "must be 1 to 64 letters, digits, '_', '.' or '-'")
+        check(isinstance(function.get("parameters", {}), dict), f"tools[{i}].function.parameters",
+              "must be a JSON schema object")
+    names = [t["function"]["name"] for t in tools]
+    check(len(set(names)) == len(names), "tools", "function names must be unique")
+    choice = "auto" if tool_choice is None and tools else (tool_choice or "none")
+    parallel = True if parallel_tool_calls is None else parallel_tool_calls
+    if isinstance(choice, dict):
+        name = (choice.get("function") or {}).get("name")
+        check(name in names, "tool_choice.function.name", f"{name!r} is not one of the tools")
+        return ToolPlan(tools, "named", name, parallel)
+    check(choice in ("none", "auto", "required"), "tool_choice",
+          "must be none, auto, required or {\"type\": \"function\", \"function\": {\"name\": ...}}")
+    check(choice == "none" or tools, "tool_choice", f"{choice!r} needs tools")
+    return ToolPlan(tools, choice, parallel=parallel)
+
+
+def parse_auto(text: str, names: set[str]) -> tuple[str | None, list[ToolCall]]:
+    """Hermes/Qwen `<tool_call>` blocks, else an output that is only a call's JSON; else content."""
+    if "<tool_call>" in text:
+        calls = [_call(block, names) for block in TOOL_CALL.findall(text)]
+        if calls and all(calls):
+            content = text[:text.index("<tool_call>")].strip()
+            return content or None, calls
+        return text, []
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return text, []
+    items = value if isinstance(value, list) else [value]
+    calls = [_call_of(item, names) for item in items]
+    return (None, calls) if calls and all(calls) else (text, [])
+
+
+def _call(block: str, names: set[str]) -> ToolCall | None:
+    try:
+        return _call_of(json.loads(block), names)
+    except ValueError:
+        return None
+
+
+def _call_of(item, names: set[str]) -> ToolCall | None:
+    if not isinstance(item, dict) or item.get("name") not in names:
+        return None
+    arguments = item.get("arguments", item.get("parameters", {}))
+    if isinstance(arguments, str):  # some models emit the arguments as JSON text
+        try:
+            arguments = json.loads(arguments)
+        except ValueError:
+            return None
+    return ToolCall(item["name"], json.dumps(arguments, ensure_ascii=False)) if isinstance(arguments, dict) else None
+
+
+def _compact(text: str) -> str:
+    try:
+        return json.dumps(json.loads(text), ensure_ascii=False)
+    except ValueError:
+        return text  # cut short by max_tokens: passed on as it is
+
+
+def template_messages(messages: list[dict], tool_plan: ToolPlan, template: str) -> tuple[list[dict], list | None]:
+    """The messages and `tools` argument for the chat template. A template that knows `tools` /
+    `tool_calls` gets them as they are; another gets the Hermes format as text."""
+    knows_tools = "tools" in template
+    knows_calls = "tool_calls" in template
+    out = []
+    for i, message in enumerate(messages):
+        message = dict(message)
+        if message["role"] == "developer":
+            message["role"] = "system"
+        calls = message.pop("tool_calls", None) or []
+        if calls:
+            check(message["role"] == "assistant", f"messages[{i}].tool_calls", "only assistant messages carry them")
+            if knows_calls:
+                message["tool_calls"] = [_template_call(c, i) for c in calls]
+            else:
+                message["content"] = "\n".join([message["content"]] * bool(message["content"]) + [
+                    "<tool_call>\n" + json.dumps({"name": c["function"]["name"],
+                                                  "arguments": _template_call(c, i)["function"]["arguments"]},
+                                                 ensure_ascii=False) + "\n</tool_call>" for c in calls])
+        out.append(message)
+    if tool_plan.mode == "none" or not tool_plan.tools:
+        return out, None
+    if knows_tools:
+        return out, tool_plan.tools
+    system = HERMES_SYSTEM.format(tools="\n".join(json.dumps(t, ensure_ascii=False) for t in tool_plan.tools))
+    if out and out[0]["role"] == "system":
+        out[0] = {**out[0], "content": out[0]["content"] + "\n\n" + system}
+    else:
+        out.insert(0, {"role": "system", "content": system})
+    return out, None
+
+
+def _template_call(call: dict, i: int) -> dict:
+    """An assistant message's tool call with its arguments as a dict (what templates expect)."""
+    function = call.get("function") or {}
+    try:
+        arguments = json.loads(function.get("arguments") or "{}")
+    except ValueError:
+        raise InvalidArgument(f"messages[{i}].tool_calls", "function.arguments must be JSON text") from None
+    return {"id": call.get("id", ""), "type": "function",
+            "function": {"name": function.get("name", ""), "arguments": arguments}}
