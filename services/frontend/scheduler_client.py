@@ -57,15 +57,38 @@ class SchedulerStats:
 
 
 class _Mux:
-    """One SubmitMany call and the requests waiting on it: a reader task hands each RequestNews
-    to its request's queue; when the call breaks, every waiting request gets the error."""
+    """One SubmitMany call and the requests waiting on it. Two tasks own the call: a writer that
+    sends what the requests put in `outbox`, and a reader that hands each RequestNews to its
+    request's queue. A request never touches the call itself: grpc.aio cancels the whole call
+    when a task is cancelled while it writes, so a client that went away (its task cancelled,
+    over and over under an HTTP server's cancel scope) would fail every other request. When the
+    call breaks, every waiting request gets the error."""
 
     def __init__(self, stub: scheduler_pb2_grpc.SchedulerStub):
         self.call = stub.SubmitMany()
         self.queues: dict[str, asyncio.Queue] = {}
         self.broken: Exception | None = None
-        self._writing = asyncio.Lock()  # grpc.aio allows one write at a time
+        self.outbox: asyncio.Queue[scheduler_pb2.SubmitManyRequest] = asyncio.Queue()
         self._reader = asyncio.ensure_future(self._read())
+        self._writer = asyncio.ensure_future(self._write())
+
+    def send(self, message: scheduler_pb2.SubmitManyRequest) -> None:
+        """Queue a message for the writer; never waits, so a cancelled caller can still send."""
+        if self.broken is not None:
+            raise self.broken
+        self.outbox.put_nowait(message)
+
+    async def _write(self) -> None:
+        try:
+            while True:
+                await self.call.write(await self.outbox.get())
+        except asyncio.CancelledError:
+            return  # closed (close(), or the reader saw the call end)
+        except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError) as error:
+            with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):  # the reader has the status
+                await asyncio.wait_for(asyncio.shield(self._reader), 1.0)
+            detail = error.details() if isinstance(error, grpc.aio.AioRpcError) else str(error)
+            self._fail(Unavailable(f"scheduler: the SubmitMany call ended ({detail})"))
 
     async def _read(self) -> None:
         error: Exception = Unavailable("scheduler: the SubmitMany call ended")
@@ -79,22 +102,22 @@ class _Mux:
             error = _core_error(rpc_error.code(), rpc_error.details())
         except asyncio.CancelledError:
             error = Unavailable("scheduler: the frontend closed the SubmitMany call")
+        self._fail(error)
+        self._writer.cancel()
+
+    def _fail(self, error: Exception) -> None:
+        """The call is gone: every request on it ends with `error` (once)."""
+        if self.broken is not None:
+            return
         self.broken = error
         for queue in self.queues.values():
             queue.put_nowait(error)
 
-    async def send(self, message: scheduler_pb2.SubmitManyRequest) -> None:
-        if self.broken is not None:
-            raise self.broken
-        async with self._writing:
-            try:
-                await self.call.write(message)
-            except grpc.aio.AioRpcError as rpc_error:  # the call ended under us; the reader fails the rest
-                raise _core_error(rpc_error.code(), rpc_error.details()) from rpc_error
-
     async def close(self) -> None:
         self.call.cancel()
         self._reader.cancel()
+        self._writer.cancel()
+        await asyncio.gather(self._reader, self._writer, return_exceptions=True)
 
 
 class SchedulerClient:
@@ -119,7 +142,7 @@ class SchedulerClient:
         queue = mux.queues[request_id] = asyncio.Queue()
         finished = False
         try:
-            await mux.send(scheduler_pb2.SubmitManyRequest(
+            mux.send(scheduler_pb2.SubmitManyRequest(
                 submit=convert.submit_to_proto(request_id, prompt_token_ids, params, priority)))
             while True:
                 news = await queue.get()
@@ -138,9 +161,9 @@ class SchedulerClient:
                     return
         finally:
             mux.queues.pop(request_id, None)
-            if not finished and mux.broken is None:
-                with contextlib.suppress(Exception):  # a broken call aborts its requests by itself
-                    await mux.send(scheduler_pb2.SubmitManyRequest(cancel=request_id))
+            # (a broken call aborts its requests by itself)
+            if not finished and not _ended(queue) and mux.broken is None:
+                mux.send(scheduler_pb2.SubmitManyRequest(cancel=request_id))
 
     async def abort(self, request_id: str, sample_index: int = -1) -> None:
         """End one sample (sample_index >= 0) or the whole request."""
@@ -165,6 +188,16 @@ class SchedulerClient:
         if self._mux is not None:
             await self._mux.close()
         await self.channel.close()
+
+
+def _ended(queue: asyncio.Queue) -> bool:
+    """Whether the request's last news already arrived unread (the caller stopped at its last
+    tokens): then there is nothing to cancel at the scheduler."""
+    while not queue.empty():
+        news = queue.get_nowait()
+        if isinstance(news, Exception) or news.done or news.error_code:
+            return True
+    return False
 
 
 _STATUS_BY_VALUE = {code.value[0]: code for code in grpc.StatusCode}
