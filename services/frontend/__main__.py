@@ -25,8 +25,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add_flag(parser, "--http-port", 0, type=int, help="OpenAI HTTP API, /health and /metrics port (0: off)")
     add_flag(parser, "--api-key", "", help="HTTP clients must send 'Authorization: Bearer KEY' (empty: no key)")
     add_flag(parser, "--max-body-bytes", 2 * 1024 * 1024, type=int, help="larger HTTP request bodies get 413")
+    add_flag(parser, "--max-message-bytes", 4 * 1024 * 1024, type=int,
+             help="larger gRPC request messages get RESOURCE_EXHAUSTED")
     add_flag(parser, "--max-pending", 0, type=int, help="requests in flight before RESOURCE_EXHAUSTED (0: no limit)")
-    add_switch(parser, "--reflection", False, help="serve gRPC reflection")
+    add_switch(parser, "--reflection", True, help="serve gRPC reflection of the public API (--no-reflection: off)")
     add_flag(parser, "--log-level", "info", help="debug, info, warning or error")
     return parser.parse_args(argv)
 
@@ -49,7 +51,8 @@ def main(argv: list[str] | None = None) -> None:
         config = FrontendConfig(model=args.model, served_model_name=args.served_model_name,
                                 scheduler_address=args.scheduler_address, host=args.host,
                                 grpc_port=args.grpc_port, http_port=args.http_port, api_key=args.api_key,
-                                max_body_bytes=args.max_body_bytes, max_pending=args.max_pending,
+                                max_body_bytes=args.max_body_bytes, max_message_bytes=args.max_message_bytes,
+                                max_pending=args.max_pending,
                                 reflection=args.reflection)
     except InvalidArgument as error:
         raise SystemExit(f"python -m services.frontend: --{error.field.replace('_', '-')}: {error.message}")

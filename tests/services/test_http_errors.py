@@ -25,7 +25,7 @@ BAD_PARAMETERS = [  # (route, body, the param the error must name)
     ("chat/completions", {"messages": [{"role": "user"}]}, "messages[0].content"),
     ("chat/completions", {**CHAT, "chat_template": "{{ evil }}"}, "chat_template"),
     ("chat/completions", {**CHAT, "top_logprobs": 2}, "top_logprobs"),
-    ("chat/completions", {**CHAT, "logprobs": True, "top_logprobs": 21}, "logprobs"),
+    ("chat/completions", {**CHAT, "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
 ]
 
 

@@ -4,10 +4,9 @@ from __future__ import annotations
 from services.core.errors import InvalidArgument, check
 from services.core.sampling_params import SamplingParams
 from services.frontend.core import FrontendCore
-from services.frontend.http.models import ChatCompletionRequest, CompletionRequest, SamplingFields
+from services.frontend.http.models import MAX_PROMPTS, ChatCompletionRequest, CompletionRequest, SamplingFields
 from services.frontend.types import GenerateRequest, Prompt
 
-MAX_PROMPTS = 64
 # Fields whose names and meanings are the same in the request and in SamplingParams.
 PASSED_AS_IS = ("n", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
                 "frequency_penalty", "seed", "min_tokens", "ignore_eos", "include_stop_str_in_output",
@@ -27,7 +26,7 @@ async def chat_request(core: FrontendCore, body: ChatCompletionRequest, request_
     core.check_model(body.model or "")
     messages = [{"role": m.role, "content": _text(m.content), **({"name": m.name} if m.name else {})}
                 for m in body.messages]
-    prompt_ids = core.tokenize(Prompt(messages=messages))
+    prompt_ids = await core.tokenize(Prompt(messages=messages))
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     if max_tokens is None:
         card = await core.model_card()
