@@ -209,3 +209,19 @@ def test_metrics_count_http_and_grpc_requests(harness, client, tokenizer):
     assert moved("pagedserve:inter_token_latency_seconds_count") == 2 * 3 + 2 + 4  # token steps after the first
     assert metric(after, "pagedserve:kv_cache_usage_perc", worker="w0") == 0.0
     assert "pagedserve:num_requests_waiting" in after and "pagedserve:num_preemptions_total" in after
+
+
+def test_logprob_bytes_are_each_tokens_own_and_rebuild_the_text(client, tokenizer):
+    """A token that ends inside a character has text U+FFFD but its own bytes."""
+    messages = [{"role": "user", "content": MULTIBYTE}]
+    prompt_ids = tokenizer.encode(tokenizer.apply_chat_template(messages), add_special_tokens=False)
+    chat = client.chat.completions.create(model=MODEL_ID, messages=messages, max_tokens=len(prompt_ids),
+                                          logprobs=True, top_logprobs=1)
+    entries = chat.choices[0].logprobs.content
+    assert [e.token for e in entries] == [tokenizer.decode([t], skip_special_tokens=False) for t in prompt_ids]
+    assert any("\ufffd" in e.token for e in entries)  # some token of MULTIBYTE ends mid-character
+    rebuilt = b"".join(bytes(e.bytes) for e in entries).decode()
+    assert rebuilt == tokenizer.decode(prompt_ids, skip_special_tokens=False)
+    assert MULTIBYTE in rebuilt
+    for entry in entries:
+        assert bytes(entry.top_logprobs[0].bytes) == bytes(entry.bytes)  # the fake's top token is the sampled one
