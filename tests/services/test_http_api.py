@@ -225,3 +225,18 @@ def test_logprob_bytes_are_each_tokens_own_and_rebuild_the_text(client, tokenize
     assert MULTIBYTE in rebuilt
     for entry in entries:
         assert bytes(entry.top_logprobs[0].bytes) == bytes(entry.bytes)  # the fake's top token is the sampled one
+
+
+def test_one_model_by_id_and_404_for_another(harness, client):
+    model = client.models.retrieve(MODEL_ID)
+    assert (model.id, model.object, model.owned_by) == (MODEL_ID, "model", "pagedserve")
+    status, body = raw(harness.url + "/v1/models/some/other-model")
+    assert status == 404 and json.loads(body)["error"]["code"] == "model_not_found"
+
+
+def test_a_whole_number_float_is_an_integer_and_a_fraction_is_refused(harness):
+    status, body = raw(harness.url + "/v1/completions", {"prompt": [5, 6, 7], "max_tokens": 4.0, "n": 2.0})
+    assert status == 200, body
+    assert json.loads(body)["usage"]["completion_tokens"] == 8
+    status, body = raw(harness.url + "/v1/completions", {"prompt": [5, 6, 7], "max_tokens": 4.5})
+    assert (status, json.loads(body)["error"]["param"]) == (400, "max_tokens")

@@ -19,7 +19,7 @@ from services.frontend.http.guard import Guard
 from services.frontend.http.models import ChatCompletionRequest, CompletionRequest
 from services.frontend.http.responses import ChatRenderer, CompletionRenderer, Renderer, collect, sse
 from services.frontend.http.streams import merge, start
-from services.frontend.types import GenerateRequest
+from services.frontend.types import GenerateRequest, ModelCard
 
 DISCONNECT_POLL_S = 0.25  # how often a non-streamed request checks that its client is still there
 
@@ -46,9 +46,13 @@ def build_app(core: FrontendCore, is_ready: Callable[[], bool], api_key: str = "
 
     @app.get("/v1/models")
     async def models() -> dict:
-        card = await core.model_card()
-        return {"object": "list", "data": [{"id": card.id, "object": "model", "created": int(time.time()),
-                                            "owned_by": "pagedserve", "max_model_len": card.max_model_len}]}
+        return {"object": "list", "data": [_model_body(await core.model_card())]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str) -> dict:
+        """The served model; 404 (model_not_found) for any other id."""
+        core.check_model(model_id)
+        return _model_body(await core.model_card())
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Response:
@@ -67,6 +71,11 @@ def build_app(core: FrontendCore, is_ready: Callable[[], bool], api_key: str = "
         return await _respond(core, [generate_request], renderer, body, body.logprobs, request)
 
     return Guard(app, api_key, max_body_bytes)
+
+
+def _model_body(card: ModelCard) -> dict:
+    return {"id": card.id, "object": "model", "created": int(time.time()), "owned_by": "pagedserve",
+            "max_model_len": card.max_model_len}
 
 
 async def _fingerprint(core: FrontendCore) -> str:
