@@ -15,7 +15,7 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
 from services.core.sampling_params import MAX_LOGPROBS, MAX_N, MAX_STOP_STRINGS
-from services.frontend.types import CHAT_ROLES
+from services.frontend.types import CHAT_ROLES, MAX_CHAT_MESSAGES
 
 MAX_PROMPTS = 64  # prompts in one completions request
 
@@ -34,9 +34,13 @@ def _valid_unicode(text: str) -> str:
     return text
 
 
-Int = Annotated[int, BeforeValidator(_whole_number)]
+def Int(**bounds):  # noqa: N802 - a type
+    """An integer within bounds (stated in the schema), also given as a whole-number float."""
+    return Annotated[int, Field(**bounds), BeforeValidator(_whole_number)]
+
+
 Text = Annotated[str, AfterValidator(_valid_unicode)]
-TokenId = Annotated[Int, Field(ge=0)]
+TokenId = Int(ge=0)
 StopString = Annotated[Text, Field(min_length=1)]
 
 
@@ -52,12 +56,12 @@ class SamplingFields(Strict):
     """What completions and chat share. None means the server's default."""
 
     model: Text | None = Field(None, description="The served model's id; omitted: the served model.")
-    n: Int | None = Field(None, ge=1, le=MAX_N, description="Samples per prompt.")
+    n: Int(ge=1, le=MAX_N) | None = Field(None, description="Samples per prompt.")
     temperature: float | None = Field(None, ge=0, le=100, description="0 is greedy; default 1.")
     top_p: float | None = Field(None, gt=0, le=1)
     stop: StopString | Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)] | None = \
         Field(None, description="Stop strings, cut from the text.")
-    seed: Int | None = Field(None, ge=0, lt=2**63, description="Same seed, same tokens (the deterministic mode).")
+    seed: Int(ge=0, lt=2**63) | None = Field(None, description="Same seed, same tokens (the deterministic mode).")
     presence_penalty: float | None = Field(None, ge=-2, le=2)
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
     logit_bias: dict[Annotated[str, Field(pattern=r"^[0-9]+$")], Annotated[float, Field(ge=-100, le=100)]] | None = \
@@ -66,15 +70,15 @@ class SamplingFields(Strict):
     stream: bool = False
     stream_options: StreamOptions | None = None
     # vLLM's extensions
-    top_k: Int | None = Field(None, ge=-1, description="-1: off.")
+    top_k: Int(ge=-1) | None = Field(None, description="-1: off.")
     min_p: float | None = Field(None, ge=0, le=1)
     repetition_penalty: float | None = Field(None, gt=0, le=10)
-    min_tokens: Int | None = Field(None, ge=0, description="At most max_tokens.")
+    min_tokens: Int(ge=0) | None = Field(None, description="At most max_tokens.")
     ignore_eos: bool | None = None
     stop_token_ids: list[TokenId] | None = None
     include_stop_str_in_output: bool | None = None
     skip_special_tokens: bool | None = None
-    priority: Int = Field(0, ge=-2**31, lt=2**31, description="Lower runs first under the priority policy.")
+    priority: Int(ge=-2**31, lt=2**31) = Field(0, description="Lower runs first under the priority policy.")
 
 
 TokenIds = Annotated[list[TokenId], Field(min_length=1)]
@@ -84,9 +88,9 @@ class CompletionRequest(SamplingFields):
     prompt: Text | TokenIds | Annotated[list[Text], Field(min_length=1, max_length=MAX_PROMPTS)] \
         | Annotated[list[TokenIds], Field(min_length=1, max_length=MAX_PROMPTS)] = Field(
             description="A text, token ids, a list of texts, or a list of token-id lists.")
-    max_tokens: Int | None = Field(16, ge=1, description="Tokens to generate per sample.")
-    logprobs: Int | None = Field(None, ge=0, le=MAX_LOGPROBS,
-                                 description="Log probabilities of the sampled and this many top tokens.")
+    max_tokens: Int(ge=1) | None = Field(16, description="Tokens to generate per sample.")
+    logprobs: Int(ge=0, le=MAX_LOGPROBS) | None = Field(
+        None, description="Log probabilities of the sampled and this many top tokens.")
 
 
 class TextPart(Strict):
@@ -101,9 +105,10 @@ class ChatMessage(Strict):
 
 
 class ChatCompletionRequest(SamplingFields):
-    messages: list[ChatMessage] = Field(min_length=1, description="Rendered with the model's own chat template.")
-    max_completion_tokens: Int | None = Field(None, ge=1, description="Default: what the context leaves.")
-    max_tokens: Int | None = Field(None, ge=1, description="Deprecated name of max_completion_tokens.")
+    messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_CHAT_MESSAGES,
+                                        description="Rendered with the model's own chat template.")
+    max_completion_tokens: Int(ge=1) | None = Field(None, description="Default: what the context leaves.")
+    max_tokens: Int(ge=1) | None = Field(None, description="Deprecated name of max_completion_tokens.")
     logprobs: bool = False
-    top_logprobs: Int | None = Field(None, ge=0, le=MAX_LOGPROBS,
-                                     description="With logprobs: this many top tokens per position.")
+    top_logprobs: Int(ge=0, le=MAX_LOGPROBS) | None = Field(
+        None, description="With logprobs: this many top tokens per position.")
