@@ -93,6 +93,7 @@ def timed(check) -> float:
     return time.monotonic() - started
 
 
+@pytest.mark.slow
 def test_health_answers_at_once_while_huge_prompts_are_refused(harness):
     """Max-size and oversize prompts on both APIs, back to back, while health is asked every 20 ms."""
     http_body = json.dumps({"prompt": "word " * (2 * 1024 * 1024 // 5 - 64), "max_tokens": 1}).encode()
