@@ -7,13 +7,15 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from services.rpc_errors import DecodeErrors
+
 # A burst of thousands of Submit streams on one connection must not queue in HTTP/2.
 SERVER_OPTIONS = [
     ("grpc.max_concurrent_streams", 1 << 16),
     ("grpc.max_send_message_length", 64 << 20),
-    ("grpc.max_receive_message_length", 64 << 20),
     ("grpc.so_reuseport", 0),
 ]
+INTERNAL_MAX_RECEIVE_BYTES = 64 << 20  # between our own services (a step's delta can be large)
 
 # For the internal clients' channels (worker -> scheduler, frontend -> scheduler): after an outage
 # gRPC waits up to 120 s between reconnect attempts by default, so a scheduler that is back went
@@ -31,8 +33,12 @@ NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 class GrpcServer:
     """Owns the grpc.aio server and its health servicer; `port` is known after `start`."""
 
-    def __init__(self, add_servicer: Callable[[grpc.aio.Server], None], service_name: str, reflection_on: bool):
-        self.server = grpc.aio.server(options=SERVER_OPTIONS, maximum_concurrent_rpcs=None)
+    def __init__(self, add_servicer: Callable[[grpc.aio.Server], None], service_name: str, reflection_on: bool,
+                 max_receive_bytes: int = INTERNAL_MAX_RECEIVE_BYTES):
+        """A message over max_receive_bytes is refused by gRPC itself (RESOURCE_EXHAUSTED) before
+        any handler sees it."""
+        options = [*SERVER_OPTIONS, ("grpc.max_receive_message_length", max_receive_bytes)]
+        self.server = grpc.aio.server(options=options, maximum_concurrent_rpcs=None, interceptors=[DecodeErrors()])
         add_servicer(self.server)
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)

@@ -62,3 +62,77 @@ def rpc_errors(handler):
                 raise
             await _abort(context, name, error)
     return unary
+
+
+class _Undecodable:
+    """What a request's bytes became when they are not the method's message."""
+
+    def __init__(self, error: Exception):
+        self.error = error
+
+
+def _tolerant(deserialize):
+    def parse(data: bytes):
+        try:
+            return deserialize(data)
+        except Exception as error:  # noqa: BLE001 - protobuf's DecodeError, or whatever a parser raises
+            return _Undecodable(error)
+    return parse
+
+
+def _undecodable_message(request: _Undecodable) -> str:
+    return f"the request is not a valid protobuf message of this method: {request.error}"
+
+
+class DecodeErrors(grpc.aio.ServerInterceptor):
+    """A request whose bytes do not parse as the method's message gets INVALID_ARGUMENT (grpc's own
+    answer is INTERNAL or UNKNOWN, a server fault it is not). Parsing happens where it always did;
+    only its failure is carried to the handler, which then never runs."""
+
+    async def intercept_service(self, continuation, handler_call_details):
+        handler = await continuation(handler_call_details)
+        if handler is None or handler.request_deserializer is None:
+            return handler
+        name = ("stream_" if handler.request_streaming else "unary_") + \
+            ("stream" if handler.response_streaming else "unary")
+        checking = _checking_stream if handler.request_streaming else _checking_unary
+        return handler._replace(request_deserializer=_tolerant(handler.request_deserializer),
+                                **{name: checking(getattr(handler, name))})
+
+
+def _checking_unary(behavior):
+    """The handler, called only with a request that parsed (grpc.aio tells a response stream
+    from a single response by the handler's kind, so the wrapper is of the same kind)."""
+    if inspect.isasyncgenfunction(behavior):
+        async def stream(request, context):
+            if isinstance(request, _Undecodable):
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, _undecodable_message(request))
+            async for response in behavior(request, context):
+                yield response
+        return stream
+
+    async def unary(request, context):
+        if isinstance(request, _Undecodable):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, _undecodable_message(request))
+        return await behavior(request, context)
+    return unary
+
+
+def _checking_stream(behavior):
+    """The handler over the requests that parse; the first that does not ends the call with
+    INVALID_ARGUMENT (raised where the handler reads it, so services.rpc_errors maps it)."""
+    async def checked(request_iterator):
+        async for request in request_iterator:
+            if isinstance(request, _Undecodable):
+                raise InvalidArgument("request", _undecodable_message(request))
+            yield request
+
+    if inspect.isasyncgenfunction(behavior):
+        async def stream(request_iterator, context):
+            async for response in behavior(checked(request_iterator), context):
+                yield response
+        return stream
+
+    async def unary(request_iterator, context):
+        return await behavior(checked(request_iterator), context)
+    return unary

@@ -7,6 +7,8 @@ from services.core.errors import check
 from services.core.structured import Constraint
 
 MAX_LOGPROBS = 20
+MAX_N = 64  # samples per request
+MAX_STOP_STRINGS = 16
 
 
 @dataclass(frozen=True)
@@ -53,7 +55,7 @@ class SamplingParams:
         self._validate()
 
     def _validate(self) -> None:
-        check(isinstance(self.n, int) and 1 <= self.n <= 64, "n", f"must be in [1, 64], got {self.n}")
+        check(isinstance(self.n, int) and 1 <= self.n <= MAX_N, "n", f"must be in [1, {MAX_N}], got {self.n}")
         check(self.temperature >= 0, "temperature", f"must be >= 0, got {self.temperature}")
         check(self.temperature <= 100, "temperature", f"must be <= 100, got {self.temperature}")
         check(isinstance(self.top_k, int) and self.top_k >= -1, "top_k", f"must be -1 (off) or >= 0, got {self.top_k}")
@@ -75,7 +77,7 @@ class SamplingParams:
         check(isinstance(self.min_tokens, int) and 0 <= self.min_tokens <= self.max_tokens, "min_tokens",
               f"must be in [0, max_tokens], got {self.min_tokens}")
         check(all(isinstance(s, str) and s for s in self.stop), "stop", "stop strings must be non-empty")
-        check(len(self.stop) <= 16, "stop", "at most 16 stop strings")
+        check(len(self.stop) <= MAX_STOP_STRINGS, "stop", f"at most {MAX_STOP_STRINGS} stop strings")
         check(all(t >= 0 for t in self.stop_token_ids), "stop_token_ids", "token ids must be >= 0")
         check(self.structured_outputs is None or isinstance(self.structured_outputs, Constraint),
               "structured_outputs", "must be a Constraint or a dict of vLLM's options")

@@ -88,8 +88,10 @@ class Scheduler:
               f"{len(prompt_token_ids)} tokens leave no room to generate within max_model_len "
               f"{self.config.max_model_len}")
         self._check_against_workers(prompt_token_ids, params)
-        if len(self.waiting) >= self.config.max_waiting_requests:
-            raise ResourceExhausted(f"{len(self.waiting)} requests are waiting; try again later")
+        # A burst arrives before any step runs: the requests that free seats will take are not waiting
+        free_seats = max(0, len(self.workers) * self.config.max_num_seqs - len(self.running))
+        if len(self.waiting) >= self.config.max_waiting_requests + free_seats:
+            raise ResourceExhausted(f"{len(self.waiting)} requests are waiting and no seat is free; try again later")
         if params.seed is None:
             params = params.with_seed(self._seeds.getrandbits(63) if self._seeds else new_request_seed())
         request = Request(request_id, list(prompt_token_ids), params, next(self._arrivals), priority)

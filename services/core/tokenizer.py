@@ -7,6 +7,7 @@ from pathlib import Path
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as HFTokenizer
+from tokenizers import decoders
 
 from services.core.errors import InvalidArgument
 
@@ -35,6 +36,11 @@ class Tokenizer:
         self.template_source = template or ""  # what the template uses (e.g. `tools`) decides what it gets
         self.vocab_size = self._tok.get_vocab_size()
         self.eos_token_id = self._tok.token_to_id(self.eos_token) if self.eos_token else None
+        pieces = self._tok.get_vocab(with_added_tokens=True)
+        # No token stands for more characters than its piece has (a byte-level piece has one
+        # character per byte): a text longer than max_model_len * this cannot fit, untokenized.
+        self.max_token_chars = max(map(len, pieces), default=1)
+        self._byte_level = isinstance(self._tok.decoder, decoders.ByteLevel)
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         ids = self._tok.encode(text, add_special_tokens=False).ids
@@ -51,6 +57,20 @@ class Tokenizer:
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
 
+    def token_bytes(self, token_id: int) -> bytes:
+        """The token's own bytes. A token can end inside a multi-byte character, where `decode`
+        gives U+FFFD instead; these bytes, joined over a sequence, are the text's UTF-8."""
+        piece = self._tok.id_to_token(token_id)
+        if piece is None:
+            return b""
+        if self._byte_level and all(c in _UNICODE_TO_BYTE for c in piece):
+            return bytes(_UNICODE_TO_BYTE[c] for c in piece)
+        if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):  # SentencePiece byte fallback
+            return bytes([int(piece[3:5], 16)])
+        if not self._byte_level and piece.startswith("\u2581"):  # SentencePiece's word boundary
+            return piece.replace("\u2581", " ").encode()
+        return self.decode([token_id], skip_special_tokens=False).encode()
+
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
                             tools: list[dict] | None = None) -> str:
         if self._template is None:
@@ -65,6 +85,17 @@ class Tokenizer:
                                          bos_token=self.bos_token or "", eos_token=self.eos_token or "")
         except jinja2.exceptions.TemplateError as exc:
             raise InvalidArgument("messages", f"chat template refused the messages: {exc}") from exc
+
+
+def _byte_level_alphabet() -> dict[str, int]:
+    """GPT-2's byte-level alphabet, inverted: the printable bytes stand for themselves, the
+    others (controls, space, ...) for the code points from 256 up, in byte order."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAC + 1), *range(0xAE, 0xFF + 1)]
+    others = [b for b in range(256) if b not in printable]
+    return {**{chr(b): b for b in printable}, **{chr(256 + i): b for i, b in enumerate(others)}}
+
+
+_UNICODE_TO_BYTE = _byte_level_alphabet()
 
 
 def _token_text(value) -> str | None:

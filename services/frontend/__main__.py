@@ -26,10 +26,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add_flag(parser, "--http-port", 0, type=int, help="OpenAI HTTP API, /health and /metrics port (0: off)")
     add_flag(parser, "--api-key", "", help="HTTP clients must send 'Authorization: Bearer KEY' (empty: no key)")
     add_flag(parser, "--max-body-bytes", 2 * 1024 * 1024, type=int, help="larger HTTP request bodies get 413")
+    add_flag(parser, "--max-message-bytes", 4 * 1024 * 1024, type=int,
+             help="larger gRPC request messages get RESOURCE_EXHAUSTED")
     add_flag(parser, "--max-pending", 0, type=int, help="requests in flight before RESOURCE_EXHAUSTED (0: no limit)")
     add_flag(parser, "--drain-timeout-s", 60.0, type=float,
              help="on SIGTERM, seconds the open requests get to finish before the process exits")
-    add_switch(parser, "--reflection", False, help="serve gRPC reflection")
+    add_switch(parser, "--reflection", True, help="serve gRPC reflection of the public API (--no-reflection: off)")
     add_flag(parser, "--max-grammar-bytes", GrammarLimits.max_bytes, type=int,
              help="structured outputs: larger constraints are refused (400)")
     add_flag(parser, "--grammar-compile-timeout-s", GrammarLimits.compile_timeout_s, type=float,
@@ -58,7 +60,8 @@ def main(argv: list[str] | None = None) -> None:
         config = FrontendConfig(model=args.model, served_model_name=args.served_model_name,
                                 scheduler_address=args.scheduler_address, host=args.host,
                                 grpc_port=args.grpc_port, http_port=args.http_port, api_key=args.api_key,
-                                max_body_bytes=args.max_body_bytes, max_pending=args.max_pending,
+                                max_body_bytes=args.max_body_bytes, max_message_bytes=args.max_message_bytes,
+                                max_pending=args.max_pending,
                                 reflection=args.reflection, drain_timeout_s=args.drain_timeout_s,
                                 grammar=GrammarLimits(max_bytes=args.max_grammar_bytes,
                                                       max_entries=args.grammar_cache_size,

@@ -7,12 +7,13 @@ from google.protobuf.message import Message
 from google.protobuf.unknown_fields import UnknownFieldSet
 
 from pagedserve.v1 import generate_pb2 as pb
-from services.core.errors import InvalidArgument
+from services.core.errors import InvalidArgument, check
 from services.core.sampling_params import SamplingParams
 from services.core.step import Logprobs
 from services.core.structured import Constraint
 from services.frontend.batch import BatchError, BatchItem
-from services.frontend.types import GenerateEvent, GenerateRequest, ModelCard, Prompt, SampleEvent, Summary
+from services.frontend.types import (MAX_CHAT_MESSAGES, GenerateEvent, GenerateRequest, ModelCard, Prompt,
+                                     SampleEvent, Summary)
 from services.rpc_errors import status_of
 
 FINISH_REASONS = {None: pb.FINISH_REASON_UNSPECIFIED, "stop": pb.FINISH_REASON_STOP,
@@ -37,12 +38,14 @@ def reject_unknown_fields(message: Message, path: str = "") -> None:
 
 
 def generate_request_from_pb(request: pb.GenerateRequest) -> GenerateRequest:
+    _check_chat_size(request)
     reject_unknown_fields(request)
     return GenerateRequest(prompt=_prompt_from_pb(request), params=params_from_pb(request.params),
                            request_id=request.request_id, model=request.model, priority=request.priority)
 
 
 def tokenize_prompt_from_pb(request: pb.TokenizeRequest) -> Prompt:
+    _check_chat_size(request)
     reject_unknown_fields(request)
     if request.WhichOneof("input") == "chat":
         return _chat_prompt(request.chat)
@@ -103,6 +106,12 @@ def _prompt_from_pb(request: pb.GenerateRequest) -> Prompt:
     if kind is None:
         raise InvalidArgument("prompt", "one of text, token_ids or chat is required")
     return Prompt(text=request.text, add_special_tokens=_get(request, "add_special_tokens", True))
+
+
+def _check_chat_size(request: pb.GenerateRequest | pb.TokenizeRequest) -> None:
+    """Before walking a chat's messages (a 4 MiB message holds 300,000 of them)."""
+    num = len(request.chat.messages) if request.HasField("chat") else 0
+    check(num <= MAX_CHAT_MESSAGES, "chat.messages", f"at most {MAX_CHAT_MESSAGES} messages, got {num}")
 
 
 def _chat_prompt(chat: pb.ChatMessages) -> Prompt:

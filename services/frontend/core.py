@@ -5,6 +5,7 @@ check happens here, before anything reaches the scheduler.
 """
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -26,6 +27,9 @@ if TYPE_CHECKING:  # the core itself stays free of grpc
 
 log = structlog.get_logger("frontend")
 STATS_TIMEOUT_S = 5.0
+# Longer texts (token lists, chats) are tokenized (decoded, rendered) on a thread, off the event loop.
+INLINE_CHARS = 16384
+INLINE_MESSAGES = 64
 
 
 class FrontendCore:
@@ -67,15 +71,35 @@ class FrontendCore:
                   f"unknown role {message.get('role')!r}; expected one of {', '.join(CHAT_ROLES)}")
         return self.tokenizer.apply_chat_template(prompt.messages, prompt.add_generation_prompt, prompt.tools)
 
-    def tokenize(self, prompt: Prompt) -> list[int]:
-        """The token ids of a text or chat prompt (a chat template brings its own special tokens)."""
+    async def tokenize(self, prompt: Prompt) -> list[int]:
+        """The token ids of a text or chat prompt (a chat template brings its own special tokens).
+        A text too long to fit max_model_len is refused before it is tokenized; a long one is
+        tokenized on a thread, so one huge prompt never holds up the event loop."""
+        num_chars = _num_chars(prompt)
+        if num_chars <= INLINE_CHARS and len(prompt.messages or ()) <= INLINE_MESSAGES:
+            return self._encode(prompt)
+        await self._check_text_fits(prompt, num_chars)
+        return await asyncio.to_thread(self._encode, prompt)
+
+    def _encode(self, prompt: Prompt) -> list[int]:
         add_special_tokens = prompt.add_special_tokens and prompt.messages is None
         return self.tokenizer.encode(self.render(prompt), add_special_tokens)
 
-    def detokenize(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
+    async def _check_text_fits(self, prompt: Prompt, num_chars: int) -> None:
+        """No token stands for more than `max_token_chars` characters, so a longer text than
+        max_model_len of them cannot fit, whatever its tokens."""
+        limit = (await self.model_card()).max_model_len * self.tokenizer.max_token_chars
+        field = "prompt" if prompt.messages is None else "messages"
+        check(num_chars <= limit, field, f"has {num_chars} characters; at most {limit} can fit in max_model_len "
+                                         f"{self.card.max_model_len} tokens")
+
+    async def detokenize(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
         vocab_size = self.card.vocab_size if self.card else self.tokenizer.vocab_size
-        _check_vocab("token_ids", token_ids, vocab_size)
-        return self.tokenizer.decode(token_ids, skip_special_tokens)
+
+        def decode() -> str:
+            _check_vocab("token_ids", token_ids, vocab_size)
+            return self.tokenizer.decode(token_ids, skip_special_tokens)
+        return decode() if len(token_ids) <= INLINE_CHARS else await asyncio.to_thread(decode)
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[GenerateEvent]:
         """The request's events; the last carries the summary. Raises InvalidArgument (before
@@ -122,13 +146,13 @@ class FrontendCore:
             raise Unavailable("the frontend is shutting down")
         self.check_model(request.model)
         prompt = request.prompt
-        prompt_ids = list(prompt.token_ids) if prompt.token_ids is not None else self.tokenize(prompt)
+        prompt_ids = list(prompt.token_ids) if prompt.token_ids is not None else await self.tokenize(prompt)
         check(len(prompt_ids) > 0, "prompt", "must not be empty")
         card = await self.model_card()
-        _check_vocab("prompt", prompt_ids, card.vocab_size)
-        request.params.check_vocab(card.vocab_size)
         check(len(prompt_ids) < card.max_model_len, "prompt",
               f"has {len(prompt_ids)} tokens; max_model_len {card.max_model_len} leaves no room for output")
+        _check_vocab("prompt", prompt_ids, card.vocab_size)
+        request.params.check_vocab(card.vocab_size)
         room = card.max_model_len - len(prompt_ids)
         check(request.params.max_tokens <= room, "max_tokens",
               f"{request.params.max_tokens} with a {len(prompt_ids)}-token prompt exceeds max_model_len "
@@ -138,6 +162,12 @@ class FrontendCore:
         if self.max_pending and self.num_pending >= self.max_pending:
             raise ResourceExhausted(f"{self.num_pending} requests pending, the limit is {self.max_pending}")
         return request.request_id or uuid.uuid4().hex, prompt_ids
+
+
+def _num_chars(prompt: Prompt) -> int:
+    if prompt.messages is None:
+        return len(prompt.text or "")
+    return sum(len(m.get("content")) for m in prompt.messages if isinstance(m.get("content"), str))
 
 
 def _check_vocab(field: str, token_ids: list[int], vocab_size: int) -> None:

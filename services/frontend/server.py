@@ -33,7 +33,7 @@ class FrontendServer:
                                  config.grammar)
         servicer = GenerationServicer(self.core)
         self.grpc = GrpcServer(lambda server: generate_pb2_grpc.add_GenerationServicer_to_server(servicer, server),
-                               SERVICE_NAME, config.reflection)
+                               SERVICE_NAME, config.reflection, config.max_message_bytes)
         self.http = HttpServer(build_app(self.core, lambda: self.serving, config.api_key, config.max_body_bytes),
                                config.host, config.http_port) if config.http_port else None
         self.serving = False  # the scheduler has a ready worker (and we are not draining)

@@ -1,6 +1,7 @@
 """The public gRPC API: convert, call FrontendCore, convert. Errors map to statuses in services.rpc_errors."""
 from __future__ import annotations
 
+import asyncio
 from contextlib import aclosing
 
 from pagedserve.v1 import generate_pb2 as pb
@@ -11,6 +12,8 @@ from services.frontend.batch import run_batch
 from services.frontend.core import FrontendCore
 from services.rpc_errors import rpc_errors
 
+LARGE_MESSAGE_BYTES = 64 * 1024
+
 
 class GenerationServicer(generate_pb2_grpc.GenerationServicer):
     def __init__(self, core: FrontendCore):
@@ -18,7 +21,8 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
 
     @rpc_errors
     async def Generate(self, request: pb.GenerateRequest, context):
-        async with aclosing(self.core.generate(convert.generate_request_from_pb(request))) as events:
+        generate_request = await _off_loop_if_large(convert.generate_request_from_pb, request)
+        async with aclosing(self.core.generate(generate_request)) as events:
             async for event in events:
                 yield convert.event_to_pb(event)
 
@@ -31,25 +35,32 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
     @rpc_errors
     async def Tokenize(self, request: pb.TokenizeRequest, context) -> pb.TokenizeResponse:
         self.core.check_model(request.model)
-        prompt = convert.tokenize_prompt_from_pb(request)
-        return pb.TokenizeResponse(token_ids=self.core.tokenize(prompt), text=self.core.render(prompt))
+        prompt = await _off_loop_if_large(convert.tokenize_prompt_from_pb, request)
+        return pb.TokenizeResponse(token_ids=await self.core.tokenize(prompt), text=self.core.render(prompt))
 
     @rpc_errors
     async def Detokenize(self, request: pb.DetokenizeRequest, context) -> pb.DetokenizeResponse:
         convert.reject_unknown_fields(request)
         self.core.check_model(request.model)
         skip = request.skip_special_tokens if request.HasField("skip_special_tokens") else True
-        return pb.DetokenizeResponse(text=self.core.detokenize(list(request.token_ids), skip))
+        return pb.DetokenizeResponse(text=await self.core.detokenize(list(request.token_ids), skip))
 
     @rpc_errors
     async def ListModels(self, request: pb.ListModelsRequest, context) -> pb.ListModelsResponse:
         return pb.ListModelsResponse(models=[convert.model_card_to_pb(await self.core.model_card())])
 
 
+async def _off_loop_if_large(convert_from_pb, request):
+    """Convert (and check) a request; a large one on a thread, so the event loop stays free."""
+    if request.ByteSize() <= LARGE_MESSAGE_BYTES:
+        return convert_from_pb(request)
+    return await asyncio.to_thread(convert_from_pb, request)
+
+
 async def _requests(request_iterator):
     """The call's requests as (request_id, GenerateRequest); one with a bad field brings its error instead."""
     async for request in request_iterator:
         try:
-            yield request.request_id, convert.generate_request_from_pb(request)
+            yield request.request_id, await _off_loop_if_large(convert.generate_request_from_pb, request)
         except InvalidArgument as error:
             yield request.request_id, error

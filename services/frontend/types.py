@@ -11,6 +11,7 @@ from services.core.sampling_params import SamplingParams
 from services.core.step import Logprobs
 
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
+MAX_CHAT_MESSAGES = 4096  # messages in one chat; checked before anything is done with them
 
 
 class UnknownModel(InvalidArgument):

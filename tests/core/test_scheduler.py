@@ -167,11 +167,14 @@ def test_parallel_samples_fork_with_copy_of_partial_block():
 def test_queue_limit_refuses_with_resource_exhausted():
     from services.core.errors import ResourceExhausted
 
-    sched, _ = make_scheduler(max_waiting_requests=2)
-    sched.add_request("a", [5], params())
-    sched.add_request("b", [5], params())
+    sched, fakes = make_scheduler(max_waiting_requests=2, max_num_seqs=3)
+    for request_id in "abcde":  # a burst before any step: the 3 free seats are not the waiting room
+        sched.add_request(request_id, [5], params())
     with pytest.raises(ResourceExhausted):
-        sched.add_request("c", [5], params())
+        sched.add_request("f", [5], params())
+    sched.update("w0", fakes["w0"].step(sched.schedule()["w0"]))  # a, b, c run; d, e wait
+    with pytest.raises(ResourceExhausted):
+        sched.add_request("f", [5], params())
 
 
 def test_overlap_promises_pure_decode_steps_with_the_next_slot_allocated():

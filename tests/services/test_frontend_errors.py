@@ -132,3 +132,22 @@ def test_unreachable_scheduler_is_unavailable(tiny_llama):
         assert harness.wait_for(lambda: harness.health() == NOT_SERVING)
     finally:
         harness.close()
+
+
+def reflected_services(address: str) -> list[str]:
+    from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
+
+    with grpc.insecure_channel(address) as channel:
+        try:
+            return sorted(ProtoReflectionDescriptorDatabase(channel).get_services())
+        except grpc.RpcError as error:
+            return [error.code().name]
+
+
+def test_reflection_is_on_by_default_and_can_be_turned_off(harness, tiny_llama):
+    assert "pagedserve.v1.Generation" in reflected_services(harness.address)  # grpcurl works out of the box
+    without = Harness(tiny_llama, Tokenizer(tiny_llama).vocab_size, reflection=False)
+    try:
+        assert reflected_services(without.address) == ["UNIMPLEMENTED"]
+    finally:
+        without.close()

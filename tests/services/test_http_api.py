@@ -209,3 +209,34 @@ def test_metrics_count_http_and_grpc_requests(harness, client, tokenizer):
     assert moved("pagedserve:inter_token_latency_seconds_count") == 2 * 3 + 2 + 4  # token steps after the first
     assert metric(after, "pagedserve:kv_cache_usage_perc", worker="w0") == 0.0
     assert "pagedserve:num_requests_waiting" in after and "pagedserve:num_preemptions_total" in after
+
+
+def test_logprob_bytes_are_each_tokens_own_and_rebuild_the_text(client, tokenizer):
+    """A token that ends inside a character has text U+FFFD but its own bytes."""
+    messages = [{"role": "user", "content": MULTIBYTE}]
+    prompt_ids = tokenizer.encode(tokenizer.apply_chat_template(messages), add_special_tokens=False)
+    chat = client.chat.completions.create(model=MODEL_ID, messages=messages, max_tokens=len(prompt_ids),
+                                          logprobs=True, top_logprobs=1)
+    entries = chat.choices[0].logprobs.content
+    assert [e.token for e in entries] == [tokenizer.decode([t], skip_special_tokens=False) for t in prompt_ids]
+    assert any("\ufffd" in e.token for e in entries)  # some token of MULTIBYTE ends mid-character
+    rebuilt = b"".join(bytes(e.bytes) for e in entries).decode()
+    assert rebuilt == tokenizer.decode(prompt_ids, skip_special_tokens=False)
+    assert MULTIBYTE in rebuilt
+    for entry in entries:
+        assert bytes(entry.top_logprobs[0].bytes) == bytes(entry.bytes)  # the fake's top token is the sampled one
+
+
+def test_one_model_by_id_and_404_for_another(harness, client):
+    model = client.models.retrieve(MODEL_ID)
+    assert (model.id, model.object, model.owned_by) == (MODEL_ID, "model", "pagedserve")
+    status, body = raw(harness.url + "/v1/models/some/other-model")
+    assert status == 404 and json.loads(body)["error"]["code"] == "model_not_found"
+
+
+def test_a_whole_number_float_is_an_integer_and_a_fraction_is_refused(harness):
+    status, body = raw(harness.url + "/v1/completions", {"prompt": [5, 6, 7], "max_tokens": 4.0, "n": 2.0})
+    assert status == 200, body
+    assert json.loads(body)["usage"]["completion_tokens"] == 8
+    status, body = raw(harness.url + "/v1/completions", {"prompt": [5, 6, 7], "max_tokens": 4.5})
+    assert (status, json.loads(body)["error"]["param"]) == (400, "max_tokens")

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import urllib.error
+import urllib.request
 
 import grpc
 import openai
@@ -25,7 +27,7 @@ BAD_PARAMETERS = [  # (route, body, the param the error must name)
     ("chat/completions", {"messages": [{"role": "user"}]}, "messages[0].content"),
     ("chat/completions", {**CHAT, "chat_template": "{{ evil }}"}, "chat_template"),
     ("chat/completions", {**CHAT, "top_logprobs": 2}, "top_logprobs"),
-    ("chat/completions", {**CHAT, "logprobs": True, "top_logprobs": 21}, "logprobs"),
+    ("chat/completions", {**CHAT, "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
 ]
 
 
@@ -79,8 +81,12 @@ def test_body_over_the_limit_is_413_before_parsing(harness):
 def test_scheduler_queue_full_is_429_and_no_worker_is_503(harness, stream):
     try:
         harness.fake.refuse = (grpc.StatusCode.RESOURCE_EXHAUSTED, "waiting queue is full (8)")
-        error = assert_error(*raw(harness.url + "/v1/completions", {"prompt": "hi", "stream": stream}), 429,
-                             "queue_full")
+        request = urllib.request.Request(harness.url + "/v1/completions", json.dumps(
+            {"prompt": "hi", "stream": stream}).encode(), {"content-type": "application/json"})
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=10)
+        assert refused.value.headers["retry-after"] == "1"  # seconds
+        error = assert_error(refused.value.code, refused.value.read(), 429, "queue_full")
         assert "queue is full" in error["message"] and error["type"] == "rate_limit_error"
         harness.fake.refuse = (grpc.StatusCode.UNAVAILABLE, "no worker is registered yet")
         assert_error(*raw(harness.url + "/v1/chat/completions", {**CHAT, "stream": stream}), 503, "unavailable")

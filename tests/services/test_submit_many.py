@@ -118,3 +118,28 @@ def test_cancel_and_ending_the_call_free_every_block(model):
             await cluster.close()
 
     run(main())
+
+
+def test_a_burst_fills_the_free_seats_before_the_waiting_room_refuses(model):
+    """16 seats and 8 waiting allowed: a burst of 64 gets at least 24 admitted (it got 9 when the
+    free seats were not counted), every other one RESOURCE_EXHAUSTED, and the admitted all finish."""
+    prompts = random_prompts(64, VOCAB, 4, 12, seed=10)
+
+    async def main():
+        cluster = await Cluster(model, max_num_seqs=16, max_waiting_requests=8).start(num_workers=1)
+        try:
+            call = cluster.stub.SubmitMany()
+            for i, prompt in enumerate(prompts):
+                await call.write(submit(f"b{i}", prompt, greedy(8)))
+            got, errors = {}, {}
+            await collect(call, got, errors, {f"b{i}" for i in range(64)})
+            await call.done_writing()
+        finally:
+            await cluster.close()
+        return got, errors
+
+    got, errors = run(main())
+    exhausted = grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
+    assert all(code == exhausted for code, _ in errors.values())
+    finished = [g for g in got.values() if g.samples and g.samples[0].finish_reason == "length"]
+    assert len(finished) == 64 - len(errors) >= 24

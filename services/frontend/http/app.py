@@ -13,14 +13,14 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from services.core.errors import REFUSALS, Unavailable
 from services.frontend.core import STATS_TIMEOUT_S, FrontendCore
-from services.frontend.http import convert
+from services.frontend.http import convert, schemas
 from services.frontend.http.errors import error_body, install_error_handlers
 from services.frontend.http.guard import Guard
 from services.frontend.http.models import ChatCompletionRequest, CompletionRequest
 from services.frontend.http.tool_responses import ToolChatRenderer
 from services.frontend.http.responses import ChatRenderer, CompletionRenderer, Renderer, collect, sse
 from services.frontend.http.streams import merge, start
-from services.frontend.types import GenerateRequest
+from services.frontend.types import GenerateRequest, ModelCard
 
 DISCONNECT_POLL_S = 0.25  # how often a non-streamed request checks that its client is still there
 
@@ -30,14 +30,19 @@ def build_app(core: FrontendCore, is_ready: Callable[[], bool], api_key: str = "
     app = FastAPI(title="pagedserve", summary="OpenAI-compatible API of the pagedserve frontend",
                   docs_url=None, redoc_url=None)
     install_error_handlers(app)
+    schemas.describe(app)
 
-    @app.get("/health")
+    @app.get("/health", response_model=None, responses={
+        200: {"model": schemas.Health, "description": "Ready."},
+        503: {"model": schemas.Health, "description": "Not ready (no worker yet, or draining)."}})
     async def health() -> Response:
         """200 while the scheduler has a ready worker and the frontend is not draining, else 503."""
         ready = is_ready() and not core.draining
         return JSONResponse({"status": "ok" if ready else "unavailable"}, status_code=200 if ready else 503)
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_model=None, responses={
+        200: {"description": "Prometheus text format.", "content": {CONTENT_TYPE_LATEST.split(";")[0]: {
+            "schema": {"type": "string"}}}}, **schemas.errors(401)})
     async def metrics() -> Response:
         try:
             stats = await core.scheduler.stats(timeout=STATS_TIMEOUT_S)
@@ -45,13 +50,17 @@ def build_app(core: FrontendCore, is_ready: Callable[[], bool], api_key: str = "
             stats = None
         return Response(core.metrics.render(stats), media_type=CONTENT_TYPE_LATEST)
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", response_model=schemas.ModelList, responses=schemas.errors(401, 503))
     async def models() -> dict:
-        card = await core.model_card()
-        return {"object": "list", "data": [{"id": card.id, "object": "model", "created": int(time.time()),
-                                            "owned_by": "pagedserve", "max_model_len": card.max_model_len}]}
+        return {"object": "list", "data": [_model_body(await core.model_card())]}
 
-    @app.post("/v1/completions")
+    @app.get("/v1/models/{model_id:path}", response_model=schemas.Model, responses=schemas.errors(401, 404, 503))
+    async def model(model_id: str) -> dict:
+        """The served model; 404 (model_not_found) for any other id."""
+        core.check_model(model_id)
+        return _model_body(await core.model_card())
+
+    @app.post("/v1/completions", response_model=None, responses=schemas.completion_responses(schemas.Completion))
     async def completions(body: CompletionRequest, request: Request) -> Response:
         request_id = request.state.request_id = f"cmpl-{uuid.uuid4().hex}"
         requests = convert.completion_requests(body, request_id)
@@ -59,7 +68,8 @@ def build_app(core: FrontendCore, is_ready: Callable[[], bool], api_key: str = "
                                       requests[0].params.n)
         return await _respond(core, requests, renderer, body, body.logprobs is not None, request)
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", response_model=None,
+              responses=schemas.completion_responses(schemas.ChatCompletion))
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         request_id = request.state.request_id = f"chatcmpl-{uuid.uuid4().hex}"
         generate_request, tool_plan = await convert.chat_request(core, body, request_id)
@@ -70,6 +80,11 @@ def build_app(core: FrontendCore, is_ready: Callable[[], bool], api_key: str = "
         return await _respond(core, [generate_request], renderer, body, body.logprobs, request)
 
     return Guard(app, api_key, max_body_bytes)
+
+
+def _model_body(card: ModelCard) -> dict:
+    return {"id": card.id, "object": "model", "created": int(time.time()), "owned_by": "pagedserve",
+            "max_model_len": card.max_model_len}
 
 
 async def _fingerprint(core: FrontendCore) -> str:

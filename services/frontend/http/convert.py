@@ -7,10 +7,9 @@ from services.core.structured import Constraint
 from services.frontend import tools
 from services.frontend.tools import ToolPlan
 from services.frontend.core import FrontendCore
-from services.frontend.http.models import ChatCompletionRequest, CompletionRequest, SamplingFields
+from services.frontend.http.models import MAX_PROMPTS, ChatCompletionRequest, CompletionRequest, SamplingFields
 from services.frontend.types import GenerateRequest, Prompt
 
-MAX_PROMPTS = 64
 # Fields whose names and meanings are the same in the request and in SamplingParams.
 PASSED_AS_IS = ("n", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
                 "frequency_penalty", "seed", "min_tokens", "ignore_eos", "include_stop_str_in_output",
@@ -34,7 +33,7 @@ async def chat_request(core: FrontendCore, body: ChatCompletionRequest,
                            body.parallel_tool_calls)
     messages, template_tools = tools.template_messages([_message(i, m) for i, m in enumerate(body.messages)], tool_plan,
                                                        core.tokenizer.template_source)
-    prompt_ids = core.tokenize(Prompt(messages=messages, tools=template_tools))
+    prompt_ids = await core.tokenize(Prompt(messages=messages, tools=template_tools))
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     if max_tokens is None:
         card = await core.model_card()

@@ -6,7 +6,7 @@
 | 401    | missing or wrong API key               | invalid_request_error  | invalid_api_key    |
 | 404    | unknown model (param "model") or route | invalid_request_error  | model_not_found / not_found |
 | 413    | body over the configured limit         | invalid_request_error  | request_too_large  |
-| 429    | queue full (RESOURCE_EXHAUSTED)        | rate_limit_error       | queue_full         |
+| 429    | queue full (RESOURCE_EXHAUSTED); with Retry-After | rate_limit_error | queue_full      |
 | 503    | no worker ready, or shutting down      | service_unavailable    | unavailable        |
 | 500    | a bug                                  | internal_error         | internal_error     |
 """
@@ -25,6 +25,7 @@ from services.frontend.types import UnknownModel
 
 log = structlog.get_logger("http")
 PYDANTIC_TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict"}  # union members in an error's loc
+RETRY_AFTER_S = 1  # a full queue drains in about a step; the client should come back soon
 
 
 def error_body(message: str, type_: str, code: str | None, param: str | None = None) -> bytes:
@@ -38,13 +39,18 @@ def error_response(status: int, message: str, type_: str, code: str | None, para
 def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(InvalidArgument, _invalid_argument)
     app.add_exception_handler(RequestValidationError, _validation_error)
-    app.add_exception_handler(ResourceExhausted, lambda request, error: error_response(
-        429, str(error), "rate_limit_error", "queue_full"))
+    app.add_exception_handler(ResourceExhausted, _resource_exhausted)
     app.add_exception_handler(Unavailable, lambda request, error: error_response(
         503, str(error), "service_unavailable", "unavailable"))
     app.add_exception_handler(HTTPException, lambda request, error: error_response(
         error.status_code, str(error.detail), "invalid_request_error", "not_found" if error.status_code == 404 else None))
     app.add_exception_handler(Exception, _internal_error)
+
+
+def _resource_exhausted(request: Request, error: ResourceExhausted) -> JSONResponse:
+    response = error_response(429, str(error), "rate_limit_error", "queue_full")
+    response.headers["retry-after"] = str(RETRY_AFTER_S)
+    return response
 
 
 def _invalid_argument(request: Request, error: InvalidArgument) -> JSONResponse:
@@ -54,8 +60,8 @@ def _invalid_argument(request: Request, error: InvalidArgument) -> JSONResponse:
 
 
 def _validation_error(request: Request, error: RequestValidationError) -> JSONResponse:
-    """pydantic's first error, with its location as the parameter name (`messages[0].role`)."""
-    first = error.errors()[0]
+    """pydantic's most telling error, with its location as the parameter name (`messages[0].role`)."""
+    first = min(error.errors(), key=_relevance)
     if first["type"] == "json_invalid":
         return error_response(400, f"the body is not valid JSON: {first['msg']}", "invalid_request_error",
                               "invalid_parameter")
@@ -64,13 +70,21 @@ def _validation_error(request: Request, error: RequestValidationError) -> JSONRe
     return error_response(400, message, "invalid_request_error", "invalid_parameter", param)
 
 
+def _relevance(error: dict) -> tuple[bool, int]:
+    """Of the errors of a union's members, the one about the value (a lone surrogate, a range)
+    tells more than "not a string"; then the one that got deepest into the value."""
+    return error["type"].endswith(("_type", "_parsing")), -len(error["loc"])
+
+
 def _param(loc: tuple) -> str | None:
+    if "[key]" in loc:  # a dict's key failed: the dict is the parameter, the bad key is in the message
+        loc = loc[:loc.index("[key]") - 1]
     name = ""
     for part in loc:
         if isinstance(part, int):
             name += f"[{part}]"
         elif part in PYDANTIC_TYPE_TAGS or not part.isidentifier():
-            break  # which union member failed: not part of the parameter's name
+            continue  # which union member or validator failed: not part of the parameter's name
         else:
             name += f".{part}" if name else part
     return name or None

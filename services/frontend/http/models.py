@@ -1,15 +1,47 @@
 """The OpenAI request bodies as pydantic models: FastAPI validates with these and builds
 /openapi.json from them, so the schema is exactly what the server accepts.
 
-Types only; value ranges are checked once, by SamplingParams and FrontendCore (the same
-checks the gRPC API gets). Unknown fields are refused rather than ignored, so a field this
-server does not implement (a `chat_template`, `functions`) is a 400 naming it.
+The ranges here are SamplingParams' own (services/core/sampling_params.py, which checks them
+again for every transport; test_openapi checks that the two agree), written out so that the
+schema states them. Unknown fields are refused rather than ignored, so a field this server
+does not implement (a `chat_template`, `functions`) is a 400 naming it. Every text must be valid
+Unicode (JSON can carry a lone surrogate such as "\\ud800"; no tokenizer can take it), and an
+integer may come as a whole-number float (`4.0`), as OpenAI accepts it.
 """
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
+
+from services.core.sampling_params import MAX_LOGPROBS, MAX_N, MAX_STOP_STRINGS
+from services.frontend.types import CHAT_ROLES, MAX_CHAT_MESSAGES
+
+MAX_PROMPTS = 64  # prompts in one completions request
+
+
+def _whole_number(value):
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+def _valid_unicode(text: str) -> str:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise ValueError(f"is not valid Unicode: a lone surrogate at character {error.start}") from None
+    return text
+
+
+def Int(**bounds):  # noqa: N802 - a type
+    """An integer within bounds (stated in the schema), also given as a whole-number float."""
+    return Annotated[int, Field(**bounds), BeforeValidator(_whole_number)]
+
+
+Text = Annotated[str, AfterValidator(_valid_unicode)]
+TokenId = Int(ge=0)
+StopString = Annotated[Text, Field(min_length=1)]
 
 from services.frontend.http.structured_models import NamedToolChoice, ResponseFormat, StructuredOutputs, Tool, ToolCallIn
 
@@ -25,58 +57,67 @@ class StreamOptions(Strict):
 class SamplingFields(Strict):
     """What completions and chat share. None means the server's default."""
 
-    model: str | None = Field(None, description="The served model's id; omitted: the served model.")
-    n: int | None = Field(None, description="Samples per prompt, 1..64.")
-    temperature: float | None = Field(None, description="0 is greedy; default 1.")
-    top_p: float | None = None
-    stop: str | list[str] | None = Field(None, description="Up to 16 stop strings, cut from the text.")
-    seed: int | None = Field(None, description="Same seed, same tokens (the deterministic mode).")
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    logit_bias: dict[str, float] | None = Field(None, description="Token id (as a string) -> bias in [-100, 100].")
-    user: str | None = Field(None, description="The caller's id, logged.")
+    model: Text | None = Field(None, description="The served model's id; omitted: the served model.")
+    n: Int(ge=1, le=MAX_N) | None = Field(None, description="Samples per prompt.")
+    temperature: float | None = Field(None, ge=0, le=100, description="0 is greedy; default 1.")
+    top_p: float | None = Field(None, gt=0, le=1)
+    stop: StopString | Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)] | None = \
+        Field(None, description="Stop strings, cut from the text.")
+    seed: Int(ge=0, lt=2**63) | None = Field(None, description="Same seed, same tokens (the deterministic mode).")
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    logit_bias: dict[Annotated[str, Field(pattern=r"^[0-9]+$")], Annotated[float, Field(ge=-100, le=100)]] | None = \
+        Field(None, description="Token id (as a string) -> bias.")
+    user: Text | None = Field(None, description="The caller's id, logged.")
     stream: bool = False
     stream_options: StreamOptions | None = None
     # vLLM's extensions
-    top_k: int | None = Field(None, description="-1: off.")
-    min_p: float | None = None
-    repetition_penalty: float | None = None
-    min_tokens: int | None = None
+    top_k: Int(ge=-1) | None = Field(None, description="-1: off.")
+    min_p: float | None = Field(None, ge=0, le=1)
+    repetition_penalty: float | None = Field(None, gt=0, le=10)
+    min_tokens: Int(ge=0) | None = Field(None, description="At most max_tokens.")
     ignore_eos: bool | None = None
-    stop_token_ids: list[int] | None = None
+    stop_token_ids: list[TokenId] | None = None
     include_stop_str_in_output: bool | None = None
     skip_special_tokens: bool | None = None
-    priority: int = Field(0, description="Lower runs first under the scheduler's priority policy.")
+    priority: Int(ge=-2**31, lt=2**31) = Field(0, description="Lower runs first under the priority policy.")
     response_format: ResponseFormat | None = Field(None, description="text, json_object or json_schema.")
     structured_outputs: StructuredOutputs | None = Field(None, description="vLLM's constraints (one of them).")
 
 
+TokenIds = Annotated[list[TokenId], Field(min_length=1)]
+
+
 class CompletionRequest(SamplingFields):
-    prompt: str | list[str] | list[int] | list[list[int]] = Field(
-        description="A text, a list of texts, token ids, or a list of token-id lists.")
-    max_tokens: int | None = Field(16, description="Tokens to generate per sample.")
-    logprobs: int | None = Field(None, description="Log probabilities of the sampled and this many top tokens.")
+    prompt: Text | TokenIds | Annotated[list[Text], Field(min_length=1, max_length=MAX_PROMPTS)] \
+        | Annotated[list[TokenIds], Field(min_length=1, max_length=MAX_PROMPTS)] = Field(
+            description="A text, token ids, a list of texts, or a list of token-id lists.")
+    max_tokens: Int(ge=1) | None = Field(16, description="Tokens to generate per sample.")
+    logprobs: Int(ge=0, le=MAX_LOGPROBS) | None = Field(
+        None, description="Log probabilities of the sampled and this many top tokens.")
 
 
 class TextPart(Strict):
     type: Literal["text"]
-    text: str
+    text: Text
 
 
 class ChatMessage(Strict):
-    role: str = Field(description="system, developer, user, assistant or tool.")
-    content: str | list[TextPart] | None = Field(None, description="May be null on an assistant message with tool_calls.")
-    name: str | None = None
+    role: Literal[CHAT_ROLES] = Field(description="Who said it.")
+    content: Text | list[TextPart] | None = Field(None, description="May be null on an assistant message with tool_calls.")
+    name: Text | None = None
     tool_calls: list[ToolCallIn] | None = Field(None, description="An assistant message's tool calls.")
-    tool_call_id: str | None = Field(None, description="A tool message: the call it answers.")
+    tool_call_id: Text | None = Field(None, description="A tool message: the call it answers.")
 
 
 class ChatCompletionRequest(SamplingFields):
-    messages: list[ChatMessage] = Field(description="Rendered with the model's own chat template.")
-    max_completion_tokens: int | None = Field(None, description="Default: what the context leaves.")
-    max_tokens: int | None = Field(None, description="Deprecated name of max_completion_tokens.")
+    messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_CHAT_MESSAGES,
+                                        description="Rendered with the model's own chat template.")
+    max_completion_tokens: Int(ge=1) | None = Field(None, description="Default: what the context leaves.")
+    max_tokens: Int(ge=1) | None = Field(None, description="Deprecated name of max_completion_tokens.")
     logprobs: bool = False
-    top_logprobs: int | None = Field(None, description="With logprobs: this many top tokens per position.")
+    top_logprobs: Int(ge=0, le=MAX_LOGPROBS) | None = Field(
+        None, description="With logprobs: this many top tokens per position.")
     tools: list[Tool] | None = Field(None, description="Functions the model may call.")
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = Field(
         None, description="Default: auto with tools, none without.")

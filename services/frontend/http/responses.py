@@ -86,8 +86,8 @@ class ChatRenderer(Renderer):
                                  top_logprobs=[self._entry(t, p) for t, p in lp.top]) for lp in entries]}
 
     def _entry(self, token_id: int, logprob: float) -> dict:
-        token = self.token(token_id)
-        return {"token": token, "logprob": logprob, "bytes": list(token.encode())}
+        # the token's own bytes: its text is U+FFFD where it ends inside a character
+        return {"token": self.token(token_id), "logprob": logprob, "bytes": list(self.tokenizer.token_bytes(token_id))}
 
 
 def usage(summaries: list[Summary]) -> dict:
