@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 import structlog
 
+from kernels import cpu_kernels
 from kernels.ops import get_ops
 from services.core.config import CacheConfig, WorkerConfig
 from services.core.model_path import resolve_model_path
@@ -33,7 +34,7 @@ class Worker:
         torch.manual_seed(config.seed)
         if config.num_threads:  # several workers on one machine must not oversubscribe its cores
             torch.set_num_threads(config.num_threads)
-        ops = get_ops(config.kernel_backend, self.device.type)
+        ops = get_ops(config.kernel_backend, self.device.type, config.cpu_isa)
         linear = invariant_linear if config.batch_invariant else plain_linear
         model = load_model(self.model_path, self.dtype, self.device, ops, linear)
         num_blocks = num_blocks_for(arch, cache.block_size, self.dtype, self.device, cache.num_gpu_blocks,
@@ -47,7 +48,8 @@ class Worker:
             max_model_len=arch.max_position_embeddings, eos_token_ids=arch.eos_token_ids,
             device=self.device.type, batch_invariant=config.batch_invariant)
         log.info("worker_ready", model=self.info.model, dtype=self.info.dtype, device=self.info.device,
-                 num_gpu_blocks=num_blocks, num_cpu_blocks=num_cpu_blocks, kernels=ops.name)
+                 num_gpu_blocks=num_blocks, num_cpu_blocks=num_cpu_blocks, kernels=ops.name,
+                 cpu_isa=cpu_kernels.active_tier() if ops.name == "cpu" else None)
 
     def step(self, delta: StepDelta) -> StepResult:
         return self.runner.execute(delta)
