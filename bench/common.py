@@ -25,10 +25,41 @@ def loadavg() -> str:
         return "n/a"
 
 
+_TIER = {"cpu_isa": "auto"}  # what add_cpu_isa's flag asked for
+
+
+def add_cpu_isa(parser) -> None:
+    parser.add_argument("--cpu-isa", default="auto", help="CPU kernel tier: auto, avx512, avx2 or generic")
+
+
+def select_tier(isa: str) -> str:
+    """Run this benchmark on one kernel tier: the engines it builds take engine_tier_args(), and
+    the services it starts inherit PAGEDSERVE_CPU_ISA (read by the worker's main)."""
+    from kernels import cpu_kernels
+
+    tier = cpu_kernels.select_isa(isa)
+    _TIER["cpu_isa"] = tier
+    os.environ["PAGEDSERVE_CPU_ISA"] = tier
+    return tier
+
+
+def engine_tier_args() -> dict:
+    return {"cpu_isa": _TIER["cpu_isa"]}
+
+
+def kernel_tier() -> str:
+    """The tier the CPU kernels ran on, and the code path its build took (gemm.c's kernel_tier)."""
+    from kernels import cpu_kernels
+
+    if not cpu_kernels.is_available():
+        return "none (no C compiler: PyTorch references)"
+    return f"{cpu_kernels.active_tier()} ({cpu_kernels.compiled_path()})"
+
+
 def machine() -> dict:
     import torch
     info = {"nproc": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
-            "torch": torch.__version__, "torch_threads": torch.get_num_threads()}
+            "torch": torch.__version__, "torch_threads": torch.get_num_threads(), "kernel_tier": kernel_tier()}
     try:
         lscpu = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=5).stdout
         info["cpu"] = next((line.split(":", 1)[1].strip() for line in lscpu.splitlines()
@@ -60,6 +91,7 @@ def header(title: str, load_before: str) -> str:
         f"- date: {time.strftime('%Y-%m-%d %H:%M:%S')}, commit {git_commit()}",
         f"- machine: {m['nproc']} CPUs ({m['cpu']}), torch {m['torch']} ({m['torch_threads']} threads), "
         f"transformers {m.get('transformers', 'n/a')}, Python {m['python']}",
+        f"- CPU kernel tier: {m['kernel_tier']}",
         f"- load average (1/5/15 min): before {load_before}, after {loadavg()}"
         " — other processes on this machine make figures noisy when the 1-minute load is above ~0.5", "",
     ])

@@ -3,7 +3,9 @@
 #   1. the kernel tests on the GPU (compiled kernels, fp16 included, the gpu-marked tests),
 #   2. each kernel timed against its PyTorch reference and the bytes-moved floor at
 #      Llama-3.2-1B-shaped sizes (batch 1..256, context 128..4096), with max errors,
-#   3. the offline throughput benchmark on a ~1B random-weight Llama (bf16): the engine on
+#   3. a seeded sampled request on the GPU worker (the sampler on CUDA tensors): the same tokens
+#      twice, and alone vs in a batch,
+#   4. the offline throughput benchmark on a ~1B random-weight Llama (bf16): the engine on
 #      the Triton kernels, its plain (non-invariant) path, and transformers' static batching.
 # Writes bench/results/gpu_check.md (tests summary, tables, raw JSON) and
 # bench/results/gpu_offline.{md,json}.
@@ -40,6 +42,25 @@ echo "== kernel timings"
 "$PYTHON" bench/kernel_bench.py --out "$RESULTS/gpu_check.md" --tests-log "$TEST_LOG"
 bench_rc=$?
 
+echo "== seeded sampled requests on the GPU worker"
+SAMPLE_MODEL=$(mktemp -d)
+"$PYTHON" -m services.tools.make_model --size tiny --out "$SAMPLE_MODEL" >/dev/null
+"$PYTHON" - "$SAMPLE_MODEL" <<'PY'
+import sys
+from services import LLM, SamplingParams
+llm = LLM(sys.argv[1], device="cuda", dtype="bfloat16", seed=0)
+params = SamplingParams(temperature=0.8, top_p=0.9, top_k=50, seed=3, max_tokens=24, ignore_eos=True)
+prompt = [[5, 17, 42, 9]]
+one = llm.generate(prompt, params, use_tqdm=False)[0].outputs[0].token_ids
+again = llm.generate(prompt, params, use_tqdm=False)[0].outputs[0].token_ids
+batch = llm.generate(prompt + [[7, 8, 9]] * 7, params, use_tqdm=False)[0].outputs[0].token_ids
+print("seeded sample:", one)
+assert one == again == batch, (one, again, batch)
+print("seeded sampling on cuda: same tokens twice and in a batch of 8")
+PY
+sample_rc=$?
+rm -rf "$SAMPLE_MODEL"
+
 echo "== offline throughput, ~1B random-weight Llama, bf16"
 MODEL_1B=${MODEL_1B:-/tmp/pagedserve-llama-1b}
 [[ -f "$MODEL_1B/config.json" ]] || "$PYTHON" -m services.tools.make_model --size 1b --out "$MODEL_1B"
@@ -48,5 +69,5 @@ MODEL_1B=${MODEL_1B:-/tmp/pagedserve-llama-1b}
   --modes engine,engine-plain,hf-batch --hf-batch-sizes 16,64,256 --out gpu_offline
 offline_rc=$?
 
-echo "== wrote $RESULTS/gpu_check.md, $RESULTS/gpu_offline.md (tests rc=$tests_rc, bench rc=$bench_rc, offline rc=$offline_rc)"
-[[ $tests_rc -eq 0 && $bench_rc -eq 0 && $offline_rc -eq 0 ]]
+echo "== wrote $RESULTS/gpu_check.md, $RESULTS/gpu_offline.md (tests rc=$tests_rc, bench rc=$bench_rc, sample rc=$sample_rc, offline rc=$offline_rc)"
+[[ $tests_rc -eq 0 && $bench_rc -eq 0 && $sample_rc -eq 0 && $offline_rc -eq 0 ]]

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
 
-from common import loadavg, markdown_table, write_results  # noqa: E402
+from common import add_cpu_isa, loadavg, markdown_table, select_tier, write_results  # noqa: E402
 from kernels.linear import GemmWeight, invariant_linear, prepack  # noqa: E402
 from runners import DTYPES  # noqa: E402
 from workload import model_folder  # noqa: E402
@@ -61,7 +61,9 @@ def main() -> None:
     parser.add_argument("--batch-sizes", default="1,2,16,64")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", default="linear_bound")
+    add_cpu_isa(parser)
     args = parser.parse_args()
+    select_tier(args.cpu_isa)
     load_before = loadavg()
     shapes = step_shapes(model_folder(args.model))
     rows, data = [], []
@@ -69,7 +71,7 @@ def main() -> None:
         dtype = DTYPES[name]
         dense = [torch.randn(n, k).to(dtype) / k ** 0.5 for n, k in shapes]
         gemm = [prepack(w, "gemm") for w in dense]
-        onednn = [prepack(w, "onednn") for w in dense]
+        onednn = [prepack(w, "onednn") for w in dense]  # dense where oneDNN cannot run the dtype here
         num_bytes = sum(w.numel() * w.element_size() for w in dense)
         for batch in [int(b) for b in args.batch_sizes.split(",")]:
             contenders = (("own GEMM (engine)", gemm, lambda x, w: invariant_linear(x, w, None)),

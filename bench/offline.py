@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
 
 import runners  # noqa: E402
-from common import RESULTS_DIR, loadavg, markdown_table, write_results  # noqa: E402
+from common import RESULTS_DIR, add_cpu_isa, loadavg, markdown_table, select_tier, write_results  # noqa: E402
 from workload import add_workload_flags, describe, load_workload, model_folder, summary  # noqa: E402
 
 MODES = ("engine", "services", "services-batch", "hf-batch", "hf-single", "llamacpp", "engine-plain")
@@ -60,6 +60,7 @@ def parse_args() -> argparse.Namespace:
                         help="timed passes of (a), (b) and (f), the median reported: runs on this shared machine "
                              "vary by up to ~15%%, more than the 5%% and 10%% targets these three are held to")
     parser.add_argument("--out", default="offline", help="results file stem under bench/results/")
+    add_cpu_isa(parser)
     return parser.parse_args()
 
 
@@ -203,6 +204,7 @@ def _plot(results: dict, path: Path) -> None:
 
 def main() -> None:
     args = parse_args()
+    select_tier(args.cpu_isa)
     modes = args.modes.split(",")
     args.explicit_modes = modes if args.modes != ",".join(MODES) else []
     for mode in modes:

@@ -37,7 +37,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
 
-from common import loadavg, markdown_table, write_results  # noqa: E402
+from common import add_cpu_isa, engine_tier_args, loadavg, markdown_table, select_tier, write_results  # noqa: E402
 from kernels.linear import GemmWeight, invariant_linear, prepack  # noqa: E402
 from runners import DTYPES  # noqa: E402
 from workload import model_folder  # noqa: E402
@@ -126,6 +126,7 @@ def time_engine(folder: Path, dtype: str, batch: int, context: int, steps: int, 
     (bandwidth, decode step seconds) pair, and the profile tables (None without --profile)."""
     from services import LLM
     llm = LLM(str(folder), dtype=dtype, max_num_seqs=batch, max_num_batched_tokens=max(2048, batch * context),
+              **engine_tier_args(),
               num_gpu_blocks=batch * (context + steps + EXTRA_STEPS) // 16 + batch + 16, enable_prefix_caching=False)
     _add_requests(llm, batch, context, steps, seed=batch)
     start = time.perf_counter()
@@ -260,7 +261,9 @@ def main() -> None:
                         help="the decode steps come in this many rounds, each after its own bandwidth probe")
     parser.add_argument("--profile", action="store_true", help="torch.profiler of one decode step at each point")
     parser.add_argument("--out", default="roofline")
+    add_cpu_isa(parser)
     args = parser.parse_args()
+    select_tier(args.cpu_isa)
     load_before = loadavg()
     folder = model_folder(args.model)
     costs = model_costs(folder)

@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from common import engine_tier_args
 from workload import Request
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -36,7 +37,7 @@ def run_interleaved(requests: list[Request], model: str, dtype: str, modes: list
     if services:
         require_services()
     engines = {mode: LLM(model, dtype=dtype, batch_invariant=mode == "engine", max_num_seqs=max_num_seqs,
-                         max_num_batched_tokens=max_num_batched_tokens)
+                         max_num_batched_tokens=max_num_batched_tokens, **engine_tier_args())
                for mode in modes if mode in ("engine", "engine-plain")}  # (f): batch_invariant=False
     params = [SamplingParams(temperature=0, max_tokens=r.output_len, ignore_eos=True) for r in requests]
     prompts = [list(r.prompt_ids) for r in requests]

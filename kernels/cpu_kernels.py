@@ -384,9 +384,11 @@ def compiled_path(lib: ctypes.CDLL | None = None) -> str:
     return (lib or library()).kernel_tier().decode()
 
 
-def compile_sources(compiler: str, flags: list[str], output: str, sources: list[Path] | None = None) -> None:
-    """cc COMMON_FLAGS flags -o output sources; KernelUnavailable with the compiler's message on failure."""
-    command = [compiler, *COMMON_FLAGS, *flags, "-o", output, *map(str, sources or SOURCES)]
+def compile_sources(compiler: str, flags: list[str], output: str, sources: list[Path] | None = None,
+                    libraries: tuple[str, ...] = ()) -> None:
+    """cc COMMON_FLAGS flags -o output sources libraries; KernelUnavailable with the compiler's
+    message on failure. (Also the cross-compiled checks': tests/kernels/test_cross_arch.py.)"""
+    command = [compiler, *COMMON_FLAGS, *flags, "-o", output, *map(str, sources or SOURCES), *libraries]
     result = subprocess.run(command, capture_output=True, text=True)
     if result.returncode != 0:
         raise KernelUnavailable(f"{compiler} failed: {result.stderr.strip()[:2000]}")

@@ -31,6 +31,7 @@
  *   bf16: [panels][ceil(K / 2)][48][2]   element (p, i, j, h) = W[48 p + j][2 i + h] (0 past K)
  */
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -255,7 +256,8 @@ INLINE void wide_store(const int rows, const int vectors, wv acc[ROWS][MAX_VECTO
 }
 
 /* `rows` rows of x times features [f0, f0 + vectors * WL) of one panel, k by k; bf16 weights are
- * widened in registers: a packed word holds W[j][2i] (low half) and W[j][2i+1] (high half). */
+ * widened in registers: a packed word holds W[j][2i] (low half) and W[j][2i+1] (high half).
+ * x is always fp32 here: linear() widens bf16 rows once per call (exactly), not once per panel. */
 INLINE void wide_tile(const int rows, const int vectors, const int is_bf16, const void *x, int64_t ldx,
                       const void *panel, int f0, const Warm *warm, int64_t k_len, const void *bias, void *out,
                       int64_t ldo, int64_t n0, int64_t n) {
@@ -280,7 +282,7 @@ INLINE void wide_tile(const int rows, const int vectors, const int is_bf16, cons
             }
         }
     } else {
-        const uint16_t *xs = x;
+        const float *xs = x;
         const int64_t pairs = (k_len + 1) / 2;
         for (int64_t i = 0; i < pairs; i++) {
             const uint32_t *wi = (const uint32_t *)panel + i * PANEL + f0;
@@ -294,7 +296,7 @@ INLINE void wide_tile(const int rows, const int vectors, const int is_bf16, cons
                 }
 #pragma GCC unroll 8
                 for (int r = 0; r < rows; r++) {
-                    const wv a = SPLAT(bf16_to_float(xs[r * ldx + 2 * i + h]));
+                    const wv a = SPLAT(xs[r * ldx + 2 * i + h]);
 #pragma GCC unroll 12
                     for (int v = 0; v < vectors; v++)
                         acc[r][v] = FMA(a, w[v], acc[r][v]);
@@ -359,8 +361,43 @@ static void tile(int rows, const void *x, int64_t ldx, const void *panel, const 
 /* out[M, N] (row stride ldo) = x[M, K] (row stride ldx) W^T + bias[N] (may be NULL), all in one
  * dtype (fp32 or bf16), W packed as above. Threads take whole panels, the same ones for every
  * block of rows, so a panel stays in the L2 of the core that reads it. */
+static void linear_rows(const void *x, int64_t ldx, int64_t x_elem, const void *packed, const void *bias, void *out,
+                        int64_t ldo, int64_t m, int64_t n, int64_t k, int is_bf16, int num_threads);
+
+#if !HAVE_AVX512_BF16
+/* rows of bf16 x widened to fp32 (exact) */
+static void widen_rows(const uint16_t *x, int64_t ldx, float *wide, int64_t rows, int64_t k) {
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t i = 0; i < k; i++)
+            wide[r * k + i] = bf16_to_float(x[r * ldx + i]);
+}
+#endif
+
 void linear(const void *x, int64_t ldx, const void *packed, const void *bias, void *out, int64_t ldo, int64_t m,
             int64_t n, int64_t k, int is_bf16, int num_threads) {
+#if !HAVE_AVX512_BF16
+    if (is_bf16 && m > 0) { /* the widening tiles take x in fp32: widen it once (exact), WIDE_ROWS rows at a time */
+        enum { WIDE_ROWS = 256 };
+        const int64_t k1 = k > 0 ? k : 1;
+        float *wide = malloc(sizeof(float) * (size_t)k1 * (size_t)(m < WIDE_ROWS ? m : WIDE_ROWS));
+        const int64_t chunk = wide != NULL ? WIDE_ROWS : 1; /* out of memory: a row at a time, on the stack */
+        float row[wide != NULL ? 1 : k1];
+        float *buffer = wide != NULL ? wide : row;
+        for (int64_t m0 = 0; m0 < m; m0 += chunk) {
+            const int64_t rows = m - m0 < chunk ? m - m0 : chunk;
+            widen_rows((const uint16_t *)x + m0 * ldx, ldx, buffer, rows, k);
+            linear_rows(buffer, k, 4, packed, bias, (uint16_t *)out + m0 * ldo, ldo, rows, n, k, 1, num_threads);
+        }
+        free(wide);
+        return;
+    }
+#endif
+    linear_rows(x, ldx, is_bf16 ? 2 : 4, packed, bias, out, ldo, m, n, k, is_bf16, num_threads);
+}
+
+/* linear() on x rows of x_elem bytes (bf16 x arrives widened to fp32 where the tiles want it) */
+static void linear_rows(const void *x, int64_t ldx, int64_t x_elem, const void *packed, const void *bias, void *out,
+                        int64_t ldo, int64_t m, int64_t n, int64_t k, int is_bf16, int num_threads) {
     const int64_t panels = (n + PANEL - 1) / PANEL;
     const int64_t steps = is_bf16 ? (k + 1) / 2 : k; /* k steps of a tile: k, or pairs of k */
     const int64_t panel_size = steps * PANEL * (is_bf16 ? 2 : 1); /* elements */
@@ -379,7 +416,7 @@ void linear(const void *x, int64_t ldx, const void *packed, const void *bias, vo
                 const int64_t first = share * t < lines ? share * t : lines;
                 const Warm warm = {warming ? (const char *)panel + panel_size * elem + 64 * first : NULL,
                                    (first + share < lines ? first + share : lines) - first, (share + steps - 1) / steps};
-                tile(rows, (const char *)x + r * ldx * elem, ldx, panel, &warm, k, bias, (char *)out + r * ldo * elem,
+                tile(rows, (const char *)x + r * ldx * x_elem, ldx, panel, &warm, k, bias, (char *)out + r * ldo * elem,
                      ldo, p * PANEL, n, is_bf16);
             }
         }

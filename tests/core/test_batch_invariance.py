@@ -4,7 +4,8 @@ from __future__ import annotations
 import pytest
 
 from services.core.sampling_params import SamplingParams
-from tests.conftest import greedy, make_llm, random_prompts
+from kernels.cpu_kernels import host_tiers
+from tests.conftest import greedy, make_llm, random_prompts, use_tier
 
 MAX_NEW = 24
 
@@ -17,27 +18,32 @@ def run(llm, prompts, params, one_at_a_time=False):
     return [[(o.token_ids, o.logprobs) for o in out.outputs] for out in outs]
 
 
-@pytest.fixture(scope="module", params=["float32", "bfloat16"])
+# every kernel tier this CPU executes (kernels/cpu_kernels.py), each invariant on its own
+TIERS = [pytest.param((dtype, tier), id=f"{tier}-{dtype}") for tier in host_tiers() for dtype in ("float32", "bfloat16")]
+
+
+@pytest.fixture(scope="module", params=TIERS)
 def setup(request, model_dir):
-    dtype = request.param
+    dtype, tier = request.param
     folder = model_dir("llama", "tiny", dtype=dtype)
     prompts = random_prompts(32, 512, 1, 200, seed=3)
     params = [greedy(MAX_NEW, logprobs=2) for _ in prompts]
-    baseline = run(make_llm(folder, dtype=dtype), prompts, params, one_at_a_time=True)
-    return folder, dtype, prompts, params, baseline
+    for _ in use_tier(tier):  # the engines below take cpu_isa=tier; the tier before comes back after
+        baseline = run(make_llm(folder, dtype=dtype, cpu_isa=tier), prompts, params, one_at_a_time=True)
+        yield folder, dtype, prompts, params, baseline, tier
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", ["batch", "recompute", "swap", "chunked"])
 def test_invariant_to_batching_and_preemption(setup, case):
-    folder, dtype, prompts, params, baseline = setup
+    folder, dtype, prompts, params, baseline, tier = setup
     engine_args = {
         "batch": {},
         "recompute": dict(num_gpu_blocks=40, preemption_mode="recompute"),
         "swap": dict(num_gpu_blocks=40, preemption_mode="swap", swap_space_bytes=64 << 20),
         "chunked": dict(max_num_batched_tokens=48, enable_chunked_prefill=True),
     }[case]
-    llm = make_llm(folder, dtype=dtype, **engine_args)
+    llm = make_llm(folder, dtype=dtype, cpu_isa=tier, **engine_args)
     got = run(llm, prompts, params)
     if case in ("recompute", "swap"):
         assert llm.scheduler.num_preemptions > 0
@@ -49,8 +55,8 @@ def test_invariant_to_batching_and_preemption(setup, case):
 @pytest.mark.parametrize("block_size", [8, 32])
 def test_invariant_to_block_size(setup, block_size):
     """Keys are reduced in fixed tiles of 128 whatever the block size, so the bits agree."""
-    folder, dtype, prompts, params, baseline = setup
-    llm = make_llm(folder, dtype=dtype, block_size=block_size, num_gpu_blocks=1280 // block_size,
+    folder, dtype, prompts, params, baseline, tier = setup
+    llm = make_llm(folder, dtype=dtype, cpu_isa=tier, block_size=block_size, num_gpu_blocks=1280 // block_size,
                    preemption_mode="recompute")
     assert run(llm, prompts, params) == baseline
 

@@ -44,6 +44,16 @@ def test_greedy_matches_transformers(model_dir, arch, overrides):
     assert len(tolerated) <= 2, tolerated
 
 
+@pytest.mark.slow
+def test_every_tier_matches_transformers(model_dir, engine_tier):
+    """Each kernel tier this CPU runs (fp32) against transformers, token for token."""
+    folder = model_dir("llama", "small")
+    prompts = random_prompts(8, 1024, 1, 200, seed=5)
+    outs = make_llm(folder, dtype="float32", cpu_isa=engine_tier).generate(prompts, greedy(MAX_NEW), use_tqdm=False)
+    tolerated = check_parity(folder, [o.outputs[0].token_ids for o in outs], prompts)
+    assert len(tolerated) <= 1, tolerated
+
+
 def test_sampled_logprob_matches_transformers_log_softmax(model_dir):
     from transformers import AutoModelForCausalLM
 

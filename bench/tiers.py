@@ -1,0 +1,79 @@
+"""The CPU kernel tiers side by side: one decode step's linear layers (every weight of the
+model, in order) through the own GEMM of each tier this CPU executes, interleaved round by
+round, the best round kept.
+
+Timed in thread CPU time with one thread, not wall time: on a shared host (load average
+15-20 on 2 cores when this was written) wall time measures the neighbours, while one thread's
+CPU time still measures the kernel, memory stalls included. GB/s = weight bytes / that time,
+so batch 1 is the memory-bound decode case (the bandwidth floor is bytes / bandwidth).
+
+    python bench/tiers.py [--model PATH] [--dtypes float32,bfloat16] [--batch-sizes 1,16] [--rounds 8]
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
+
+from common import loadavg, markdown_table, write_results  # noqa: E402
+from kernels import cpu_kernels  # noqa: E402
+from kernels.linear import invariant_linear, prepack  # noqa: E402
+from linear_bound import step_shapes  # noqa: E402
+from runners import DTYPES  # noqa: E402
+from workload import model_folder  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=None)
+    parser.add_argument("--dtypes", default="float32,bfloat16")
+    parser.add_argument("--batch-sizes", default="1,16")
+    parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--out", default="tiers")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    load_before = loadavg()
+    shapes = step_shapes(model_folder(args.model))
+    tiers = cpu_kernels.testable_tiers()
+    paths = {}
+    for tier in tiers:
+        with cpu_kernels.use_isa(tier):
+            paths[tier] = cpu_kernels.compiled_path()
+    rows, data = [], []
+    for name in args.dtypes.split(","):
+        dtype = DTYPES[name]
+        weights = [prepack(torch.randn(n, k).to(dtype) / k ** 0.5, "gemm") for n, k in shapes]  # one layout, all tiers
+        num_bytes = sum(n * k * torch.empty(0, dtype=dtype).element_size() for n, k in shapes)
+        for batch in [int(b) for b in args.batch_sizes.split(",")]:
+            inputs = {k: torch.randn(batch, k).to(dtype) for k in {k for _, k in shapes}}
+            best = {}
+            for _ in range(args.rounds + 1):  # the first round builds and warms every tier
+                for tier in tiers:
+                    with cpu_kernels.use_isa(tier):
+                        start = time.thread_time()
+                        for weight, (_, k) in zip(weights, shapes):
+                            invariant_linear(inputs[k], weight, None)
+                        best[tier] = min(best.get(tier, float("inf")), time.thread_time() - start)
+            for tier in tiers:
+                seconds = best[tier]
+                rows.append([name, batch, tier, paths[tier], f"{seconds * 1e3:.1f}", f"{num_bytes / seconds / 1e9:.1f}",
+                             f"{best[tiers[0]] / seconds:.2f}x"])
+                data.append(dict(dtype=name, batch=batch, tier=tier, path=paths[tier], seconds=seconds,
+                                 gb_per_s=num_bytes / seconds))
+            print(rows[-len(tiers):], flush=True)
+    body = ("One decode step's linear layers per kernel tier, 1 thread, thread CPU time, best of "
+            f"{args.rounds} interleaved rounds (weights: {num_bytes / 1e6:.0f} MB in bf16 or fp32 as the row says).\n\n"
+            + markdown_table(["dtype", "batch", "tier", "code path", "ms", "GB/s", f"speed vs {tiers[0]}"], rows))
+    path = write_results(args.out, "CPU kernel tiers: the linear layers of a step", load_before, body,
+                         {"results": data})
+    print(path.read_text())
+
+
+if __name__ == "__main__":
+    main()
