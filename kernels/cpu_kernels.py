@@ -38,7 +38,7 @@ from kernels.norm import rms_norm_ref
 from kernels.rotary import apply_rotary_ref
 
 CSRC = Path(__file__).with_name("csrc")
-SOURCES = [CSRC / name for name in ("paged_attention.c", "elementwise.c", "gemm.c", "decoder.c")]  # one library
+SOURCES = [CSRC / name for name in ("paged_attention.c", "elementwise.c", "gemm.c", "decoder.c", "quant_gemm.c")]  # one library
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=gnu11"]
 PANEL = 48  # output features per packed weight panel, as in gemm.c
 LANES, MAX_HEADS, MAX_CHUNKS = 16, 256, 16  # as in the C source: head_dim % 16 == 0, <= 256; heads <= 256

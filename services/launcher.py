@@ -41,6 +41,7 @@ VALUE_FLAGS = {
     "--kernel-backend": ("worker",),
     "--seed": ("scheduler", "worker"),
     "--num-threads": ("worker",),
+    "--quantization": ("worker",),
     "--max-pending": ("frontend",),
 }
 SWITCH_FLAGS = {

@@ -14,6 +14,8 @@ POLICIES = ("fcfs", "priority", "sjf")
 PREEMPTION_MODES = ("recompute", "swap")
 DTYPES = ("float32", "bfloat16", "float16", "auto")
 KERNEL_BACKENDS = ("auto", "torch", "cpu", "triton")
+# auto: gguf where the model folder holds a GGUF file (the default model), else none
+QUANTIZATIONS = ("auto", "none", "gguf", "int8")
 
 
 @dataclass(frozen=True)
@@ -73,9 +75,12 @@ class WorkerConfig:
     batch_invariant: bool = True  # the deterministic mode (DESIGN rule 4)
     enforce_eager: bool = False  # reserved for CUDA-graph capture, not built yet: every step runs eagerly
     num_threads: int = 0  # CPU threads for the worker's math (0: the library default)
+    quantization: str = "auto"  # the weights' format: see QUANTIZATIONS and services/worker/loader.py
 
     def __post_init__(self) -> None:
         check(bool(self.model), "model", "must name a model folder or hub id")
+        check(self.quantization in QUANTIZATIONS, "quantization",
+              f"must be one of {QUANTIZATIONS}, got {self.quantization!r}")
         check(self.num_threads >= 0, "num_threads", f"must be >= 0, got {self.num_threads}")
         check(self.dtype in DTYPES, "dtype", f"must be one of {DTYPES}, got {self.dtype!r}")
         check(self.device in ("auto", "cpu", "cuda"), "device", f"must be auto, cpu or cuda, got {self.device!r}")
@@ -107,6 +112,7 @@ class EngineArgs:
     batch_invariant: bool = True
     enforce_eager: bool = False  # no effect yet (no CUDA-graph capture); see WorkerConfig
     num_threads: int = 0
+    quantization: str = "auto"
 
     @classmethod
     def from_kwargs(cls, model: str, **kwargs) -> EngineArgs:
@@ -130,4 +136,4 @@ class EngineArgs:
 
     def worker_config(self) -> WorkerConfig:
         return WorkerConfig(self.model, self.dtype, self.device, self.seed, self.kernel_backend,
-                            self.batch_invariant, self.enforce_eager, self.num_threads)
+                            self.batch_invariant, self.enforce_eager, self.num_threads, self.quantization)

@@ -10,7 +10,7 @@ from services.core.model_path import resolve_model_path
 from services.core.step import StepDelta, StepResult, WorkerInfo
 from services.worker.kv_cache import KVCache, block_bytes, num_blocks_for
 from kernels.linear import invariant_linear, plain_linear
-from services.worker.loader import load_model, resolve_dtype
+from services.worker.loader import load_model, resolve_dtype, resolve_quantization
 from services.worker.model_config import ModelArchConfig
 from services.worker.model_runner import ModelRunner
 
@@ -35,7 +35,8 @@ class Worker:
             torch.set_num_threads(config.num_threads)
         ops = get_ops(config.kernel_backend, self.device.type)
         linear = invariant_linear if config.batch_invariant else plain_linear
-        model = load_model(self.model_path, self.dtype, self.device, ops, linear)
+        self.quantization = resolve_quantization(config.quantization, self.model_path)
+        model = load_model(self.model_path, self.dtype, self.device, ops, linear, self.quantization)
         num_blocks = num_blocks_for(arch, cache.block_size, self.dtype, self.device, cache.num_gpu_blocks,
                                     cache.kv_cache_memory_bytes)
         num_cpu_blocks = cache.swap_space_bytes // block_bytes(arch, cache.block_size, self.dtype)
@@ -47,7 +48,8 @@ class Worker:
             max_model_len=arch.max_position_embeddings, eos_token_ids=arch.eos_token_ids,
             device=self.device.type, batch_invariant=config.batch_invariant)
         log.info("worker_ready", model=self.info.model, dtype=self.info.dtype, device=self.info.device,
-                 num_gpu_blocks=num_blocks, num_cpu_blocks=num_cpu_blocks, kernels=ops.name)
+                 num_gpu_blocks=num_blocks, num_cpu_blocks=num_cpu_blocks, kernels=ops.name,
+                 quantization=self.quantization)
 
     def step(self, delta: StepDelta) -> StepResult:
         return self.runner.execute(delta)
