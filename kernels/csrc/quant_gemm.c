@@ -35,7 +35,7 @@ enum { FMT_Q4_0 = 2, FMT_Q4_1 = 3, FMT_Q8_0 = 8, FMT_INT8 = 100 };
 
 #define BLOCK 32     /* elements per GGUF block */
 #define TILE_ROWS 4  /* rows of x per tile */
-#define TILE_COLS 2  /* weight rows per tile: 4 x 2 x 2 = 16 accumulators */
+#define TILE_COLS 4  /* weight rows per tile: 1-2 rows of x take 4 (more chains in flight), 3-4 take 2 */
 #define CHUNK 32     /* weight rows a thread keeps hot in L1/L2 while the row tiles pass over them */
 
 typedef uint8_t vb __attribute__((vector_size(16)));
@@ -86,6 +86,23 @@ INLINE float bf16_to_float(uint16_t bits) {
     float value;
     memcpy(&value, &wide, 4);
     return value;
+}
+
+/* every lane = value (a broadcast; `(vf){0} + value` would add 0 first) */
+INLINE vf splat(float v) { return (vf){v, v, v, v, v, v, v, v, v, v, v, v, v, v, v, v}; }
+
+/* the two halves at p, p + 2 as floats (a Q4_1 block's d and m: one load and one conversion) */
+INLINE void two_halves(const uint8_t *p, float *first, float *second) {
+#if defined(__F16C__)
+    uint32_t bits;
+    memcpy(&bits, p, 4);
+    const __m128 both = _mm_cvtph_ps(_mm_cvtsi32_si128((int)bits));
+    *first = _mm_cvtss_f32(both);
+    *second = _mm_cvtss_f32(_mm_movehdup_ps(both));
+#else
+    *first = half_to_float(p);
+    *second = half_to_float(p + 2);
+#endif
 }
 
 /* 16 unsigned bytes / signed bytes as 16 fp32 lanes (exact). */
@@ -139,21 +156,24 @@ INLINE vf fma16(vf a, vf b, vf acc) {
 INLINE void dequant(int fmt, const uint8_t *row, int64_t b, vf *lo, vf *hi) {
     if (fmt == FMT_Q4_1) {
         const uint8_t *blk = row + b * 20;
-        const vf d = (vf){0} + half_to_float(blk), m = (vf){0} + half_to_float(blk + 2);
+        float dh, mh;
+        two_halves(blk, &dh, &mh);
+        const vf d = splat(dh), m = splat(mh);
         vb qs;
         memcpy(&qs, blk + 4, 16);
         *lo = fma16(u8_to_f32(qs & 0x0f), d, m);
         *hi = fma16(u8_to_f32(qs >> 4), d, m);
     } else if (fmt == FMT_Q4_0) {
         const uint8_t *blk = row + b * 18;
-        const vf d = (vf){0} + half_to_float(blk);
+        const float dh = half_to_float(blk);
+        const vf d = splat(dh), offset = splat(-8.0f * dh); /* q d - 8 d = (q - 8) d exactly: both products are exact */
         vb qs;
         memcpy(&qs, blk + 2, 16);
-        *lo = (u8_to_f32(qs & 0x0f) - 8.0f) * d;
-        *hi = (u8_to_f32(qs >> 4) - 8.0f) * d;
+        *lo = fma16(u8_to_f32(qs & 0x0f), d, offset);
+        *hi = fma16(u8_to_f32(qs >> 4), d, offset);
     } else if (fmt == FMT_Q8_0) {
         const uint8_t *blk = row + b * 34;
-        const vf d = (vf){0} + half_to_float(blk);
+        const vf d = splat(half_to_float(blk));
         vsb q0, q1;
         memcpy(&q0, blk + 2, 16), memcpy(&q1, blk + 18, 16);
         *lo = s8_to_f32(q0) * d;
@@ -178,20 +198,20 @@ INLINE void dequant_tail(const uint8_t *row, int64_t b, int64_t count, vf *lo, v
 
 /* rows (1..TILE_ROWS) of x (fp32, row stride ldx, padded to whole blocks) times cols
  * (1..TILE_COLS) weight rows from w (row stride row_bytes) -> out[r][c] at n0 + c. */
-INLINE void tile(const int rows, const int cols, int fmt, const float *x, int64_t ldx, const uint8_t *w,
+INLINE void tile(const int rows, const int cols, const int fmt, const float *x, int64_t ldx, const uint8_t *w,
                  int64_t row_bytes, int64_t k, const void *bias, void *out, int64_t ldo, int64_t n0, int is_bf16) {
     vf lo[TILE_ROWS][TILE_COLS], hi[TILE_ROWS][TILE_COLS];
 #pragma GCC unroll 4
     for (int r = 0; r < rows; r++)
-#pragma GCC unroll 2
+#pragma GCC unroll 4
         for (int c = 0; c < cols; c++)
             lo[r][c] = hi[r][c] = (vf){0};
     const int64_t full = k / BLOCK, blocks = (k + BLOCK - 1) / BLOCK;
     for (int64_t b = 0; b < blocks; b++) {
         vf wl[TILE_COLS], wh[TILE_COLS];
-#pragma GCC unroll 2
+#pragma GCC unroll 4
         for (int c = 0; c < cols; c++) {
-            if (b < full)
+            if (fmt != FMT_INT8 || b < full) /* GGUF rows are whole blocks */
                 dequant(fmt, w + c * row_bytes, b, &wl[c], &wh[c]);
             else
                 dequant_tail(w + c * row_bytes, b, k - b * BLOCK, &wl[c], &wh[c]);
@@ -201,14 +221,14 @@ INLINE void tile(const int rows, const int cols, int fmt, const float *x, int64_
             vf xl, xh;
             memcpy(&xl, x + r * ldx + b * BLOCK, sizeof xl);
             memcpy(&xh, x + r * ldx + b * BLOCK + 16, sizeof xh);
-#pragma GCC unroll 2
+#pragma GCC unroll 4
             for (int c = 0; c < cols; c++) {
                 lo[r][c] = fma16(wl[c], xl, lo[r][c]);
                 hi[r][c] = fma16(wh[c], xh, hi[r][c]);
             }
         }
     }
-#pragma GCC unroll 2
+#pragma GCC unroll 4
     for (int c = 0; c < cols; c++) {
         const int64_t n = n0 + c;
         float scale = 1.0f, add = 0.0f;
@@ -224,7 +244,7 @@ INLINE void tile(const int rows, const int cols, int fmt, const float *x, int64_
             if (bias != NULL)
                 value += add;
             if (is_bf16) {
-                ((uint16_t *)out)[r * ldo + n] = (uint16_t)bf16_bits16((vf){0} + value)[0];
+                ((uint16_t *)out)[r * ldo + n] = (uint16_t)bf16_bits16(splat(value))[0];
             } else {
                 ((float *)out)[r * ldo + n] = value;
             }
@@ -232,16 +252,24 @@ INLINE void tile(const int rows, const int cols, int fmt, const float *x, int64_
     }
 }
 
+/* Each (rows, cols, format) its own fully unrolled loop, the accumulators in registers. */
 static void tile_any(int rows, int cols, int fmt, const float *x, int64_t ldx, const uint8_t *w, int64_t row_bytes,
                      int64_t k, const void *bias, void *out, int64_t ldo, int64_t n0, int is_bf16) {
-#define QT(R, C)                                                                                              \
-    if (rows == R && cols == C) {                                                                             \
-        tile(R, C, fmt, x, ldx, w, row_bytes, k, bias, out, ldo, n0, is_bf16);                                \
+#define QT(R, C, F)                                                                                           \
+    if (rows == R && cols == C && fmt == F) {                                                                 \
+        tile(R, C, F, x, ldx, w, row_bytes, k, bias, out, ldo, n0, is_bf16);                                  \
         return;                                                                                               \
     }
-    QT(1, 2) QT(2, 2) QT(3, 2) QT(4, 2) QT(1, 1) QT(2, 1) QT(3, 1) QT(4, 1)
+#define QT_FORMATS(R, C) QT(R, C, FMT_Q4_0) QT(R, C, FMT_Q4_1) QT(R, C, FMT_Q8_0) QT(R, C, FMT_INT8)
+    QT_FORMATS(1, 4) QT_FORMATS(2, 4) QT_FORMATS(3, 2) QT_FORMATS(4, 2)
+    QT_FORMATS(1, 1) QT_FORMATS(1, 2) QT_FORMATS(1, 3) QT_FORMATS(2, 1) QT_FORMATS(2, 2) QT_FORMATS(2, 3)
+    QT_FORMATS(3, 1) QT_FORMATS(4, 1)
+#undef QT_FORMATS
 #undef QT
 }
+
+/* weight rows per tile for a tile of `rows` rows of x: 16 accumulators either way */
+INLINE int tile_cols(int rows) { return rows <= 2 ? 4 : 2; }
 
 /* x [m, k] (fp32 or bf16, row stride ldx) as fp32 rows padded with zeros to whole blocks
  * (the pad multiplies INT8's zero-padded tail; GGUF rows are whole blocks anyway). */
@@ -290,9 +318,9 @@ int quant_linear(const void *x, int64_t ldx, const void *w, int fmt, const void 
     for (int64_t chunk = 0; chunk < chunks; chunk++) {
         const int64_t c0 = chunk * CHUNK, c1 = c0 + CHUNK < n ? c0 + CHUNK : n;
         for (int64_t r = 0; r < m; r += TILE_ROWS) {
-            const int rows = m - r < TILE_ROWS ? (int)(m - r) : TILE_ROWS;
-            for (int64_t c = c0; c < c1; c += TILE_COLS) {
-                const int cols = c1 - c < TILE_COLS ? (int)(c1 - c) : TILE_COLS;
+            const int rows = m - r < TILE_ROWS ? (int)(m - r) : TILE_ROWS, step = tile_cols(rows);
+            for (int64_t c = c0; c < c1; c += step) {
+                const int cols = c1 - c < step ? (int)(c1 - c) : step;
                 tile_any(rows, cols, fmt, xf + r * ld, ld, weights + c * row_bytes, row_bytes, k, bias,
                          (char *)out + r * ldo * (is_bf16 ? 2 : 4), ldo, c, is_bf16);
             }
