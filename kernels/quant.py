@@ -131,6 +131,11 @@ def quant_linear(x: torch.Tensor, weight: QuantWeight, bias: torch.Tensor | None
         from kernels.linear import invariant_linear  # dense fallback: dequantized on each call
 
         return invariant_linear(x, weight.dequantize().to(x.dtype).to(x.device), bias)
+    return run_kernel(lib, x, weight, bias)
+
+
+def run_kernel(lib: ctypes.CDLL, x: torch.Tensor, weight: QuantWeight, bias: torch.Tensor | None) -> torch.Tensor:
+    """quant_linear on a given build of the kernels (`declare`d): the tests run every tier's."""
     from kernels.cpu_kernels import _rows
 
     rows, stride = _rows(x, weight.in_features)
@@ -157,7 +162,11 @@ def _library() -> ctypes.CDLL | None:
 
     if not cpu_kernels.is_available():
         return None
-    lib = cpu_kernels.library()
+    return declare(cpu_kernels.library())
+
+
+def declare(lib: ctypes.CDLL) -> ctypes.CDLL:
+    """lib with quant_linear's signature set (once per library object)."""
     if id(lib) not in _declared:
         ptr, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
         lib.quant_linear.argtypes = [ptr, i64, ptr, i32, ptr, ptr, i64, i64, i64, i64, i32, i32]

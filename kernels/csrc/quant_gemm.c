@@ -147,8 +147,20 @@ INLINE vf fma16(vf a, vf b, vf acc) {
     vc[1] = _mm256_fmadd_ps(va[1], vb_[1], vc[1]);
     memcpy(&acc, vc, 64);
     return acc;
+#elif defined(__FP_FAST_FMAF) /* a target with FMA (aarch64): fused explicitly, never left to contraction */
+    for (int i = 0; i < LANES; i++)
+        acc[i] = __builtin_fmaf(a[i], b[i], acc[i]);
+    return acc;
+#else /* no FMA instruction (x86-64 baseline): two roundings, and nothing for the compiler to fuse */
+    return a * b + acc;
+#endif
+}
+
+INLINE float fused(float a, float b, float c) {
+#if defined(__FMA__) || defined(__FP_FAST_FMAF)
+    return __builtin_fmaf(a, b, c);
 #else
-    return a * b + acc; /* fused where the target has FMA (GCC contracts it: -ffp-contract=fast), else two roundings */
+    return a * b + c;
 #endif
 }
 
@@ -238,11 +250,9 @@ INLINE void tile(const int rows, const int cols, const int fmt, const float *x, 
             add = is_bf16 ? bf16_to_float(((const uint16_t *)bias)[n]) : ((const float *)bias)[n];
 #pragma GCC unroll 4
         for (int r = 0; r < rows; r++) {
-            float value = fold(lo[r][c] + hi[r][c]);
-            if (fmt == FMT_INT8)
-                value *= scale;
-            if (bias != NULL)
-                value += add;
+            /* value * scale + add in one rounding on every path (1 and 0 change nothing): left to the
+             * compiler, it would fuse them in some tiles and not in others */
+            const float value = fused(fold(lo[r][c] + hi[r][c]), scale, add);
             if (is_bf16) {
                 ((uint16_t *)out)[r * ldo + n] = (uint16_t)bf16_bits16(splat(value))[0];
             } else {
