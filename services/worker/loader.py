@@ -181,7 +181,7 @@ def _gguf_value(tensor, dtype: torch.dtype) -> torch.Tensor | quant.QuantWeight:
                                               f"Q4_0, Q4_1, Q8_0, F16, BF16 and F32")
     import numpy as np
 
-    data = torch.from_numpy(np.ascontiguousarray(tensor.data))
+    data = torch.from_numpy(np.array(tensor.data))  # a copy: the mapped file is read-only
     if tensor.type_name == "BF16":
         data = data.view(torch.bfloat16)
     return data.reshape(tensor.shape).to(torch.float32)
