@@ -11,10 +11,21 @@ element in 10^5, by one bf16 step, where a sum or an exp rounds the other way). 
 token's result is computed on its own, in one fixed order, so its bits do not depend on the
 batch.
 
-The library is built on first use with the system C compiler (`cc -O3 -march=native
--fopenmp`: it runs on the machine that built it) into ~/.cache/pagedserve-kernels, keyed by
-a hash of the sources, the flags, the compiler and the CPU; its OpenMP calls land in the
-libgomp that torch has already loaded, so it shares torch's threads.
+Tiers: the same sources are compiled once per instruction set (TIER_FLAGS), one library
+each, and the C code picks its paths from the compiler's target macros (`#if
+defined(__AVX512F__)` / `#elif defined(__AVX2__) && defined(__FMA__)` / `#else`):
+  avx512   -march=native on a CPU with AVX-512 (x86-64-v4); bf16 GEMM by AVX-512 BF16 where
+           the CPU has it, else by widening bf16 to fp32 in registers
+  avx2     -march=x86-64-v3 (AVX2 + FMA, 8 lanes), bf16 widened to fp32 on load
+  generic  the compiler's baseline target and GCC vector extensions (x86-64 SSE2, aarch64
+           NEON, anything else)
+`select_isa` makes one tier the process's (the worker does, from its cpu_isa argument; `auto`
+is the best tier this CPU runs); `use_isa` does it for a block (tests). Each tier is batch-
+invariant on its own; tiers differ from each other in bits.
+
+A library is built on first use with the system C compiler into ~/.cache/pagedserve-kernels,
+keyed by a hash of the sources, the flags, the compiler and the CPU; its OpenMP calls land
+in the libgomp that torch has already loaded, so it shares torch's threads.
 """
 from __future__ import annotations
 
@@ -25,8 +36,10 @@ import platform
 import shutil
 import subprocess
 import tempfile
-from functools import lru_cache
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 import torch
 import torch.nn.functional as F
@@ -39,7 +52,18 @@ from kernels.rotary import apply_rotary_ref
 
 CSRC = Path(__file__).with_name("csrc")
 SOURCES = [CSRC / name for name in ("paged_attention.c", "elementwise.c", "gemm.c", "decoder.c", "quant_gemm.c")]  # one library
-FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=gnu11"]
+COMMON_FLAGS = ["-O3", "-fopenmp", "-fPIC", "-std=gnu11", "-Wno-psabi"]
+TIERS = ("avx512", "avx2", "generic")  # best first; services.core.config.CPU_ISAS is ("auto", *TIERS)
+TIER_FLAGS = {
+    "avx512": ["-march=native"],  # only selected on a CPU with AVX-512, so native has it
+    "avx2": ["-march=x86-64-v3"],
+    "generic": [],  # the compiler's baseline target
+    # tests only: the AVX-512 tier as built on an AVX-512 CPU without AVX-512 BF16
+    "avx512-nobf16": ["-march=native", "-mno-avx512bf16"],
+}
+# what each x86 tier needs from /proc/cpuinfo (x86-64-v3; v4 adds AVX-512 F/BW/CD/DQ/VL)
+_X86_V3 = {"avx", "avx2", "fma", "bmi1", "bmi2", "f16c", "movbe", "abm", "xsave"}
+_X86_V4 = _X86_V3 | {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"}
 PANEL = 48  # output features per packed weight panel, as in gemm.c
 LANES, MAX_HEADS, MAX_CHUNKS = 16, 256, 16  # as in the C source: head_dim % 16 == 0, <= 256; heads <= 256
 OUT_OF_MEMORY = 1  # paged_attention's status codes, as in the C source (0: done, 2: shape not supported)
@@ -190,9 +214,8 @@ def argmax_cpu(x: torch.Tensor) -> torch.Tensor:
 
 
 # ---- linear layers ----------------------------------------------------------------------
-@lru_cache(maxsize=None)
 def gemm_supported(dtype: torch.dtype) -> bool:
-    """Whether the compiled GEMM runs this dtype here (it needs AVX-512; bf16 also AVX-512 BF16)."""
+    """Whether the active tier's GEMM runs this dtype (every tier runs fp32 and bf16)."""
     if dtype not in (torch.float32, torch.bfloat16) or not is_available():
         return False
     return bool(library().gemm_supported(int(dtype == torch.bfloat16)))
@@ -232,10 +255,108 @@ def linear_cpu(x: torch.Tensor, packed: torch.Tensor, out_features: int, in_feat
     return out.view(*x.shape[:-1], out_features)
 
 
-@lru_cache(maxsize=1)
+# ---- tiers -------------------------------------------------------------------------------
+def host_tiers() -> tuple[str, ...]:
+    """The tiers this CPU executes, best first (generic: every CPU)."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return ("generic",)
+    flags = set(_cpu_flags().split())
+    tiers = [name for name, needs in (("avx512", _X86_V4), ("avx2", _X86_V3)) if needs <= flags]
+    return (*tiers, "generic")
+
+
+def testable_tiers() -> tuple[str, ...]:
+    """The tiers the tests run here: every host tier, plus the AVX-512 tier without AVX-512 BF16
+    where the CPU has it (the same library another AVX-512 CPU builds)."""
+    tiers = host_tiers()
+    if "avx512" in tiers and "avx512_bf16" in _cpu_flags().split():
+        tiers = (tiers[0], "avx512-nobf16", *tiers[1:])
+    return tiers
+
+
+@dataclass
+class _Active:
+    isa: str = "auto"  # what was asked for
+    tier: str | None = None  # what runs (None: not chosen yet)
+    lib: ctypes.CDLL | None = None
+    error: KernelUnavailable | None = None  # auto found no tier that builds
+
+
+_active = _Active()
+_loaded: dict[str, ctypes.CDLL] = {}
+
+
+def select_isa(isa: str = "auto") -> str:
+    """Make `isa`'s kernels the process's: auto (the best tier this CPU runs that builds here),
+    or a tier name. Returns the tier. ValueError for a tier this CPU cannot execute (nothing
+    changes); KernelUnavailable when the forced tier (for auto: every tier) fails to build, and
+    then the kernels are unavailable (the callers take the references) until another select."""
+    global _active
+    if isa != "auto" and isa not in TIER_FLAGS:
+        raise ValueError(f"cpu_isa: must be one of {('auto', *TIERS)}, got {isa!r}")
+    if isa != "auto" and isa not in testable_tiers():
+        raise ValueError(f"cpu_isa: this CPU ({platform.machine()}) cannot execute the {isa} kernels; "
+                         f"it runs {', '.join(host_tiers())} (or auto)")
+    errors = []
+    for tier in host_tiers() if isa == "auto" else (isa,):
+        try:
+            _active = _Active(isa, tier, tier_library(tier))
+            return tier
+        except KernelUnavailable as error:
+            errors.append(error if isa != "auto" else KernelUnavailable(f"{tier}: {error}"))
+    _active = _Active(isa, error=errors[0] if len(errors) == 1 else
+                      KernelUnavailable("no kernel tier builds here; " + "; ".join(map(str, errors))))
+    raise _active.error
+
+
+@contextmanager
+def use_isa(isa: str) -> Iterator[str]:
+    """select_isa for a block, then back to what was selected before."""
+    global _active
+    before = _active
+    try:
+        yield select_isa(isa)
+    finally:
+        _active = before
+
+
+def active_tier() -> str | None:
+    """The tier the kernels run on (choosing auto's now if none was), or None where none builds."""
+    return _active.tier if is_available() else None
+
+
 def library() -> ctypes.CDLL:
-    """The compiled kernels, built if this machine has not built these sources yet."""
-    lib = ctypes.CDLL(str(build()))
+    """The active tier's compiled kernels (auto's, built if needed, when none was selected)."""
+    lib = _active.lib
+    if lib is not None:
+        return lib
+    if _active.error is not None:
+        raise _active.error
+    select_isa(_active.isa)
+    return _active.lib
+
+
+def is_available() -> bool:
+    """Whether the active tier's library builds here (asked once: a failed build is not retried per call)."""
+    if _active.lib is not None:
+        return True
+    try:
+        library()
+    except KernelUnavailable:
+        return False
+    return True
+
+
+def tier_library(tier: str) -> ctypes.CDLL:
+    """One tier's library, built if this machine has not built it yet (loaded once per process)."""
+    lib = _loaded.get(tier)
+    if lib is None:
+        lib = _declare(ctypes.CDLL(str(build(tier))))
+        _loaded[tier] = lib
+    return lib
+
+
+def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     ptr, i64, i32, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
     signatures = {
         "paged_attention": [ptr, i64, i32, f32, ptr, ptr, i32, ptr, i64, ptr, ptr, ptr, i64, i32, i32, i32, i32, i32],
@@ -246,40 +367,49 @@ def library() -> ctypes.CDLL:
         "argmax_rows": [ptr, i64, ptr, i64, i64, i32],
         "linear": [ptr, i64, ptr, ptr, ptr, i64, i64, i64, i64, i32, i32],
         "gemm_supported": [i32],
+        "kernel_tier": [],
         "decoder_stack": [ptr, ptr, ptr, i64, ptr, ptr, ptr, i64, ptr, ptr, i32],  # kernels/decoder.py
     }
     for name, argtypes in signatures.items():
         fn = getattr(lib, name)
         fn.argtypes = argtypes
         fn.restype = i32 if name in ("paged_attention", "gemm_supported", "decoder_stack") else None
+    lib.kernel_tier.restype = ctypes.c_char_p
     return lib
 
 
-@lru_cache(maxsize=1)
-def is_available() -> bool:
-    """Whether the library builds here (asked once: a failed build is not retried per call)."""
-    try:
-        library()
-    except KernelUnavailable:
-        return False
-    return True
+def compiled_path(lib: ctypes.CDLL | None = None) -> str:
+    """The code path a library's build took (kernel_tier in gemm.c): avx512+bf16, avx512, avx2,
+    generic-neon or generic."""
+    return (lib or library()).kernel_tier().decode()
 
 
-def build(build_dir: Path | None = None) -> Path:
+def compile_sources(compiler: str, flags: list[str], output: str, sources: list[Path] | None = None) -> None:
+    """cc COMMON_FLAGS flags -o output sources; KernelUnavailable with the compiler's message on failure."""
+    command = [compiler, *COMMON_FLAGS, *flags, "-o", output, *map(str, sources or SOURCES)]
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise KernelUnavailable(f"{compiler} failed: {result.stderr.strip()[:2000]}")
+
+
+def build(tier: str = "avx512", build_dir: Path | None = None) -> Path:
+    """The tier's shared library, compiled if this machine has not built these sources yet."""
     compiler = shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         raise KernelUnavailable("no C compiler (cc) on PATH")
+    flags = [*TIER_FLAGS[tier], "-shared"]
     folder = build_dir or _default_build_dir()
-    target = folder / f"cpu_kernels-{_build_key(compiler)}.so"
+    target = folder / f"cpu_kernels-{tier}-{_build_key(compiler, flags)}.so"
     if target.exists():
         return target
     folder.mkdir(parents=True, exist_ok=True)
     fd, partial = tempfile.mkstemp(suffix=".so", dir=folder)  # renamed into place: racing builds are safe
     os.close(fd)
-    result = subprocess.run([compiler, *FLAGS, "-o", partial, *map(str, SOURCES)], capture_output=True, text=True)
-    if result.returncode != 0:
+    try:
+        compile_sources(compiler, flags, partial)
+    except KernelUnavailable:
         os.unlink(partial)
-        raise KernelUnavailable(f"{compiler} failed: {result.stderr.strip()[:2000]}")
+        raise
     os.replace(partial, target)
     return target
 
@@ -295,10 +425,10 @@ def _default_build_dir() -> Path:
     return Path(tempfile.gettempdir()) / f"pagedserve-kernels-{os.getuid()}"
 
 
-def _build_key(compiler: str) -> str:
+def _build_key(compiler: str, flags: list[str]) -> str:
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
-    digest = hashlib.sha256(b"".join(path.read_bytes() for path in sorted(CSRC.iterdir())))
-    for part in (" ".join(FLAGS), version, platform.machine(), _cpu_flags()):
+    digest = hashlib.sha256(b"".join(path.read_bytes() for path in sorted(CSRC.iterdir()) if path.is_file()))
+    for part in (" ".join(COMMON_FLAGS + flags), version, platform.machine(), _cpu_flags()):
         digest.update(part.encode())
     return digest.hexdigest()[:16]
 

@@ -1,13 +1,14 @@
 """Linear layers whose per-row result does not depend on how many rows share the call.
 
 On the CPU the weights are packed once (`prepack`) for the project's own GEMM
-(kernels/csrc/gemm.c, where AVX-512 is there; AVX-512 BF16 for bf16): every output element
+(kernels/csrc/gemm.c, in every kernel tier: AVX-512, AVX2+FMA, generic): every output element
 is one fused multiply-add chain over k in a fixed order, so it is batch-invariant by
 construction, at every M and thread count, with no padding. It is also the fast path:
 measured on this 2-core Zen 5 (bench/linear_bound.py), it streams the weights at 60-72 GB/s
 at batch 1 (oneDNN: ~25) and reaches ~90% of the machine's GEMM peak at batch 64.
 
-Without it, the weights are packed for oneDNN. oneDNN's packed fp32 and bf16 GEMM gives a
+Without it (no C compiler), the weights are packed for oneDNN where oneDNN runs the dtype
+on this CPU (bf16 needs AVX-512), else stay dense. oneDNN's packed fp32 and bf16 GEMM gives a
 row the same bits for every M >= 2, at any position, with 1 or 2 threads (M = 2..700 tried
 on Zen 5, torch 2.13); only M = 1 takes a matrix-vector path with other bits, so a single
 row is padded to ONEDNN_MIN_ROWS.
@@ -53,14 +54,23 @@ class GemmWeight:
 
 
 def prepack(weight: torch.Tensor, library: str = "auto") -> torch.Tensor | GemmWeight:
-    """The weight in the layout the CPU path multiplies fastest: the own GEMM's where this CPU
-    runs it, else oneDNN's. library: auto, gemm, onednn or dense (benchmarks compare them)."""
+    """The weight in the layout the CPU path multiplies fastest: the own GEMM's (every kernel
+    tier runs fp32 and bf16), else, without a C compiler, oneDNN's where oneDNN runs the dtype
+    on this CPU. library: auto, gemm, onednn or dense (benchmarks compare them)."""
     on_cpu = weight.device.type == "cpu" and weight.dtype in (torch.float32, torch.bfloat16)
     if library in ("auto", "gemm") and on_cpu and cpu_kernels.gemm_supported(weight.dtype):
         return GemmWeight(cpu_kernels.pack_gemm_weight(weight), *weight.shape)
-    if library in ("auto", "onednn") and on_cpu and torch.backends.mkldnn.is_available():
+    if library in ("auto", "onednn") and on_cpu and onednn_runs(weight.dtype):
         return weight.detach().to_mkldnn()
     return weight
+
+
+def onednn_runs(dtype: torch.dtype) -> bool:
+    """Whether oneDNN's inner product runs this dtype on this CPU: its bf16 one needs AVX-512
+    (an AVX2-only CPU fails to create the primitive at the first call)."""
+    if not torch.backends.mkldnn.is_available():
+        return False
+    return dtype != torch.bfloat16 or torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
 def invariant_linear(x: torch.Tensor, weight: torch.Tensor | GemmWeight | QuantWeight,

@@ -32,9 +32,19 @@ CPU_OPS = Ops("cpu", cpu_kernels.paged_attention_cpu, cpu_kernels.write_kv_cpu, 
               cpu_kernels.apply_rotary_cpu, cpu_kernels.silu_and_mul_cpu, DecoderStack.build)
 
 
-def get_ops(backend: str, device_type: str) -> Ops:
+def get_ops(backend: str, device_type: str, cpu_isa: str = "auto") -> Ops:
     """backend: auto (triton on cuda; on the CPU, the compiled kernels where a C compiler
-    builds them, else the references), torch, cpu, or triton."""
+    builds them, else the references), torch, cpu, or triton. cpu_isa: the compiled kernels'
+    tier (kernels.cpu_kernels.select_isa: auto, avx512, avx2, generic); a tier this CPU cannot
+    execute is a ValueError, whatever the backend, and a forced tier that does not build raises
+    KernelUnavailable."""
+    if device_type == "cpu" and (cpu_isa != "auto" or backend == "cpu"):
+        cpu_kernels.select_isa(cpu_isa)  # the process's tier, checked now rather than at the first step
+    elif device_type == "cpu":
+        try:
+            cpu_kernels.select_isa("auto")
+        except cpu_kernels.KernelUnavailable:
+            pass  # auto falls back to the references below
     if backend == "auto":
         if device_type == "cuda":
             backend = "triton"

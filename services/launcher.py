@@ -39,6 +39,7 @@ VALUE_FLAGS = {
     "--num-gpu-blocks": ("worker",),
     "--kv-cache-memory-bytes": ("worker",),
     "--kernel-backend": ("worker",),
+    "--cpu-isa": ("worker",),
     "--seed": ("scheduler", "worker"),
     "--num-threads": ("worker",),
     "--quantization": ("worker",),

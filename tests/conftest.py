@@ -48,3 +48,38 @@ def make_llm(model, **engine_args):
 
 def greedy(max_tokens: int = 16, **kw) -> SamplingParams:
     return SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True, **kw)
+
+
+# ---- CPU kernel tiers (kernels/cpu_kernels.py) ---------------------------------------------
+def _tier_params(engine: bool) -> list:
+    from kernels.cpu_kernels import host_tiers, testable_tiers
+
+    return [pytest.param(tier, id=tier) for tier in (host_tiers() if engine else testable_tiers())]
+
+
+@pytest.fixture(params=_tier_params(engine=False))
+def cpu_tier(request):
+    """Each kernel tier this CPU executes, active while the test runs (best first; on an AVX-512
+    CPU with AVX-512 BF16 also avx512-nobf16, the AVX-512 tier as other AVX-512 CPUs build it)."""
+    yield from use_tier(request.param)
+
+
+@pytest.fixture(params=_tier_params(engine=True))
+def engine_tier(request):
+    """Each tier an engine can be forced to here (cpu_isa=engine_tier), active while the test runs."""
+    yield from use_tier(request.param)
+
+
+def use_tier(tier: str):
+    """Generator for a fixture: `tier` active while it is suspended (skips where it does not build)."""
+    from kernels import cpu_kernels
+
+    scope = cpu_kernels.use_isa(tier)
+    try:
+        scope.__enter__()
+    except cpu_kernels.KernelUnavailable as error:
+        pytest.skip(f"the {tier} kernels do not build here: {error}")
+    try:
+        yield tier
+    finally:
+        scope.__exit__(None, None, None)

@@ -3,43 +3,115 @@
  * Batch-invariant by construction: output element (m, n) is one chain of fused multiply-adds
  * over k = 0, 1, ..., K-1 in one vector lane, started from 0 and rounded once at the end.
  * Which tile, row slot, lane or thread computes it, and how many rows share the call, never
- * changes that chain, so a row's bits do not depend on the batch or the thread count. For
- * bf16 the chain takes k in pairs (AVX-512 BF16's dot product of two bf16 pairs into fp32).
+ * changes that chain, so a row's bits do not depend on the batch or the thread count.
+ *
+ * One source, one build per tier (kernels/cpu_kernels.py), the code path chosen by the
+ * compiler's target macros:
+ *   AVX-512 (__AVX512F__)        fp32: 16-lane FMA tiles of 8 rows x 48 features (tile_f32).
+ *     with AVX-512 BF16          bf16: dot products of bf16 pairs into fp32 (tile_bf16): the
+ *                                chain takes k in pairs, as the instruction does.
+ *     without it                 bf16: the widening tiles below, at 16 lanes.
+ *   AVX2 + FMA (x86-64-v3)       the widening tiles at 8 lanes.
+ *   anything else (generic)      the widening tiles at 4 lanes in GCC vector extensions
+ *                                (NEON's fused multiply-add on aarch64; elsewhere a * b + c,
+ *                                fused where the target has FMA, the same way for every row).
+ * The widening tiles read bf16 weights and inputs as bf16 and widen them to fp32 in registers
+ * (a bf16 value is the top half of its fp32 value), so bf16 halves the bytes a decode step
+ * reads on every CPU; the chain is then the fp32 chain over the widened values, k by k.
+ * Tiers differ from one another in bits (pairs vs single k steps, fused or not), never within.
  *
  * It streams the weight once per call at small M (decode), where a library's GEMM falls back
  * to kernels with other bits or reads the weight at a third of the memory bandwidth, and it
  * keeps a panel of the weight in L2 across the rows at large M (prefill, big batches), while
  * the tiles prefetch the next panel (Warm) so that streaming overlaps computing.
  *
- * Packed layout, PANEL = 48 output features per panel (the last one padded with zeros):
+ * Packed layout, PANEL = 48 output features per panel (the last one padded with zeros), the
+ * same in every tier:
  *   fp32: [panels][K][48]                element (p, k, j) = W[48 p + j][k]
  *   bf16: [panels][ceil(K / 2)][48][2]   element (p, i, j, h) = W[48 p + j][2 i + h] (0 past K)
  */
-#include <immintrin.h>
 #include <stdint.h>
 #include <string.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+#if defined(__ARM_NEON)
+#include <arm_neon.h>
+#endif
 
 #include "kernels.h"
 #include "vec.h"
 
 #define PANEL 48    /* output features per panel: 3 vectors of 16 */
-#define ROWS 8      /* rows of x per tile: 24 accumulators, 3 weight vectors, 1 broadcast */
 #define ROW_BLOCK 96 /* rows per pass over the panels: the panel stays in L2 across its tiles */
 #define WARM_ROWS 16 /* rows from which the tiles warm the next panel (see Warm); below, memory-bound anyway */
 
+/* The tier's vectors for the widening tiles: WL fp32 lanes, FMA(a, b, c) = a * b + c lane by
+ * lane; ROWS rows of x per tile, each tile ROW_VECTORS vectors wide (a single row: ONE_VECTORS,
+ * so the decode path reads each k row of the panel whole). Accumulators + weights + 1 broadcast
+ * fit the register file: AVX-512 8x3 + 3 + 1 of 32, AVX2 4x3 + 3 + 1 of 16, NEON 4x6 + 6 + 1 of 32. */
 #if defined(__AVX512F__)
-#define HAVE_F32 1
+#define WL 16
+#define ROWS 8
+#define ROW_VECTORS 3
+#define ONE_VECTORS 3
+#define FMA(a, b, c) ((wv)_mm512_fmadd_ps((__m512)(a), (__m512)(b), (__m512)(c)))
+#define SPLAT(s) ((wv)_mm512_set1_ps(s))
+#elif defined(__AVX2__) && defined(__FMA__)
+#define WL 8
+#define ROWS 4
+#define ROW_VECTORS 3
+#define ONE_VECTORS 6
+#define FMA(a, b, c) ((wv)_mm256_fmadd_ps((__m256)(a), (__m256)(b), (__m256)(c)))
+#define SPLAT(s) ((wv)_mm256_set1_ps(s))
+#elif defined(__ARM_NEON) && defined(__aarch64__)
+#define WL 4
+#define ROWS 4
+#define ROW_VECTORS 6
+#define ONE_VECTORS 12
+#define FMA(a, b, c) ((wv)vfmaq_f32((float32x4_t)(c), (float32x4_t)(a), (float32x4_t)(b)))
+#define SPLAT(s) ((wv)vdupq_n_f32(s))
 #else
-#define HAVE_F32 0
+#define WL 4
+#define ROWS 4
+#define ROW_VECTORS 3
+#define ONE_VECTORS 3
+#define FMA(a, b, c) ((a) * (b) + (c))
+#define SPLAT(s) ((wv){(s), (s), (s), (s)})
+#endif
+#define MAX_VECTORS (ONE_VECTORS > ROW_VECTORS ? ONE_VECTORS : ROW_VECTORS)
+
+#if defined(__AVX512F__)
+#define HAVE_AVX512_F32 1
+#else
+#define HAVE_AVX512_F32 0
 #endif
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
-#define HAVE_BF16 1
+#define HAVE_AVX512_BF16 1
 #else
-#define HAVE_BF16 0
+#define HAVE_AVX512_BF16 0
 #endif
 
-/* whether this build has the kernel for the dtype (0: the caller takes oneDNN or F.linear) */
-int gemm_supported(int is_bf16) { return is_bf16 ? HAVE_BF16 : HAVE_F32; }
+/* every tier has the kernel for both dtypes (kept for the caller's check: 0 would send it to F.linear) */
+int gemm_supported(int is_bf16) {
+    (void)is_bf16;
+    return 1;
+}
+
+/* the code path this build took, for the tests and the benchmarks' reports */
+const char *kernel_tier(void) {
+#if HAVE_AVX512_BF16
+    return "avx512+bf16";
+#elif defined(__AVX512F__)
+    return "avx512";
+#elif defined(__AVX2__) && defined(__FMA__)
+    return "avx2";
+#elif defined(__ARM_NEON) && defined(__aarch64__)
+    return "generic-neon";
+#else
+    return "generic";
+#endif
+}
 
 /* Where a tile warms L2 with a share of the next panel: `count` cache lines from `lines`,
  * `per_step` of them per k step from the first (lines NULL: none). At M > ROWS the tiles of a
@@ -55,10 +127,10 @@ INLINE void warm_step(const Warm *warm, int64_t step) {
     if (warm->lines == NULL)
         return;
     for (int64_t line = step * warm->per_step, end = line + warm->per_step; line < end && line < warm->count; line++)
-        _mm_prefetch(warm->lines + 64 * line, _MM_HINT_T1);
+        __builtin_prefetch(warm->lines + 64 * line, 0, 2); /* prefetcht1 on x86 */
 }
 
-#if HAVE_F32
+#if HAVE_AVX512_F32
 /* rows x PANEL accumulators to out (+ bias), rounded to out's dtype; columns past n are not stored */
 INLINE void store_tile(const int rows, __m512 acc[ROWS][3], const void *bias, void *out, int64_t ldo, int64_t n0,
                        int64_t n, int is_bf16) {
@@ -105,7 +177,7 @@ INLINE void tile_f32(const int rows, const float *x, int64_t ldx, const float *p
 }
 #endif
 
-#if HAVE_BF16
+#if HAVE_AVX512_BF16
 /* x[r][2i], x[r][2i+1] as one 32-bit lane (the second 0 past the row's end) */
 INLINE __m512bh pair(const uint16_t *row, int64_t i, int64_t k_len) {
     uint32_t bits = row[2 * i];
@@ -145,10 +217,124 @@ INLINE void tile_bf16(const int rows, const uint16_t *x, int64_t ldx, const uint
 }
 #endif
 
+/* ---- the widening tiles (every tier; AVX-512 only for bf16 without AVX-512 BF16) ---- */
+typedef float wv __attribute__((vector_size(WL * sizeof(float))));
+typedef uint32_t wu __attribute__((vector_size(WL * sizeof(uint32_t))));
+
+INLINE float bf16_to_float(uint16_t half) {
+    const uint32_t bits = (uint32_t)half << 16;
+    float value;
+    memcpy(&value, &bits, sizeof value);
+    return value;
+}
+
+/* vec.h's bf16_bits16 for one value: round to nearest even, NaN stays NaN */
+INLINE uint16_t float_to_bf16(float value) {
+    uint32_t bits;
+    memcpy(&bits, &value, sizeof bits);
+    if ((bits & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((bits >> 16) | 0x40u);
+    return (uint16_t)((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+}
+
+/* rows x (vectors * WL) accumulators to out (+ bias), rounded to out's dtype; columns past n are
+ * not stored. One element at a time: acc + bias is the same fp32 add the vector tiles do. */
+INLINE void wide_store(const int rows, const int vectors, wv acc[ROWS][MAX_VECTORS], const void *bias, void *out,
+                       int64_t ldo, int64_t col0, int64_t n, int is_bf16) {
+    for (int r = 0; r < rows; r++)
+        for (int c = 0; c < vectors * WL && col0 + c < n; c++) {
+            float v = acc[r][c / WL][c % WL];
+            const int64_t col = col0 + c;
+            if (bias != NULL)
+                v += is_bf16 ? bf16_to_float(((const uint16_t *)bias)[col]) : ((const float *)bias)[col];
+            if (is_bf16)
+                ((uint16_t *)out)[r * ldo + col] = float_to_bf16(v);
+            else
+                ((float *)out)[r * ldo + col] = v;
+        }
+}
+
+/* `rows` rows of x times features [f0, f0 + vectors * WL) of one panel, k by k; bf16 weights are
+ * widened in registers: a packed word holds W[j][2i] (low half) and W[j][2i+1] (high half). */
+INLINE void wide_tile(const int rows, const int vectors, const int is_bf16, const void *x, int64_t ldx,
+                      const void *panel, int f0, const Warm *warm, int64_t k_len, const void *bias, void *out,
+                      int64_t ldo, int64_t n0, int64_t n) {
+    wv acc[ROWS][MAX_VECTORS], w[MAX_VECTORS];
+    for (int r = 0; r < rows; r++)
+        for (int v = 0; v < vectors; v++)
+            acc[r][v] = (wv){0};
+    if (!is_bf16) {
+        const float *xs = x;
+        for (int64_t k = 0; k < k_len; k++) {
+            const float *wk = (const float *)panel + k * PANEL + f0;
+            warm_step(warm, k);
+#pragma GCC unroll 12
+            for (int v = 0; v < vectors; v++)
+                memcpy(&w[v], wk + v * WL, sizeof w[v]);
+#pragma GCC unroll 8
+            for (int r = 0; r < rows; r++) {
+                const wv a = SPLAT(xs[r * ldx + k]);
+#pragma GCC unroll 12
+                for (int v = 0; v < vectors; v++)
+                    acc[r][v] = FMA(a, w[v], acc[r][v]);
+            }
+        }
+    } else {
+        const uint16_t *xs = x;
+        const int64_t pairs = (k_len + 1) / 2;
+        for (int64_t i = 0; i < pairs; i++) {
+            const uint32_t *wi = (const uint32_t *)panel + i * PANEL + f0;
+            warm_step(warm, i);
+            for (int h = 0; h < 2 && 2 * i + h < k_len; h++) { /* k = 2i, then 2i + 1: one chain, in order */
+#pragma GCC unroll 12
+                for (int v = 0; v < vectors; v++) {
+                    wu bits;
+                    memcpy(&bits, wi + v * WL, sizeof bits);
+                    w[v] = (wv)(h == 0 ? bits << 16 : bits & 0xffff0000u);
+                }
+#pragma GCC unroll 8
+                for (int r = 0; r < rows; r++) {
+                    const wv a = SPLAT(bf16_to_float(xs[r * ldx + 2 * i + h]));
+#pragma GCC unroll 12
+                    for (int v = 0; v < vectors; v++)
+                        acc[r][v] = FMA(a, w[v], acc[r][v]);
+                }
+            }
+        }
+    }
+    wide_store(rows, vectors, acc, bias, out, ldo, n0 + f0, n, is_bf16);
+}
+
+/* A panel's features in slices as wide as the tile, the last ones skipped past n; only the first
+ * slice warms the next panel. */
+INLINE void wide_tiles(const int rows, const int is_bf16, const void *x, int64_t ldx, const void *panel,
+                       const Warm *warm, int64_t k_len, const void *bias, void *out, int64_t ldo, int64_t n0,
+                       int64_t n) {
+    const Warm none = {NULL, 0, 0};
+    const int vectors = rows == 1 ? ONE_VECTORS : ROW_VECTORS;
+    for (int f0 = 0; f0 < PANEL && n0 + f0 < n; f0 += vectors * WL) {
+        if (rows == 1)
+            wide_tile(1, ONE_VECTORS, is_bf16, x, ldx, panel, f0, f0 == 0 ? warm : &none, k_len, bias, out, ldo, n0, n);
+        else
+            wide_tile(rows, ROW_VECTORS, is_bf16, x, ldx, panel, f0, f0 == 0 ? warm : &none, k_len, bias, out, ldo,
+                      n0, n);
+    }
+}
+
 /* One tile: `rows` (1..ROWS) rows of x times one panel. A switch, so that each row count is
  * its own fully unrolled loop with the accumulators in registers. */
 static void tile(int rows, const void *x, int64_t ldx, const void *panel, const Warm *warm, int64_t k_len,
                  const void *bias, void *out, int64_t ldo, int64_t n0, int64_t n, int is_bf16) {
+#if HAVE_AVX512_BF16
+#define TILE_BF16(R) tile_bf16(R, x, ldx, panel, warm, k_len, bias, out, ldo, n0, n)
+#else
+#define TILE_BF16(R) wide_tiles(R, 1, x, ldx, panel, warm, k_len, bias, out, ldo, n0, n)
+#endif
+#if HAVE_AVX512_F32
+#define TILE_F32(R) tile_f32(R, x, ldx, panel, warm, k_len, bias, out, ldo, n0, n)
+#else
+#define TILE_F32(R) wide_tiles(R, 0, x, ldx, panel, warm, k_len, bias, out, ldo, n0, n)
+#endif
 #define TILE_CASE(R)                                                                                          \
     case R:                                                                                                   \
         if (is_bf16)                                                                                          \
@@ -156,25 +342,17 @@ static void tile(int rows, const void *x, int64_t ldx, const void *panel, const 
         else                                                                                                  \
             TILE_F32(R);                                                                                      \
         break;
-#if HAVE_BF16
-#define TILE_BF16(R) tile_bf16(R, x, ldx, panel, warm, k_len, bias, out, ldo, n0, n)
-#else
-#define TILE_BF16(R) (void)0
-#endif
-#if HAVE_F32
-#define TILE_F32(R) tile_f32(R, x, ldx, panel, warm, k_len, bias, out, ldo, n0, n)
-#else
-#define TILE_F32(R) (void)0
-#endif
     switch (rows) {
         TILE_CASE(1)
         TILE_CASE(2)
         TILE_CASE(3)
         TILE_CASE(4)
+#if ROWS > 4
         TILE_CASE(5)
         TILE_CASE(6)
         TILE_CASE(7)
         TILE_CASE(8)
+#endif
     }
 }
 

@@ -20,6 +20,7 @@ void write_kv(const void *k, int64_t k_stride, const void *v, int64_t v_stride, 
               const int64_t *slot_mapping, int64_t num_tokens, int64_t row_elems, int is_bf16);
 void argmax_rows(const float *x, int64_t x_stride, int64_t *out, int64_t num_rows, int64_t n, int num_threads);
 int gemm_supported(int is_bf16);
+const char *kernel_tier(void);
 void linear(const void *x, int64_t ldx, const void *packed, const void *bias, void *out, int64_t ldo, int64_t m,
             int64_t n, int64_t k, int is_bf16, int num_threads);
 int64_t quant_row_bytes(int fmt, int64_t k);

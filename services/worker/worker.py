@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 import structlog
 
+from kernels import cpu_kernels
 from kernels.ops import get_ops
 from services.core.config import CacheConfig, WorkerConfig
 from services.core.model_path import resolve_model_path
@@ -33,7 +34,7 @@ class Worker:
         torch.manual_seed(config.seed)
         if config.num_threads:  # several workers on one machine must not oversubscribe its cores
             torch.set_num_threads(config.num_threads)
-        ops = get_ops(config.kernel_backend, self.device.type)
+        ops = get_ops(config.kernel_backend, self.device.type, config.cpu_isa)
         linear = invariant_linear if config.batch_invariant else plain_linear
         self.quantization = resolve_quantization(config.quantization, self.model_path)
         model = load_model(self.model_path, self.dtype, self.device, ops, linear, self.quantization)
@@ -49,7 +50,7 @@ class Worker:
             device=self.device.type, batch_invariant=config.batch_invariant)
         log.info("worker_ready", model=self.info.model, dtype=self.info.dtype, device=self.info.device,
                  num_gpu_blocks=num_blocks, num_cpu_blocks=num_cpu_blocks, kernels=ops.name,
-                 quantization=self.quantization)
+                 quantization=self.quantization, cpu_isa=cpu_kernels.active_tier() if ops.name == "cpu" else None)
 
     def step(self, delta: StepDelta) -> StepResult:
         return self.runner.execute(delta)

@@ -13,6 +13,13 @@ from kernels.norm import rms_norm_ref
 from kernels.rotary import apply_rotary_ref, cos_sin_cache
 
 pytestmark = pytest.mark.skipif(not cpu_kernels.is_available(), reason="no C compiler: the ops are the references")
+
+
+@pytest.fixture(autouse=True)
+def _every_tier(cpu_tier):
+    """Each test once per kernel tier this CPU executes."""
+    return cpu_tier
+
 DTYPES = [torch.float32, torch.bfloat16]
 FP32 = dict(atol=2e-6, rtol=2e-6)
 

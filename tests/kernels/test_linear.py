@@ -5,19 +5,33 @@ import pytest
 import torch
 
 from kernels import cpu_kernels
-from kernels.linear import GemmWeight, invariant_linear, plain_linear, prepack
+from kernels.linear import GemmWeight, invariant_linear, onednn_runs, plain_linear, prepack
+from tests.conftest import use_tier
 
-LIBRARIES = ["gemm", "onednn", "dense"]
+# the own GEMM once per kernel tier this CPU executes, then the libraries it replaces
+LIBRARIES = [*(pytest.param(("gemm", tier), id=f"gemm-{tier}") for tier in cpu_kernels.testable_tiers()),
+             pytest.param(("onednn", None), id="onednn"), pytest.param(("dense", None), id="dense")]
+
+
+@pytest.fixture(params=LIBRARIES)
+def library(request):
+    name, tier = request.param
+    if tier is None:
+        yield name
+        return
+    for _ in use_tier(tier):  # the tier active while the test runs
+        yield name
 
 
 def _prepack(dense: torch.Tensor, library: str):
+    if library == "onednn" and not onednn_runs(dense.dtype):
+        pytest.skip(f"oneDNN does not run {dense.dtype} on this CPU")
     weight = prepack(dense, library)
     if library == "gemm" and not isinstance(weight, GemmWeight):
-        pytest.skip(f"this CPU has no compiled GEMM for {dense.dtype} (needs AVX-512, and AVX-512 BF16 for bf16)")
+        pytest.skip("no C compiler: no compiled GEMM")
     return weight
 
 
-@pytest.mark.parametrize("library", LIBRARIES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("shape", [(64, 512), (576, 1536), (37, 100)], ids=["64x512", "576x1536", "odd"])
 def test_row_bits_do_not_depend_on_batch(dtype, shape, library):
@@ -35,10 +49,11 @@ def test_row_bits_do_not_depend_on_batch(dtype, shape, library):
             assert torch.equal(invariant_linear(x, weight, bias)[position], want), (num_rows, position)
 
 
-@pytest.mark.parametrize("library", ["gemm", "onednn"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_row_bits_do_not_depend_on_thread_count(library, dtype):
     """One worker may run with 1 thread and another with 2 (the launcher splits the cores)."""
+    if library == "dense":
+        pytest.skip("F.linear's threading is MKL's")
     gen = torch.Generator().manual_seed(2)
     weight = _prepack(torch.randn(1536, 576, generator=gen).to(dtype), library)
     x = torch.randn(37, 576, generator=gen).to(dtype)
@@ -53,7 +68,6 @@ def test_row_bits_do_not_depend_on_thread_count(library, dtype):
     assert torch.equal(one, two)
 
 
-@pytest.mark.parametrize("library", LIBRARIES)
 @pytest.mark.parametrize("shape", [(256, 64), (49, 37), (1, 1), (100, 1537)], ids=str)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_packed_weight_gives_the_dense_result(library, shape, dtype):
@@ -71,7 +85,7 @@ def test_packed_weight_gives_the_dense_result(library, shape, dtype):
         torch.testing.assert_close(fn(x, weight, bias).double(), exact, **tolerance)
 
 
-def test_gemm_takes_strided_and_batched_inputs():
+def test_gemm_takes_strided_and_batched_inputs(cpu_tier):
     """A view of a wider tensor (a row stride) and [B, T, K] inputs give the contiguous result."""
     gen = torch.Generator().manual_seed(4)
     weight = _prepack(torch.randn(96, 64, generator=gen), "gemm")
@@ -91,10 +105,21 @@ def test_gemm_refuses_an_input_in_another_dtype():
         invariant_linear(torch.randn(2, 16).to(torch.bfloat16), weight, None)
 
 
-def test_auto_packs_for_the_compiled_gemm_where_it_runs():
-    weight = prepack(torch.randn(48, 16))
-    assert isinstance(weight, GemmWeight) == cpu_kernels.gemm_supported(torch.float32)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_auto_packs_for_the_compiled_gemm_on_every_tier(cpu_tier, dtype):
+    weight = prepack(torch.randn(48, 16).to(dtype))
+    assert isinstance(weight, GemmWeight) and weight.dtype == dtype
     assert weight.shape == (48, 16)
+
+
+def test_bf16_never_goes_to_a_onednn_that_cannot_run_it(monkeypatch):
+    """Without a compiler, on a CPU whose oneDNN has no bf16 (AVX2), bf16 weights stay dense:
+    F.linear is slow there but runs, where oneDNN's primitive fails at the first call."""
+    monkeypatch.setattr(cpu_kernels, "gemm_supported", lambda dtype: False)
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: False)
+    weight = prepack(torch.randn(48, 16).to(torch.bfloat16))
+    assert isinstance(weight, torch.Tensor) and not weight.is_mkldnn
+    assert prepack(torch.randn(48, 16)).is_mkldnn  # fp32 still takes oneDNN
 
 
 def test_plain_linear_is_not_invariant_on_onednn():
