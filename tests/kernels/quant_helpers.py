@@ -3,43 +3,24 @@ made by the `gguf` package's own quantizer (whose dequantizer is the oracle)."""
 from __future__ import annotations
 
 import ctypes
-import shutil
-import subprocess
 from pathlib import Path
 
 import numpy as np
-import pytest
 import torch
 
 from kernels import cpu_kernels, quant
 
 GGUF_TYPES = {"q4_0": quant.Q4_0, "q4_1": quant.Q4_1, "q8_0": quant.Q8_0}
-# this file's tiers before the tier build (kernels/cpu_kernels.py) takes them over: -march per tier
-_OWN_TIERS = {"avx512": ["-march=native"], "avx2": ["-march=x86-64-v3"], "generic": []}
-_NEEDS = {"avx512": {"avx512f", "avx512bw"}, "avx2": {"avx2", "fma", "f16c"}, "generic": set()}
 
 
 def host_tiers() -> list[str]:
-    if hasattr(cpu_kernels, "testable_tiers"):
-        return list(cpu_kernels.testable_tiers())
-    flags = set(cpu_kernels._cpu_flags().split())
-    x86 = "avx2" in flags or "sse2" in flags
-    return [t for t in _OWN_TIERS if _NEEDS[t] <= flags and (x86 or t == "generic")]
+    """Every tier this CPU executes (kernels/cpu_kernels.py builds each from the same sources)."""
+    return list(cpu_kernels.testable_tiers())
 
 
-def tier_library(tier: str, build_dir: Path) -> ctypes.CDLL:
+def tier_library(tier: str) -> ctypes.CDLL:
     """The kernels as `tier` builds them, quant_linear declared."""
-    if hasattr(cpu_kernels, "use_isa"):
-        with cpu_kernels.use_isa(tier):
-            return quant.declare(cpu_kernels.library())
-    compiler = shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
-        pytest.skip("no C compiler")
-    target = build_dir / f"quant-{tier}.so"
-    if not target.exists():
-        flags = ["-O3", "-fopenmp", "-shared", "-fPIC", "-std=gnu11", "-Wno-psabi", *_OWN_TIERS[tier]]
-        subprocess.run([compiler, *flags, "-o", str(target), str(cpu_kernels.CSRC / "quant_gemm.c")], check=True)
-    return quant.declare(ctypes.CDLL(str(target)))
+    return quant.declare(cpu_kernels.tier_library(tier))
 
 
 def gguf_blocks(weight: np.ndarray, name: str) -> tuple[np.ndarray, torch.Tensor]:

@@ -18,8 +18,8 @@ DTYPES = [torch.float32, torch.bfloat16]
 
 
 @pytest.fixture(scope="module", params=host_tiers())
-def lib(request, tmp_path_factory):
-    return tier_library(request.param, tmp_path_factory.mktemp("quant-tiers"))
+def lib(request):
+    return tier_library(request.param)
 
 
 def make_weight(fmt: str, out_features: int, in_features: int, dtype: torch.dtype, seed: int = 0):
