@@ -106,31 +106,26 @@ INLINE void two_halves(const uint8_t *p, float *first, float *second) {
 }
 
 /* 16 unsigned bytes / signed bytes as 16 fp32 lanes (exact). */
-INLINE vf u8_to_f32(vb bytes) {
 #if defined(__AVX512F__)
-    __m128i raw;
-    memcpy(&raw, &bytes, 16);
-    const __m512 wide = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(raw));
+INLINE vf widened(__m512i lanes) { /* 16 int32 lanes as fp32, in vec.h's type */
+    const __m512 wide = _mm512_cvtepi32_ps(lanes);
     vf out;
     memcpy(&out, &wide, sizeof out);
     return out;
-#else
-    return __builtin_convertvector(bytes, vf);
-#endif
 }
+#define BYTES_TO_F32(bytes, extend)                                                                           \
+    do {                                                                                                      \
+        __m128i raw;                                                                                          \
+        memcpy(&raw, &(bytes), 16);                                                                           \
+        return widened(extend(raw));                                                                          \
+    } while (0)
+#else
+#define BYTES_TO_F32(bytes, extend) return __builtin_convertvector(bytes, vf)
+#endif
 
-INLINE vf s8_to_f32(vsb bytes) {
-#if defined(__AVX512F__)
-    __m128i raw;
-    memcpy(&raw, &bytes, 16);
-    const __m512 wide = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(raw));
-    vf out;
-    memcpy(&out, &wide, sizeof out);
-    return out;
-#else
-    return __builtin_convertvector(bytes, vf);
-#endif
-}
+INLINE vf u8_to_f32(vb bytes) { BYTES_TO_F32(bytes, _mm512_cvtepu8_epi32); }
+
+INLINE vf s8_to_f32(vsb bytes) { BYTES_TO_F32(bytes, _mm512_cvtepi8_epi32); }
 
 /* acc + a * b, fused (one rounding) in every tier. */
 INLINE vf fma16(vf a, vf b, vf acc) {
