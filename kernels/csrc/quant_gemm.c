@@ -24,8 +24,11 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+#if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
+#endif
+#if defined(__ARM_NEON)
+#include <arm_neon.h>
 #endif
 
 #include "kernels.h"
@@ -142,7 +145,14 @@ INLINE vf fma16(vf a, vf b, vf acc) {
     vc[1] = _mm256_fmadd_ps(va[1], vb_[1], vc[1]);
     memcpy(&acc, vc, 64);
     return acc;
-#elif defined(__FP_FAST_FMAF) /* a target with FMA (aarch64): fused explicitly, never left to contraction */
+#elif defined(__ARM_NEON) && defined(__aarch64__) /* four NEON FMAs: fused explicitly, never left to contraction */
+    float32x4_t va[4], vb_[4], vc[4];
+    memcpy(va, &a, 64), memcpy(vb_, &b, 64), memcpy(vc, &acc, 64);
+    for (int i = 0; i < 4; i++)
+        vc[i] = vfmaq_f32(vc[i], va[i], vb_[i]);
+    memcpy(&acc, vc, 64);
+    return acc;
+#elif defined(__FP_FAST_FMAF) /* another target with FMA: fused explicitly */
     for (int i = 0; i < LANES; i++)
         acc[i] = __builtin_fmaf(a[i], b[i], acc[i]);
     return acc;
