@@ -3,6 +3,10 @@
     python bench/offline.py                               # ShareGPT, 16 requests, fp32 and bf16, all modes
     python bench/offline.py --num-requests 64 --hf-batch-sizes 4,16,64 --single-requests 16
     python bench/offline.py --modes engine,services --services-address 127.0.0.1:50051
+    python bench/offline.py --quantization int8       # the engine and services on int8 weights
+
+--quantization (default auto) picks the weights of (a), (b), (b') and (f): auto serves the default
+model from its Q4_1 GGUF, as the server does; none its fp32/bf16 safetensors; int8 per channel.
 
 Modes (per dtype): engine (a, the in-process LLM, batch-invariant), services (b, the three
 services over gRPC, started here with `python -m services up` unless --services-address, one
@@ -47,6 +51,9 @@ def parse_args() -> argparse.Namespace:
     add_workload_flags(parser)
     parser.set_defaults(num_requests=16)
     parser.add_argument("--dtypes", default="float32,bfloat16")
+    parser.add_argument("--quantization", default="auto",
+                        help="the engine's and the services' weights: auto (the default model: its Q4_1 GGUF), "
+                             "none, gguf or int8 (bench/quant.py compares them with llama.cpp)")
     parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {MODES}")
     parser.add_argument("--hf-batch-sizes", default="4,16", help="static batch sizes to try; the best is kept")
     parser.add_argument("--single-requests", type=int, default=4, help="requests run one at a time by (d), (e)")
@@ -76,7 +83,7 @@ def run_mode(mode: str, dtype: str, requests, args, folder: str) -> dict:
     if mode in ("engine", "engine-plain", "services", "services-batch"):
         tokens, passes = runners.run_interleaved(requests, folder, dtype, [mode], args.services_address,
                                                  args.max_num_seqs, args.max_num_batched_tokens, args.warmup,
-                                                 args.repeats)[mode]
+                                                 args.repeats, quantization=args.quantization)[mode]
         seconds = statistics.median(passes)
         extra = {"passes_tokens_per_s": [round(tokens / p, 1) for p in passes]}
     elif mode == "hf-batch":
@@ -105,7 +112,7 @@ def _run_interleaved(dtype: str, requests, args, folder: str, modes: list[str]) 
     sweep = _hf_sweep(requests, folder, dtype, args.hf_batch_sizes, args.warmup)[2] if "hf-batch" in split else {}
     timed = runners.run_interleaved(requests, folder, dtype, split, args.services_address, args.max_num_seqs,
                                     args.max_num_batched_tokens, args.warmup, args.repeats,
-                                    sweep.get("best_batch_size", 16))
+                                    sweep.get("best_batch_size", 16), args.quantization)
     engine_passes = timed["engine"][1]
     results = {}
     for mode, (tokens, passes) in timed.items():

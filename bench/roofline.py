@@ -103,9 +103,24 @@ def flops_per_token(costs: dict, context: int) -> float:
     return 2 * costs["linear_params"] + 4 * costs["layers"] * costs["heads"] * costs["head_dim"] * context
 
 
-def decode_bytes(costs: dict, batch: int, context: int, elem: int) -> float:
+def decode_bytes(costs: dict, batch: int, context: int, elem: int, weight_bytes: float | None = None) -> float:
+    """Weights once (their stored bytes where known: quantized ones are smaller) + the K/V read."""
     kv = batch * context * costs["layers"] * 2 * costs["kv_heads"] * costs["head_dim"] * elem
-    return costs["linear_params"] * elem + kv
+    return (weight_bytes if weight_bytes is not None else costs["linear_params"] * elem) + kv
+
+
+def linear_weight_bytes(model) -> int:
+    """Bytes a decode step streams for the linear layers (lm_head included), as stored."""
+    from kernels.quant import QuantWeight
+    seen, total = set(), 0
+    for module in model.modules():
+        for name in getattr(module, "linear_weights", ()):
+            weight = getattr(module, name)
+            tensor = weight.data if isinstance(weight, QuantWeight) else getattr(weight, "packed", weight)
+            if id(tensor) not in seen:
+                seen.add(id(tensor))
+                total += tensor.numel() * tensor.element_size()
+    return total
 
 
 EXTRA_STEPS = 24  # beyond the timed ones: prefill, warm-up, the profiled step and both breakdowns (11)
@@ -121,13 +136,16 @@ def _add_requests(llm, batch: int, context: int, steps: int, seed: int) -> None:
         llm.scheduler.add_request(f"r{seed}-{i}", prompt, params)
 
 
-def time_engine(folder: Path, dtype: str, batch: int, context: int, steps: int, profile: bool, rounds: int) -> dict:
+def time_engine(folder: Path, dtype: str, batch: int, context: int, steps: int, profile: bool, rounds: int,
+                quantization: str = "none") -> dict:
     """Prefill seconds for batch x context tokens, mean decode step seconds, each round's
-    (bandwidth, decode step seconds) pair, and the profile tables (None without --profile)."""
+    (bandwidth, decode step seconds) pair, the linear weights' bytes and the profile tables
+    (None without --profile)."""
     from services import LLM
     llm = LLM(str(folder), dtype=dtype, max_num_seqs=batch, max_num_batched_tokens=max(2048, batch * context),
               **engine_tier_args(),
-              num_gpu_blocks=batch * (context + steps + EXTRA_STEPS) // 16 + batch + 16, enable_prefix_caching=False)
+              num_gpu_blocks=batch * (context + steps + EXTRA_STEPS) // 16 + batch + 16, enable_prefix_caching=False,
+              quantization=quantization)
     _add_requests(llm, batch, context, steps, seed=batch)
     start = time.perf_counter()
     llm.engine.step()  # the whole prefill (and each sequence's first token)
@@ -144,8 +162,9 @@ def time_engine(folder: Path, dtype: str, batch: int, context: int, steps: int, 
     decode = sum(p["decode_step_s"] for p in paired) / len(paired)
     table = _profile(llm) if profile else None
     breakdown = _breakdowns(llm, steps=5) if profile else None
+    weight_bytes = linear_weight_bytes(llm.engine.workers["worker-0"].runner.model)
     return {"prefill_s": prefill, "decode_step_s": decode, "paired": paired, "profile": table,
-            "breakdown": breakdown}
+            "breakdown": breakdown, "weight_bytes": weight_bytes}
 
 
 OPS_FIELDS = ("paged_attention", "write_kv", "rms_norm", "apply_rotary", "silu_and_mul")
@@ -229,16 +248,19 @@ def _profile(llm) -> str:
     return prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12)
 
 
-def analyse(costs: dict, limits: dict, dtype: str, batch: int, context: int, timing: dict) -> dict:
+def analyse(costs: dict, limits: dict, dtype: str, batch: int, context: int, timing: dict,
+            quantization: str = "none") -> dict:
     elem = torch.tensor([], dtype=DTYPES[dtype]).element_size()
+    weights = timing.get("weight_bytes")
     peak, bw = limits[f"matmul_flops_{dtype}"], limits["bandwidth_bytes_per_s"]
     prefill_flops = batch * context * flops_per_token(costs, context // 2)  # mean context over the prompt
     step = timing["decode_step_s"]
     decode_flops = batch * flops_per_token(costs, context)
-    fractions = [decode_bytes(costs, batch, context, elem) / p["bandwidth_bytes_per_s"] / p["decode_step_s"]
+    fractions = [decode_bytes(costs, batch, context, elem, weights) / p["bandwidth_bytes_per_s"] / p["decode_step_s"]
                  for p in timing["paired"]]
     return {
-        "dtype": dtype, "batch": batch, "context": context,
+        "dtype": dtype if quantization == "none" else f"{dtype} {quantization}", "batch": batch, "context": context,
+        "weight_bytes": weights,
         "prefill_tok_s": batch * context / timing["prefill_s"],
         "prefill_compute_frac": prefill_flops / timing["prefill_s"] / peak,
         "decode_step_ms": step * 1e3, "decode_tok_s": batch / step,
@@ -246,7 +268,7 @@ def analyse(costs: dict, limits: dict, dtype: str, batch: int, context: int, tim
         "decode_bandwidth_frac": statistics.median(fractions),
         "decode_bandwidth_frac_range": (min(fractions), max(fractions)),
         "paired_bandwidth_bytes_per_s": statistics.median(p["bandwidth_bytes_per_s"] for p in timing["paired"]),
-        "decode_bandwidth_frac_best_bw": decode_bytes(costs, batch, context, elem) / bw / step,
+        "decode_bandwidth_frac_best_bw": decode_bytes(costs, batch, context, elem, weights) / bw / step,
     }
 
 
@@ -254,6 +276,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=None)
     parser.add_argument("--dtypes", default="float32,bfloat16")
+    parser.add_argument("--quantizations", default="none",
+                        help="weights per dtype: none, gguf (the folder's GGUF), int8; bytes per step are the stored ones")
     parser.add_argument("--batch-sizes", default="1,16,64")
     parser.add_argument("--context", type=int, default=128, help="prompt tokens per sequence")
     parser.add_argument("--decode-steps", type=int, default=12, help="timed decode steps per batch size")
@@ -271,17 +295,19 @@ def main() -> None:
     print(json.dumps(limits), flush=True)
     timings = {}
     for dtype in args.dtypes.split(","):
-        for batch in [int(b) for b in args.batch_sizes.split(",")]:
-            timings[dtype, batch] = time_engine(folder, dtype, batch, args.context, args.decode_steps, args.profile,
-                                                args.rounds)
-            print(dtype, batch, {k: v for k, v in timings[dtype, batch].items() if k != "profile"}, flush=True)
+        for quantization in args.quantizations.split(","):
+            for batch in [int(b) for b in args.batch_sizes.split(",")]:
+                key = (dtype, quantization, batch)
+                timings[key] = time_engine(folder, dtype, batch, args.context, args.decode_steps, args.profile,
+                                           args.rounds, quantization)
+                print(*key, {k: v for k, v in timings[key].items() if k != "profile"}, flush=True)
     again = measure_limits(args.dtypes.split(","))  # limits are the best seen: other load only lowers them
     limits = {k: max(v, again[k]) for k, v in limits.items()}
     paired_best = max(p["bandwidth_bytes_per_s"] for t in timings.values() for p in t["paired"])
     limits["bandwidth_bytes_per_s"] = max(limits["bandwidth_bytes_per_s"], paired_best)
-    rows = [analyse(costs, limits, dtype, batch, args.context, t) for (dtype, batch), t in timings.items()]
-    profiles = {f"{d} batch {b}": t["profile"] for (d, b), t in timings.items() if t["profile"]}
-    breakdowns = {f"{d} batch {b}{mode}": breakdown for (d, b), t in timings.items() if t["breakdown"]
+    rows = [analyse(costs, limits, dtype, batch, args.context, t, q) for (dtype, q, batch), t in timings.items()]
+    profiles = {f"{d} {q} batch {b}": t["profile"] for (d, q, b), t in timings.items() if t["profile"]}
+    breakdowns = {f"{d} {q} batch {b}{mode}": breakdown for (d, q, b), t in timings.items() if t["breakdown"]
                   for mode, breakdown in t["breakdown"].items()}
     body = _body(costs, limits, rows, profiles, breakdowns, args)
     path = write_results(args.out, "Roofline: prefill and decode against this machine's limits", load_before,

@@ -21,7 +21,8 @@ INTERLEAVED_MODES = ("engine", "services", "services-batch", "hf-batch")  # (a),
 
 def run_interleaved(requests: list[Request], model: str, dtype: str, modes: list[str], address: str | None = None,
                     max_num_seqs: int = 64, max_num_batched_tokens: int = 2048, warmup: int = 0,
-                    repeats: int = 1, hf_batch_size: int = 16) -> dict[str, tuple[int, list[float]]]:
+                    repeats: int = 1, hf_batch_size: int = 16,
+                    quantization: str = "auto") -> dict[str, tuple[int, list[float]]]:
     """(a) the in-process engine, the services' modes and (c) transformers at one static batch
     size, one pass of each in turn, `repeats` times: the host's drift (up to 2x within minutes
     here) then falls on all of them alike, and each round gives a fair ratio. Any one of them
@@ -37,12 +38,13 @@ def run_interleaved(requests: list[Request], model: str, dtype: str, modes: list
     if services:
         require_services()
     engines = {mode: LLM(model, dtype=dtype, batch_invariant=mode == "engine", max_num_seqs=max_num_seqs,
-                         max_num_batched_tokens=max_num_batched_tokens, **engine_tier_args())
+                         max_num_batched_tokens=max_num_batched_tokens, quantization=quantization, **engine_tier_args())
                for mode in modes if mode in ("engine", "engine-plain")}  # (f): batch_invariant=False
     params = [SamplingParams(temperature=0, max_tokens=r.output_len, ignore_eos=True) for r in requests]
     prompts = [list(r.prompt_ids) for r in requests]
     context = contextlib.nullcontext(address) if address or not services else \
-        launched(model, dtype, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens)
+        launched(model, dtype, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                 quantization=quantization)
     hf = load_hf(model, dtype) if "hf-batch" in modes else None
 
     def one_pass(mode: str, target: str) -> tuple[int, float]:

@@ -40,7 +40,7 @@ def require_services() -> None:
 @contextlib.contextmanager
 def launched(model: str, dtype: str, batch_invariant: bool = True, max_num_seqs: int = 64,
              max_num_batched_tokens: int = 2048, workers: int = 1, timeout: float = 300.0,
-             backend: str = "grpc") -> Iterator[str]:
+             backend: str = "grpc", quantization: str = "auto") -> Iterator[str]:
     """`python -m services up` on free loopback ports; yields the frontend's gRPC address, or its
     HTTP address (host:port) when backend is "http"."""
     require_services()
@@ -52,6 +52,7 @@ def launched(model: str, dtype: str, batch_invariant: bool = True, max_num_seqs:
                "--grpc-port", str(port), "--http-port", str(http_port), "--scheduler-port", str(scheduler_port),
                "--dtype", dtype, "--max-num-seqs", str(max_num_seqs),
                "--max-num-batched-tokens", str(max_num_batched_tokens), "--log-level", "warning",
+               "--quantization", quantization,
                "--batch-invariant" if batch_invariant else "--no-batch-invariant", "--log-dir", str(log_dir)]
     process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, start_new_session=True,
                                env={**os.environ, "PYTHONPATH": str(REPO)})

@@ -5,8 +5,9 @@ allocations and views: 3-6 us of Python apiece, 1-3 ms of a decode step that tak
 batch 1-16. decoder.c runs the same kernels in the same order on the same inputs, so it
 gives the same bits (tests/kernels/test_decoder_stack.py); only the Python goes.
 
-It runs where every linear weight is packed for the own GEMM and the activations, the norms
-and the KV cache share one dtype (fp32 or bf16); anywhere else the model goes layer by layer.
+It runs where every linear weight is packed for the own GEMM or quantized (kernels/quant.py,
+each weight's format passed along) and the activations, the norms and the KV cache share one
+dtype (fp32 or bf16); anywhere else the model goes layer by layer.
 """
 from __future__ import annotations
 
@@ -17,14 +18,18 @@ import torch
 
 from kernels import cpu_kernels
 from kernels.linear import GemmWeight
+from kernels.quant import QuantWeight
 
 OUT_OF_MEMORY, BAD_SHAPE = 1, 2  # decoder_stack's status codes (kernels/csrc/kernels.h)
 _LAYER_FIELDS = ("input_norm", "post_attn_norm", "qkv", "qkv_bias", "q_norm", "k_norm", "o", "gate_up", "down",
                  "k_cache", "v_cache")
 
 
+_LINEARS = ("qkv", "o", "gate_up", "down")  # DecoderLayer.formats' order
+
+
 class _Layer(ctypes.Structure):  # DecoderLayer in decoder.c
-    _fields_ = [(name, ctypes.c_void_p) for name in _LAYER_FIELDS]
+    _fields_ = [*((name, ctypes.c_void_p) for name in _LAYER_FIELDS), ("formats", ctypes.c_int64 * 4)]
 
 
 class _Stack(ctypes.Structure):  # DecoderStack in decoder.c
@@ -40,13 +45,13 @@ class LayerWeights:
     """One pre-norm decoder layer's weights (Llama, Mistral, Qwen2 with qkv_bias, Qwen3 with q/k norms)."""
     input_norm: torch.Tensor
     post_attn_norm: torch.Tensor
-    qkv: GemmWeight  # q, k and v projections stacked: [q + 2 kv, hidden]
+    qkv: GemmWeight | QuantWeight  # q, k and v projections stacked: [q + 2 kv, hidden]
     qkv_bias: torch.Tensor | None
     q_norm: torch.Tensor | None
     k_norm: torch.Tensor | None
-    o: GemmWeight
-    gate_up: GemmWeight  # gate and up stacked: [2 inter, hidden]
-    down: GemmWeight
+    o: GemmWeight | QuantWeight
+    gate_up: GemmWeight | QuantWeight  # gate and up stacked: [2 inter, hidden]
+    down: GemmWeight | QuantWeight
 
 
 @dataclass(frozen=True)
@@ -77,7 +82,7 @@ class DecoderStack:
         dtype = final_norm.dtype
         if dtype not in (torch.float32, torch.bfloat16) or not cpu_kernels.is_available():
             return None
-        if not cpu_kernels.gemm_supported(dtype) or rotary_cache.dtype not in (torch.float32, torch.bfloat16):
+        if rotary_cache.dtype not in (torch.float32, torch.bfloat16):
             return None
         if shape.head_dim % cpu_kernels.LANES or shape.head_dim // cpu_kernels.LANES > cpu_kernels.MAX_CHUNKS:
             return None
@@ -91,7 +96,9 @@ class DecoderStack:
             names = ("input_norm", "post_attn_norm", "qkv_bias", "q_norm", "k_norm")
             tensors = [getattr(layer, name) for name in names]
             weights = [layer.qkv, layer.o, layer.gate_up, layer.down]
-            if not all(isinstance(w, GemmWeight) and w.dtype == dtype for w in weights):
+            if not all(isinstance(w, (GemmWeight, QuantWeight)) and w.dtype == dtype for w in weights):
+                return None
+            if any(isinstance(w, GemmWeight) for w in weights) and not cpu_kernels.gemm_supported(dtype):
                 return None
             if not all(t.dtype == dtype and t.is_cpu and t.is_contiguous() for t in tensors if t is not None):
                 return None
@@ -141,6 +148,8 @@ class DecoderStack:
         def ptr(t) -> int | None:
             if t is None:
                 return None
+            if isinstance(t, QuantWeight):
+                return t.data.data_ptr()
             return (t.packed if isinstance(t, GemmWeight) else t).data_ptr()
 
         array = (_Layer * len(self.layers))()
@@ -148,6 +157,9 @@ class DecoderStack:
             for name in _LAYER_FIELDS[:-2]:
                 setattr(slot, name, ptr(getattr(layer, name)))
             slot.k_cache, slot.v_cache = k_cache.data_ptr(), v_cache.data_ptr()
+            for i, name in enumerate(_LINEARS):  # 0: packed for gemm.c; else quant_gemm.c's format
+                weight = getattr(layer, name)
+                slot.formats[i] = weight.fmt if isinstance(weight, QuantWeight) else 0
         first, shape = self.layers[0], self.shape
         stack = _Stack(
             num_layers=len(self.layers), hidden=first.o.out_features, num_heads=shape.num_heads,

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 
 from kernels import cpu_kernels
 from kernels.mkl import MKL_ROW_MULTIPLE
+from kernels.quant import QuantWeight
 
 ONEDNN_MIN_ROWS = 2
 CUDA_ROW_TILE = 64
@@ -72,8 +73,9 @@ def onednn_runs(dtype: torch.dtype) -> bool:
     return dtype != torch.bfloat16 or torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
-def invariant_linear(x: torch.Tensor, weight: torch.Tensor | GemmWeight, bias: torch.Tensor | None) -> torch.Tensor:
-    if isinstance(weight, GemmWeight):
+def invariant_linear(x: torch.Tensor, weight: torch.Tensor | GemmWeight | QuantWeight,
+                     bias: torch.Tensor | None) -> torch.Tensor:
+    if isinstance(weight, (GemmWeight, QuantWeight)):  # both batch-invariant by construction
         return weight(x, bias)
     x = x.contiguous()  # a strided input can take another library path
     if weight.is_mkldnn:
@@ -83,9 +85,10 @@ def invariant_linear(x: torch.Tensor, weight: torch.Tensor | GemmWeight, bias: t
     return _padded(x, MKL_ROW_MULTIPLE, lambda rows: F.linear(rows, weight, bias), at_least=False)
 
 
-def plain_linear(x: torch.Tensor, weight: torch.Tensor | GemmWeight, bias: torch.Tensor | None) -> torch.Tensor:
+def plain_linear(x: torch.Tensor, weight: torch.Tensor | GemmWeight | QuantWeight,
+                 bias: torch.Tensor | None) -> torch.Tensor:
     """Without invariance: no padding. The own GEMM is invariant anyway, and the fastest here."""
-    if isinstance(weight, GemmWeight):
+    if isinstance(weight, (GemmWeight, QuantWeight)):
         return weight(x, bias)
     if weight.is_mkldnn:
         return _onednn(x.contiguous(), weight, bias)

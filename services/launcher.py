@@ -32,6 +32,7 @@ VALUE_FLAGS = {
     "--cpu-isa": ("worker",),
     "--seed": ("scheduler", "worker"),
     "--num-threads": ("worker",),
+    "--quantization": ("worker",),
     "--max-pending": ("frontend",),
 }
 SWITCH_FLAGS = {

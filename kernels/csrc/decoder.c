@@ -26,6 +26,7 @@ typedef struct {
     const void *q_norm, *k_norm;             /* [head_dim], or NULL: no per-head q/k norm */
     const void *o, *gate_up, *down;          /* packed [hidden, q], [2 inter, hidden], [hidden, inter] */
     void *k_cache, *v_cache;                 /* [num_blocks, block_size, KVH, D] */
+    int64_t formats[4];                      /* qkv, o, gate_up, down: 0 packed for gemm.c, else quant_gemm.c's */
 } DecoderLayer;
 
 typedef struct {
@@ -37,6 +38,17 @@ typedef struct {
     const void *final_norm;        /* [hidden] */
     const DecoderLayer *layers;    /* [num_layers] */
 } DecoderStack;
+
+/* One linear layer on weight `which` of the layer (0 qkv, 1 o, 2 gate_up, 3 down): gemm.c's
+ * packed weight, or quant_gemm.c's rows of blocks. */
+static void layer_linear(const DecoderLayer *layer, int which, const void *w, const void *x, int64_t ldx,
+                         const void *bias, void *out, int64_t ldo, int64_t m, int64_t n, int64_t k, int bf16,
+                         int num_threads) {
+    if (layer->formats[which] == 0)
+        linear(x, ldx, w, bias, out, ldo, m, n, k, bf16, num_threads);
+    else
+        quant_linear(x, ldx, w, (int)layer->formats[which], bias, out, ldo, m, n, k, bf16, num_threads);
+}
 
 /* Aligned scratch rows for every intermediate of a layer, one allocation. */
 typedef struct {
@@ -91,8 +103,8 @@ int decoder_stack(const DecoderStack *m, const void *x, void *out, int64_t num_t
         else
             rms_norm(s.x, hidden, s.res, hidden, layer->input_norm, s.h, s.res, num_tokens, hidden, m->eps, bf16,
                      num_threads);
-        linear(s.h, hidden, layer->qkv, layer->qkv_bias, s.qkv, qkv_size, num_tokens, qkv_size, hidden, bf16,
-               num_threads);
+        layer_linear(layer, 0, layer->qkv, s.h, hidden, layer->qkv_bias, s.qkv, qkv_size, num_tokens, qkv_size,
+                     hidden, bf16, num_threads);
         const char *q = s.qkv, *k = q + q_size * elem, *v = k + kv_size * elem;
         int64_t q_stride = qkv_size, k_stride = qkv_size;
         if (layer->q_norm != NULL) { /* per head: rows of head_dim, each token's heads contiguous */
@@ -111,13 +123,15 @@ int decoder_stack(const DecoderStack *m, const void *x, void *out, int64_t num_t
         status = paged_attention(s.q, q_size, bf16, m->scale, layer->k_cache, layer->v_cache, bf16, tables,
                                  max_blocks, token_seq, token_pos, s.attn, num_tokens, (int)heads, (int)kv_heads,
                                  (int)dim, (int)m->block_size, num_threads);
-        linear(s.attn, q_size, layer->o, NULL, s.x, hidden, num_tokens, hidden, q_size, bf16, num_threads);
+        layer_linear(layer, 1, layer->o, s.attn, q_size, NULL, s.x, hidden, num_tokens, hidden, q_size, bf16,
+                     num_threads);
         rms_norm(s.x, hidden, s.res, hidden, layer->post_attn_norm, s.h, s.res, num_tokens, hidden, m->eps, bf16,
                  num_threads);
-        linear(s.h, hidden, layer->gate_up, NULL, s.gate_up, 2 * m->inter, num_tokens, 2 * m->inter, hidden, bf16,
-               num_threads);
+        layer_linear(layer, 2, layer->gate_up, s.h, hidden, NULL, s.gate_up, 2 * m->inter, num_tokens,
+                     2 * m->inter, hidden, bf16, num_threads);
         silu_and_mul(s.gate_up, 2 * m->inter, s.act, num_tokens, m->inter, bf16, num_threads);
-        linear(s.act, m->inter, layer->down, NULL, s.x, hidden, num_tokens, hidden, m->inter, bf16, num_threads);
+        layer_linear(layer, 3, layer->down, s.act, m->inter, NULL, s.x, hidden, num_tokens, hidden, m->inter, bf16,
+                     num_threads);
     }
     if (status == KERNEL_OK)
         rms_norm(s.x, hidden, s.res, hidden, m->final_norm, out, s.res, num_tokens, hidden, m->eps, bf16, num_threads);

@@ -23,3 +23,6 @@ int gemm_supported(int is_bf16);
 const char *kernel_tier(void);
 void linear(const void *x, int64_t ldx, const void *packed, const void *bias, void *out, int64_t ldo, int64_t m,
             int64_t n, int64_t k, int is_bf16, int num_threads);
+int64_t quant_row_bytes(int fmt, int64_t k);
+int quant_linear(const void *x, int64_t ldx, const void *w, int fmt, const void *bias, void *out, int64_t ldo,
+                 int64_t m, int64_t n, int64_t k, int is_bf16, int num_threads);

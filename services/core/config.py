@@ -15,6 +15,8 @@ PREEMPTION_MODES = ("recompute", "swap")
 DTYPES = ("float32", "bfloat16", "float16", "auto")
 KERNEL_BACKENDS = ("auto", "torch", "cpu", "triton")
 CPU_ISAS = ("auto", "avx512", "avx2", "generic")  # the CPU kernels' tiers (kernels.cpu_kernels.TIERS)
+# auto: gguf where the model folder holds a GGUF file (the default model), else none
+QUANTIZATIONS = ("auto", "none", "gguf", "int8")
 
 
 @dataclass(frozen=True)
@@ -74,10 +76,13 @@ class WorkerConfig:
     batch_invariant: bool = True  # the deterministic mode (DESIGN rule 4)
     enforce_eager: bool = False  # reserved for CUDA-graph capture, not built yet: every step runs eagerly
     num_threads: int = 0  # CPU threads for the worker's math (0: the library default)
+    quantization: str = "auto"  # the weights' format: see QUANTIZATIONS and services/worker/loader.py
     cpu_isa: str = "auto"  # the CPU kernels' tier; auto: the best this CPU executes
 
     def __post_init__(self) -> None:
         check(bool(self.model), "model", "must name a model folder or hub id")
+        check(self.quantization in QUANTIZATIONS, "quantization",
+              f"must be one of {QUANTIZATIONS}, got {self.quantization!r}")
         check(self.cpu_isa in CPU_ISAS, "cpu_isa", f"must be one of {CPU_ISAS}, got {self.cpu_isa!r}")
         check(self.num_threads >= 0, "num_threads", f"must be >= 0, got {self.num_threads}")
         check(self.dtype in DTYPES, "dtype", f"must be one of {DTYPES}, got {self.dtype!r}")
@@ -110,6 +115,7 @@ class EngineArgs:
     batch_invariant: bool = True
     enforce_eager: bool = False  # no effect yet (no CUDA-graph capture); see WorkerConfig
     num_threads: int = 0
+    quantization: str = "auto"
     cpu_isa: str = "auto"  # see WorkerConfig
 
     @classmethod
@@ -134,4 +140,5 @@ class EngineArgs:
 
     def worker_config(self) -> WorkerConfig:
         return WorkerConfig(self.model, self.dtype, self.device, self.seed, self.kernel_backend,
-                            self.batch_invariant, self.enforce_eager, self.num_threads, self.cpu_isa)
+                            self.batch_invariant, self.enforce_eager, self.num_threads, self.quantization,
+                            self.cpu_isa)

@@ -7,6 +7,8 @@ every worker and frontend loads::
     $PAGEDSERVE_CACHE/SmolLM2-135M-Instruct/    (PAGEDSERVE_CACHE defaults to ~/.cache/pagedserve)
         config.json              LlamaForCausalLM, tied embeddings
         model.safetensors        HF parameter names, dequantized to float32 (exact for Q4_1/Q8_0)
+        SmolLM2-135M-Instruct.Q4_1.gguf   a link to the package's file: what the worker serves by
+                                 default (--quantization auto -> gguf: the blocks as they ship)
         generation_config.json
         tokenizer.json, tokenizer_config.json (with the GGUF's chat template), special_tokens_map.json
 
@@ -19,7 +21,8 @@ Usage::
 
 From code: ``default_model_path()`` (where it lives) and ``ensure_default_model()``
 (converts if missing). Weights are read with the ``gguf`` package; llama.cpp stores the
-rows of q_proj/k_proj permuted for its rotary layout, which ``_unpermute`` undoes. The
+rows of q_proj/k_proj permuted for its rotary layout, which ``unpermute``
+(services/worker/gguf_weights.py) undoes. The
 tokenizer is converted by transformers' GGUF reader. A conversion is written into a
 temporary folder, checked (the model must answer the France question with Paris) and
 only then renamed into place, so a half-written folder is never taken as done.
@@ -39,25 +42,6 @@ GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 CHECK_MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
 CHECK_ANSWER = "Paris"
 _DONE_FILES = ("config.json", "model.safetensors", "tokenizer.json")
-
-# GGUF (llama.cpp) tensor names -> Hugging Face Llama names; {i} is the layer index.
-_GLOBAL_NAMES = {
-    "token_embd.weight": "model.embed_tokens.weight",
-    "output_norm.weight": "model.norm.weight",
-    "output.weight": "lm_head.weight",
-}
-_LAYER_NAMES = {
-    "attn_norm.weight": "input_layernorm.weight",
-    "ffn_norm.weight": "post_attention_layernorm.weight",
-    "attn_q.weight": "self_attn.q_proj.weight",
-    "attn_k.weight": "self_attn.k_proj.weight",
-    "attn_v.weight": "self_attn.v_proj.weight",
-    "attn_output.weight": "self_attn.o_proj.weight",
-    "ffn_gate.weight": "mlp.gate_proj.weight",
-    "ffn_up.weight": "mlp.up_proj.weight",
-    "ffn_down.weight": "mlp.down_proj.weight",
-}
-
 
 class DefaultModelError(RuntimeError):
     """The default model cannot be made (package missing, unexpected GGUF, failed check)."""
@@ -102,7 +86,20 @@ def ensure_default_model(cache_dir: Path | str | None = None, force: bool = Fals
     path = default_model_path(cache_dir)
     if force or not is_converted(path):
         convert(find_gguf(), path)
+    link_gguf(find_gguf(), path)
     return path
+
+
+def link_gguf(gguf_path: Path, folder: Path) -> None:
+    """Put (a link to) the GGUF file in the folder, where --quantization gguf finds it; a folder
+    converted before the link existed gets it here, without converting again."""
+    link = folder / gguf_path.name
+    if link.is_file() and link.resolve() == gguf_path.resolve():
+        return
+    tmp = folder / f".{gguf_path.name}.tmp-{os.getpid()}"
+    tmp.unlink(missing_ok=True)
+    tmp.symlink_to(gguf_path.resolve())
+    os.replace(tmp, link)  # atomic: two workers starting at once both end with the link
 
 
 # ----------------------------------------------------------------------------- conversion
@@ -131,6 +128,7 @@ def _write_folder(gguf_path: Path, folder: Path) -> None:
     tensors = _convert_tensors(reader, config)
     _save_weights(tensors, config, folder)
     _save_tokenizer(gguf_path, folder, meta, config.max_position_embeddings)
+    link_gguf(gguf_path, folder)
 
 
 def _replace_dir(src: Path, dst: Path) -> None:
@@ -189,25 +187,6 @@ def _build_config(meta: dict):
     )
 
 
-def _hf_name(gguf_name: str) -> str:
-    if gguf_name in _GLOBAL_NAMES:
-        return _GLOBAL_NAMES[gguf_name]
-    prefix, layer, rest = gguf_name.split(".", 2) if gguf_name.startswith("blk.") else ("", "", "")
-    if prefix == "blk" and rest in _LAYER_NAMES:
-        return f"model.layers.{int(layer)}.{_LAYER_NAMES[rest]}"
-    raise DefaultModelError(f"unexpected GGUF tensor {gguf_name!r}")
-
-
-def _unpermute(weight, num_heads: int):
-    """Undo llama.cpp's q/k row permutation (interleaved rotary pairs -> HF's rotate_half halves).
-
-    llama.cpp: w.reshape(H, 2, D/2, C).swapaxes(1, 2); the inverse swaps the same axes back.
-    """
-    rows = weight.shape[0]
-    half = rows // num_heads // 2
-    return weight.reshape(num_heads, half, 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
-
-
 def _convert_tensors(reader, config) -> dict:
     """Dequantize every GGUF tensor to float32 under its HF name; q/k rows un-permuted."""
     import numpy as np
@@ -215,15 +194,17 @@ def _convert_tensors(reader, config) -> dict:
     from gguf import dequantize
     from tqdm import tqdm
 
+    from services.worker.gguf_weights import hf_name, unpermute
+
     tensors = {}
     for tensor in tqdm(reader.tensors, desc=f"converting {MODEL_NAME}", unit="tensor"):
         shape = tuple(int(n) for n in reversed(tensor.shape))  # ggml lists dims innermost first
         weight = dequantize(tensor.data, tensor.tensor_type).astype(np.float32).reshape(shape)
-        name = _hf_name(tensor.name)
+        name = hf_name(tensor.name)
         if name.endswith("q_proj.weight"):
-            weight = _unpermute(weight, config.num_attention_heads)
+            weight = unpermute(weight, config.num_attention_heads)
         elif name.endswith("k_proj.weight"):
-            weight = _unpermute(weight, config.num_key_value_heads)
+            weight = unpermute(weight, config.num_key_value_heads)
         tensors[name] = torch.from_numpy(np.ascontiguousarray(weight))
     lm_head = tensors.pop("lm_head.weight", None)
     if lm_head is not None and not torch.equal(lm_head, tensors["model.embed_tokens.weight"]):

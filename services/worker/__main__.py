@@ -3,7 +3,8 @@
     python -m services.worker --model PATH --scheduler-address HOST:PORT --host 0.0.0.0 --port 0 \\
         --advertise-host HOST --worker-id ID --dtype auto --device auto --block-size 16 \\
         --num-gpu-blocks N --kv-cache-memory-bytes N --swap-space-bytes N --kernel-backend auto \\
-        --cpu-isa auto --seed 0 --batch-invariant/--no-batch-invariant [--reflection] --log-level info
+        --cpu-isa auto --seed 0 --quantization auto --batch-invariant/--no-batch-invariant [--reflection] \\
+        --log-level info
 
 Every flag also reads PAGEDSERVE_<FLAG> from the environment. SIGTERM/SIGINT: health turns
 NOT_SERVING, heartbeats stop, in-flight steps get a grace period, then the process exits.
@@ -48,6 +49,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add_flag(parser, "--cpu-isa", "auto", help="CPU kernel tier: auto, avx512, avx2 or generic")
     add_flag(parser, "--seed", 0, int, help="weights-independent torch seed")
     add_flag(parser, "--num-threads", 0, int, help="CPU threads for the math (0: the library default)")
+    add_flag(parser, "--quantization", "auto",
+             help="weights: auto (the folder's GGUF if it has one), none, gguf or int8 (per channel, at load)")
     add_switch(parser, "--batch-invariant", True, help="the deterministic mode (DESIGN rule 4)")
     add_switch(parser, "--reflection", False, help="serve gRPC reflection")
     add_flag(parser, "--log-level", "info", help="debug, info, warning or error")
@@ -56,7 +59,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def build_configs(args: argparse.Namespace) -> tuple[WorkerConfig, CacheConfig, WorkerServiceConfig]:
     worker = WorkerConfig(args.model, args.dtype, args.device, args.seed, args.kernel_backend, args.batch_invariant,
-                          num_threads=args.num_threads, cpu_isa=args.cpu_isa)
+                          num_threads=args.num_threads, quantization=args.quantization, cpu_isa=args.cpu_isa)
     cache = CacheConfig(args.block_size, args.num_gpu_blocks, args.kv_cache_memory_bytes, args.swap_space_bytes)
     service = WorkerServiceConfig(args.scheduler_address, args.worker_id, args.host, args.port, args.advertise_host,
                                   args.reflection)

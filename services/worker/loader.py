@@ -1,4 +1,15 @@
-"""Loading a Hugging Face checkpoint (config.json + *.safetensors) into our model modules."""
+"""Loading a checkpoint into our model modules: a Hugging Face folder (config.json +
+*.safetensors), its linear weights optionally quantized to int8 at load, or the folder's GGUF
+file with its quantized blocks kept as they are (kernels/quant.py multiplies them).
+
+quantization (WorkerConfig.quantization):
+  auto   gguf where the folder holds a GGUF file (the default model does), else none
+  none   the safetensors weights in the activation dtype
+  gguf   the GGUF's tensors: Q4_0, Q4_1 and Q8_0 rows of blocks byte for byte, F16/F32 ones as
+         dense weights; the embedding and lm_head as the file has them (token_embd, output)
+  int8   the safetensors weights, every decoder linear layer quantized per output channel; the
+         embedding and lm_head stay in the checkpoint's precision
+"""
 from __future__ import annotations
 
 import re
@@ -8,9 +19,11 @@ from typing import Callable
 import torch
 from safetensors import safe_open
 
+from kernels import quant
 from kernels.linear import prepack
 from kernels.ops import Ops
 from services.core.errors import InvalidArgument
+from services.worker.gguf_weights import find_gguf_file, read_tensors
 from services.worker.model_config import ModelArchConfig
 from services.worker.models.llama import LlamaForCausalLM
 
@@ -42,10 +55,23 @@ def resolve_dtype(name: str, cfg: ModelArchConfig, device: torch.device) -> torc
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
 
 
+def resolve_quantization(name: str, folder: Path) -> str:
+    """auto: gguf where the folder holds a GGUF file, else none."""
+    if name == "auto":
+        return "gguf" if find_gguf_file(folder) is not None else "none"
+    if name == "gguf" and find_gguf_file(folder) is None:
+        raise InvalidArgument("quantization", f"gguf: {folder} holds no *.gguf file")
+    return name
+
+
 def load_model(folder: Path, dtype: torch.dtype, device: torch.device, ops: Ops,
-               linear: Callable) -> LlamaForCausalLM:
+               linear: Callable, quantization: str = "none") -> LlamaForCausalLM:
     cfg = ModelArchConfig.from_folder(folder)
     model = LlamaForCausalLM(cfg, ops, linear)
+    if quantization != "none" and device.type != "cpu":
+        raise InvalidArgument("quantization", f"{quantization} runs on the CPU only, not on {device.type}")
+    if quantization == "gguf":
+        return _load_gguf(model, cfg, find_gguf_file(folder), dtype, device)
     parts: dict[str, dict[int, torch.Tensor]] = {}  # fused weights gathered piece by piece
     params = dict(model.named_parameters())
     loaded: set[str] = set()
@@ -70,12 +96,108 @@ def load_model(folder: Path, dtype: torch.dtype, device: torch.device, ops: Ops,
         loaded.add(path)
     if cfg.tie_word_embeddings:
         loaded.add("lm_head")
-    missing = sorted(set(params) - loaded)
-    if missing:
-        raise InvalidArgument("model", f"checkpoint lacks weights for {missing[:5]}")
+    _check_complete(params, loaded)
+    if quantization == "int8":
+        for path in _decoder_linear_paths(model):
+            _replace(model, path, quant.quantize_int8(params[path].data, dtype))
     model = model.to(device=device, dtype=dtype)
     model.prepack(prepack)
     return model
+
+
+def _check_complete(params: dict, loaded: set[str]) -> None:
+    missing = sorted(set(params) - loaded)
+    if missing:
+        raise InvalidArgument("model", f"checkpoint lacks weights for {missing[:5]}")
+
+
+def _decoder_linear_paths(model: LlamaForCausalLM) -> list[str]:
+    """The linear weights of the decoder layers (not the lm_head), as parameter paths."""
+    return [f"{prefix}.{name}" for prefix, module in model.named_modules() if prefix.startswith("layers.")
+            for name in getattr(module, "linear_weights", ())]
+
+
+def _replace(model: LlamaForCausalLM, path: str, weight: quant.QuantWeight) -> None:
+    """The parameter at `path` becomes a plain attribute holding `weight` (prepack leaves it alone)."""
+    prefix, _, name = path.rpartition(".")
+    module = model.get_submodule(prefix) if prefix else model
+    module._parameters.pop(name, None)
+    setattr(module, name, weight)
+
+
+def _load_gguf(model: LlamaForCausalLM, cfg: ModelArchConfig, path: Path, dtype: torch.dtype,
+               device: torch.device) -> LlamaForCausalLM:
+    """Dense tensors into the parameters, quantized ones as QuantWeights (fused ones row-stacked)."""
+    params = dict(model.named_parameters())
+    loaded: set[str] = set()
+    quantized: dict[str, quant.QuantWeight] = {}
+    parts: dict[str, dict[int, object]] = {}
+    for tensor in read_tensors(path, cfg.num_heads, cfg.num_kv_heads):
+        path_part = _GGUF_TOP.get(tensor.hf_name) or _target(tensor.hf_name, cfg)
+        if path_part is None:
+            continue
+        target, part = path_part
+        value = _gguf_value(tensor, dtype)
+        if part is not None:
+            parts.setdefault(target, {})[part] = value
+        elif isinstance(value, quant.QuantWeight):
+            quantized[target] = value
+        else:
+            _assign(params, target, value)
+        loaded.add(target)
+    for target, pieces in parts.items():
+        stacked = _stack([pieces[i] for i in sorted(pieces)], target, dtype)
+        if isinstance(stacked, quant.QuantWeight):
+            quantized[target] = stacked
+        else:
+            _assign(params, target, stacked)
+    if "lm_head" not in loaded:  # tied: the lm_head multiplies by the embedding as the file has it
+        loaded.add("lm_head")
+        if "embed" in quantized:
+            quantized["lm_head"] = quantized["embed"]
+    _check_complete(params, loaded)
+    for target, weight in quantized.items():
+        expected = tuple(model.get_parameter(target).shape)
+        if tuple(weight.shape) != expected:
+            raise InvalidArgument("model", f"GGUF tensor for {target} has shape {tuple(weight.shape)}, "
+                                           f"expected {expected}")
+    for target, weight in quantized.items():
+        _replace(model, target, weight)
+    model = model.to(device=device, dtype=dtype)
+    model.prepack(prepack)
+    return model
+
+
+_GGUF_TOP = {"model.embed_tokens.weight": ("embed", None), "lm_head.weight": ("lm_head", None)}
+_GGUF_DENSE = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+
+
+def _gguf_value(tensor, dtype: torch.dtype) -> torch.Tensor | quant.QuantWeight:
+    fmt = quant.FORMATS.get(tensor.type_name.lower())
+    if fmt is not None:
+        return quant.from_blocks(tensor.data, fmt, tensor.shape[-1], dtype)
+    if tensor.type_name not in _GGUF_DENSE:
+        raise InvalidArgument("quantization", f"gguf: tensor {tensor.hf_name} is {tensor.type_name}; served types are "
+                                              f"Q4_0, Q4_1, Q8_0, F16, BF16 and F32")
+    import numpy as np
+
+    data = torch.from_numpy(np.array(tensor.data))  # a copy: the mapped file is read-only
+    if tensor.type_name == "BF16":
+        data = data.view(torch.bfloat16)
+    return data.reshape(tensor.shape).to(torch.float32)
+
+
+def _stack(pieces: list, target: str, dtype: torch.dtype) -> torch.Tensor | quant.QuantWeight:
+    """q, k, v (or gate, up) stacked by rows: blocks as they are when all share one format."""
+    if all(isinstance(p, torch.Tensor) for p in pieces):
+        return torch.cat(pieces, dim=0)
+    formats = {p.fmt for p in pieces if isinstance(p, quant.QuantWeight)}
+    if len(formats) == 1 and all(isinstance(p, quant.QuantWeight) for p in pieces):
+        first = pieces[0]
+        return quant.QuantWeight(torch.cat([p.data for p in pieces]), first.fmt,
+                                 sum(p.out_features for p in pieces), first.in_features, dtype)
+    raise InvalidArgument("quantization", f"gguf: the parts of {target} mix formats; serve it with "
+                                          f"--quantization none (the converted folder)")
 
 
 def _target(name: str, cfg: ModelArchConfig) -> tuple[str, int | None] | None:

@@ -11,7 +11,7 @@ from services.core.model_path import resolve_model_path
 from services.core.step import StepDelta, StepResult, WorkerInfo
 from services.worker.kv_cache import KVCache, block_bytes, num_blocks_for
 from kernels.linear import invariant_linear, plain_linear
-from services.worker.loader import load_model, resolve_dtype
+from services.worker.loader import load_model, resolve_dtype, resolve_quantization
 from services.worker.model_config import ModelArchConfig
 from services.worker.grammar import Grammars
 from services.worker.model_runner import ModelRunner
@@ -37,7 +37,8 @@ class Worker:
             torch.set_num_threads(config.num_threads)
         ops = get_ops(config.kernel_backend, self.device.type, config.cpu_isa)
         linear = invariant_linear if config.batch_invariant else plain_linear
-        model = load_model(self.model_path, self.dtype, self.device, ops, linear)
+        self.quantization = resolve_quantization(config.quantization, self.model_path)
+        model = load_model(self.model_path, self.dtype, self.device, ops, linear, self.quantization)
         num_blocks = num_blocks_for(arch, cache.block_size, self.dtype, self.device, cache.num_gpu_blocks,
                                     cache.kv_cache_memory_bytes)
         num_cpu_blocks = cache.swap_space_bytes // block_bytes(arch, cache.block_size, self.dtype)
@@ -51,7 +52,7 @@ class Worker:
             device=self.device.type, batch_invariant=config.batch_invariant)
         log.info("worker_ready", model=self.info.model, dtype=self.info.dtype, device=self.info.device,
                  num_gpu_blocks=num_blocks, num_cpu_blocks=num_cpu_blocks, kernels=ops.name,
-                 cpu_isa=cpu_kernels.active_tier() if ops.name == "cpu" else None)
+                 quantization=self.quantization, cpu_isa=cpu_kernels.active_tier() if ops.name == "cpu" else None)
 
     def step(self, delta: StepDelta) -> StepResult:
         return self.runner.execute(delta)

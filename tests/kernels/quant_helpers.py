@@ -1,0 +1,73 @@
+"""Shared by the quantized-kernel tests: each CPU tier's build of quant_gemm.c, and GGUF blocks
+made by the `gguf` package's own quantizer (whose dequantizer is the oracle)."""
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from kernels import cpu_kernels, quant
+
+GGUF_TYPES = {"q4_0": quant.Q4_0, "q4_1": quant.Q4_1, "q8_0": quant.Q8_0}
+
+
+def host_tiers() -> list[str]:
+    """Every tier this CPU executes (kernels/cpu_kernels.py builds each from the same sources)."""
+    return list(cpu_kernels.testable_tiers())
+
+
+def tier_library(tier: str) -> ctypes.CDLL:
+    """The kernels as `tier` builds them, quant_linear declared."""
+    return quant.declare(cpu_kernels.tier_library(tier))
+
+
+def gguf_blocks(weight: np.ndarray, name: str) -> tuple[np.ndarray, torch.Tensor]:
+    """(blocks as gguf quantizes them, their values by gguf's dequantizer in fp32)."""
+    from gguf import GGMLQuantizationType, quants
+
+    kind = GGMLQuantizationType[name.upper()]
+    blocks = quants.quantize(weight.astype(np.float32), kind)
+    return blocks, torch.from_numpy(quants.dequantize(blocks, kind).astype(np.float32))
+
+
+def write_gguf(folder: Path, out: Path, linear_type: str = "q4_1", embed_type: str = "q8_0") -> Path:
+    """A GGUF of the HF folder's weights as llama.cpp's converter lays them out (q/k rows permuted
+    for its rotary, HF names mapped back), quantized by the gguf package: a small stand-in for a
+    shipped file."""
+    import json
+
+    from gguf import GGMLQuantizationType, GGUFWriter, quants
+    from safetensors.numpy import load_file
+
+    from services.worker.gguf_weights import GLOBAL_NAMES, LAYER_NAMES
+
+    config = json.loads((folder / "config.json").read_text())
+    heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
+    to_gguf = {hf: gguf for gguf, hf in GLOBAL_NAMES.items()}
+    writer = GGUFWriter(str(out), "llama")
+    tensors = {}
+    for file in sorted(folder.glob("*.safetensors")):
+        tensors.update(load_file(str(file)))
+    for hf, array in sorted(tensors.items()):
+        array = array.astype(np.float32)
+        if hf.startswith("model.layers."):
+            _, _, layer, rest = hf.split(".", 3)
+            name = f"blk.{layer}." + {v: k for k, v in LAYER_NAMES.items()}[rest]
+        else:
+            name = to_gguf[hf]
+        if hf.endswith(("q_proj.weight", "k_proj.weight")):
+            n = heads if "q_proj" in hf else kv_heads
+            array = array.reshape(n, 2, array.shape[0] // n // 2, *array.shape[1:]).swapaxes(1, 2).reshape(array.shape)
+        kind = embed_type if hf == "model.embed_tokens.weight" else linear_type if array.ndim == 2 else "f32"
+        if kind == "f32":
+            writer.add_tensor(name, array)
+        else:
+            qtype = GGMLQuantizationType[kind.upper()]
+            writer.add_tensor(name, quants.quantize(array, qtype), raw_dtype=qtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return out
