@@ -173,7 +173,7 @@ class DecoderStack:
 
 def _shapes_fit(layer: LayerWeights, shape: StackShape, hidden: int) -> bool:
     q_size, kv_size = shape.num_heads * shape.head_dim, shape.num_kv_heads * shape.head_dim
-    inter = layer.down.in_features
+    inter = layer.down.shape[1]  # a packed or a dense weight: both have a shape
     expected = {"qkv": (q_size + 2 * kv_size, hidden), "o": (hidden, q_size), "gate_up": (2 * inter, hidden),
                 "down": (hidden, inter)}
     if any(tuple(getattr(layer, name).shape) != want for name, want in expected.items()):

@@ -46,6 +46,11 @@ def test_not_taken_where_it_cannot_run(model_dir):
     for other in (prepack(torch.zeros(8, 8), library="dense"), prepack(torch.zeros(8, 8), library="gemm")):
         changed = [type(layer)(**{**layer.__dict__, "o": other}) for layer in layers]  # not packed; wrong shape
         assert DecoderStack.build(changed, model.final_norm.data, model.rotary_cache, model.stack.shape) is None
+    for name in ("qkv", "o", "gate_up", "down"):  # dense weights of the right shape: no stack, and no crash
+        weight = getattr(layers[0], name)
+        dense = prepack(torch.zeros(tuple(weight.shape), dtype=weight.dtype), library="dense")
+        changed = [type(layers[0])(**{**layers[0].__dict__, name: dense})] + list(layers[1:])
+        assert DecoderStack.build(changed, model.final_norm.data, model.rotary_cache, model.stack.shape) is None
     assert DecoderStack.build(layers, model.final_norm.data, model.rotary_cache, model.stack.shape) is not None
 
 
