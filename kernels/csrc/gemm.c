@@ -50,7 +50,9 @@
 /* The tier's vectors for the widening tiles: WL fp32 lanes, FMA(a, b, c) = a * b + c lane by
  * lane; ROWS rows of x per tile, each tile ROW_VECTORS vectors wide (a single row: ONE_VECTORS,
  * so the decode path reads each k row of the panel whole). Accumulators + weights + 1 broadcast
- * fit the register file: AVX-512 8x3 + 3 + 1 of 32, AVX2 4x3 + 3 + 1 of 16, NEON 4x6 + 6 + 1 of 32. */
+ * + the bf16 mask fit the register file: AVX-512 8x3 + 3 + 1 + 1 of 32, AVX2 6x2 + 2 + 1 of 16
+ * for fp32 and 4x2 + 2 + 1 + 1 for bf16 (BF16_ROWS; at 4x3 or 6x2 GCC spilled accumulators to
+ * the stack, which halved bf16's speed), NEON 4x6 + 6 + 1 + 1 of 32. */
 #if defined(__AVX512F__)
 #define WL 16
 #define ROWS 8
@@ -60,8 +62,9 @@
 #define SPLAT(s) ((wv)_mm512_set1_ps(s))
 #elif defined(__AVX2__) && defined(__FMA__)
 #define WL 8
-#define ROWS 4
-#define ROW_VECTORS 3
+#define ROWS 6
+#define BF16_ROWS 4
+#define ROW_VECTORS 2
 #define ONE_VECTORS 6
 #define FMA(a, b, c) ((wv)_mm256_fmadd_ps((__m256)(a), (__m256)(b), (__m256)(c)))
 #define SPLAT(s) ((wv)_mm256_set1_ps(s))
@@ -81,6 +84,9 @@
 #define SPLAT(s) ((wv){(s), (s), (s), (s)})
 #endif
 #define MAX_VECTORS (ONE_VECTORS > ROW_VECTORS ? ONE_VECTORS : ROW_VECTORS)
+#ifndef BF16_ROWS
+#define BF16_ROWS ROWS /* rows per widening bf16 tile: fewer where widening needs the registers */
+#endif
 
 #if defined(__AVX512F__)
 #define HAVE_AVX512_F32 1
@@ -283,11 +289,15 @@ INLINE void wide_tile(const int rows, const int vectors, const int is_bf16, cons
         }
     } else {
         const float *xs = x;
-        const int64_t pairs = (k_len + 1) / 2;
+        const int64_t full = k_len / 2, pairs = (k_len + 1) / 2;
         for (int64_t i = 0; i < pairs; i++) {
             const uint32_t *wi = (const uint32_t *)panel + i * PANEL + f0;
             warm_step(warm, i);
-            for (int h = 0; h < 2 && 2 * i + h < k_len; h++) { /* k = 2i, then 2i + 1: one chain, in order */
+            /* k = 2i, then 2i + 1 (past K, the pad's zero weight is skipped): one chain, in order.
+             * Each half is widened straight from memory, so only `vectors` weights are live. */
+            const int halves = i < full ? 2 : 1;
+#pragma GCC unroll 2
+            for (int h = 0; h < halves; h++) {
 #pragma GCC unroll 12
                 for (int v = 0; v < vectors; v++) {
                     wu bits;
@@ -352,6 +362,8 @@ static void tile(int rows, const void *x, int64_t ldx, const void *panel, const 
 #if ROWS > 4
         TILE_CASE(5)
         TILE_CASE(6)
+#endif
+#if ROWS > 6
         TILE_CASE(7)
         TILE_CASE(8)
 #endif
@@ -402,17 +414,18 @@ static void linear_rows(const void *x, int64_t ldx, int64_t x_elem, const void *
     const int64_t steps = is_bf16 ? (k + 1) / 2 : k; /* k steps of a tile: k, or pairs of k */
     const int64_t panel_size = steps * PANEL * (is_bf16 ? 2 : 1); /* elements */
     const int64_t elem = is_bf16 ? 2 : 4;
+    const int tile_rows = is_bf16 && !HAVE_AVX512_BF16 ? BF16_ROWS : ROWS;
 #pragma omp parallel num_threads(num_threads)
     for (int64_t m0 = 0; m0 < m; m0 += ROW_BLOCK) {
         const int64_t m1 = m0 + ROW_BLOCK < m ? m0 + ROW_BLOCK : m;
 #pragma omp for schedule(static) nowait
         for (int64_t p = 0; p < panels; p++) {
             const void *panel = (const char *)packed + p * panel_size * elem;
-            const int64_t tiles = (m1 - m0 + ROWS - 1) / ROWS, lines = panel_size * elem / 64;
+            const int64_t tiles = (m1 - m0 + tile_rows - 1) / tile_rows, lines = panel_size * elem / 64;
             const int warming = m1 - m0 >= WARM_ROWS && p + 1 < panels;
             const int64_t share = (lines + tiles - 1) / tiles; /* lines per tile, the last one's fewer */
-            for (int64_t r = m0, t = 0; r < m1; r += ROWS, t++) {
-                const int rows = m1 - r < ROWS ? (int)(m1 - r) : ROWS;
+            for (int64_t r = m0, t = 0; r < m1; r += tile_rows, t++) {
+                const int rows = m1 - r < tile_rows ? (int)(m1 - r) : tile_rows;
                 const int64_t first = share * t < lines ? share * t : lines;
                 const Warm warm = {warming ? (const char *)panel + panel_size * elem + 64 * first : NULL,
                                    (first + share < lines ? first + share : lines) - first, (share + steps - 1) / steps};
