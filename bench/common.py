@@ -28,13 +28,39 @@ def loadavg() -> str:
 _TIER = {"cpu_isa": "auto"}  # what add_cpu_isa's flag asked for
 
 
+# What a lower tier holds the libraries to (ATen's own kernels, oneDNN, MKL): the whole process then
+# runs as it would on a CPU of that tier, so a forced tier's contenders (transformers included)
+# are compared as on that CPU, not the engine alone held back while torch keeps AVX-512.
+LIBRARY_ISA_ENV = {
+    "avx2": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"},
+    "generic": {"ATEN_CPU_CAPABILITY": "default", "ONEDNN_MAX_CPU_ISA": "SSE41", "MKL_ENABLE_INSTRUCTIONS": "SSE4_2"},
+}
+
+
 def add_cpu_isa(parser) -> None:
     parser.add_argument("--cpu-isa", default="auto", help="CPU kernel tier: auto, avx512, avx2 or generic")
+    parser.add_argument("--libraries-isa", choices=("tier", "native"), default="tier",
+                        help="tier (default): with --cpu-isa avx2 or generic, hold torch, oneDNN and MKL to the "
+                             "same instruction set (the process restarts itself with ATEN_CPU_CAPABILITY, "
+                             "ONEDNN_MAX_CPU_ISA and MKL_ENABLE_INSTRUCTIONS set), as on a CPU of that tier; "
+                             "native: leave the libraries on everything this CPU has")
 
 
-def select_tier(isa: str) -> str:
+def library_isa() -> str:
+    """The library caps this process runs under, for the results' header."""
+    caps = [f"{name}={os.environ[name]}" for name in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA",
+                                                      "MKL_ENABLE_INSTRUCTIONS") if name in os.environ]
+    return ", ".join(caps) or "none (every instruction set this CPU has)"
+
+
+def select_tier(isa: str, libraries: str = "tier") -> str:
     """Run this benchmark on one kernel tier: the engines it builds take engine_tier_args(), and
-    the services it starts inherit PAGEDSERVE_CPU_ISA (read by the worker's main)."""
+    the services it starts inherit PAGEDSERVE_CPU_ISA (read by the worker's main). With libraries
+    "tier" a lower tier also caps the libraries (LIBRARY_ISA_ENV): they read their caps when they
+    load, so the process starts itself again with them set (once; the services inherit them)."""
+    caps = LIBRARY_ISA_ENV.get(isa, {}) if libraries == "tier" else {}
+    if any(os.environ.get(name) != value for name, value in caps.items()):
+        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **caps})
     from kernels import cpu_kernels
 
     tier = cpu_kernels.select_isa(isa)
@@ -59,7 +85,8 @@ def kernel_tier() -> str:
 def machine() -> dict:
     import torch
     info = {"nproc": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
-            "torch": torch.__version__, "torch_threads": torch.get_num_threads(), "kernel_tier": kernel_tier()}
+            "torch": torch.__version__, "torch_threads": torch.get_num_threads(), "kernel_tier": kernel_tier(),
+            "library_isa": library_isa(), "torch_cpu_capability": torch.backends.cpu.get_cpu_capability()}
     try:
         lscpu = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=5).stdout
         info["cpu"] = next((line.split(":", 1)[1].strip() for line in lscpu.splitlines()
@@ -91,7 +118,7 @@ def header(title: str, load_before: str) -> str:
         f"- date: {time.strftime('%Y-%m-%d %H:%M:%S')}, commit {git_commit()}",
         f"- machine: {m['nproc']} CPUs ({m['cpu']}), torch {m['torch']} ({m['torch_threads']} threads), "
         f"transformers {m.get('transformers', 'n/a')}, Python {m['python']}",
-        f"- CPU kernel tier: {m['kernel_tier']}",
+        f"- CPU kernel tier: {m['kernel_tier']}; libraries capped: {library_isa()}",
         f"- load average (1/5/15 min): before {load_before}, after {loadavg()}"
         " — other processes on this machine make figures noisy when the 1-minute load is above ~0.5", "",
     ])

@@ -63,7 +63,7 @@ def main() -> None:
     parser.add_argument("--out", default="linear_bound")
     add_cpu_isa(parser)
     args = parser.parse_args()
-    select_tier(args.cpu_isa)
+    select_tier(args.cpu_isa, args.libraries_isa)
     load_before = loadavg()
     shapes = step_shapes(model_folder(args.model))
     rows, data = [], []

@@ -5,6 +5,11 @@
     python bench/offline.py --modes engine,services --services-address 127.0.0.1:50051
     python bench/offline.py --quantization int8       # the engine and services on int8 weights
 
+--cpu-isa avx2 (or generic) runs the engine on that kernel tier and, unless --libraries-isa native,
+holds torch, oneDNN and MKL to the same instruction set (bench/common.py LIBRARY_ISA_ENV), so every
+contender runs as on a CPU of that tier: on an AVX-512 host, transformers' bf16 then loses its
+AVX-512 BF16 kernels as it would on an AVX2-only CPU.
+
 --quantization (default auto) picks the weights of (a), (b), (b') and (f): auto serves the default
 model from its Q4_1 GGUF, as the server does; none its fp32/bf16 safetensors; int8 per channel.
 
@@ -211,7 +216,7 @@ def _plot(results: dict, path: Path) -> None:
 
 def main() -> None:
     args = parse_args()
-    select_tier(args.cpu_isa)
+    select_tier(args.cpu_isa, args.libraries_isa)
     modes = args.modes.split(",")
     args.explicit_modes = modes if args.modes != ",".join(MODES) else []
     for mode in modes:

@@ -287,7 +287,7 @@ def main() -> None:
     parser.add_argument("--out", default="roofline")
     add_cpu_isa(parser)
     args = parser.parse_args()
-    select_tier(args.cpu_isa)
+    select_tier(args.cpu_isa, args.libraries_isa)
     load_before = loadavg()
     folder = model_folder(args.model)
     costs = model_costs(folder)
