@@ -7,7 +7,7 @@ __all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput"]
 
 def __getattr__(name):  # import the engine (torch) only when asked
     if name == "LLM":
-        from services.llm import LLM
+        from pagedserve.llm import LLM
 
         return LLM
     raise AttributeError(name)

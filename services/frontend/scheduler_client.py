@@ -3,7 +3,7 @@
 Every request of this frontend travels on one SubmitMany call (`_Mux`): one message a step for
 all of them instead of one per request and token (the scheduler and the frontend used ~30% less
 CPU for the same offline pass; bench/RESULTS.md). The scheduler's refusals come back as core errors
-(ResourceExhausted, Unavailable, InvalidArgument), so services.rpc_errors passes them on to the
+(ResourceExhausted, Unavailable, InvalidArgument), so services.rpc.status passes them on to the
 client with the same status.
 """
 from __future__ import annotations
@@ -16,11 +16,11 @@ from dataclasses import dataclass, field
 import grpc
 
 from pagedserve.internal.v1 import scheduler_pb2, scheduler_pb2_grpc
-from services import convert
+from services.rpc import internal_codec
 from services.core.errors import InvalidArgument, ResourceExhausted, Unavailable
 from services.core.sampling_params import SamplingParams
 from services.core.sequence import SeqUpdate
-from services.grpc_server import RECONNECT_OPTIONS
+from services.rpc.grpc_server import RECONNECT_OPTIONS
 
 _CORE_ERROR = {grpc.StatusCode.RESOURCE_EXHAUSTED: ResourceExhausted, grpc.StatusCode.UNAVAILABLE: Unavailable,
                grpc.StatusCode.DEADLINE_EXCEEDED: Unavailable}
@@ -144,7 +144,7 @@ class SchedulerClient:
         finished = False
         try:
             mux.send(scheduler_pb2.SubmitManyRequest(
-                submit=convert.submit_to_proto(request_id, prompt_token_ids, params, priority)))
+                submit=internal_codec.submit_to_proto(request_id, prompt_token_ids, params, priority)))
             while True:
                 news = await queue.get()
                 if isinstance(news, Exception):
@@ -155,7 +155,7 @@ class SchedulerClient:
                     code = _STATUS_BY_VALUE.get(news.error_code, grpc.StatusCode.UNKNOWN)
                     raise _core_error(code, news.error_message)
                 if news.HasField("response"):
-                    yield SubmitStep(convert.updates_from_response(request_id, news.response),
+                    yield SubmitStep(internal_codec.updates_from_response(request_id, news.response),
                                      news.response.queue_time_s)
                 if news.done:
                     finished = True

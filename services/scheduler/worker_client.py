@@ -11,7 +11,7 @@ import time
 import grpc
 
 from pagedserve.internal.v1 import worker_pb2_grpc
-from services import convert
+from services.rpc import internal_codec
 from services.core.step import StepDelta, StepResult, WorkerInfo
 
 CHANNEL_OPTIONS = [("grpc.max_send_message_length", 64 << 20), ("grpc.max_receive_message_length", 64 << 20)]
@@ -32,9 +32,9 @@ class RemoteWorker:
         self._call = None
 
     async def step(self, delta: StepDelta) -> StepResult:
-        self._call = self.stub.Step(convert.delta_to_proto(delta), timeout=self.step_timeout_s)
+        self._call = self.stub.Step(internal_codec.delta_to_proto(delta), timeout=self.step_timeout_s)
         try:
-            result = convert.result_from_proto(await self._call)
+            result = internal_codec.result_from_proto(await self._call)
             self.last_seen = time.monotonic()
             return result
         except grpc.RpcError as error:

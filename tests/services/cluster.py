@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import grpc
 
 from pagedserve.internal.v1 import scheduler_pb2, scheduler_pb2_grpc
-from services import convert
+from services.rpc import internal_codec
 from services.core.config import CacheConfig, WorkerConfig
 from services.core.sampling_params import SamplingParams
 from services.core.step import Logprobs
@@ -34,7 +34,7 @@ class Generation:
     def add(self, request_id: str, response: scheduler_pb2.SubmitResponse) -> None:
         """Fold one Submit message (or one SubmitMany news' response) into the samples."""
         self.num_messages += 1
-        for update in convert.updates_from_response(request_id, response):
+        for update in internal_codec.updates_from_response(request_id, response):
             sample = self.samples.setdefault(update.sample_index, Sample())
             assert sample.finish_reason is None, f"{request_id}: tokens after the finish"
             sample.token_ids += update.new_token_ids
@@ -85,7 +85,7 @@ class Cluster:
         return await self.stub.GetStats(scheduler_pb2.GetStatsRequest())
 
     def submit(self, request_id: str, prompt: list[int], params: SamplingParams):
-        return self.stub.Submit(convert.submit_to_proto(request_id, prompt, params))
+        return self.stub.Submit(internal_codec.submit_to_proto(request_id, prompt, params))
 
     async def generate(self, request_id: str, prompt: list[int], params: SamplingParams,
                        on_message=None) -> Generation:

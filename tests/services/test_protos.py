@@ -4,13 +4,13 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from services.proto_gen import main as proto_gen
+from services.tools.proto_gen import main as proto_gen
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_generated_code_is_fresh():
-    assert proto_gen(["--check"]) == 0, "run `python -m services.proto_gen` and commit the result"
+    assert proto_gen(["--check"]) == 0, "run `python -m services.tools.proto_gen` and commit the result"
 
 
 def test_core_imports_neither_grpc_nor_generated_code_nor_torch():

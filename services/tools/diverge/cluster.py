@@ -19,9 +19,9 @@ from pathlib import Path
 import grpc
 
 from pagedserve.internal.v1 import scheduler_pb2, scheduler_pb2_grpc
-from services.client import AsyncClient, Client, GenerationError
+from pagedserve.client import AsyncClient, Client, GenerationError
 from services.core.sampling_params import SamplingParams
-from services.launcher import free_ports
+from services.launch.deployment import free_ports
 from services.tools.diverge.cases import Case
 from services.tools.diverge.compare import Sample, margin
 from services.tools.diverge.engine_runs import Run

@@ -7,7 +7,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from services.rpc_errors import DecodeErrors
+from services.rpc.status import DecodeErrors
 
 # A burst of thousands of Submit streams on one connection must not queue in HTTP/2.
 SERVER_OPTIONS = [

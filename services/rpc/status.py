@@ -120,7 +120,7 @@ def _checking_unary(behavior):
 
 def _checking_stream(behavior):
     """The handler over the requests that parse; the first that does not ends the call with
-    INVALID_ARGUMENT (raised where the handler reads it, so services.rpc_errors maps it)."""
+    INVALID_ARGUMENT (raised where the handler reads it, so services.rpc.status maps it)."""
     async def checked(request_iterator):
         async for request in request_iterator:
             if isinstance(request, _Undecodable):
