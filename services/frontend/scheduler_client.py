@@ -1,6 +1,6 @@
 """The frontend's side of the scheduler boundary: SubmitMany, Abort and GetStats over grpc.aio.
 
-Every request of this frontend travels on one SubmitMany call (`_Mux`): one message a step for
+Every request of this frontend travels on one SubmitMany call (`SubmitManyCall`): one message a step for
 all of them instead of one per request and token (the scheduler and the frontend used ~30% less
 CPU for the same offline pass; bench/RESULTS.md). The scheduler's refusals come back as core errors
 (ResourceExhausted, Unavailable, InvalidArgument), so services.rpc.status passes them on to the
@@ -57,7 +57,7 @@ class SchedulerStats:
     workers: list[WorkerStats] = field(default_factory=list)
 
 
-class _Mux:
+class SubmitManyCall:
     """One SubmitMany call and the requests waiting on it. Two tasks own the call: a writer that
     sends what the requests put in `outbox`, and a reader that hands each RequestNews to its
     request's queue. A request never touches the call itself: grpc.aio cancels the whole call
@@ -125,13 +125,13 @@ class SchedulerClient:
     def __init__(self, address: str):
         self.channel = grpc.aio.insecure_channel(address, options=RECONNECT_OPTIONS)
         self.stub = scheduler_pb2_grpc.SchedulerStub(self.channel)
-        self._mux: _Mux | None = None
+        self._submit_many: SubmitManyCall | None = None
 
-    def _call(self) -> _Mux:
+    def _call(self) -> SubmitManyCall:
         """The SubmitMany call, opened again after it broke (the scheduler restarted)."""
-        if self._mux is None or self._mux.broken is not None:
-            self._mux = _Mux(self.stub)
-        return self._mux
+        if self._submit_many is None or self._submit_many.broken is not None:
+            self._submit_many = SubmitManyCall(self.stub)
+        return self._submit_many
 
     async def submit(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                      priority: int) -> AsyncIterator[SubmitStep]:
@@ -186,8 +186,8 @@ class SchedulerClient:
                               response.num_swapped, response.num_preemptions, workers)
 
     async def close(self) -> None:
-        if self._mux is not None:
-            await self._mux.close()
+        if self._submit_many is not None:
+            await self._submit_many.close()
         await self.channel.close()
 
 

@@ -20,7 +20,7 @@ from services.core.sampling_params import SamplingParams
 from services.core.scheduler import Scheduler
 from services.core.step import WorkerInfo
 from services.scheduler.config import SchedulerServiceConfig
-from services.scheduler.streams import Delivery, RequestStream, StreamRouter
+from services.scheduler.streams import Delivery, UpdateStream, StreamRouter
 from services.scheduler.worker_client import RemoteWorker, WorkerLost
 
 log = structlog.get_logger("scheduler")
@@ -39,7 +39,7 @@ class StepLoop:
 
     # ---- requests --------------------------------------------------------------
     def submit(self, request_id: str, prompt: list[int], params: SamplingParams, priority: int,
-               deliver: Callable[[Delivery], None] | None = None) -> RequestStream:
+               deliver: Callable[[Delivery], None] | None = None) -> UpdateStream:
         """Admit a request; its updates go to `deliver` (default: the stream's own queue)."""
         if self.draining:
             raise Unavailable("the scheduler is shutting down")

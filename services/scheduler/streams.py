@@ -17,7 +17,7 @@ log = structlog.get_logger("scheduler")
 Delivery = list[SeqUpdate] | Exception | None
 
 
-class RequestStream:
+class UpdateStream:
     """Each step's updates for one request are delivered as a list; None ends the stream and an
     exception ends it with that error. By default they go into `queue` (one Submit call; None
     when a SubmitMany call's `deliver` takes them)."""
@@ -61,16 +61,16 @@ class RequestStream:
 
 
 class StreamRouter:
-    """request_id -> RequestStream; routes a step's updates and closes finished streams."""
+    """request_id -> UpdateStream; routes a step's updates and closes finished streams."""
 
     def __init__(self):
-        self.streams: dict[str, RequestStream] = {}
+        self.streams: dict[str, UpdateStream] = {}
 
     def __len__(self) -> int:
         return len(self.streams)
 
-    def open(self, request: Request, deliver: Callable[[Delivery], None] | None = None) -> RequestStream:
-        stream = self.streams[request.request_id] = RequestStream(request, deliver)
+    def open(self, request: Request, deliver: Callable[[Delivery], None] | None = None) -> UpdateStream:
+        stream = self.streams[request.request_id] = UpdateStream(request, deliver)
         return stream
 
     def route(self, updates: list[SeqUpdate]) -> None:
@@ -106,7 +106,7 @@ class StreamMux:
     all at once (`next`): one message a step for the whole call instead of one per request."""
 
     def __init__(self):
-        self.streams: dict[str, RequestStream] = {}  # open on this call
+        self.streams: dict[str, UpdateStream] = {}  # open on this call
         self.pending: list[tuple[str, float, Delivery]] = []
         self.reading = True  # the client may still send requests
         self._ready = asyncio.Event()
