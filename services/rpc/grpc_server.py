@@ -9,7 +9,7 @@ from grpc_reflection.v1alpha import reflection
 
 from services.rpc.status import DecodeErrors
 
-# A burst of thousands of Submit streams on one connection must not queue in HTTP/2.
+# A burst of thousands of streams on one connection must not queue in HTTP/2.
 SERVER_OPTIONS = [
     ("grpc.max_concurrent_streams", 1 << 16),
     ("grpc.max_send_message_length", 64 << 20),

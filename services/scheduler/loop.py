@@ -39,8 +39,8 @@ class StepLoop:
 
     # ---- requests --------------------------------------------------------------
     def submit(self, request_id: str, prompt: list[int], params: SamplingParams, priority: int,
-               deliver: Callable[[Delivery], None] | None = None) -> UpdateStream:
-        """Admit a request; its updates go to `deliver` (default: the stream's own queue)."""
+               deliver: Callable[[Delivery], None]) -> UpdateStream:
+        """Admit a request; its updates go to `deliver`."""
         if self.draining:
             raise Unavailable("the scheduler is shutting down")
         if self.core is None or not self.workers:
@@ -52,7 +52,7 @@ class StepLoop:
         return stream
 
     def release(self, request_id: str) -> None:
-        """The Submit call ended; if its request is still running the client went away: abort it."""
+        """The request's call ended or cancelled it; if it is still running the client went away: abort it."""
         if self.router.close(request_id, "request_cancelled"):
             self.core.abort(request_id)
             self._wake.set()

@@ -16,19 +16,6 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         self.loop = loop
 
     @rpc_errors
-    async def Submit(self, request, context):
-        stream = self.loop.submit(*internal_codec.submit_from_proto(request))
-        try:
-            while (updates := await stream.queue.get()) is not None:
-                if isinstance(updates, Exception):
-                    raise RuntimeError(f"the scheduler failed a step: {updates}") from updates
-                response = internal_codec.updates_to_response(updates)
-                response.queue_time_s = stream.queue_time_s
-                yield response
-        finally:  # also when the client cancels: abort the request, free its blocks
-            self.loop.release(request.request_id)
-
-    @rpc_errors
     async def SubmitMany(self, request_iterator, context):
         mux = StreamMux()
         reader = asyncio.ensure_future(self._admit_many(request_iterator, mux))
@@ -85,7 +72,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
 
 
 def _news(request_id: str, queue_time_s: float, item: Delivery) -> scheduler_pb2.RequestNews:
-    """One delivery of a SubmitMany request as its RequestNews (a failed step is INTERNAL, as in Submit)."""
+    """One delivery of a SubmitMany request as its RequestNews (a failed step is INTERNAL)."""
     if item is None:
         return scheduler_pb2.RequestNews(request_id=request_id, done=True)
     if isinstance(item, Exception):

@@ -1,5 +1,5 @@
 """One request's view for the call that submitted it: where the step loop delivers its updates
-(a Submit call's own queue, or a SubmitMany call's StreamMux) and when it is done."""
+(its SubmitMany call's StreamMux) and when it is done."""
 from __future__ import annotations
 
 import asyncio
@@ -18,18 +18,16 @@ Delivery = list[SeqUpdate] | Exception | None
 
 
 class UpdateStream:
-    """Each step's updates for one request are delivered as a list; None ends the stream and an
-    exception ends it with that error. By default they go into `queue` (one Submit call; None
-    when a SubmitMany call's `deliver` takes them)."""
+    """Each step's updates for one request are delivered as a list to `deliver`; None ends the
+    stream and an exception ends it with that error."""
 
-    def __init__(self, request: Request, deliver: Callable[[Delivery], None] | None = None):
+    def __init__(self, request: Request, deliver: Callable[[Delivery], None]):
         self.request = request
-        self.queue: asyncio.Queue[Delivery] | None = None if deliver else asyncio.Queue()
-        self.deliver = deliver or self.queue.put_nowait
+        self.deliver = deliver
         self.finish_reasons: dict[int, str] = {}
         self.num_output_tokens = 0
         self.started = time.monotonic()
-        self.queue_time_s = 0.0  # from Submit until the first step that ran it (set once it ran)
+        self.queue_time_s = 0.0  # from admission until the first step that ran it (set once it ran)
         self.scheduled = False
 
     @property
@@ -69,7 +67,7 @@ class StreamRouter:
     def __len__(self) -> int:
         return len(self.streams)
 
-    def open(self, request: Request, deliver: Callable[[Delivery], None] | None = None) -> UpdateStream:
+    def open(self, request: Request, deliver: Callable[[Delivery], None]) -> UpdateStream:
         stream = self.streams[request.request_id] = UpdateStream(request, deliver)
         return stream
 

@@ -84,8 +84,8 @@ class Cluster:
     async def stats(self) -> scheduler_pb2.GetStatsResponse:
         return await self.stub.GetStats(scheduler_pb2.GetStatsRequest())
 
-    def submit(self, request_id: str, prompt: list[int], params: SamplingParams):
-        return self.stub.Submit(internal_codec.submit_to_proto(request_id, prompt, params))
+    def submit(self, request_id: str, prompt: list[int], params: SamplingParams) -> OneRequestCall:
+        return OneRequestCall(self.stub, internal_codec.submit_to_proto(request_id, prompt, params))
 
     async def generate(self, request_id: str, prompt: list[int], params: SamplingParams,
                        on_message=None) -> Generation:
@@ -103,6 +103,53 @@ class Cluster:
         await self.scheduler.stop(None)
         if self.channel is not None:
             await self.channel.close()
+
+
+class OneRequestCall:
+    """One request on its own SubmitMany call, read like a server stream: `read()` gives each step's
+    SubmitResponse, then grpc.aio.EOF; a refused or failed request raises AioRpcError with the status
+    its RequestNews carried; `cancel()` ends the call, which aborts the request."""
+
+    def __init__(self, stub: scheduler_pb2_grpc.SchedulerStub, request: scheduler_pb2.SubmitRequest):
+        self.call = stub.SubmitMany()
+        self.request = request
+        self.pending: list[scheduler_pb2.RequestNews] = []
+        self.sent = self.done = False
+
+    async def read(self):
+        if not self.sent:
+            self.sent = True
+            await self.call.write(scheduler_pb2.SubmitManyRequest(submit=self.request))
+        while not self.done:
+            if not self.pending:
+                message = await self.call.read()
+                if message is grpc.aio.EOF:
+                    break
+                self.pending = list(message.news)
+                continue
+            news = self.pending.pop(0)
+            if news.error_code:
+                self.done = True
+                raise grpc.aio.AioRpcError(_STATUS_BY_VALUE[news.error_code], grpc.aio.Metadata(),
+                                           grpc.aio.Metadata(), news.error_message)
+            self.done = news.done
+            if news.HasField("response"):
+                return news.response
+        await self.call.done_writing()
+        return grpc.aio.EOF
+
+    def cancel(self) -> None:
+        self.call.cancel()
+
+    async def __aiter__(self):
+        try:
+            while (response := await self.read()) is not grpc.aio.EOF:
+                yield response
+        finally:
+            self.cancel()
+
+
+_STATUS_BY_VALUE = {code.value[0]: code for code in grpc.StatusCode}
 
 
 def run(coro):

@@ -10,7 +10,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from pagedserve.internal.v1 import scheduler_pb2, worker_pb2, worker_pb2_grpc
 from services.core.sampling_params import SamplingParams
 from tests.conftest import greedy, make_llm, random_prompts
-from tests.services.cluster import NUM_GPU_BLOCKS, Cluster, run
+from tests.services.cluster import NUM_GPU_BLOCKS, Cluster, OneRequestCall, run
 
 VOCAB = 512
 
@@ -219,7 +219,7 @@ def test_bad_submits_are_invalid_argument_and_the_next_one_works(model):
                 assert error.value.details().startswith(field), error.value.details()
             bad_params = scheduler_pb2.SubmitRequest(request_id="bad", prompt_token_ids=[5])  # top_p 0, n 0...
             with pytest.raises(grpc.aio.AioRpcError) as error:
-                await cluster.stub.Submit(bad_params).read()
+                await OneRequestCall(cluster.stub, bad_params).read()
             assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
             good = await cluster.generate("good", [5, 6, 7], greedy(5))
             assert len(good.samples[0].token_ids) == 5
