@@ -86,7 +86,7 @@ async def run_batch(address: str, requests, one_call: bool = False) -> list[int]
     """All requests at once, streamed; returns the number of tokens each produced. one_call: all
     of them over one GenerateBatch call, else one Generate call each."""
     import asyncio
-    from pagedserve.client import AsyncClient, GenerationError
+    from pagedserve import AsyncClient, GenerationError
 
     async with AsyncClient(address) as client:
         if one_call:

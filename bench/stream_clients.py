@@ -19,7 +19,7 @@ def sampling(request: Request) -> dict:
 
 class GrpcBackend:
     def __init__(self, address: str):
-        from pagedserve.client import AsyncClient
+        from pagedserve import AsyncClient
         self.client = AsyncClient(address)
 
     async def stream(self, request: Request) -> tuple[list[float], int]:

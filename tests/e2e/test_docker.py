@@ -20,7 +20,7 @@ import grpc
 import pytest
 
 from pagedserve.internal.v1 import scheduler_pb2, scheduler_pb2_grpc
-from pagedserve.client import Client
+from pagedserve import Client
 from services.launch.deployment import free_ports
 from tests.e2e.docker_stack import Engine, Stack, Unavailable, compose_command, ensure_image, listening_ports, run
 

@@ -15,7 +15,7 @@ import grpc
 import pytest
 
 from pagedserve.internal.v1 import scheduler_pb2, scheduler_pb2_grpc
-from pagedserve.client import AsyncClient
+from pagedserve import AsyncClient
 from services.launch.healthcheck import health_status
 from services.launch.deployment import Deployment, free_ports, service_commands
 from tests.conftest import random_prompts

@@ -9,7 +9,7 @@ from grpc_health.v1 import health_pb2
 from tokenizers import Tokenizer as HFTokenizer
 
 from frontend_harness import FAKE_SEED, MAX_MODEL_LEN, MODEL_ID, Harness, echo_token
-from pagedserve.client import AsyncClient, Client, GenerationError
+from pagedserve import AsyncClient, Client, GenerationError
 from services.core.tokenizer import Tokenizer
 
 MULTIBYTE = "你好, 世界 😀🎉 café"

@@ -11,7 +11,7 @@ import openai
 import pytest
 
 from frontend_harness import MAX_MODEL_LEN, MODEL_ID, Harness, echo_token
-from pagedserve.client import Client
+from pagedserve import Client
 from services.core.tokenizer import Tokenizer
 from services.launch.deployment import free_ports
 

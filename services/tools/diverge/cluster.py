@@ -19,7 +19,7 @@ from pathlib import Path
 import grpc
 
 from pagedserve.internal.v1 import scheduler_pb2, scheduler_pb2_grpc
-from pagedserve.client import AsyncClient, Client, GenerationError
+from pagedserve import AsyncClient, Client, GenerationError
 from services.core.sampling_params import SamplingParams
 from services.launch.deployment import free_ports
 from services.tools.diverge.cases import Case
