@@ -79,6 +79,21 @@ class Scheduler:
             self._enqueue(seq)
         return len(moved)
 
+    def reset_worker(self, worker_id: str) -> int:
+        """The worker answered that it does not hold a sequence it was sent (it lost its state, as a
+        worker restarted at the same address before the scheduler noticed): re-send in full. Its
+        sequences go back to waiting and are recomputed, their streamed tokens kept (on it or on
+        another worker); its block pool starts empty, since none of its cached blocks can be trusted;
+        and its next step first tells it to forget every sequence it may still mirror. Returns how
+        many sequences are re-sent."""
+        info = self.workers[worker_id].info
+        held = [s.seq_id for s in itertools.chain(self.running.values(), self.swapped.values())
+                if s.worker_id == worker_id]
+        moved = self.remove_worker(worker_id)
+        self.add_worker(worker_id, info)
+        self.workers[worker_id].pending_forget = held
+        return moved
+
     # ---- requests --------------------------------------------------------------
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                     priority: int = 0) -> Request:

@@ -21,7 +21,7 @@ from services.core.scheduler import Scheduler
 from services.core.step import WorkerInfo
 from services.scheduler.config import SchedulerServiceConfig
 from services.scheduler.streams import Delivery, UpdateStream, StreamRouter
-from services.scheduler.worker_client import RemoteWorker, WorkerLost
+from services.scheduler.worker_client import RemoteWorker, WorkerForgot, WorkerLost
 
 log = structlog.get_logger("scheduler")
 
@@ -174,16 +174,31 @@ class StepLoop:
         for handle, result in zip(handles, results):
             if self.workers.get(handle.worker_id) is not handle:
                 continue  # dropped while stepping; its sequences are already waiting again
-            if isinstance(result, WorkerLost):
+            if isinstance(result, WorkerForgot):
+                await self._resend_in_full(handle, str(result))
+            elif isinstance(result, WorkerLost):
                 await self.drop(handle.worker_id, str(result))
             elif isinstance(result, BaseException):
                 raise result
             else:
+                handle.forgot = False
                 updates += self.core.update(handle.worker_id, result)
         self.router.route(updates)
         log.debug("step", step=self.core.step_id, num_workers=len(deltas), num_updates=len(updates),
                   num_tokens=sum(d.num_scheduled_tokens for d in deltas.values()))
         return True
+
+    async def _resend_in_full(self, handle: RemoteWorker, reason: str) -> None:
+        """FAILED_PRECONDITION: the worker does not hold a sequence it was sent. Its sequences are
+        re-sent in full (recomputed) and the worker stays; a worker that answers so twice in a row
+        is dropped instead, since re-sending did not help."""
+        if handle.forgot:
+            await self.drop(handle.worker_id, f"{reason} (again after a re-send in full)")
+            return
+        handle.forgot = True
+        num_resent = self.core.reset_worker(handle.worker_id)
+        log.warning("worker_state_lost", worker_id=handle.worker_id, reason=reason, num_resent=num_resent)
+        self._wake.set()
 
     # ---- stats -----------------------------------------------------------------
     def stats(self) -> dict:

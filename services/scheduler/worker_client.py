@@ -1,7 +1,9 @@
 """The scheduler's handle on one remote worker: a grpc.aio channel and its Step call.
 
-The step loop sees plain StepDelta / StepResult and one error, WorkerLost, whatever went
-wrong on the wire (UNAVAILABLE, DEADLINE_EXCEEDED, FAILED_PRECONDITION after a restart...).
+The step loop sees plain StepDelta / StepResult and two errors: WorkerForgot when the worker
+answers FAILED_PRECONDITION (it does not hold a sequence it was sent: worker.proto asks for a
+re-send in full), and WorkerLost for whatever else went wrong on the wire (UNAVAILABLE,
+DEADLINE_EXCEEDED, a cancelled step...).
 """
 from __future__ import annotations
 
@@ -21,6 +23,11 @@ class WorkerLost(RuntimeError):
     """A Step failed, timed out or was cancelled: drop the worker and recompute its sequences elsewhere."""
 
 
+class WorkerForgot(RuntimeError):
+    """The worker does not hold a sequence the step named (FAILED_PRECONDITION): keep the worker,
+    re-send its sequences in full."""
+
+
 class RemoteWorker:
     def __init__(self, worker_id: str, address: str, info: WorkerInfo, step_timeout_s: float | None = None):
         self.worker_id, self.address, self.info = worker_id, address, info
@@ -29,6 +36,7 @@ class RemoteWorker:
         self.stub = worker_pb2_grpc.WorkerStub(self.channel)
         self.last_seen = time.monotonic()
         self.dropped = False
+        self.forgot = False  # its last step answered FAILED_PRECONDITION (re-sent in full since)
         self._call = None
 
     async def step(self, delta: StepDelta) -> StepResult:
@@ -38,7 +46,8 @@ class RemoteWorker:
             self.last_seen = time.monotonic()
             return result
         except grpc.RpcError as error:
-            raise WorkerLost(f"{error.code().name}: {error.details()}") from error
+            kind = WorkerForgot if error.code() == grpc.StatusCode.FAILED_PRECONDITION else WorkerLost
+            raise kind(f"{error.code().name}: {error.details()}") from error
         except asyncio.CancelledError:
             if self.dropped:  # cancelled by close(), not by the loop's own shutdown
                 raise WorkerLost("dropped while stepping") from None

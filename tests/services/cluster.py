@@ -32,7 +32,7 @@ class Generation:
     num_messages: int = 0
 
     def add(self, request_id: str, response: scheduler_pb2.SubmitResponse) -> None:
-        """Fold one Submit message (or one SubmitMany news' response) into the samples."""
+        """Fold one SubmitMany news' response into the samples."""
         self.num_messages += 1
         for update in internal_codec.updates_from_response(request_id, response):
             sample = self.samples.setdefault(update.sample_index, Sample())
