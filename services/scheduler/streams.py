@@ -2,7 +2,6 @@
 (its SubmitMany call's StreamMux) and when it is done."""
 from __future__ import annotations
 
-import asyncio
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -10,6 +9,7 @@ from collections.abc import Callable
 import structlog
 
 from services.core.sequence import Request, SeqStatus, SeqUpdate
+from services.rpc.fan_in import FanIn
 
 log = structlog.get_logger("scheduler")
 
@@ -100,14 +100,13 @@ class StreamRouter:
 
 class StreamMux:
     """The requests of one SubmitMany call. Whatever the step loop delivers for any of them
-    waits in `pending` as (request_id, queue_time_s, delivery) until the call's writer takes it
+    waits in a FanIn as (request_id, queue_time_s, delivery) until the call's writer takes it
     all at once (`next`): one message a step for the whole call instead of one per request."""
 
     def __init__(self):
         self.streams: dict[str, UpdateStream] = {}  # open on this call
-        self.pending: list[tuple[str, float, Delivery]] = []
         self.reading = True  # the client may still send requests
-        self._ready = asyncio.Event()
+        self._news: FanIn[tuple[str, float, Delivery]] = FanIn()
 
     def sink(self, request_id: str) -> Callable[[Delivery], None]:
         """The deliver function of a request opened on this call (add its stream to `streams`)."""
@@ -119,20 +118,13 @@ class StreamMux:
         return deliver
 
     def put(self, request_id: str, queue_time_s: float, item: Delivery) -> None:
-        self.pending.append((request_id, queue_time_s, item))
-        self._ready.set()
+        self._news.put((request_id, queue_time_s, item))
 
     def end_of_input(self) -> None:
         self.reading = False
-        self._ready.set()
+        self._news.wake()
 
     async def next(self) -> list[tuple[str, float, Delivery]] | None:
         """Everything delivered since the last call; None once the client sends no more requests
         and none is open."""
-        while not self.pending:
-            if not self.reading and not self.streams:
-                return None
-            await self._ready.wait()
-            self._ready.clear()
-        news, self.pending = self.pending, []
-        return news
+        return await self._news.take(lambda: not self.reading and not self.streams)
