@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import random
+from collections import Counter
 from dataclasses import dataclass, field
 
 from services.core.block_manager import BlockManager
@@ -17,6 +18,7 @@ from services.core.policy import WaitingQueue, policy_key
 from services.core.sampling_params import SamplingParams
 from services.core.seeding import new_request_seed
 from services.core.sequence import Request, Sequence, SeqStatus, SeqUpdate
+from services.core.stats import SchedulerStats, WorkerStats
 from services.core.step import CachedSequence, NewSequence, StepDelta, StepResult, WorkerInfo
 
 
@@ -437,9 +439,10 @@ class Scheduler:
         self.waiting.remove(seq.seq_id)
 
     # ---- stats -----------------------------------------------------------------
-    def stats(self) -> dict:
-        return {
-            "num_waiting": len(self.waiting), "num_running": len(self.running), "num_swapped": len(self.swapped),
-            "num_preemptions": self.num_preemptions,
-            "workers": {w: slot.blocks.stats for w, slot in self.workers.items()},
-        }
+    def stats(self) -> SchedulerStats:
+        running = Counter(seq.worker_id for seq in self.running.values())
+        workers = tuple(WorkerStats(worker_id=worker_id, num_running=running[worker_id], **vars(slot.blocks.stats))
+                        for worker_id, slot in sorted(self.workers.items()))
+        return SchedulerStats(num_waiting=len(self.waiting), num_running=len(self.running),
+                              num_swapped=len(self.swapped), num_preemptions=self.num_preemptions, workers=workers,
+                              max_model_len=self.config.max_model_len)

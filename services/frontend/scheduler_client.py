@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import grpc
 
@@ -20,6 +20,7 @@ from services.rpc import internal_codec
 from services.core.errors import InvalidArgument, ResourceExhausted, Unavailable
 from services.core.sampling_params import SamplingParams
 from services.core.sequence import SeqUpdate
+from services.core.stats import SchedulerStats
 from services.rpc.grpc_server import RECONNECT_OPTIONS
 
 _CORE_ERROR = {grpc.StatusCode.RESOURCE_EXHAUSTED: ResourceExhausted, grpc.StatusCode.UNAVAILABLE: Unavailable,
@@ -32,29 +33,6 @@ class SubmitStep:
 
     updates: list[SeqUpdate]
     queue_time_s: float  # seconds the request waited before its first step
-
-
-@dataclass
-class WorkerStats:
-    worker_id: str
-    num_gpu_blocks: int
-    num_free_gpu_blocks: int
-    prefix_cache_queries: int  # prompt tokens looked up, since the worker registered
-    prefix_cache_hits: int  # prompt tokens found
-
-
-@dataclass
-class SchedulerStats:
-    num_workers: int
-    max_model_len: int
-    vocab_size: int
-    model: str
-    batch_invariant: bool = False  # the workers' deterministic mode
-    num_waiting: int = 0  # sequences
-    num_running: int = 0
-    num_swapped: int = 0
-    num_preemptions: int = 0  # since the scheduler started
-    workers: list[WorkerStats] = field(default_factory=list)
 
 
 class SubmitManyCall:
@@ -179,11 +157,7 @@ class SchedulerClient:
             response = await self.stub.GetStats(scheduler_pb2.GetStatsRequest(), timeout=timeout)
         except grpc.aio.AioRpcError as error:
             _raise_core_error(error)
-        workers = [WorkerStats(w.worker_id, w.num_gpu_blocks, w.num_free_gpu_blocks, w.prefix_cache_queries,
-                               w.prefix_cache_hits) for w in response.workers]
-        return SchedulerStats(len(workers), response.max_model_len, response.vocab_size, response.model,
-                              response.batch_invariant, response.num_waiting, response.num_running,
-                              response.num_swapped, response.num_preemptions, workers)
+        return internal_codec.stats_from_proto(response)
 
     async def close(self) -> None:
         if self._submit_many is not None:

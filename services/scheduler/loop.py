@@ -10,6 +10,7 @@ on the one event loop thread, so the core is only touched between awaits.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Callable
 
@@ -18,6 +19,7 @@ import structlog
 from services.core.errors import InvalidArgument, Unavailable, check
 from services.core.sampling_params import SamplingParams
 from services.core.scheduler import Scheduler
+from services.core.stats import SchedulerStats
 from services.core.step import WorkerInfo
 from services.scheduler.config import SchedulerServiceConfig
 from services.scheduler.streams import Delivery, UpdateStream, StreamRouter
@@ -201,14 +203,13 @@ class StepLoop:
         self._wake.set()
 
     # ---- stats -----------------------------------------------------------------
-    def stats(self) -> dict:
-        core = self.core.stats() if self.core else {"num_waiting": 0, "num_running": 0, "num_swapped": 0,
-                                                     "num_preemptions": 0, "workers": {}}
-        running = self.core.running.values() if self.core else ()
-        core["workers"] = {
-            worker_id: dict(blocks, address=self.workers[worker_id].address,
-                            num_running=sum(1 for s in running if s.worker_id == worker_id))
-            for worker_id, blocks in core["workers"].items()}
-        return dict(core, num_steps=self.num_steps, max_model_len=self.core.config.max_model_len if self.core else 0,
-                    vocab_size=self.model.vocab_size if self.model else 0, model=self.model.model if self.model else "",
-                    batch_invariant=self.model.batch_invariant if self.model else False)
+    def stats(self) -> SchedulerStats:
+        """The core's stats and what only the service knows: addresses, steps, the model."""
+        if self.core is None:
+            return SchedulerStats(num_steps=self.num_steps)
+        core = self.core.stats()
+        addresses = {worker_id: handle.address for worker_id, handle in self.workers.items()}
+        workers = tuple(dataclasses.replace(w, address=addresses.get(w.worker_id, "")) for w in core.workers)
+        return dataclasses.replace(core, workers=workers, num_steps=self.num_steps,
+                                   vocab_size=self.model.vocab_size, model=self.model.model,
+                                   batch_invariant=self.model.batch_invariant)

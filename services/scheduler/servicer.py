@@ -51,14 +51,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
 
     @rpc_errors
     async def GetStats(self, request, context):
-        stats = self.loop.stats()
-        workers = [scheduler_pb2.WorkerStats(
-            worker_id=worker_id, address=w["address"], num_gpu_blocks=w["num_blocks"],
-            num_free_gpu_blocks=w["num_free_blocks"], num_cpu_blocks=w["num_cpu_blocks"],
-            num_free_cpu_blocks=w["num_free_cpu_blocks"], prefix_cache_queries=w["prefix_cache_queries"],
-            prefix_cache_hits=w["prefix_cache_hits"], num_running=w["num_running"])
-            for worker_id, w in sorted(stats.pop("workers").items())]
-        return scheduler_pb2.GetStatsResponse(workers=workers, **stats)
+        return internal_codec.stats_to_proto(self.loop.stats())
 
     @rpc_errors
     async def RegisterWorker(self, request, context):

@@ -73,3 +73,22 @@ def test_seq_updates_round_trip_through_a_submit_response():
 def test_submit_request_round_trip():
     msg = internal_codec.submit_to_proto("req-1", [1, 2, 3], PARAMS, priority=-4)
     assert internal_codec.submit_from_proto(msg) == ("req-1", [1, 2, 3], PARAMS, -4)
+
+
+def test_stats_travel_typed_with_every_field_by_its_one_name():
+    """GetStats carries the core's SchedulerStats field for field: a field renamed or added on
+    one side only fails here instead of reaching /metrics as a silent 0."""
+    import dataclasses
+
+    from pagedserve.internal.v1 import scheduler_pb2
+    from services.core.stats import SchedulerStats, WorkerStats
+
+    assert {f.name for f in dataclasses.fields(SchedulerStats)} == set(scheduler_pb2.GetStatsResponse.DESCRIPTOR.fields_by_name)
+    assert {f.name for f in dataclasses.fields(WorkerStats)} == set(scheduler_pb2.WorkerStats.DESCRIPTOR.fields_by_name)
+    workers = tuple(WorkerStats(worker_id=f"w{i}", address=f"127.0.0.1:{5000 + i}", num_gpu_blocks=100 + i,
+                                num_free_gpu_blocks=50 + i, num_cpu_blocks=10 + i, num_free_cpu_blocks=5 + i,
+                                prefix_cache_queries=1000 + i, prefix_cache_hits=400 + i, num_running=3 + i)
+                    for i in range(2))
+    stats = SchedulerStats(num_waiting=1, num_running=2, num_swapped=3, num_preemptions=4, workers=workers,
+                           num_steps=5, max_model_len=6, vocab_size=7, model="m", batch_invariant=True)
+    assert internal_codec.stats_from_proto(internal_codec.stats_to_proto(stats)) == stats
