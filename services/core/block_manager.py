@@ -3,7 +3,7 @@
 Signatures and docstrings are the contract the scheduler is written against; keep them.
 
 Pure Python (no torch, no grpc). Block ids name slots in the worker's cache; the worker
-never allocates (DESIGN rule 2).
+never allocates (docs/ARCHITECTURE.md rule 2).
 
 Concepts
 - A device block holds `block_size` token slots. Each has a reference count (how many

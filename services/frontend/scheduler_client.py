@@ -38,9 +38,10 @@ class SubmitStep:
 class SubmitManyCall:
     """The frontend's end of its one SubmitMany call and the requests waiting on it: it
     demultiplexes (each RequestNews to its request's queue) and writes one message per submit or
-    cancel, so it is not a FanIn (services/rpc/fan_in.py), which the scheduler's end uses. Two tasks own the call: a writer that
-    sends what the requests put in `outbox`, and a reader that hands each RequestNews to its
-    request's queue. A request never touches the call itself: grpc.aio cancels the whole call
+    cancel, so it is not a FanIn (services/rpc/fan_in.py), which the scheduler's end uses.
+
+    Two tasks own the call: a writer that sends what the requests put in `outbox`, and a reader
+    that hands each RequestNews to its request's queue. A request never touches the call itself: grpc.aio cancels the whole call
     when a task is cancelled while it writes, so a client that went away (its task cancelled,
     over and over under an HTTP server's cancel scope) would fail every other request. When the
     call breaks, every waiting request gets the error."""

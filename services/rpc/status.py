@@ -1,4 +1,5 @@
-"""Core errors -> gRPC statuses, in one place for every servicer (STYLE.md: no try/except per method).
+"""Core errors -> gRPC statuses, in one place for every servicer (no try/except per method:
+CONTRIBUTING.md, house style).
 
 `@rpc_errors` wraps a grpc.aio handler (a coroutine or an async generator) and aborts the
 call with the status that matches the core error. The message names the field at fault.

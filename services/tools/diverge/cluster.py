@@ -1,6 +1,6 @@
 """The `--against` variants: the prompts through a running cluster's public API, and through a
 worker of our own that joins that cluster and is killed mid-request (its sequences are then
-recomputed on the cluster's other workers, DESIGN rule 5).
+recomputed on the cluster's other workers, docs/ARCHITECTURE.md rule 5).
 
 The cluster must serve the same model with the baseline's dtype, block size and kernels, or
 every cell differs for that reason alone.
