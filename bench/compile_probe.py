@@ -17,7 +17,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.common import loadavg, markdown_table, write_results  # noqa: E402
-from services import LLM, SamplingParams  # noqa: E402
+from pagedserve import LLM, SamplingParams  # noqa: E402
 from services.tools.default_model import default_model_path  # noqa: E402
 
 

@@ -64,13 +64,13 @@ def gguf_file(folder: Path) -> Path:
 
 
 def engine(folder: Path, **kwargs):
-    from services import LLM
+    from pagedserve import LLM
     return LLM(str(folder), seed=0, enable_prefix_caching=False, **kwargs)
 
 
 def decode_rate(llm, steps: int, tag: str) -> float:
     """Batch-1 decode tokens/s: one request in flight, after its prefill and one warm-up step."""
-    from services import SamplingParams
+    from pagedserve import SamplingParams
     rng = random.Random(0)
     prompt = [rng.randrange(16, 49000) for _ in range(16)]
     llm.scheduler.add_request(f"{tag}-{time.monotonic_ns()}", prompt,
@@ -112,7 +112,7 @@ def section_decode(folder: Path, args, llama_bench) -> dict:
 
 
 def greedy_tokens(llm, prompts: list[list[int]], max_tokens: int, logprobs: int | None = None):
-    from services import SamplingParams
+    from pagedserve import SamplingParams
     outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=max_tokens, logprobs=logprobs),
                         use_tqdm=False)
     return [o.outputs[0] for o in outs]
@@ -154,7 +154,7 @@ def section_int8(folder: Path, args) -> dict:
 
 
 def section_serve(folder: Path, args, server_bin) -> dict:
-    from services import SamplingParams
+    from pagedserve import SamplingParams
     requests = load_workload(args)
     llm = engine(folder, quantization="gguf", dtype="float32", num_threads=args.threads,
                  max_num_seqs=len(requests))

@@ -128,7 +128,7 @@ EXTRA_STEPS = 24  # beyond the timed ones: prefill, warm-up, the profiled step a
 
 def _add_requests(llm, batch: int, context: int, steps: int, seed: int) -> None:
     """Requests that run for the whole measurement (the KV cache is sized to hold them)."""
-    from services import SamplingParams
+    from pagedserve import SamplingParams
     rng = random.Random(seed)
     for i in range(batch):
         prompt = [rng.randrange(16, 49000) for _ in range(context)]
@@ -141,7 +141,7 @@ def time_engine(folder: Path, dtype: str, batch: int, context: int, steps: int, 
     """Prefill seconds for batch x context tokens, mean decode step seconds, each round's
     (bandwidth, decode step seconds) pair, the linear weights' bytes and the profile tables
     (None without --profile)."""
-    from services import LLM
+    from pagedserve import LLM
     llm = LLM(str(folder), dtype=dtype, max_num_seqs=batch, max_num_batched_tokens=max(2048, batch * context),
               **engine_tier_args(),
               num_gpu_blocks=batch * (context + steps + EXTRA_STEPS) // 16 + batch + 16, enable_prefix_caching=False,

@@ -32,7 +32,7 @@ def run_interleaved(requests: list[Request], model: str, dtype: str, modes: list
     services here. {mode: (output tokens of one pass, seconds of each timed pass)}."""
     import asyncio
     import contextlib
-    from services import LLM, SamplingParams
+    from pagedserve import LLM, SamplingParams
     from services_run import launched, require_services, run_batch
     services = any(mode.startswith("services") for mode in modes)
     if services:

@@ -1,5 +1,5 @@
 """Start the three services for a benchmark (`python -m services up`) or use running ones, and
-send a batch of requests through the public gRPC API with services.client.
+send a batch of requests through the public gRPC API with pagedserve.client.
 
 Loopback only: the launcher binds 127.0.0.1 and picks free ports.
 """
@@ -21,7 +21,7 @@ from common import REPO
 
 def missing_services() -> str | None:
     """Why the gRPC mode cannot run, or None when the client and the launcher are there."""
-    for module in ("services.client", "services.launcher", "services.frontend.server", "services.scheduler.server",
+    for module in ("pagedserve.client", "services.launch.deployment", "services.frontend.server", "services.scheduler.server",
                    "services.worker.server"):
         try:
             if importlib.util.find_spec(module) is None:
@@ -34,7 +34,7 @@ def missing_services() -> str | None:
 def require_services() -> None:
     reason = missing_services()
     if reason:
-        raise SystemExit(f"the three-services mode needs the gRPC services and services/client.py: {reason}")
+        raise SystemExit(f"the three-services mode needs the gRPC services and pagedserve/client.py: {reason}")
 
 
 @contextlib.contextmanager
@@ -44,8 +44,8 @@ def launched(model: str, dtype: str, batch_invariant: bool = True, max_num_seqs:
     """`python -m services up` on free loopback ports; yields the frontend's gRPC address, or its
     HTTP address (host:port) when backend is "http"."""
     require_services()
-    from services.healthcheck import is_serving
-    from services.launcher import free_ports
+    from services.launch.healthcheck import is_serving
+    from services.launch.deployment import free_ports
     port, http_port, scheduler_port = free_ports(3)
     log_dir = Path(tempfile.mkdtemp(prefix="pagedserve-bench-"))
     command = [sys.executable, "-m", "services", "up", "--model", model, "--workers", str(workers),
@@ -86,7 +86,7 @@ async def run_batch(address: str, requests, one_call: bool = False) -> list[int]
     """All requests at once, streamed; returns the number of tokens each produced. one_call: all
     of them over one GenerateBatch call, else one Generate call each."""
     import asyncio
-    from services.client import AsyncClient, GenerationError
+    from pagedserve import AsyncClient, GenerationError
 
     async with AsyncClient(address) as client:
         if one_call:

@@ -43,7 +43,7 @@ class Deployment:
     """`python -m services up` as a subprocess; the launcher's JSON events read from its stderr."""
 
     def __init__(self, model: str, workers: int, extra: list[str]):
-        from services.launcher import free_ports
+        from services.launch.deployment import free_ports
         self.grpc_port, self.http_port, self.scheduler_port = free_ports(3)
         self.log_dir = Path(tempfile.mkdtemp(prefix="pagedserve-soak-"))
         command = [sys.executable, "-m", "services", "up", "--model", model, "--workers", str(workers),
@@ -204,7 +204,7 @@ def run(args) -> dict:
 
 
 def _serving(deployment: Deployment) -> bool:
-    from services.healthcheck import is_serving
+    from services.launch.healthcheck import is_serving
     return is_serving(f"127.0.0.1:{deployment.grpc_port}", timeout=1.0)
 
 

@@ -69,13 +69,13 @@ def draw_shot(rng: random.Random, num_specs: int, disconnect: float, deadline: f
 
 class GrpcShots:
     def __init__(self, address: str):
-        from services.client import AsyncClient
+        from pagedserve import AsyncClient
         self.client = AsyncClient(address)
 
     async def send(self, spec: Spec, shot: Shot) -> Outcome:
         import grpc
 
-        from services.client import AsyncBatchStream, AsyncStream, GenerationError, build_request
+        from pagedserve import AsyncBatchStream, AsyncStream, GenerationError, build_request
         timeout = shot.deadline_s if shot.fate == "deadline" else None
         request_id = uuid.uuid4().hex
         request = build_request(list(spec.prompt), request_id=request_id, **spec.params)

@@ -1,4 +1,4 @@
-"""Streaming one request to the frontend and timing each delta, over gRPC (services.client) or
+"""Streaming one request to the frontend and timing each delta, over gRPC (pagedserve.client) or
 the OpenAI HTTP API (/v1/completions with SSE; a minimal HTTP/1.1 client on asyncio streams,
 since the venv has no httpx or aiohttp). Each `stream_*` returns the arrival time of every
 delta that carried tokens and the number of output tokens.
@@ -19,7 +19,7 @@ def sampling(request: Request) -> dict:
 
 class GrpcBackend:
     def __init__(self, address: str):
-        from services.client import AsyncClient
+        from pagedserve import AsyncClient
         self.client = AsyncClient(address)
 
     async def stream(self, request: Request) -> tuple[list[float], int]:

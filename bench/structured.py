@@ -55,7 +55,7 @@ def main() -> None:
     requests = load_workload(args)
     folder = model_folder(args.model)
 
-    from services import LLM, SamplingParams
+    from pagedserve import LLM, SamplingParams
     from services.core.structured import Constraint, GrammarCache, make_tokenizer
     from services.worker import grammar
 

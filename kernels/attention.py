@@ -9,7 +9,7 @@ The query heads that share a KV head are the rows of each matrix product. On the
 (MKL) a row's bits do not depend on the product's other rows as long as every row sits in
 a full micro-tile of ROW_MULTIPLE rows (see kernels/linear.py, the dense path), so rows are
 padded to a multiple of it. That makes two paths give the same bits, and a token's result
-independent of its batch neighbours and of prefill vs decode (DESIGN rule 4):
+independent of its batch neighbours and of prefill vs decode (docs/ARCHITECTURE.md rule 4):
 - decode tokens (and short chunks): one small product per token and KV head, batched;
 - prefill chunks: one product per sequence and KV head over all its query rows, so each
   key tile is gathered once per sequence rather than once per token.

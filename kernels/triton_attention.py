@@ -5,7 +5,7 @@ token, KV head) takes the G query heads of that KV head as the rows of its tile 
 walks the keys 0..position in tiles of KEY_TILE keys, always from key 0 and in order,
 with an online softmax in fp32. Nothing a program computes depends on other tokens, so
 a token's result is the same alone, in any batch, in a prefill chunk or as a decode
-token (DESIGN rule 4).
+token (docs/ARCHITECTURE.md rule 4).
 """
 from __future__ import annotations
 

@@ -1,13 +1,14 @@
-"""pagedserve: a paged-attention LLM server as three gRPC services, deterministic by default."""
-from services.core.outputs import CompletionOutput, RequestOutput
-from services.core.sampling_params import SamplingParams
+"""The implementation of pagedserve: core (plain Python), the frontend, scheduler and worker
+services, the wire plumbing (rpc), process management (launch) and tools.
 
-__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput"]
+The public API is the `pagedserve` package (`from pagedserve import LLM, SamplingParams`);
+`from services import LLM` still works as an alias of it for older code.
+"""
 
 
-def __getattr__(name):  # import the engine (torch) only when asked
-    if name == "LLM":
-        from services.llm import LLM
+def __getattr__(name):  # the old public names, resolved by pagedserve (lazily: torch only when asked)
+    import pagedserve
 
-        return LLM
-    raise AttributeError(name)
+    if name in pagedserve.__all__:
+        return getattr(pagedserve, name)
+    raise AttributeError(f"module 'services' has no attribute {name!r}")

@@ -15,8 +15,8 @@ import sys
 from pathlib import Path
 
 from services.cli import add_flag
-from services.launcher import SWITCH_FLAGS, VALUE_FLAGS, Deployment, free_ports
-from services.supervisor import Launcher, frontend_drain_timeout
+from services.launch.deployment import SWITCH_FLAGS, VALUE_FLAGS, Deployment, free_ports
+from services.launch.supervisor import Launcher, frontend_drain_timeout
 from services.tools.diverge.cli import add_diverge_parser
 
 DEFAULT_STOP_TIMEOUT_S = 15.0  # docker-compose.yml's stop_grace_period is the same (a test checks)

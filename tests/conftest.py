@@ -40,7 +40,7 @@ def random_prompts(num: int, vocab_size: int, min_len: int = 1, max_len: int = 3
 
 
 def make_llm(model, **engine_args):
-    from services import LLM
+    from pagedserve import LLM
 
     engine_args.setdefault("seed", 0)
     return LLM(str(model), **engine_args)

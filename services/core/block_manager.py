@@ -3,7 +3,7 @@
 Signatures and docstrings are the contract the scheduler is written against; keep them.
 
 Pure Python (no torch, no grpc). Block ids name slots in the worker's cache; the worker
-never allocates (DESIGN rule 2).
+never allocates (docs/ARCHITECTURE.md rule 2).
 
 Concepts
 - A device block holds `block_size` token slots. Each has a reference count (how many
@@ -37,6 +37,7 @@ from __future__ import annotations
 from collections import deque
 
 from services.core.block_pool import ROOT_HASH, BlockPool, hash_block, hash_full_blocks
+from services.core.stats import BlockStats
 
 
 class BlockManager:
@@ -243,17 +244,10 @@ class BlockManager:
 
     # ---- stats ---------------------------------------------------------------
     @property
-    def stats(self) -> dict[str, int]:
-        """num_blocks, num_free_blocks, num_cpu_blocks, num_free_cpu_blocks,
-        prefix_cache_queries (tokens looked up), prefix_cache_hits (tokens found)."""
-        return {
-            "num_blocks": self._pool.num_blocks,
-            "num_free_blocks": self.num_free_blocks,
-            "num_cpu_blocks": self.num_cpu_blocks,
-            "num_free_cpu_blocks": self.num_free_cpu_blocks,
-            "prefix_cache_queries": self._num_prefix_queries,
-            "prefix_cache_hits": self._num_prefix_hits,
-        }
+    def stats(self) -> BlockStats:
+        return BlockStats(num_gpu_blocks=self._pool.num_blocks, num_free_gpu_blocks=self.num_free_blocks,
+                          num_cpu_blocks=self.num_cpu_blocks, num_free_cpu_blocks=self.num_free_cpu_blocks,
+                          prefix_cache_queries=self._num_prefix_queries, prefix_cache_hits=self._num_prefix_hits)
 
     # ---- helpers -------------------------------------------------------------
     def _check_known(self, seq_id: int) -> None:

@@ -19,7 +19,7 @@ class Unavailable(RuntimeError):
 
 
 class UnknownSequence(KeyError):
-    """A step delta named a sequence the worker does not hold (DESIGN rule 3)."""
+    """A step delta named a sequence the worker does not hold (docs/ARCHITECTURE.md rule 3)."""
 
 
 # What a request can be refused with, as opposed to a bug: each transport passes these on to the

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import random
+from collections import Counter
 from dataclasses import dataclass, field
 
 from services.core.block_manager import BlockManager
@@ -17,6 +18,7 @@ from services.core.policy import WaitingQueue, policy_key
 from services.core.sampling_params import SamplingParams
 from services.core.seeding import new_request_seed
 from services.core.sequence import Request, Sequence, SeqStatus, SeqUpdate
+from services.core.stats import SchedulerStats, WorkerStats
 from services.core.step import CachedSequence, NewSequence, StepDelta, StepResult, WorkerInfo
 
 
@@ -78,6 +80,21 @@ class Scheduler:
             seq.forget_on_worker()
             self._enqueue(seq)
         return len(moved)
+
+    def reset_worker(self, worker_id: str) -> int:
+        """The worker answered that it does not hold a sequence it was sent (it lost its state, as a
+        worker restarted at the same address before the scheduler noticed): re-send in full. Its
+        sequences go back to waiting and are recomputed, their streamed tokens kept (on it or on
+        another worker); its block pool starts empty, since none of its cached blocks can be trusted;
+        and its next step first tells it to forget every sequence it may still mirror. Returns how
+        many sequences are re-sent."""
+        info = self.workers[worker_id].info
+        held = [s.seq_id for s in itertools.chain(self.running.values(), self.swapped.values())
+                if s.worker_id == worker_id]
+        moved = self.remove_worker(worker_id)
+        self.add_worker(worker_id, info)
+        self.workers[worker_id].pending_forget = held
+        return moved
 
     # ---- requests --------------------------------------------------------------
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
@@ -422,9 +439,10 @@ class Scheduler:
         self.waiting.remove(seq.seq_id)
 
     # ---- stats -----------------------------------------------------------------
-    def stats(self) -> dict:
-        return {
-            "num_waiting": len(self.waiting), "num_running": len(self.running), "num_swapped": len(self.swapped),
-            "num_preemptions": self.num_preemptions,
-            "workers": {w: slot.blocks.stats for w, slot in self.workers.items()},
-        }
+    def stats(self) -> SchedulerStats:
+        running = Counter(seq.worker_id for seq in self.running.values())
+        workers = tuple(WorkerStats(worker_id=worker_id, num_running=running[worker_id], **vars(slot.blocks.stats))
+                        for worker_id, slot in sorted(self.workers.items()))
+        return SchedulerStats(num_waiting=len(self.waiting), num_running=len(self.running),
+                              num_swapped=len(self.swapped), num_preemptions=self.num_preemptions, workers=workers,
+                              max_model_len=self.config.max_model_len)

@@ -1,4 +1,4 @@
-"""Counter-based random numbers for sampling (DESIGN rule 4).
+"""Counter-based random numbers for sampling (docs/ARCHITECTURE.md rule 4).
 
 A draw is a pure function of (request seed, sample index, position): nothing is
 consumed from a shared generator, so a request's stream cannot depend on which other

@@ -1,4 +1,4 @@
-"""The scheduler -> worker contract (DESIGN rule 3): a step is a delta.
+"""The scheduler -> worker contract (docs/ARCHITECTURE.md rule 3): a step is a delta.
 
 A worker holds a mirror of each running sequence it was sent. The first step that
 schedules a sequence on a worker carries it in full (`NewSequence`); later steps carry

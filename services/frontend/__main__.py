@@ -13,7 +13,7 @@ from services.core.model_path import resolve_model_path
 from services.core.structured import GrammarLimits
 from services.frontend.config import FrontendConfig
 from services.frontend.server import FrontendServer
-from services.logs import configure_logging
+from services.launch.logs import configure_logging
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -22,6 +22,7 @@ import structlog
 from services.core.errors import REFUSALS, InvalidArgument
 from services.frontend.core import FrontendCore
 from services.frontend.types import GenerateEvent, GenerateRequest
+from services.rpc.fan_in import FanIn
 
 
 @dataclass
@@ -44,25 +45,30 @@ async def run_batch(core: FrontendCore, requests: AsyncIterator[tuple[str, Gener
     """Yields lists of items, each list what was ready since the previous one. `requests`
     gives the client's requests in order as (request_id, request); an Exception in a request's
     place is one that could not be read (a bad field), reported as that request's error."""
-    outbox: asyncio.Queue[BatchItem | None] = asyncio.Queue()  # None: a request, or the reader, ended
+    outbox: FanIn[BatchItem] = FanIn(MAX_ITEMS_PER_MESSAGE)
     tasks: set[asyncio.Task] = set()
     seen: set[str] = set()
-    open_count = 1  # the reader, plus every request it started; each puts one None when it ends
+    open_count = 1  # the reader, plus every request it started
 
     room = asyncio.Event()  # set whenever one of this batch's requests ends
+
+    def ended() -> None:  # a request, or the reader, ended
+        nonlocal open_count
+        open_count -= 1
+        outbox.wake()
 
     async def one(index: int, request: GenerateRequest) -> None:
         try:
             async with aclosing(core.generate(request)) as events:
                 async for event in events:
-                    outbox.put_nowait(event)
+                    outbox.put(event)
         except Exception as error:  # noqa: BLE001 - reported to the client as this request's error
             if not isinstance(error, REFUSALS):
                 log.exception("batch_request_failed", request_id=request.request_id)
-            outbox.put_nowait(BatchError(index, request.request_id, error))
+            outbox.put(BatchError(index, request.request_id, error))
         finally:
             room.set()
-            outbox.put_nowait(None)
+            ended()
 
     async def wait_for_room() -> None:
         """Under max_pending a batch waits for room instead of having its requests refused."""
@@ -79,7 +85,7 @@ async def run_batch(core: FrontendCore, requests: AsyncIterator[tuple[str, Gener
             async for index, (request_id, request) in _numbered(requests):
                 problem = request if isinstance(request, Exception) else _check_id(request_id, seen)
                 if problem is not None:
-                    outbox.put_nowait(BatchError(index, request_id, problem))
+                    outbox.put(BatchError(index, request_id, problem))
                     continue
                 seen.add(request_id)
                 await wait_for_room()
@@ -88,23 +94,13 @@ async def run_batch(core: FrontendCore, requests: AsyncIterator[tuple[str, Gener
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
         finally:
-            outbox.put_nowait(None)
+            ended()
 
     reader = asyncio.create_task(read())
     try:
-        while open_count:
-            items: list[BatchItem] = []
-            item = await outbox.get()
-            while True:  # everything that is ready now goes out in one message (up to a size)
-                if item is None:
-                    open_count -= 1
-                else:
-                    items.append(item)
-                if outbox.empty() or len(items) == MAX_ITEMS_PER_MESSAGE:
-                    break
-                item = outbox.get_nowait()
-            if items:
-                yield items
+        # everything that is ready goes out in one message (up to a size), until all have ended
+        while (items := await outbox.take(lambda: open_count == 0)) is not None:
+            yield items
         if reader.done() and not reader.cancelled() and reader.exception() is not None:
             raise reader.exception()  # the client's stream broke: the call fails, not "all done"
     finally:

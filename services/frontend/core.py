@@ -19,7 +19,7 @@ from services.core.structured import GrammarLimits
 from services.core.tokenizer import Tokenizer
 from services.frontend.grammar_check import GrammarCheck
 from services.frontend.metrics import FrontendMetrics
-from services.frontend.stream import RequestStream
+from services.frontend.request_events import RequestEvents
 from services.frontend.types import CHAT_ROLES, GenerateEvent, GenerateRequest, ModelCard, Prompt, UnknownModel
 
 if TYPE_CHECKING:  # the core itself stays free of grpc
@@ -109,7 +109,7 @@ class FrontendCore:
         except REFUSALS as error:
             log.info("refused", request_id=request.request_id, error=type(error).__name__, details=str(error))
             raise
-        stream = RequestStream(request_id, prompt_ids, request.params, self.tokenizer)
+        tracker = RequestEvents(request_id, prompt_ids, request.params, self.tokenizer)
         self.num_pending += 1
         timer, status = self.metrics.timer(), "ok"
         try:
@@ -117,24 +117,24 @@ class FrontendCore:
                                                       request.priority)) as steps:
                 async for step in steps:
                     timer.on_queue_time(step.queue_time_s)
-                    event = stream.apply(step.updates)
+                    event = tracker.apply(step.updates)
                     timer.on_event(event)
-                    for index in stream.stopped:
+                    for index in tracker.stopped:
                         await self.scheduler.abort(request_id, index)
-                    if stream.finished:
+                    if tracker.finished:
                         break
                     if event.samples or event.prompt_logprobs:
                         yield event
                 else:
                     event = GenerateEvent(request_id)  # the scheduler ended the stream early
-            event.summary = stream.summary()
+            event.summary = tracker.summary()
             yield event
         except BaseException as exc:
             status = type(exc).__name__
             raise
         finally:
             self.num_pending -= 1
-            summary = stream.summary()
+            summary = tracker.summary()
             timer.finish(summary)
             log.info("request", request_id=request_id, status=status, num_prompt_tokens=summary.num_prompt_tokens,
                      num_completion_tokens=summary.num_completion_tokens, finish_reasons=summary.finish_reasons,

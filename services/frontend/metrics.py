@@ -7,15 +7,13 @@ prefix-cache figures are the scheduler's, read from its GetStats at scrape time.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from services.core.stats import SchedulerStats
 from services.frontend.types import GenerateEvent, Summary
 
-if TYPE_CHECKING:  # FrontendCore imports this module and stays free of grpc
-    from services.frontend.scheduler_client import SchedulerStats
 
 PREFIX = "pagedserve:"
 # vLLM's buckets, so its dashboards' quantiles read the same.

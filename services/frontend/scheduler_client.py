@@ -1,9 +1,9 @@
 """The frontend's side of the scheduler boundary: SubmitMany, Abort and GetStats over grpc.aio.
 
-Every request of this frontend travels on one SubmitMany call (`_Mux`): one message a step for
+Every request of this frontend travels on one SubmitMany call (`SubmitManyCall`): one message a step for
 all of them instead of one per request and token (the scheduler and the frontend used ~30% less
 CPU for the same offline pass; bench/RESULTS.md). The scheduler's refusals come back as core errors
-(ResourceExhausted, Unavailable, InvalidArgument), so services.rpc_errors passes them on to the
+(ResourceExhausted, Unavailable, InvalidArgument), so services.rpc.status passes them on to the
 client with the same status.
 """
 from __future__ import annotations
@@ -11,16 +11,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import grpc
 
 from pagedserve.internal.v1 import scheduler_pb2, scheduler_pb2_grpc
-from services import convert
+from services.rpc import internal_codec
 from services.core.errors import InvalidArgument, ResourceExhausted, Unavailable
 from services.core.sampling_params import SamplingParams
 from services.core.sequence import SeqUpdate
-from services.grpc_server import RECONNECT_OPTIONS
+from services.core.stats import SchedulerStats
+from services.rpc.grpc_server import RECONNECT_OPTIONS
 
 _CORE_ERROR = {grpc.StatusCode.RESOURCE_EXHAUSTED: ResourceExhausted, grpc.StatusCode.UNAVAILABLE: Unavailable,
                grpc.StatusCode.DEADLINE_EXCEEDED: Unavailable}
@@ -34,33 +35,13 @@ class SubmitStep:
     queue_time_s: float  # seconds the request waited before its first step
 
 
-@dataclass
-class WorkerStats:
-    worker_id: str
-    num_gpu_blocks: int
-    num_free_gpu_blocks: int
-    prefix_cache_queries: int  # prompt tokens looked up, since the worker registered
-    prefix_cache_hits: int  # prompt tokens found
+class SubmitManyCall:
+    """The frontend's end of its one SubmitMany call and the requests waiting on it: it
+    demultiplexes (each RequestNews to its request's queue) and writes one message per submit or
+    cancel, so it is not a FanIn (services/rpc/fan_in.py), which the scheduler's end uses.
 
-
-@dataclass
-class SchedulerStats:
-    num_workers: int
-    max_model_len: int
-    vocab_size: int
-    model: str
-    batch_invariant: bool = False  # the workers' deterministic mode
-    num_waiting: int = 0  # sequences
-    num_running: int = 0
-    num_swapped: int = 0
-    num_preemptions: int = 0  # since the scheduler started
-    workers: list[WorkerStats] = field(default_factory=list)
-
-
-class _Mux:
-    """One SubmitMany call and the requests waiting on it. Two tasks own the call: a writer that
-    sends what the requests put in `outbox`, and a reader that hands each RequestNews to its
-    request's queue. A request never touches the call itself: grpc.aio cancels the whole call
+    Two tasks own the call: a writer that sends what the requests put in `outbox`, and a reader
+    that hands each RequestNews to its request's queue. A request never touches the call itself: grpc.aio cancels the whole call
     when a task is cancelled while it writes, so a client that went away (its task cancelled,
     over and over under an HTTP server's cancel scope) would fail every other request. When the
     call breaks, every waiting request gets the error."""
@@ -125,13 +106,13 @@ class SchedulerClient:
     def __init__(self, address: str):
         self.channel = grpc.aio.insecure_channel(address, options=RECONNECT_OPTIONS)
         self.stub = scheduler_pb2_grpc.SchedulerStub(self.channel)
-        self._mux: _Mux | None = None
+        self._submit_many: SubmitManyCall | None = None
 
-    def _call(self) -> _Mux:
+    def _call(self) -> SubmitManyCall:
         """The SubmitMany call, opened again after it broke (the scheduler restarted)."""
-        if self._mux is None or self._mux.broken is not None:
-            self._mux = _Mux(self.stub)
-        return self._mux
+        if self._submit_many is None or self._submit_many.broken is not None:
+            self._submit_many = SubmitManyCall(self.stub)
+        return self._submit_many
 
     async def submit(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                      priority: int) -> AsyncIterator[SubmitStep]:
@@ -144,7 +125,7 @@ class SchedulerClient:
         finished = False
         try:
             mux.send(scheduler_pb2.SubmitManyRequest(
-                submit=convert.submit_to_proto(request_id, prompt_token_ids, params, priority)))
+                submit=internal_codec.submit_to_proto(request_id, prompt_token_ids, params, priority)))
             while True:
                 news = await queue.get()
                 if isinstance(news, Exception):
@@ -155,7 +136,7 @@ class SchedulerClient:
                     code = _STATUS_BY_VALUE.get(news.error_code, grpc.StatusCode.UNKNOWN)
                     raise _core_error(code, news.error_message)
                 if news.HasField("response"):
-                    yield SubmitStep(convert.updates_from_response(request_id, news.response),
+                    yield SubmitStep(internal_codec.updates_from_response(request_id, news.response),
                                      news.response.queue_time_s)
                 if news.done:
                     finished = True
@@ -179,15 +160,11 @@ class SchedulerClient:
             response = await self.stub.GetStats(scheduler_pb2.GetStatsRequest(), timeout=timeout)
         except grpc.aio.AioRpcError as error:
             _raise_core_error(error)
-        workers = [WorkerStats(w.worker_id, w.num_gpu_blocks, w.num_free_gpu_blocks, w.prefix_cache_queries,
-                               w.prefix_cache_hits) for w in response.workers]
-        return SchedulerStats(len(workers), response.max_model_len, response.vocab_size, response.model,
-                              response.batch_invariant, response.num_waiting, response.num_running,
-                              response.num_swapped, response.num_preemptions, workers)
+        return internal_codec.stats_from_proto(response)
 
     async def close(self) -> None:
-        if self._mux is not None:
-            await self._mux.close()
+        if self._submit_many is not None:
+            await self._submit_many.close()
         await self.channel.close()
 
 

@@ -17,7 +17,7 @@ from services.frontend.http.app import build_app
 from services.frontend.http.server import HttpServer
 from services.frontend.scheduler_client import SchedulerClient
 from services.frontend.servicer import GenerationServicer
-from services.grpc_server import GrpcServer
+from services.rpc.grpc_server import GrpcServer
 
 log = structlog.get_logger("frontend")
 SERVICE_NAME = generate_pb2.DESCRIPTOR.services_by_name["Generation"].full_name

@@ -1,4 +1,5 @@
-"""The public gRPC API: convert, call FrontendCore, convert. Errors map to statuses in services.rpc_errors."""
+"""The public gRPC API: convert, call FrontendCore, convert back (services.frontend.public_codec).
+Errors map to statuses in services.rpc.status."""
 from __future__ import annotations
 
 import asyncio
@@ -7,10 +8,10 @@ from contextlib import aclosing
 from pagedserve.v1 import generate_pb2 as pb
 from pagedserve.v1 import generate_pb2_grpc
 from services.core.errors import InvalidArgument
-from services.frontend import convert
+from services.frontend import public_codec
 from services.frontend.batch import run_batch
 from services.frontend.core import FrontendCore
-from services.rpc_errors import rpc_errors
+from services.rpc.status import rpc_errors
 
 LARGE_MESSAGE_BYTES = 64 * 1024
 
@@ -21,33 +22,33 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
 
     @rpc_errors
     async def Generate(self, request: pb.GenerateRequest, context):
-        generate_request = await _off_loop_if_large(convert.generate_request_from_pb, request)
+        generate_request = await _off_loop_if_large(public_codec.generate_request_from_pb, request)
         async with aclosing(self.core.generate(generate_request)) as events:
             async for event in events:
-                yield convert.event_to_pb(event)
+                yield public_codec.event_to_pb(event)
 
     @rpc_errors
     async def GenerateBatch(self, request_iterator, context):
         async with aclosing(run_batch(self.core, _requests(request_iterator))) as batches:
             async for items in batches:
-                yield convert.batch_to_pb(items)
+                yield public_codec.batch_to_pb(items)
 
     @rpc_errors
     async def Tokenize(self, request: pb.TokenizeRequest, context) -> pb.TokenizeResponse:
         self.core.check_model(request.model)
-        prompt = await _off_loop_if_large(convert.tokenize_prompt_from_pb, request)
+        prompt = await _off_loop_if_large(public_codec.tokenize_prompt_from_pb, request)
         return pb.TokenizeResponse(token_ids=await self.core.tokenize(prompt), text=self.core.render(prompt))
 
     @rpc_errors
     async def Detokenize(self, request: pb.DetokenizeRequest, context) -> pb.DetokenizeResponse:
-        convert.reject_unknown_fields(request)
+        public_codec.reject_unknown_fields(request)
         self.core.check_model(request.model)
         skip = request.skip_special_tokens if request.HasField("skip_special_tokens") else True
         return pb.DetokenizeResponse(text=await self.core.detokenize(list(request.token_ids), skip))
 
     @rpc_errors
     async def ListModels(self, request: pb.ListModelsRequest, context) -> pb.ListModelsResponse:
-        return pb.ListModelsResponse(models=[convert.model_card_to_pb(await self.core.model_card())])
+        return pb.ListModelsResponse(models=[public_codec.model_card_to_pb(await self.core.model_card())])
 
 
 async def _off_loop_if_large(convert_from_pb, request):
@@ -61,6 +62,6 @@ async def _requests(request_iterator):
     """The call's requests as (request_id, GenerateRequest); one with a bad field brings its error instead."""
     async for request in request_iterator:
         try:
-            yield request.request_id, await _off_loop_if_large(convert.generate_request_from_pb, request)
+            yield request.request_id, await _off_loop_if_large(public_codec.generate_request_from_pb, request)
         except InvalidArgument as error:
             yield request.request_id, error

@@ -76,4 +76,4 @@ class ModelCard:
     id: str
     max_model_len: int
     vocab_size: int
-    batch_invariant: bool = False  # the workers' deterministic mode (DESIGN rule 4)
+    batch_invariant: bool = False  # the workers' deterministic mode (docs/ARCHITECTURE.md rule 4)

@@ -18,7 +18,7 @@ import signal
 import uvloop
 
 from services.cli import add_flag, add_switch
-from services.logs import configure_logging
+from services.launch.logs import configure_logging
 from services.scheduler.config import SchedulerServiceConfig
 from services.scheduler.server import SchedulerServer
 

@@ -10,6 +10,7 @@ on the one event loop thread, so the core is only touched between awaits.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Callable
 
@@ -18,10 +19,11 @@ import structlog
 from services.core.errors import InvalidArgument, Unavailable, check
 from services.core.sampling_params import SamplingParams
 from services.core.scheduler import Scheduler
+from services.core.stats import SchedulerStats
 from services.core.step import WorkerInfo
 from services.scheduler.config import SchedulerServiceConfig
-from services.scheduler.streams import Delivery, RequestStream, StreamRouter
-from services.scheduler.worker_client import RemoteWorker, WorkerLost
+from services.scheduler.streams import Delivery, UpdateStream, StreamRouter
+from services.scheduler.worker_client import RemoteWorker, WorkerForgot, WorkerLost
 
 log = structlog.get_logger("scheduler")
 
@@ -39,8 +41,8 @@ class StepLoop:
 
     # ---- requests --------------------------------------------------------------
     def submit(self, request_id: str, prompt: list[int], params: SamplingParams, priority: int,
-               deliver: Callable[[Delivery], None] | None = None) -> RequestStream:
-        """Admit a request; its updates go to `deliver` (default: the stream's own queue)."""
+               deliver: Callable[[Delivery], None]) -> UpdateStream:
+        """Admit a request; its updates go to `deliver`."""
         if self.draining:
             raise Unavailable("the scheduler is shutting down")
         if self.core is None or not self.workers:
@@ -52,7 +54,7 @@ class StepLoop:
         return stream
 
     def release(self, request_id: str) -> None:
-        """The Submit call ended; if its request is still running the client went away: abort it."""
+        """The request's call ended or cancelled it; if it is still running the client went away: abort it."""
         if self.router.close(request_id, "request_cancelled"):
             self.core.abort(request_id)
             self._wake.set()
@@ -174,26 +176,40 @@ class StepLoop:
         for handle, result in zip(handles, results):
             if self.workers.get(handle.worker_id) is not handle:
                 continue  # dropped while stepping; its sequences are already waiting again
-            if isinstance(result, WorkerLost):
+            if isinstance(result, WorkerForgot):
+                await self._resend_in_full(handle, str(result))
+            elif isinstance(result, WorkerLost):
                 await self.drop(handle.worker_id, str(result))
             elif isinstance(result, BaseException):
                 raise result
             else:
+                handle.forgot = False
                 updates += self.core.update(handle.worker_id, result)
         self.router.route(updates)
         log.debug("step", step=self.core.step_id, num_workers=len(deltas), num_updates=len(updates),
                   num_tokens=sum(d.num_scheduled_tokens for d in deltas.values()))
         return True
 
+    async def _resend_in_full(self, handle: RemoteWorker, reason: str) -> None:
+        """FAILED_PRECONDITION: the worker does not hold a sequence it was sent. Its sequences are
+        re-sent in full (recomputed) and the worker stays; a worker that answers so twice in a row
+        is dropped instead, since re-sending did not help."""
+        if handle.forgot:
+            await self.drop(handle.worker_id, f"{reason} (again after a re-send in full)")
+            return
+        handle.forgot = True
+        num_resent = self.core.reset_worker(handle.worker_id)
+        log.warning("worker_state_lost", worker_id=handle.worker_id, reason=reason, num_resent=num_resent)
+        self._wake.set()
+
     # ---- stats -----------------------------------------------------------------
-    def stats(self) -> dict:
-        core = self.core.stats() if self.core else {"num_waiting": 0, "num_running": 0, "num_swapped": 0,
-                                                     "num_preemptions": 0, "workers": {}}
-        running = self.core.running.values() if self.core else ()
-        core["workers"] = {
-            worker_id: dict(blocks, address=self.workers[worker_id].address,
-                            num_running=sum(1 for s in running if s.worker_id == worker_id))
-            for worker_id, blocks in core["workers"].items()}
-        return dict(core, num_steps=self.num_steps, max_model_len=self.core.config.max_model_len if self.core else 0,
-                    vocab_size=self.model.vocab_size if self.model else 0, model=self.model.model if self.model else "",
-                    batch_invariant=self.model.batch_invariant if self.model else False)
+    def stats(self) -> SchedulerStats:
+        """The core's stats and what only the service knows: addresses, steps, the model."""
+        if self.core is None:
+            return SchedulerStats(num_steps=self.num_steps)
+        core = self.core.stats()
+        addresses = {worker_id: handle.address for worker_id, handle in self.workers.items()}
+        workers = tuple(dataclasses.replace(w, address=addresses.get(w.worker_id, "")) for w in core.workers)
+        return dataclasses.replace(core, workers=workers, num_steps=self.num_steps,
+                                   vocab_size=self.model.vocab_size, model=self.model.model,
+                                   batch_invariant=self.model.batch_invariant)

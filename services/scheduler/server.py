@@ -6,7 +6,7 @@ import asyncio
 import structlog
 
 from pagedserve.internal.v1 import scheduler_pb2, scheduler_pb2_grpc
-from services.grpc_server import GrpcServer
+from services.rpc.grpc_server import GrpcServer
 from services.scheduler.config import SchedulerServiceConfig
 from services.scheduler.loop import StepLoop
 from services.scheduler.servicer import SchedulerServicer

@@ -1,12 +1,12 @@
-"""The Scheduler gRPC service: thin, convert -> StepLoop -> convert. Errors map in services.rpc_errors."""
+"""The Scheduler gRPC service: thin, convert -> StepLoop -> convert (services.rpc.internal_codec). Errors map in services.rpc.status."""
 from __future__ import annotations
 
 import asyncio
 
 from pagedserve.internal.v1 import scheduler_pb2, scheduler_pb2_grpc
-from services import convert
+from services.rpc import internal_codec
 from services.core.errors import REFUSALS
-from services.rpc_errors import rpc_errors, status_of
+from services.rpc.status import rpc_errors, status_of
 from services.scheduler.loop import StepLoop
 from services.scheduler.streams import Delivery, StreamMux
 
@@ -14,19 +14,6 @@ from services.scheduler.streams import Delivery, StreamMux
 class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     def __init__(self, loop: StepLoop):
         self.loop = loop
-
-    @rpc_errors
-    async def Submit(self, request, context):
-        stream = self.loop.submit(*convert.submit_from_proto(request))
-        try:
-            while (updates := await stream.queue.get()) is not None:
-                if isinstance(updates, Exception):
-                    raise RuntimeError(f"the scheduler failed a step: {updates}") from updates
-                response = convert.updates_to_response(updates)
-                response.queue_time_s = stream.queue_time_s
-                yield response
-        finally:  # also when the client cancels: abort the request, free its blocks
-            self.loop.release(request.request_id)
 
     @rpc_errors
     async def SubmitMany(self, request_iterator, context):
@@ -50,7 +37,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                     continue
                 request_id = message.submit.request_id
                 try:  # StepLoop.submit refuses an empty or running request_id
-                    args = convert.submit_from_proto(message.submit)
+                    args = internal_codec.submit_from_proto(message.submit)
                     mux.streams[request_id] = self.loop.submit(*args, deliver=mux.sink(request_id))
                 except REFUSALS as error:  # that request only
                     mux.put(request_id, 0.0, error)
@@ -64,18 +51,11 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
 
     @rpc_errors
     async def GetStats(self, request, context):
-        stats = self.loop.stats()
-        workers = [scheduler_pb2.WorkerStats(
-            worker_id=worker_id, address=w["address"], num_gpu_blocks=w["num_blocks"],
-            num_free_gpu_blocks=w["num_free_blocks"], num_cpu_blocks=w["num_cpu_blocks"],
-            num_free_cpu_blocks=w["num_free_cpu_blocks"], prefix_cache_queries=w["prefix_cache_queries"],
-            prefix_cache_hits=w["prefix_cache_hits"], num_running=w["num_running"])
-            for worker_id, w in sorted(stats.pop("workers").items())]
-        return scheduler_pb2.GetStatsResponse(workers=workers, **stats)
+        return internal_codec.stats_to_proto(self.loop.stats())
 
     @rpc_errors
     async def RegisterWorker(self, request, context):
-        reason = await self.loop.register(request.worker_id, request.address, convert.info_from_proto(request.info))
+        reason = await self.loop.register(request.worker_id, request.address, internal_codec.info_from_proto(request.info))
         return scheduler_pb2.RegisterWorkerResponse(accepted=reason is None, reason=reason or "",
                                                     heartbeat_interval_s=self.loop.config.heartbeat_interval_s)
 
@@ -85,7 +65,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
 
 
 def _news(request_id: str, queue_time_s: float, item: Delivery) -> scheduler_pb2.RequestNews:
-    """One delivery of a SubmitMany request as its RequestNews (a failed step is INTERNAL, as in Submit)."""
+    """One delivery of a SubmitMany request as its RequestNews (a failed step is INTERNAL)."""
     if item is None:
         return scheduler_pb2.RequestNews(request_id=request_id, done=True)
     if isinstance(item, Exception):
@@ -94,6 +74,6 @@ def _news(request_id: str, queue_time_s: float, item: Delivery) -> scheduler_pb2
         code, message = status_of(error)
         return scheduler_pb2.RequestNews(request_id=request_id, done=True, error_code=code.value[0],
                                          error_message=message)
-    response = convert.updates_to_response(item)
+    response = internal_codec.updates_to_response(item)
     response.queue_time_s = queue_time_s
     return scheduler_pb2.RequestNews(request_id=request_id, response=response)

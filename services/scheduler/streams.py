@@ -1,8 +1,7 @@
 """One request's view for the call that submitted it: where the step loop delivers its updates
-(a Submit call's own queue, or a SubmitMany call's StreamMux) and when it is done."""
+(its SubmitMany call's StreamMux) and when it is done."""
 from __future__ import annotations
 
-import asyncio
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -10,6 +9,7 @@ from collections.abc import Callable
 import structlog
 
 from services.core.sequence import Request, SeqStatus, SeqUpdate
+from services.rpc.fan_in import FanIn
 
 log = structlog.get_logger("scheduler")
 
@@ -17,19 +17,17 @@ log = structlog.get_logger("scheduler")
 Delivery = list[SeqUpdate] | Exception | None
 
 
-class RequestStream:
-    """Each step's updates for one request are delivered as a list; None ends the stream and an
-    exception ends it with that error. By default they go into `queue` (one Submit call; None
-    when a SubmitMany call's `deliver` takes them)."""
+class UpdateStream:
+    """Each step's updates for one request are delivered as a list to `deliver`; None ends the
+    stream and an exception ends it with that error."""
 
-    def __init__(self, request: Request, deliver: Callable[[Delivery], None] | None = None):
+    def __init__(self, request: Request, deliver: Callable[[Delivery], None]):
         self.request = request
-        self.queue: asyncio.Queue[Delivery] | None = None if deliver else asyncio.Queue()
-        self.deliver = deliver or self.queue.put_nowait
+        self.deliver = deliver
         self.finish_reasons: dict[int, str] = {}
         self.num_output_tokens = 0
         self.started = time.monotonic()
-        self.queue_time_s = 0.0  # from Submit until the first step that ran it (set once it ran)
+        self.queue_time_s = 0.0  # from admission until the first step that ran it (set once it ran)
         self.scheduled = False
 
     @property
@@ -61,16 +59,16 @@ class RequestStream:
 
 
 class StreamRouter:
-    """request_id -> RequestStream; routes a step's updates and closes finished streams."""
+    """request_id -> UpdateStream; routes a step's updates and closes finished streams."""
 
     def __init__(self):
-        self.streams: dict[str, RequestStream] = {}
+        self.streams: dict[str, UpdateStream] = {}
 
     def __len__(self) -> int:
         return len(self.streams)
 
-    def open(self, request: Request, deliver: Callable[[Delivery], None] | None = None) -> RequestStream:
-        stream = self.streams[request.request_id] = RequestStream(request, deliver)
+    def open(self, request: Request, deliver: Callable[[Delivery], None]) -> UpdateStream:
+        stream = self.streams[request.request_id] = UpdateStream(request, deliver)
         return stream
 
     def route(self, updates: list[SeqUpdate]) -> None:
@@ -102,14 +100,13 @@ class StreamRouter:
 
 class StreamMux:
     """The requests of one SubmitMany call. Whatever the step loop delivers for any of them
-    waits in `pending` as (request_id, queue_time_s, delivery) until the call's writer takes it
+    waits in a FanIn as (request_id, queue_time_s, delivery) until the call's writer takes it
     all at once (`next`): one message a step for the whole call instead of one per request."""
 
     def __init__(self):
-        self.streams: dict[str, RequestStream] = {}  # open on this call
-        self.pending: list[tuple[str, float, Delivery]] = []
+        self.streams: dict[str, UpdateStream] = {}  # open on this call
         self.reading = True  # the client may still send requests
-        self._ready = asyncio.Event()
+        self._news: FanIn[tuple[str, float, Delivery]] = FanIn()
 
     def sink(self, request_id: str) -> Callable[[Delivery], None]:
         """The deliver function of a request opened on this call (add its stream to `streams`)."""
@@ -121,20 +118,13 @@ class StreamMux:
         return deliver
 
     def put(self, request_id: str, queue_time_s: float, item: Delivery) -> None:
-        self.pending.append((request_id, queue_time_s, item))
-        self._ready.set()
+        self._news.put((request_id, queue_time_s, item))
 
     def end_of_input(self) -> None:
         self.reading = False
-        self._ready.set()
+        self._news.wake()
 
     async def next(self) -> list[tuple[str, float, Delivery]] | None:
         """Everything delivered since the last call; None once the client sends no more requests
         and none is open."""
-        while not self.pending:
-            if not self.reading and not self.streams:
-                return None
-            await self._ready.wait()
-            self._ready.clear()
-        news, self.pending = self.pending, []
-        return news
+        return await self._news.take(lambda: not self.reading and not self.streams)

@@ -1,7 +1,9 @@
 """The scheduler's handle on one remote worker: a grpc.aio channel and its Step call.
 
-The step loop sees plain StepDelta / StepResult and one error, WorkerLost, whatever went
-wrong on the wire (UNAVAILABLE, DEADLINE_EXCEEDED, FAILED_PRECONDITION after a restart...).
+The step loop sees plain StepDelta / StepResult and two errors: WorkerForgot when the worker
+answers FAILED_PRECONDITION (it does not hold a sequence it was sent: worker.proto asks for a
+re-send in full), and WorkerLost for whatever else went wrong on the wire (UNAVAILABLE,
+DEADLINE_EXCEEDED, a cancelled step...).
 """
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import time
 import grpc
 
 from pagedserve.internal.v1 import worker_pb2_grpc
-from services import convert
+from services.rpc import internal_codec
 from services.core.step import StepDelta, StepResult, WorkerInfo
 
 CHANNEL_OPTIONS = [("grpc.max_send_message_length", 64 << 20), ("grpc.max_receive_message_length", 64 << 20)]
@@ -19,6 +21,11 @@ CHANNEL_OPTIONS = [("grpc.max_send_message_length", 64 << 20), ("grpc.max_receiv
 
 class WorkerLost(RuntimeError):
     """A Step failed, timed out or was cancelled: drop the worker and recompute its sequences elsewhere."""
+
+
+class WorkerForgot(RuntimeError):
+    """The worker does not hold a sequence the step named (FAILED_PRECONDITION): keep the worker,
+    re-send its sequences in full."""
 
 
 class RemoteWorker:
@@ -29,16 +36,18 @@ class RemoteWorker:
         self.stub = worker_pb2_grpc.WorkerStub(self.channel)
         self.last_seen = time.monotonic()
         self.dropped = False
+        self.forgot = False  # its last step answered FAILED_PRECONDITION (re-sent in full since)
         self._call = None
 
     async def step(self, delta: StepDelta) -> StepResult:
-        self._call = self.stub.Step(convert.delta_to_proto(delta), timeout=self.step_timeout_s)
+        self._call = self.stub.Step(internal_codec.delta_to_proto(delta), timeout=self.step_timeout_s)
         try:
-            result = convert.result_from_proto(await self._call)
+            result = internal_codec.result_from_proto(await self._call)
             self.last_seen = time.monotonic()
             return result
         except grpc.RpcError as error:
-            raise WorkerLost(f"{error.code().name}: {error.details()}") from error
+            kind = WorkerForgot if error.code() == grpc.StatusCode.FAILED_PRECONDITION else WorkerLost
+            raise kind(f"{error.code().name}: {error.details()}") from error
         except asyncio.CancelledError:
             if self.dropped:  # cancelled by close(), not by the loop's own shutdown
                 raise WorkerLost("dropped while stepping") from None

@@ -24,7 +24,7 @@ import uvloop
 
 from services.cli import add_flag, add_switch
 from services.core.config import CacheConfig, WorkerConfig
-from services.logs import configure_logging
+from services.launch.logs import configure_logging
 from services.worker.registrar import Refused
 from services.worker.server import WorkerServiceConfig, start_worker
 

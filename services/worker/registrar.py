@@ -12,9 +12,9 @@ import grpc
 import structlog
 
 from pagedserve.internal.v1 import scheduler_pb2, scheduler_pb2_grpc
-from services import convert
+from services.rpc import internal_codec
 from services.core.step import WorkerInfo
-from services.grpc_server import RECONNECT_OPTIONS
+from services.rpc.grpc_server import RECONNECT_OPTIONS
 
 log = structlog.get_logger("worker")
 MAX_BACKOFF_S = 5.0
@@ -30,7 +30,7 @@ class Registrar:
                  on_registered: Callable[[], Awaitable[None]], on_forgotten: Callable[[], Awaitable[None]]):
         self.scheduler_address, self.worker_id, self.address = scheduler_address, worker_id, address
         self.request = scheduler_pb2.RegisterWorkerRequest(worker_id=worker_id, address=address,
-                                                           info=convert.info_to_proto(info))
+                                                           info=internal_codec.info_to_proto(info))
         self.on_registered, self.on_forgotten = on_registered, on_forgotten
 
     async def run(self) -> None:

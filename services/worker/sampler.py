@@ -1,4 +1,4 @@
-"""The one sampler: logits -> token ids (and logprobs), batch-invariant (DESIGN rule 4).
+"""The one sampler: logits -> token ids (and logprobs), batch-invariant (docs/ARCHITECTURE.md rule 4).
 
 A row's token and logprobs are a pure function of (logits row, params, seed,
 sample_index, position, its tokens): never of its batch neighbours, their number or its

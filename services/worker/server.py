@@ -9,7 +9,7 @@ import structlog
 
 from pagedserve.internal.v1 import worker_pb2, worker_pb2_grpc
 from services.core.errors import check
-from services.grpc_server import GrpcServer
+from services.rpc.grpc_server import GrpcServer
 from services.worker.registrar import Registrar
 from services.core.config import CacheConfig, WorkerConfig
 from services.worker.servicer import WorkerServicer, torch_thread

@@ -1,4 +1,4 @@
-"""The Worker gRPC service: thin, convert -> Worker.step -> convert. Errors map in services.rpc_errors
+"""The Worker gRPC service: thin, convert -> Worker.step -> convert (services.rpc.internal_codec). Errors map in services.rpc.status
 (an unknown sequence, core UnknownSequence, becomes FAILED_PRECONDITION)."""
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import asyncio
 from concurrent.futures import ThreadPoolExecutor
 
 from pagedserve.internal.v1 import worker_pb2_grpc
-from services import convert
-from services.rpc_errors import rpc_errors
+from services.rpc import internal_codec
+from services.rpc.status import rpc_errors
 from services.worker.worker import Worker
 
 
@@ -28,15 +28,15 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
 
     @rpc_errors
     async def Step(self, request, context):
-        delta = convert.delta_from_proto(request)
+        delta = internal_codec.delta_from_proto(request)
         step = asyncio.get_running_loop().run_in_executor(self._executor, self.worker.step, delta)
         if delta.speculate_next:  # queued right behind the step: it runs while the result travels back
             self._executor.submit(self.worker.speculate)
-        return convert.result_to_proto(await step)
+        return internal_codec.result_to_proto(await step)
 
     @rpc_errors
     async def GetInfo(self, request, context):
-        return convert.info_to_proto(self.worker.info)
+        return internal_codec.info_to_proto(self.worker.info)
 
     async def forget_all(self) -> None:
         """The scheduler dropped this worker: its mirrored sequences will never be named again."""

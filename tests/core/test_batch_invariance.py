@@ -48,7 +48,7 @@ def test_invariant_to_batching_and_preemption(setup, case):
     if case in ("recompute", "swap"):
         assert llm.scheduler.num_preemptions > 0
     assert got == baseline
-    assert all(s["num_free_blocks"] == s["num_blocks"] for s in llm.scheduler.stats()["workers"].values())
+    assert all(s.num_free_gpu_blocks == s.num_gpu_blocks for s in llm.scheduler.stats().workers)
 
 
 @pytest.mark.slow
@@ -69,8 +69,8 @@ def test_invariant_to_prefix_cache_hits(model_dir):
     alone = run(make_llm(folder, enable_prefix_caching=False), prompts, params, one_at_a_time=True)
     llm = make_llm(folder, enable_prefix_caching=True)
     cached = run(llm, prompts[:1], params[:1]) + run(llm, prompts[1:], params[1:])
-    stats = llm.scheduler.stats()["workers"]["worker-0"]
-    assert stats["prefix_cache_hits"] > 0
+    stats = llm.scheduler.stats().worker("worker-0")
+    assert stats.prefix_cache_hits > 0
     assert cached == alone
 
 
@@ -118,8 +118,8 @@ def test_parallel_samples_fork_and_match_single_seeds(model_dir):
     single = llm.generate([prompt], SamplingParams(temperature=1.0, seed=99, max_tokens=12, ignore_eos=True),
                           use_tqdm=False)[0]
     assert single.outputs[0].token_ids == samples[0]  # sample 0 of n is the n=1 stream
-    assert llm.scheduler.stats()["workers"]["worker-0"]["num_free_blocks"] == \
-        llm.scheduler.stats()["workers"]["worker-0"]["num_blocks"]
+    assert llm.scheduler.stats().worker("worker-0").num_free_gpu_blocks == \
+        llm.scheduler.stats().worker("worker-0").num_gpu_blocks
 
 
 def test_parallel_samples_survive_a_chunked_prefill(model_dir):

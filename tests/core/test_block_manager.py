@@ -85,8 +85,8 @@ def test_prefix_hit_after_sequence_finished():
     assert manager.block_table(2) == finished_table[:2]
     assert [manager.ref_count(b) for b in finished_table[:2]] == [1, 1]
     assert manager.num_free_blocks == 6
-    assert manager.stats["prefix_cache_queries"] == 10 + 12
-    assert manager.stats["prefix_cache_hits"] == 8
+    assert manager.stats.prefix_cache_queries == 10 + 12
+    assert manager.stats.prefix_cache_hits == 8
 
 
 def test_prefix_hit_while_sequence_runs_shares_blocks():
@@ -408,8 +408,8 @@ class BlockManagerMachine(RuleBasedStateMachine):
         free_ids = pool.free_block_ids()
         assert len(set(free_ids)) == len(free_ids)
         assert not set(free_ids) & set(holders), "a block is both free and in a table"
-        assert len(free_ids) + len(holders) == pool.num_blocks == self.manager.stats["num_blocks"]
-        assert self.manager.num_free_blocks == len(free_ids) == self.manager.stats["num_free_blocks"]
+        assert len(free_ids) + len(holders) == pool.num_blocks == self.manager.stats.num_gpu_blocks
+        assert self.manager.num_free_blocks == len(free_ids) == self.manager.stats.num_free_gpu_blocks
         for block in pool.blocks:
             assert block.ref_count >= 0
             assert block.ref_count == holders.get(block.block_id, 0)
@@ -443,13 +443,13 @@ class BlockManagerMachine(RuleBasedStateMachine):
     @invariant()
     def prefix_stats_count_queries(self):
         stats = self.manager.stats
-        assert stats["prefix_cache_queries"] == self.num_queried_tokens
-        assert 0 <= stats["prefix_cache_hits"] <= stats["prefix_cache_queries"]
+        assert stats.prefix_cache_queries == self.num_queried_tokens
+        assert 0 <= stats.prefix_cache_hits <= stats.prefix_cache_queries
 
     def teardown(self):
         for seq_id in list(self.tokens):
             self.manager.free(seq_id)
-        assert self.manager.num_free_blocks == self.manager.stats["num_blocks"]
+        assert self.manager.num_free_blocks == self.manager.stats.num_gpu_blocks
         assert self.manager.num_free_cpu_blocks == self.manager.num_cpu_blocks
         assert all(block.ref_count == 0 for block in self.manager._pool.blocks)
 

@@ -66,8 +66,8 @@ def params(max_tokens=4, **kw):
 
 
 def all_free(sched):
-    return all(s["num_free_blocks"] == s["num_blocks"] and s["num_free_cpu_blocks"] == s["num_cpu_blocks"]
-               for s in sched.stats()["workers"].values())
+    return all(s.num_free_gpu_blocks == s.num_gpu_blocks and s.num_free_cpu_blocks == s.num_cpu_blocks
+               for s in sched.stats().workers)
 
 
 def test_first_step_sends_sequences_in_full_then_deltas():

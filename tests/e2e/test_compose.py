@@ -1,5 +1,5 @@
 """docker-compose.yml (+ the GPU and host-network overlays) validate, publish only the frontend,
-run the launcher's commands (services.launcher.service_commands) and stop in the launcher's
+run the launcher's commands (services.launch.deployment.service_commands) and stop in the launcher's
 order; the health-check command works.
 
 These need no Docker engine: the files are checked against the compose spec's JSON schema
@@ -21,7 +21,7 @@ import pytest
 import yaml
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from services.launcher import Deployment, free_ports, health_addresses, service_commands
+from services.launch.deployment import Deployment, free_ports, health_addresses, service_commands
 from services.tools.default_model import default_model_path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -188,11 +188,11 @@ def test_health_checks_ask_each_service_on_its_own_port():
     services = load(BASE)["services"]
     addresses = health_addresses(compose_deployment())
     for name, key in (("scheduler", "scheduler"), ("worker", "worker-0"), ("frontend", "frontend")):
-        assert services[name]["healthcheck"]["test"] == ["CMD", "python", "-m", "services.healthcheck", addresses[key]]
+        assert services[name]["healthcheck"]["test"] == ["CMD", "python", "-m", "services.launch.healthcheck", addresses[key]]
 
 
 def run_healthcheck(address: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "services.healthcheck", address, "--timeout", "2"], cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "services.launch.healthcheck", address, "--timeout", "2"], cwd=ROOT,
                           capture_output=True, text=True, timeout=30)
 
 

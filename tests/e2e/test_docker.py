@@ -20,8 +20,8 @@ import grpc
 import pytest
 
 from pagedserve.internal.v1 import scheduler_pb2, scheduler_pb2_grpc
-from services.client import Client
-from services.launcher import free_ports
+from pagedserve import Client
+from services.launch.deployment import free_ports
 from tests.e2e.docker_stack import Engine, Stack, Unavailable, compose_command, ensure_image, listening_ports, run
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]

@@ -27,10 +27,10 @@ import pytest
 import yaml
 from grpc_health.v1 import health, health_pb2_grpc
 
-from services.healthcheck import health_status
+from services.launch.healthcheck import health_status
 from services.__main__ import DEFAULT_STOP_TIMEOUT_S, default_worker_threads
-from services.launcher import SWITCH_FLAGS, VALUE_FLAGS, Deployment, free_ports, service_commands
-from services.supervisor import Launcher, RestartPolicy
+from services.launch.deployment import SWITCH_FLAGS, VALUE_FLAGS, Deployment, free_ports, service_commands
+from services.launch.supervisor import Launcher, RestartPolicy
 
 ROOT = Path(__file__).resolve().parents[2]
 FAKE_SERVICE = Path(__file__).with_name("fake_service.py")

@@ -15,9 +15,9 @@ import grpc
 import pytest
 
 from pagedserve.internal.v1 import scheduler_pb2, scheduler_pb2_grpc
-from services.client import AsyncClient
-from services.healthcheck import health_status
-from services.launcher import Deployment, free_ports, service_commands
+from pagedserve import AsyncClient
+from services.launch.healthcheck import health_status
+from services.launch.deployment import Deployment, free_ports, service_commands
 from tests.conftest import random_prompts
 from tests.e2e.test_launcher import REAL_SERVICES, assert_all_stopped, launch, up_args  # noqa: F401 (a fixture)
 

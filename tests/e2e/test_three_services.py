@@ -9,9 +9,9 @@ import pytest
 
 from pagedserve.internal.v1 import scheduler_pb2, scheduler_pb2_grpc
 from pagedserve.v1 import generate_pb2_grpc
-from services.client import AsyncClient, Client, GenerationError, build_request
+from pagedserve import AsyncClient, Client, GenerationError, build_request
 from services.core.sampling_params import SamplingParams
-from services.launcher import free_ports
+from services.launch.deployment import free_ports
 from tests.conftest import make_llm, random_prompts
 from tests.e2e.test_launcher import REAL_SERVICES, Up, up_args
 

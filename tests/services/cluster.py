@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import grpc
 
 from pagedserve.internal.v1 import scheduler_pb2, scheduler_pb2_grpc
-from services import convert
+from services.rpc import internal_codec
 from services.core.config import CacheConfig, WorkerConfig
 from services.core.sampling_params import SamplingParams
 from services.core.step import Logprobs
@@ -32,9 +32,9 @@ class Generation:
     num_messages: int = 0
 
     def add(self, request_id: str, response: scheduler_pb2.SubmitResponse) -> None:
-        """Fold one Submit message (or one SubmitMany news' response) into the samples."""
+        """Fold one SubmitMany news' response into the samples."""
         self.num_messages += 1
-        for update in convert.updates_from_response(request_id, response):
+        for update in internal_codec.updates_from_response(request_id, response):
             sample = self.samples.setdefault(update.sample_index, Sample())
             assert sample.finish_reason is None, f"{request_id}: tokens after the finish"
             sample.token_ids += update.new_token_ids
@@ -84,8 +84,8 @@ class Cluster:
     async def stats(self) -> scheduler_pb2.GetStatsResponse:
         return await self.stub.GetStats(scheduler_pb2.GetStatsRequest())
 
-    def submit(self, request_id: str, prompt: list[int], params: SamplingParams):
-        return self.stub.Submit(convert.submit_to_proto(request_id, prompt, params))
+    def submit(self, request_id: str, prompt: list[int], params: SamplingParams) -> OneRequestCall:
+        return OneRequestCall(self.stub, internal_codec.submit_to_proto(request_id, prompt, params))
 
     async def generate(self, request_id: str, prompt: list[int], params: SamplingParams,
                        on_message=None) -> Generation:
@@ -103,6 +103,53 @@ class Cluster:
         await self.scheduler.stop(None)
         if self.channel is not None:
             await self.channel.close()
+
+
+class OneRequestCall:
+    """One request on its own SubmitMany call, read like a server stream: `read()` gives each step's
+    SubmitResponse, then grpc.aio.EOF; a refused or failed request raises AioRpcError with the status
+    its RequestNews carried; `cancel()` ends the call, which aborts the request."""
+
+    def __init__(self, stub: scheduler_pb2_grpc.SchedulerStub, request: scheduler_pb2.SubmitRequest):
+        self.call = stub.SubmitMany()
+        self.request = request
+        self.pending: list[scheduler_pb2.RequestNews] = []
+        self.sent = self.done = False
+
+    async def read(self):
+        if not self.sent:
+            self.sent = True
+            await self.call.write(scheduler_pb2.SubmitManyRequest(submit=self.request))
+        while not self.done:
+            if not self.pending:
+                message = await self.call.read()
+                if message is grpc.aio.EOF:
+                    break
+                self.pending = list(message.news)
+                continue
+            news = self.pending.pop(0)
+            if news.error_code:
+                self.done = True
+                raise grpc.aio.AioRpcError(_STATUS_BY_VALUE[news.error_code], grpc.aio.Metadata(),
+                                           grpc.aio.Metadata(), news.error_message)
+            self.done = news.done
+            if news.HasField("response"):
+                return news.response
+        await self.call.done_writing()
+        return grpc.aio.EOF
+
+    def cancel(self) -> None:
+        self.call.cancel()
+
+    async def __aiter__(self):
+        try:
+            while (response := await self.read()) is not grpc.aio.EOF:
+                yield response
+        finally:
+            self.cancel()
+
+
+_STATUS_BY_VALUE = {code.value[0]: code for code in grpc.StatusCode}
 
 
 def run(coro):

@@ -1,10 +1,10 @@
 """A real frontend on loopback in front of a fake Scheduler servicer, for the frontend's tests.
 
-The fake implements Submit / SubmitMany / Abort / GetStats of the internal proto with a
+The fake implements SubmitMany / Abort / GetStats of the internal proto with a
 deterministic rule: sample i's token at position p is prompt[(i + p) % len(prompt)] (an echo),
 one token per step, finishing with "length" at max_tokens. It records what reached it:
-submitted requests, aborts (request id, sample index) and cancelled requests (a closed Submit
-call, or a cancel on the SubmitMany call, or that call ending while they ran).
+submitted requests, aborts (request id, sample index) and cancelled requests (a cancel on the
+SubmitMany call, or that call ending while they ran).
 """
 from __future__ import annotations
 
@@ -37,23 +37,12 @@ class FakeScheduler(scheduler_pb2_grpc.SchedulerServicer):
     def __init__(self, vocab_size: int, max_model_len: int = MAX_MODEL_LEN, step_s: float = 0.002):
         self.vocab_size, self.max_model_len, self.step_s = vocab_size, max_model_len, step_s
         self.num_workers = 1
-        self.refuse: tuple[grpc.StatusCode, str] | None = None  # abort every Submit with this status
+        self.refuse: tuple[grpc.StatusCode, str] | None = None  # refuse every submitted request with this status
         self.submitted: list[scheduler_pb2.SubmitRequest] = []
         self.aborts: list[tuple[str, int]] = []
         self.cancelled: list[str] = []
         self.num_calls = 0  # SubmitMany calls the frontend opened
         self.drop_calls = False  # end every open SubmitMany call with UNAVAILABLE at its next message
-
-    async def Submit(self, request, context):
-        if self.refuse:
-            await context.abort(*self.refuse)
-        self.submitted.append(request)
-        try:
-            async for response in self._steps(request):
-                yield response
-        except asyncio.CancelledError:
-            self.cancelled.append(request.request_id)
-            raise
 
     async def SubmitMany(self, request_iterator, context):
         self.num_calls += 1

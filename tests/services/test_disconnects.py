@@ -15,7 +15,7 @@ import grpc
 import pytest
 
 from pagedserve.v1 import generate_pb2_grpc
-from services.client import build_request
+from pagedserve import build_request
 from test_http_api import raw
 from test_http_cluster import HttpCluster
 

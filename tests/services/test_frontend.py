@@ -9,7 +9,7 @@ from grpc_health.v1 import health_pb2
 from tokenizers import Tokenizer as HFTokenizer
 
 from frontend_harness import FAKE_SEED, MAX_MODEL_LEN, MODEL_ID, Harness, echo_token
-from services.client import AsyncClient, Client, GenerationError
+from pagedserve import AsyncClient, Client, GenerationError
 from services.core.tokenizer import Tokenizer
 
 MULTIBYTE = "你好, 世界 😀🎉 café"
@@ -85,7 +85,7 @@ def test_stop_string_is_cut_never_streamed_and_ends_the_sample_at_the_scheduler(
     assert "".join(texts) == sample.text == ("abc STOP" if include else "abc ")
     assert (sample.finish_reason, sample.stop_reason) == ("stop", "STOP")
     assert (f"stop-{include}", 0) in harness.fake.aborts
-    assert harness.wait_for(lambda: f"stop-{include}" in harness.fake.cancelled)  # the Submit call is closed
+    assert harness.wait_for(lambda: f"stop-{include}" in harness.fake.cancelled)  # the request is cancelled on its SubmitMany call
     assert stream.result.num_completion_tokens == len(sample.token_ids) < 40
 
 

@@ -10,7 +10,7 @@ from grpc_health.v1 import health_pb2
 
 from frontend_harness import MAX_MODEL_LEN, Harness
 from pagedserve.v1 import generate_pb2 as pb
-from services.client import Client, GenerationError, build_request
+from pagedserve import Client, GenerationError, build_request
 from services.core.tokenizer import Tokenizer
 
 SERVING, NOT_SERVING = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING

@@ -10,7 +10,7 @@ from grpc_health.v1 import health_pb2
 from frontend_harness import Harness
 from pagedserve.v1 import generate_pb2 as pb
 from pagedserve.v1 import generate_pb2_grpc
-from services.client import AsyncClient, Client, GenerationError
+from pagedserve import AsyncClient, Client, GenerationError
 from services.core.tokenizer import Tokenizer
 
 

@@ -15,7 +15,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from frontend_harness import Harness
 from pagedserve.v1 import generate_pb2 as pb
-from services.client import build_request
+from pagedserve import build_request
 from test_http_api import http_harness, raw
 
 METHODS = {  # public method -> (request streaming, response streaming)

@@ -11,9 +11,9 @@ import openai
 import pytest
 
 from frontend_harness import MAX_MODEL_LEN, MODEL_ID, Harness, echo_token
-from services.client import Client
+from pagedserve import Client
 from services.core.tokenizer import Tokenizer
-from services.launcher import free_ports
+from services.launch.deployment import free_ports
 
 MULTIBYTE = "你好, 世界 😀 café"
 

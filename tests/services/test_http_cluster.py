@@ -12,7 +12,7 @@ import pytest
 from cluster import Cluster
 from services.frontend.config import FrontendConfig
 from services.frontend.server import FrontendServer
-from services.launcher import free_ports
+from services.launch.deployment import free_ports
 from test_http_api import metric, raw
 
 PROMPT = "The quick brown fox"

@@ -10,7 +10,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from pagedserve.internal.v1 import scheduler_pb2, worker_pb2, worker_pb2_grpc
 from services.core.sampling_params import SamplingParams
 from tests.conftest import greedy, make_llm, random_prompts
-from tests.services.cluster import NUM_GPU_BLOCKS, Cluster, run
+from tests.services.cluster import NUM_GPU_BLOCKS, Cluster, OneRequestCall, run
 
 VOCAB = 512
 
@@ -219,7 +219,7 @@ def test_bad_submits_are_invalid_argument_and_the_next_one_works(model):
                 assert error.value.details().startswith(field), error.value.details()
             bad_params = scheduler_pb2.SubmitRequest(request_id="bad", prompt_token_ids=[5])  # top_p 0, n 0...
             with pytest.raises(grpc.aio.AioRpcError) as error:
-                await cluster.stub.Submit(bad_params).read()
+                await OneRequestCall(cluster.stub, bad_params).read()
             assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
             good = await cluster.generate("good", [5, 6, 7], greedy(5))
             assert len(good.samples[0].token_ids) == 5
@@ -382,5 +382,43 @@ def test_a_failing_step_ends_open_streams_with_internal_and_the_scheduler_keeps_
             assert len(good.samples[0].token_ids) == 5
         finally:
             await cluster.close()
+
+    run(main())
+
+
+def test_a_worker_that_answers_failed_precondition_gets_its_sequences_re_sent_in_full(model):
+    """worker.proto: a step naming a sequence the worker does not hold is answered FAILED_PRECONDITION,
+    re-send it in full. The worker here loses its sequences once, mid-stream (as one restarted at the
+    same address would): the scheduler keeps it, recomputes its sequences, and the streams go on with
+    the tokens they would have had."""
+    prompts = random_prompts(3, VOCAB, 10, 40, seed=11)
+    params = [greedy(24), SamplingParams(temperature=0.9, seed=5, max_tokens=24), greedy(24)]
+    want = reference(model, prompts, params)
+
+    async def main():
+        cluster = await Cluster(model).start(num_workers=1)
+        try:
+            worker = cluster.workers["w0"].servicer.worker
+            real_step, forgot = worker.step, []
+
+            def step(delta):  # runs on the worker's torch thread, like every step
+                if delta.cached_seqs and len(forgot) == 0 and delta.step_id > 4:
+                    forgot.append(delta.step_id)
+                    worker.runner.seqs.clear()
+                return real_step(delta)
+
+            worker.step = step
+            handle = cluster.scheduler.loop.workers["w0"]
+            got = await asyncio.gather(*(cluster.generate(f"f{i}", p, sp)
+                                         for i, (p, sp) in enumerate(zip(prompts, params))))
+            stats = await cluster.wait_for(lambda s: s.num_running == 0 and all(
+                w.num_free_gpu_blocks == w.num_gpu_blocks for w in s.workers), timeout=5)
+            assert forgot, "the worker never lost its sequences: the test did not test anything"
+            assert cluster.scheduler.loop.workers["w0"] is handle, "the worker was dropped, not re-sent to"
+            assert len(stats.workers) == 1
+        finally:
+            await cluster.close()
+        for g, w in zip(got, want):
+            assert_same(g, w)
 
     run(main())

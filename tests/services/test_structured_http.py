@@ -149,7 +149,7 @@ def test_streamed_tool_calls_parse_with_the_sdk_stream_helper(served, client):
 
 
 def test_the_public_grpc_api_takes_the_constraint_oneof(served):
-    from services.client import Client, GenerationError
+    from pagedserve import Client, GenerationError
 
     with Client(f"127.0.0.1:{served.frontend.port}") as grpc_client:
         for seed in range(3):

@@ -5,7 +5,7 @@ import grpc
 import pytest
 
 from pagedserve.internal.v1 import scheduler_pb2
-from services import convert
+from services.rpc import internal_codec
 from services.core.sampling_params import SamplingParams
 from tests.conftest import greedy, random_prompts
 from tests.services.cluster import NUM_GPU_BLOCKS, Cluster, Generation, run
@@ -18,7 +18,7 @@ def model(model_dir):
 
 
 def submit(request_id: str, prompt: list[int], params: SamplingParams) -> scheduler_pb2.SubmitManyRequest:
-    return scheduler_pb2.SubmitManyRequest(submit=convert.submit_to_proto(request_id, prompt, params))
+    return scheduler_pb2.SubmitManyRequest(submit=internal_codec.submit_to_proto(request_id, prompt, params))
 
 
 async def collect(call, generations: dict[str, Generation], errors: dict[str, tuple[int, str]],

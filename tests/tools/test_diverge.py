@@ -171,7 +171,7 @@ def test_unknown_variant_names_are_refused_before_anything_runs(model_dir, tmp_p
 def test_against_a_running_cluster_and_a_worker_killed_mid_request(model_dir, tmp_path):
     """The three services on loopback (one worker); diverge adds a worker of its own, which the
     scheduler fills first, and kills it mid-request: the cluster's worker recomputes the same bits."""
-    from services.launcher import free_ports
+    from services.launch.deployment import free_ports
     from tests.e2e.test_launcher import REAL_SERVICES, Up, up_args
 
     if not REAL_SERVICES:

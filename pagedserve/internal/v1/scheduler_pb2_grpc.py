@@ -35,11 +35,6 @@ class SchedulerStub:
         Args:
             channel: A grpc.Channel.
         """
-        self.Submit = channel.unary_stream(
-                '/pagedserve.internal.v1.Scheduler/Submit',
-                request_serializer=pagedserve_dot_internal_dot_v1_dot_scheduler__pb2.SubmitRequest.SerializeToString,
-                response_deserializer=pagedserve_dot_internal_dot_v1_dot_scheduler__pb2.SubmitResponse.FromString,
-                _registered_method=True)
         self.SubmitMany = channel.stream_stream(
                 '/pagedserve.internal.v1.Scheduler/SubmitMany',
                 request_serializer=pagedserve_dot_internal_dot_v1_dot_scheduler__pb2.SubmitManyRequest.SerializeToString,
@@ -71,19 +66,12 @@ class SchedulerServicer:
     """The scheduler: queues, block tables, policy and the step loop.
     """
 
-    def Submit(self, request, context):
-        """Admit a tokenized request and stream its new tokens step by step until it finishes.
-        Cancelling the call aborts the request and frees its blocks within one step.
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
     def SubmitMany(self, request_iterator, context):
-        """Many requests over one call (what the frontend uses): requests and cancellations go in as
-        they come; each step's news for every request of the call comes back as one message, so
-        the per-message cost is paid once a step, not once a token. Ending the call aborts every
-        request still running on it.
+        """Admit tokenized requests and stream their new tokens step by step until they finish, many
+        requests over one call: requests and cancellations go in as they come; each step's news for
+        every request of the call comes back as one message, so the per-message cost is paid once a
+        step, not once a request and token. A cancelled request, or every request still running when
+        the call ends, is aborted and its blocks are freed within one step.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -120,11 +108,6 @@ class SchedulerServicer:
 
 def add_SchedulerServicer_to_server(servicer, server):
     rpc_method_handlers = {
-            'Submit': grpc.unary_stream_rpc_method_handler(
-                    servicer.Submit,
-                    request_deserializer=pagedserve_dot_internal_dot_v1_dot_scheduler__pb2.SubmitRequest.FromString,
-                    response_serializer=pagedserve_dot_internal_dot_v1_dot_scheduler__pb2.SubmitResponse.SerializeToString,
-            ),
             'SubmitMany': grpc.stream_stream_rpc_method_handler(
                     servicer.SubmitMany,
                     request_deserializer=pagedserve_dot_internal_dot_v1_dot_scheduler__pb2.SubmitManyRequest.FromString,
@@ -161,33 +144,6 @@ def add_SchedulerServicer_to_server(servicer, server):
 class Scheduler:
     """The scheduler: queues, block tables, policy and the step loop.
     """
-
-    @staticmethod
-    def Submit(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_stream(
-            request,
-            target,
-            '/pagedserve.internal.v1.Scheduler/Submit',
-            pagedserve_dot_internal_dot_v1_dot_scheduler__pb2.SubmitRequest.SerializeToString,
-            pagedserve_dot_internal_dot_v1_dot_scheduler__pb2.SubmitResponse.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
 
     @staticmethod
     def SubmitMany(request_iterator,

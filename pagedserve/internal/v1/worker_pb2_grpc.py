@@ -54,7 +54,10 @@ class WorkerServicer:
 
     def Step(self, request, context):
         """Run one step: apply the delta, run the forward pass, sample. A cached sequence the
-        worker does not hold is answered with FAILED_PRECONDITION (re-send it in full).
+        worker does not hold is answered with FAILED_PRECONDITION: the scheduler then re-sends the
+        worker's sequences in full (recomputed, into an empty block pool) and keeps the worker; a
+        second FAILED_PRECONDITION in a row drops it. Any other error drops the worker, and its
+        sequences are recomputed on the others.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

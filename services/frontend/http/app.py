@@ -13,7 +13,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from services.core.errors import REFUSALS, Unavailable
 from services.frontend.core import STATS_TIMEOUT_S, FrontendCore
-from services.frontend.http import convert, schemas
+from services.frontend.http import openai_requests, schemas
 from services.frontend.http.errors import error_body, install_error_handlers
 from services.frontend.http.guard import Guard
 from services.frontend.http.models import ChatCompletionRequest, CompletionRequest
@@ -63,7 +63,7 @@ def build_app(core: FrontendCore, is_ready: Callable[[], bool], api_key: str = "
     @app.post("/v1/completions", response_model=None, responses=schemas.completion_responses(schemas.Completion))
     async def completions(body: CompletionRequest, request: Request) -> Response:
         request_id = request.state.request_id = f"cmpl-{uuid.uuid4().hex}"
-        requests = convert.completion_requests(body, request_id)
+        requests = openai_requests.completion_requests(body, request_id)
         renderer = CompletionRenderer(request_id, core.model_id, await _fingerprint(core), core.tokenizer,
                                       requests[0].params.n)
         return await _respond(core, requests, renderer, body, body.logprobs is not None, request)
@@ -72,7 +72,7 @@ def build_app(core: FrontendCore, is_ready: Callable[[], bool], api_key: str = "
               responses=schemas.completion_responses(schemas.ChatCompletion))
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         request_id = request.state.request_id = f"chatcmpl-{uuid.uuid4().hex}"
-        generate_request, tool_plan = await convert.chat_request(core, body, request_id)
+        generate_request, tool_plan = await openai_requests.chat_request(core, body, request_id)
         renderer = (ChatRenderer(request_id, core.model_id, await _fingerprint(core), core.tokenizer,
                                  generate_request.params.n) if tool_plan.mode == "none" else
                     ToolChatRenderer(request_id, core.model_id, await _fingerprint(core), core.tokenizer,

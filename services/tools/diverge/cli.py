@@ -63,7 +63,7 @@ def sampling_defaults(args: argparse.Namespace) -> dict:
 
 
 def run_diverge_command(args: argparse.Namespace) -> int:
-    from services.logs import configure_logging
+    from services.launch.logs import configure_logging
     from services.tools.diverge.render import html_page, text_table
     from services.tools.diverge.run import prepare, run_all
 

@@ -1,6 +1,6 @@
 """The `--against` variants: the prompts through a running cluster's public API, and through a
 worker of our own that joins that cluster and is killed mid-request (its sequences are then
-recomputed on the cluster's other workers, DESIGN rule 5).
+recomputed on the cluster's other workers, docs/ARCHITECTURE.md rule 5).
 
 The cluster must serve the same model with the baseline's dtype, block size and kernels, or
 every cell differs for that reason alone.
@@ -19,9 +19,9 @@ from pathlib import Path
 import grpc
 
 from pagedserve.internal.v1 import scheduler_pb2, scheduler_pb2_grpc
-from services.client import AsyncClient, Client, GenerationError
+from pagedserve import AsyncClient, Client, GenerationError
 from services.core.sampling_params import SamplingParams
-from services.launcher import free_ports
+from services.launch.deployment import free_ports
 from services.tools.diverge.cases import Case
 from services.tools.diverge.compare import Sample, margin
 from services.tools.diverge.engine_runs import Run

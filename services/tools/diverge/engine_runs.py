@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from services.core.sampling_params import SamplingParams
-from services.llm import LLM
+from pagedserve import LLM
 from services.tools.diverge.cases import NEIGHBOUR_MAX_PROMPT, Case, neighbours
 from services.tools.diverge.compare import Sample
 from services.tools.diverge.variants import BATCH, BATCH_SIZES, PREFIX, Variant

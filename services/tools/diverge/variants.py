@@ -1,8 +1,9 @@
 """The variants: each changes one variable from the batch-1 baseline (the chapter's method).
 
 `expect` says what the engine promises: IDENTICAL variants must give the baseline's tokens with
-bit-equal logprobs (DESIGN rule 4), and fail the command when they do not; MAY_DIFFER ones are
-shown so the user sees what each cause does, and fail only when `--fail-on` names them.
+bit-equal logprobs (docs/ARCHITECTURE.md rule 4), and fail the command when they do not;
+MAY_DIFFER ones are shown so the user sees what each cause does, and fail only when `--fail-on`
+names them.
 """
 from __future__ import annotations
 
@@ -42,7 +43,8 @@ class Variant:
 def tier_variants(tiers: list[str], baseline_tier: str | None, kernels: str) -> list[Variant]:
     """One variant per kernel tier this host runs, beside the one the baseline picked, and the
     PyTorch reference kernels when the baseline runs compiled ones. Tiers may differ from each
-    other in bits (DESIGN: each is batch-invariant on its own), so they are shown, not failed."""
+    other in bits (docs/ARCHITECTURE.md, kernels: each is batch-invariant on its own), so they are
+    shown, not failed."""
     out = [Variant(f"tier-{tier}", "tier", f"kernel tier {tier}", MAY_DIFFER, {"cpu_isa": tier})
            for tier in tiers if tier != baseline_tier]
     if kernels != "torch":

@@ -14,7 +14,7 @@ from services.core.structured import Constraint
 from services.frontend.batch import BatchError, BatchItem
 from services.frontend.types import (MAX_CHAT_MESSAGES, GenerateEvent, GenerateRequest, ModelCard, Prompt,
                                      SampleEvent, Summary)
-from services.rpc_errors import status_of
+from services.rpc.status import status_of
 
 FINISH_REASONS = {None: pb.FINISH_REASON_UNSPECIFIED, "stop": pb.FINISH_REASON_STOP,
                   "length": pb.FINISH_REASON_LENGTH, "abort": pb.FINISH_REASON_ABORT}

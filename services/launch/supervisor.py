@@ -30,8 +30,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TextIO
 
-from services.child import Child, LaunchError
-from services.launcher import Deployment, dial_host, health_addresses, listen_ports, service_commands
+from services.launch.child import Child, LaunchError
+from services.launch.deployment import Deployment, dial_host, health_addresses, listen_ports, service_commands
 
 CORE_SERVICES = ("scheduler", "frontend")
 FINAL_EXIT_CODE = 2  # a service's "restarting cannot help" (bad flags, refused by the scheduler)
@@ -201,7 +201,7 @@ class Launcher:
         self._sinks.clear()
 
     def event(self, event: str, level: str = "info", **fields) -> None:
-        """One JSON line on stderr, shaped like the services' own (services.logs)."""
+        """One JSON line on stderr, shaped like the services' own (services.launch.logs)."""
         record = {"service": "launcher", "event": event, "level": level,
                   "timestamp": datetime.now(timezone.utc).isoformat().replace("+00:00", "Z"), **fields}
         prefix = "launcher  | " if self.log_dir is None else ""

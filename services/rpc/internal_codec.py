@@ -1,14 +1,21 @@
 """The one conversion module between the core dataclasses and the internal protobuf messages.
 
-Only this module and the servicers import generated `*_pb2` code (STYLE.md). Floats are
+Generated `*_pb2` code stops at the gRPC edge (CONTRIBUTING.md, house style): the two codecs
+(this one, and services/frontend/public_codec.py for the public API), the servicers, the servers
+that register them, and the clients (scheduler_client, worker_client, registrar, pagedserve.client);
+the tools talk to a deployment as clients do. Everything else (core, the step loop, the model
+runner, the frontend's core) sees dataclasses only: tests/services/test_protos.py checks. Floats are
 protobuf doubles, so every value round-trips exactly. Optional ints travel as -1 (logprobs)
 or with a has_* flag (seed, stop token id).
 """
 from __future__ import annotations
 
+import dataclasses
+
 from pagedserve.internal.v1 import common_pb2, scheduler_pb2, worker_pb2
 from services.core.sampling_params import SamplingParams
 from services.core.sequence import SeqUpdate
+from services.core.stats import SchedulerStats, WorkerStats
 from services.core.structured import Constraint
 from services.core.step import (CachedSequence, Logprobs, NewSequence, SeqOutput, StepDelta, StepResult,
                                 WorkerInfo)
@@ -186,3 +193,21 @@ def submit_to_proto(request_id: str, prompt_token_ids: list[int], params: Sampli
 
 def submit_from_proto(msg: scheduler_pb2.SubmitRequest) -> tuple[str, list[int], SamplingParams, int]:
     return msg.request_id, list(msg.prompt_token_ids), params_from_proto(msg.params), msg.priority
+
+
+# ---- stats (GetStats) ----------------------------------------------------------
+# The dataclasses' fields are the messages' fields, name for name.
+
+def stats_to_proto(stats: SchedulerStats) -> scheduler_pb2.GetStatsResponse:
+    fields = {f: getattr(stats, f) for f in _SCALAR_FIELDS}
+    return scheduler_pb2.GetStatsResponse(workers=[scheduler_pb2.WorkerStats(**vars(w)) for w in stats.workers],
+                                          **fields)
+
+
+def stats_from_proto(msg: scheduler_pb2.GetStatsResponse) -> SchedulerStats:
+    workers = tuple(WorkerStats(**{f: getattr(w, f) for f in _WORKER_FIELDS}) for w in msg.workers)
+    return SchedulerStats(workers=workers, **{f: getattr(msg, f) for f in _SCALAR_FIELDS})
+
+
+_SCALAR_FIELDS = tuple(f.name for f in dataclasses.fields(SchedulerStats) if f.name != "workers")
+_WORKER_FIELDS = tuple(f.name for f in dataclasses.fields(WorkerStats))

@@ -1,7 +1,7 @@
 """`python -m services up`: what the deployment is (Deployment) and the command line of each service.
 
 `service_commands` is the single source of the services' command lines: the launcher
-(services.supervisor) runs them, and the compose file's commands are checked against them
+(services.launch.supervisor) runs them, and the compose file's commands are checked against them
 (tests/e2e/test_compose.py). Every flag `up` takes for the services is in VALUE_FLAGS or
 SWITCH_FLAGS with the services it reaches (tests/e2e/test_launcher.py checks each one arrives
 and each service's parser knows it).

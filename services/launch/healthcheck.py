@@ -1,6 +1,6 @@
 """Ask a service's grpc.health.v1 endpoint whether it is SERVING (the compose health checks).
 
-    python -m services.healthcheck HOST:PORT [--service NAME] [--timeout SECONDS]
+    python -m services.launch.healthcheck HOST:PORT [--service NAME] [--timeout SECONDS]
 
 Exit status 0 when the answer is SERVING, 1 otherwise (NOT_SERVING, unreachable, timeout),
 with the reason on stderr.
@@ -32,7 +32,7 @@ def is_serving(address: str, service: str = "", timeout: float = 2.0) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m services.healthcheck", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m services.launch.healthcheck", description=__doc__.splitlines()[0])
     parser.add_argument("address", help="HOST:PORT of a gRPC server")
     parser.add_argument("--service", default="", help="service name to ask about (default: the whole server)")
     parser.add_argument("--timeout", type=float, default=3.0, help="seconds to wait for the answer")

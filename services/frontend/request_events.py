@@ -1,4 +1,5 @@
-"""One request's samples as the frontend follows them: text deltas, stop strings, counts.
+"""RequestEvents: one request's samples as the frontend follows them, turned into GenerateEvents
+(text deltas, stop strings, counts).
 
 The core OutputCollector (the one LLM.generate uses) does the detokenizing and the stop
 strings; this turns what each scheduler message added into a GenerateEvent.
@@ -12,7 +13,7 @@ from services.core.tokenizer import Tokenizer
 from services.frontend.types import GenerateEvent, SampleEvent, Summary
 
 
-class RequestStream:
+class RequestEvents:
     """After `apply`, `stopped` names the samples a stop string just ended: the caller ends
     them at the scheduler; their later tokens are dropped."""
 

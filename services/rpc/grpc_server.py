@@ -7,9 +7,9 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from services.rpc_errors import DecodeErrors
+from services.rpc.status import DecodeErrors
 
-# A burst of thousands of Submit streams on one connection must not queue in HTTP/2.
+# A burst of thousands of streams on one connection must not queue in HTTP/2.
 SERVER_OPTIONS = [
     ("grpc.max_concurrent_streams", 1 << 16),
     ("grpc.max_send_message_length", 64 << 20),

@@ -1,4 +1,5 @@
-"""Core errors -> gRPC statuses, in one place for every servicer (STYLE.md: no try/except per method).
+"""Core errors -> gRPC statuses, in one place for every servicer (no try/except per method:
+CONTRIBUTING.md, house style).
 
 `@rpc_errors` wraps a grpc.aio handler (a coroutine or an async generator) and aborts the
 call with the status that matches the core error. The message names the field at fault.
@@ -120,7 +121,7 @@ def _checking_unary(behavior):
 
 def _checking_stream(behavior):
     """The handler over the requests that parse; the first that does not ends the call with
-    INVALID_ARGUMENT (raised where the handler reads it, so services.rpc_errors maps it)."""
+    INVALID_ARGUMENT (raised where the handler reads it, so services.rpc.status maps it)."""
     async def checked(request_iterator):
         async for request in request_iterator:
             if isinstance(request, _Undecodable):

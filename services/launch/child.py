@@ -15,7 +15,7 @@ from typing import TextIO
 
 import psutil
 
-from services.healthcheck import health_status
+from services.launch.healthcheck import health_status
 
 TAIL_LINES = 20
 

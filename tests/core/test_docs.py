@@ -1,0 +1,27 @@
+"""The documents code comments cite are in the repository, and cite what is there."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+SOURCES = [p for folder in ("services", "kernels", "pagedserve", "protos", "bench", "tests")
+           for p in (ROOT / folder).rglob("*") if p.suffix in (".py", ".proto", ".c", ".h") and p.is_file()]
+SOURCES += [ROOT / name for name in ("docker-compose.yml", "docker-compose.hostnet.yml", "Dockerfile", "README.md")]
+
+
+def test_every_rule_a_comment_cites_is_in_the_architecture_document():
+    rules = set(re.findall(r"^(\d+)\. \*\*", (ROOT / "docs" / "ARCHITECTURE.md").read_text(), re.M))
+    assert rules == {str(n) for n in range(1, 7)}
+    cited = {(path.relative_to(ROOT), n) for path in SOURCES
+             for n in re.findall(r"(?:ARCHITECTURE\.md|DESIGN),? rule (\d+)", path.read_text(errors="replace"))}
+    assert cited, "no comment cites a rule: the pattern is wrong"
+    assert [(str(path), n) for path, n in cited if n not in rules] == []
+
+
+def test_no_comment_points_outside_the_repository_for_the_design_or_the_style():
+    stale = [str(path.relative_to(ROOT)) for path in SOURCES
+             if re.search(r"shared/DESIGN\.md|\bSTYLE\.md", path.read_text(errors="replace"))]
+    # services/cli.py is the settings change's (it moves to CONTRIBUTING.md there)
+    assert [p for p in stale if p != "services/cli.py"] == []
+    assert (ROOT / "CONTRIBUTING.md").is_file()
