@@ -17,6 +17,7 @@ from services.core.policy import WaitingQueue, policy_key
 from services.core.sampling_params import SamplingParams
 from services.core.seeding import new_request_seed
 from services.core.sequence import Request, Sequence, SeqStatus, SeqUpdate
+from services.core.stop import finish_reason
 from services.core.step import CachedSequence, NewSequence, StepDelta, StepResult, WorkerInfo
 
 
@@ -368,15 +369,11 @@ class Scheduler:
         seq.output_token_ids.append(token)
         if logprob is not None:
             seq.logprobs.append(logprob)
-        reason = None
-        if token in params.stop_token_ids:
-            reason, seq.stop_reason = "stop", token
-        elif not params.ignore_eos and token in self._eos(seq) and len(seq.output_token_ids) >= params.min_tokens:
-            reason = "stop"
-        elif len(seq.output_token_ids) >= params.max_tokens or seq.num_tokens >= self.config.max_model_len:
-            reason = "length"
-        if reason:
-            self._finish(seq, reason)
+        finish = finish_reason(params, token, len(seq.output_token_ids), self._eos(seq), seq.num_tokens,
+                               self.config.max_model_len)
+        if finish is not None:
+            seq.stop_reason = finish.stop_token_id
+            self._finish(seq, finish.reason)
         return self._update_of(seq, [token], [logprob] if logprob is not None else None)
 
     def _eos(self, seq: Sequence) -> tuple[int, ...]:

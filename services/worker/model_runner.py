@@ -17,6 +17,7 @@ import torch
 
 from services.core.errors import InvalidArgument, UnknownSequence
 from services.core.sampling_params import SamplingParams
+from services.core.stop import finish_reason
 from services.core.step import CachedSequence, NewSequence, SeqOutput, StepDelta, StepResult
 from services.worker.grammar import Grammars, SequenceGrammar
 from services.worker.kv_cache import KVCache
@@ -132,11 +133,9 @@ class ModelRunner:
         return entries
 
     def _ends(self, state: SeqState, token: int) -> bool:
-        """Whether the scheduler will end the sequence on this token (its stop rules, but
-        max_model_len, which only makes a wasted row)."""
-        params, num_outputs = state.params, len(state.output_token_ids) + 1
-        return (token in params.stop_token_ids or num_outputs >= params.max_tokens
-                or (not params.ignore_eos and token in self.eos_token_ids and num_outputs >= params.min_tokens))
+        """Whether the scheduler will end the sequence on this token (the one stop rule, but for
+        max_model_len, which the worker does not know: it only makes a wasted row)."""
+        return finish_reason(state.params, token, len(state.output_token_ids) + 1, self.eos_token_ids) is not None
 
     def _serve(self, delta: StepDelta, speculation: _Speculation) -> StepResult | None:
         """The step, with the sequences that are as promised answered from the speculation and the
