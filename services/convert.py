@@ -97,7 +97,7 @@ def delta_to_proto(delta: StepDelta) -> worker_pb2.StepRequest:
             for s in delta.cached_seqs],
         finished_seq_ids=delta.finished_seq_ids, blocks_to_swap_out=_pairs_to_proto(delta.blocks_to_swap_out),
         blocks_to_swap_in=_pairs_to_proto(delta.blocks_to_swap_in), blocks_to_copy=_pairs_to_proto(delta.blocks_to_copy),
-        speculate_next=delta.speculate_next)
+        async_next_step=delta.async_next_step)
 
 
 def delta_from_proto(msg: worker_pb2.StepRequest) -> StepDelta:
@@ -106,7 +106,7 @@ def delta_from_proto(msg: worker_pb2.StepRequest) -> StepDelta:
         [CachedSequence(s.seq_id, list(s.new_token_ids), list(s.new_block_ids), s.num_computed_tokens,
                         s.num_scheduled_tokens) for s in msg.cached_seqs],
         list(msg.finished_seq_ids), _pairs_from_proto(msg.blocks_to_swap_out),
-        _pairs_from_proto(msg.blocks_to_swap_in), _pairs_from_proto(msg.blocks_to_copy), msg.speculate_next)
+        _pairs_from_proto(msg.blocks_to_swap_in), _pairs_from_proto(msg.blocks_to_copy), msg.async_next_step)
 
 
 def _new_seq_to_proto(seq: NewSequence) -> worker_pb2.NewSequence:

@@ -39,7 +39,7 @@ SWITCH_FLAGS = {
     "--reflection": ("scheduler", "worker", "frontend"),
     "--enable-prefix-caching": ("scheduler",),
     "--enable-chunked-prefill": ("scheduler",),
-    "--overlap-steps": ("scheduler",),
+    "--async-scheduling": ("scheduler",),
     "--batch-invariant": ("worker",),
 }
 WILDCARD_HOSTS = ("0.0.0.0", "::", "")

@@ -47,10 +47,9 @@ class SchedulerConfig:
     scheduling_policy: str = "fcfs"
     max_waiting_requests: int = 4096  # beyond this, new requests are refused (RESOURCE_EXHAUSTED)
     seed: int | None = None  # draws the seeds of requests that bring none; None: fresh random seeds
-    # promise a worker the continuation of a pure decode step when nothing waits, so it can run
-    # it while the result travels (StepDelta.speculate_next). Worth it across processes, not in
-    # one (the in-process engine).
-    overlap_steps: bool = False
+    # plan a worker's next step while it runs this one, so it can run it while the result
+    # travels (services/core/async_scheduling.py). Worth it across processes, not in one.
+    async_scheduling: bool = False
 
     def __post_init__(self) -> None:
         check(self.max_num_seqs >= 1, "max_num_seqs", f"must be >= 1, got {self.max_num_seqs}")

@@ -10,6 +10,7 @@ import itertools
 import random
 from dataclasses import dataclass, field
 
+from services.core.async_scheduling import plan_next_step
 from services.core.block_manager import BlockManager
 from services.core.config import CacheConfig, SchedulerConfig
 from services.core.errors import ResourceExhausted, check
@@ -158,42 +159,13 @@ class Scheduler:
             plan.delta.blocks_to_swap_out = slot.pending_swap_out + plan.delta.blocks_to_swap_out
             plan.delta.blocks_to_copy = slot.pending_copy + plan.delta.blocks_to_copy
             slot.pending_forget, slot.pending_swap_out, slot.pending_copy = [], [], []
-            promise = self._continues(plan)  # before the delta is filled: it may add blocks
+            async_next_step = plan_next_step(self, plan)  # before the delta is filled: it may add blocks
             self._fill_delta(plan)
-            plan.delta.speculate_next = promise
+            plan.delta.async_next_step = async_next_step
             if not plan.delta.is_empty:
                 deltas[worker_id] = plan.delta
                 self._inflight[worker_id] = plan
         return deltas
-
-    def _continues(self, plan: _Plan) -> bool:
-        """Whether the worker can be promised this step's continuation (StepDelta.speculate_next):
-        overlap is on, nothing waits to be admitted, and the step is a pure decode step over every
-        sequence the worker runs. Each sequence that goes on then gets the slot of its next token
-        now (at most one block ahead of time), so the continuation needs nothing new, and the next
-        step can neither preempt nor swap it; a request that arrives meanwhile joins that step."""
-        delta, blocks = plan.delta, self.workers[plan.worker_id].blocks
-        if not self.config.overlap_steps or self.waiting or self.swapped or not plan.scheduled:
-            return False
-        if delta.blocks_to_swap_in or delta.blocks_to_swap_out or delta.blocks_to_copy:
-            return False
-        if len(plan.scheduled) != sum(1 for s in self.running.values() if s.worker_id == plan.worker_id):
-            return False
-        for seq, num_new in plan.scheduled:
-            if seq.num_tokens_on_worker == 0 or num_new != 1 or seq.num_computed_tokens + 1 != seq.num_tokens:
-                return False  # new to the worker, or not one token sampled this step
-            if seq.request.params.n > 1 and not seq.request.forked:  # a fork comes with its first token
-                return False
-        going_on = [seq for seq, _ in plan.scheduled  # a sequence that ends on this token needs no slot
-                    if len(seq.output_token_ids) + 1 < seq.request.params.max_tokens]
-        needed = sum(max(0, blocks.num_blocks_needed(seq.num_tokens + 1) - len(blocks.block_table(seq.seq_id)))
-                     for seq in going_on)
-        if needed > blocks.num_free_blocks:
-            return False
-        for seq in going_on:
-            if blocks.allocate_slots(seq.seq_id, seq.num_tokens + 1) is None:
-                raise AssertionError("allocate_slots failed with enough free blocks")
-        return True
 
     def _key(self, seq: Sequence) -> tuple:
         return policy_key(self.config.scheduling_policy, seq)

@@ -6,13 +6,8 @@ only what changed (`CachedSequence`). A sequence that is preempted, swapped out 
 moved is forgotten by the worker (`finished_seq_ids`) and re-sent in full when it
 runs again. Block ids are the scheduler's; the worker only obeys them (rule 2).
 
-Overlapped steps: a delta with `speculate_next` promises that the worker's next step will
-hold its continuation: the same sequences, one token each (the one this step samples), in the
-blocks they already hold, minus any that end, plus any request admitted meanwhile. The worker
-may run the continuation while the result travels and the scheduler decides, and answer those
-sequences from it. Rows do not depend on their batch (rule 4), so they get the bits they would
-have got in the real step, and the admitted requests run on their own; a delta that does not
-match is simply run.
+Async scheduling: a delta with `async_next_step` tells the worker that its next step will be
+this one's continuation, which it may run before that delta arrives (services/core/async_scheduling.py).
 """
 from __future__ import annotations
 
@@ -57,7 +52,7 @@ class StepDelta:
     blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)  # (device, cpu)
     blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)  # (cpu, device)
     blocks_to_copy: list[tuple[int, int]] = field(default_factory=list)  # (src, dst), copy-on-write
-    speculate_next: bool = False  # the next step is this one's continuation (see the module docstring)
+    async_next_step: bool = False  # the next step is this one's continuation (async scheduling)
 
     @property
     def num_scheduled_tokens(self) -> int:

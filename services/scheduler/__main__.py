@@ -3,7 +3,7 @@
     python -m services.scheduler --host 0.0.0.0 --port 50052 --block-size 16 --max-num-seqs 64 \\
         --max-num-batched-tokens 2048 --max-model-len 0 --scheduling-policy fcfs \\
         --preemption-mode recompute --enable-prefix-caching --enable-chunked-prefill \\
-        --max-waiting-requests 4096 --heartbeat-timeout-s 10 --step-timeout-s 300 --overlap-steps \\
+        --max-waiting-requests 4096 --heartbeat-timeout-s 10 --step-timeout-s 300 --async-scheduling \\
         [--reflection] --log-level info
 
 Every flag also reads PAGEDSERVE_<FLAG> from the environment. SIGTERM/SIGINT: health turns
@@ -41,8 +41,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
              help="drop a worker whose step takes this long (its sequences are recomputed elsewhere; "
                   "raise it for big models on slow machines, where one long prefill step can take minutes)")
     add_flag(parser, "--seed", None, int, help="draw the seeds of requests that bring none from this (default: random)")
-    add_switch(parser, "--overlap-steps", True,
-               help="let a worker run the next decode step while the last one's result travels")
+    add_switch(parser, "--async-scheduling", True,
+               help="plan each worker's next decode step while it runs this one, so it can run it while the result "
+                    "travels (--overlap-steps: the old name, still taken)")
+    parser.add_argument("--overlap-steps", dest="async_scheduling", action=argparse.BooleanOptionalAction,
+                        default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     add_switch(parser, "--reflection", False, help="serve gRPC reflection")
     add_flag(parser, "--log-level", "info", help="debug, info, warning or error")
     return parser.parse_args(argv)
@@ -57,7 +60,7 @@ def build_config(args: argparse.Namespace) -> SchedulerServiceConfig:
         max_waiting_requests=args.max_waiting_requests,
         heartbeat_timeout_s=args.heartbeat_timeout_s, step_timeout_s=args.step_timeout_s,
         reflection=args.reflection, seed=args.seed,
-        overlap_steps=args.overlap_steps)
+        async_scheduling=args.async_scheduling)
 
 
 async def serve(config: SchedulerServiceConfig) -> None:

@@ -25,7 +25,7 @@ class SchedulerServiceConfig:
     heartbeat_timeout_s: float = 10.0  # a worker silent this long is dropped
     step_timeout_s: float = 300.0  # a step that takes longer drops its worker (hung, not dead: it still beats)
     seed: int | None = None  # seeds requests that bring none from this; None: fresh random seeds
-    overlap_steps: bool = True  # workers run a promised decode step while the last result travels
+    async_scheduling: bool = True  # plan each worker's next step while it runs this one (services/core/async_scheduling.py)
     reflection: bool = False
 
     def __post_init__(self) -> None:
@@ -52,4 +52,4 @@ class SchedulerServiceConfig:
               f"{max_len} exceeds the model's max_position_embeddings {model_max_len}")
         return SchedulerConfig(self.max_num_seqs, self.max_num_batched_tokens, max_len, self.enable_chunked_prefill,
                                self.preemption_mode, self.scheduling_policy, self.max_waiting_requests, self.seed,
-                               self.overlap_steps)
+                               self.async_scheduling)

@@ -59,6 +59,6 @@ def test_the_scheduler_ends_sequences_by_the_stop_rule(params, token, num_out, n
 
 def test_the_scheduler_and_the_worker_use_the_one_rule():
     from services.core import scheduler
-    from services.worker import model_runner
+    from services.worker import async_scheduling
     assert scheduler.finish_reason is stop.finish_reason
-    assert model_runner.finish_reason is stop.finish_reason
+    assert async_scheduling.finish_reason is stop.finish_reason
