@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from services.core.async_scheduling import plan_next_step
 from services.core.block_manager import BlockManager
-from services.core.config import CacheConfig, SchedulerConfig
+from services.core.config import SchedulerConfig
 from services.core.errors import ResourceExhausted, check
 from services.core.policy import WaitingQueue, policy_key
 from services.core.sampling_params import SamplingParams
@@ -44,8 +44,9 @@ class _Plan:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, cache: CacheConfig):
-        self.config, self.cache = config, cache
+    def __init__(self, config: SchedulerConfig):
+        check(config.max_model_len is not None, "max_model_len", "settle it first (SchedulerConfig.for_model)")
+        self.config = config
         self.workers: dict[str, WorkerSlot] = {}
         self.requests: dict[str, Request] = {}
         self.waiting = WaitingQueue(config.scheduling_policy)
@@ -62,10 +63,18 @@ class Scheduler:
 
     # ---- workers ---------------------------------------------------------------
     def add_worker(self, worker_id: str, info: WorkerInfo) -> None:
-        check(info.block_size == self.cache.block_size, "block_size",
-              f"worker {worker_id} has block size {info.block_size}, scheduler {self.cache.block_size}")
+        """Take a worker, or refuse it (InvalidArgument) when it does not fit the others."""
+        check(info.block_size == self.config.block_size, "block_size",
+              f"worker {worker_id} has block size {info.block_size}, the scheduler {self.config.block_size}")
+        for slot in self.workers.values():  # the first worker's, as every worker is like the others
+            check(info.vocab_size == slot.info.vocab_size, "vocab_size",
+                  f"worker {worker_id} has vocab size {info.vocab_size}, the others {slot.info.vocab_size}")
+            break
+        check(info.max_model_len >= self.config.max_model_len, "max_model_len",
+              f"worker {worker_id} supports {info.max_model_len} tokens, the scheduler serves "
+              f"{self.config.max_model_len}")
         self.workers[worker_id] = WorkerSlot(info, BlockManager(
-            info.num_gpu_blocks, info.block_size, info.num_cpu_blocks, self.cache.enable_prefix_caching))
+            info.num_gpu_blocks, info.block_size, info.num_cpu_blocks, self.config.enable_prefix_caching))
 
     def remove_worker(self, worker_id: str) -> int:
         """Drop a dead worker; its sequences go back to waiting and are recomputed elsewhere.
@@ -111,7 +120,7 @@ class Scheduler:
               f"token id outside the vocabulary ({vocab_size})")
         params.check_vocab(vocab_size)
         num_prompt, max_tokens = len(prompt_token_ids), params.max_tokens
-        capacity = max(slot.info.num_gpu_blocks for slot in self.workers.values()) * self.cache.block_size
+        capacity = max(slot.info.num_gpu_blocks for slot in self.workers.values()) * self.config.block_size
         check(num_prompt < capacity, "prompt",
               f"{num_prompt} tokens do not fit in the largest worker's KV cache ({capacity} tokens)")
         total = min(num_prompt + max_tokens, self.config.max_model_len)

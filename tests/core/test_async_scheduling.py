@@ -22,10 +22,10 @@ def run_async(folder, prompts, params, late: int = 0):
     """The core scheduler with async scheduling on, driving a real worker the way the worker service does:
     step, then run the announced continuation before the next delta arrives. The last `late`
     requests arrive one per step once the others are decoding."""
-    args = EngineArgs(model=str(folder), dtype="float32", seed=0)
+    args = EngineArgs.from_kwargs(str(folder), dtype="float32", seed=0)
     worker = Worker(args.worker_config(), args.cache_config())
     config = dataclasses.replace(args.scheduler_config(worker.info.max_model_len), async_scheduling=True)
-    sched = Scheduler(config, args.cache_config())
+    sched = Scheduler(config)
     sched.add_worker("w", worker.info)
     arrivals = [(f"r{i}", prompt, p) for i, (prompt, p) in enumerate(zip(prompts, params))]
     for request in arrivals[:len(arrivals) - late]:
@@ -84,10 +84,10 @@ def test_requests_admitted_during_an_early_step_run_beside_it(tiny_llama, monkey
 def test_a_delta_other_than_the_plan_runs_as_usual(tiny_llama):
     """A next delta other than the continuation (here: another token than the one sampled) is
     run from the mirrors as the scheduler knows them, as if nothing had run early."""
-    args = EngineArgs(model=str(tiny_llama), dtype="float32", seed=0)
+    args = EngineArgs.from_kwargs(str(tiny_llama), dtype="float32", seed=0)
     early, plain = (Worker(args.worker_config(), args.cache_config()) for _ in range(2))
     config = dataclasses.replace(args.scheduler_config(early.info.max_model_len), async_scheduling=True)
-    sched = Scheduler(config, args.cache_config())
+    sched = Scheduler(config)
     sched.add_worker("w", early.info)
     sched.add_request("a", random_prompts(1, 512, 20, 20, seed=9)[0], SamplingParams(temperature=0, max_tokens=6))
     for _ in range(3):  # prefill, then decode steps that announce their continuation

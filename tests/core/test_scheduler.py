@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.core.config import CacheConfig, SchedulerConfig
+from services.core.config import SchedulerConfig
 from services.core.sampling_params import SamplingParams
 from services.core.scheduler import Scheduler
 from services.core.step import SeqOutput, StepDelta, StepResult, WorkerInfo
@@ -40,7 +40,8 @@ class FakeWorker:
 
 def make_scheduler(num_blocks=64, workers=("w0",), block_size=8, **config):
     config.setdefault("max_model_len", 256)
-    sched = Scheduler(SchedulerConfig(**config), CacheConfig(block_size=block_size, enable_prefix_caching=True))
+    config.setdefault("async_scheduling", False)
+    sched = Scheduler(SchedulerConfig(block_size=block_size, enable_prefix_caching=True, **config))
     fakes = {}
     for w in workers:
         sched.add_worker(w, WorkerInfo("fake", "float32", block_size, num_blocks, 32, 100, 256, (1,), "cpu", True))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from services.core import stop
-from services.core.config import CacheConfig, SchedulerConfig
+from services.core.config import SchedulerConfig
 from services.core.sampling_params import SamplingParams
 from services.core.scheduler import Scheduler
 from services.core.step import SeqOutput, StepResult, WorkerInfo
@@ -41,7 +41,7 @@ def test_the_stop_rule(params, token, num_out, num_tokens, max_len, expected):
                          [c for c in CASES if c[4] is not None])
 def test_the_scheduler_ends_sequences_by_the_stop_rule(params, token, num_out, num_tokens, max_len, expected):
     """A request whose prompt is num_tokens - num_out tokens, driven to its num_out-th token."""
-    sched = Scheduler(SchedulerConfig(max_model_len=max_len), CacheConfig(block_size=16))
+    sched = Scheduler(SchedulerConfig(max_model_len=max_len, block_size=16))
     sched.add_worker("w", WorkerInfo(model="m", dtype="float32", block_size=16, num_gpu_blocks=64, num_cpu_blocks=0,
                                      vocab_size=100, max_model_len=max_len, eos_token_ids=EOS, device="cpu",
                                      batch_invariant=True))

@@ -1,0 +1,63 @@
+"""The config dataclasses: each setting's default and limits in one place, what LLM(...) takes."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from services.core.config import CacheConfig, EngineArgs, SchedulerConfig, WorkerConfig
+from services.core.errors import InvalidArgument
+
+
+def test_max_model_len_comes_from_the_model_capped_at_4096():
+    assert SchedulerConfig().for_model(8192).max_model_len == 4096
+    assert SchedulerConfig().for_model(2048).max_model_len == 2048
+    assert SchedulerConfig(max_model_len=0).max_model_len is None  # the command line's "from the model"
+    assert SchedulerConfig(max_model_len=512).for_model(8192).max_model_len == 512
+    with pytest.raises(InvalidArgument) as err:
+        SchedulerConfig(max_model_len=5000).for_model(4096)
+    assert err.value.field == "max_model_len"
+
+
+def test_chunked_prefill_off_needs_a_budget_of_a_whole_prompt():
+    config = SchedulerConfig(enable_chunked_prefill=False, max_num_batched_tokens=1024)
+    assert config.for_model(1024).max_model_len == 1024
+    with pytest.raises(InvalidArgument) as err:
+        config.for_model(2048)
+    assert err.value.field == "max_num_batched_tokens"
+
+
+def test_llm_keywords_reach_every_config_that_holds_them():
+    args = EngineArgs.from_kwargs("m", block_size=32, max_num_seqs=8, dtype="float32", num_gpu_blocks=10)
+    assert args.cache_config().block_size == args.scheduler_config(2048).block_size == 32
+    assert args.scheduler_config(2048).max_num_seqs == 8 and args.worker_config().dtype == "float32"
+    assert args.cache_config().num_gpu_blocks == 10 and args.worker_config().model == "m"
+    # in one process one seed seeds the worker and the requests that bring none, so LLM() repeats itself
+    assert args.worker_config().seed == 0 and args.scheduler_config(2048).seed == 0
+    assert not args.scheduler_config(2048).async_scheduling  # the in-process engine steps synchronously
+
+
+def test_llm_takes_every_setting_of_the_worker_its_cache_and_the_scheduler():
+    names = {f.name for cls in (WorkerConfig, CacheConfig, SchedulerConfig) for f in dataclasses.fields(cls)}
+    names -= {"async_scheduling"}
+    defaults = {f.name: f.default for cls in (WorkerConfig, CacheConfig, SchedulerConfig)
+                for f in dataclasses.fields(cls) if f.name in names}
+    EngineArgs.from_kwargs("m", **{name: value for name, value in defaults.items() if name != "model"})
+
+
+@pytest.mark.parametrize("name", ["enforce_eager", "async_scheduling"])
+def test_llm_refuses_what_it_cannot_do_naming_the_argument(name):
+    with pytest.raises(InvalidArgument) as err:
+        EngineArgs.from_kwargs("m", **{name: True})
+    assert err.value.field == name
+
+
+def test_enforce_eager_says_why_it_is_gone():
+    with pytest.raises(InvalidArgument, match="every step already runs eagerly"):
+        EngineArgs.from_kwargs("m", enforce_eager=True)
+
+
+@pytest.mark.parametrize("cls", [CacheConfig, SchedulerConfig, WorkerConfig, EngineArgs])
+def test_configs_are_built_with_keywords_only(cls):
+    with pytest.raises(TypeError):
+        cls(16) if cls is not WorkerConfig else cls("m")
