@@ -30,7 +30,7 @@ def env_name(flag: str) -> str:
     return ENV_PREFIX + flag.lstrip("-").replace("-", "_").upper()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Flag:
     """One field's flag."""
 
@@ -79,8 +79,9 @@ def flags_of(*classes: type) -> list[Flag]:
                 flags += flags_of(hints[f.name])
             elif f.metadata.get("cli", False):
                 name = f.metadata["flag"] or "--" + f.name.replace("_", "-")
-                flags.append(Flag(name, name[2:].replace("-", "_"), cls, f.name, _value_type(hints[f.name]),
-                                  f.default, f.metadata["help"], tuple(f.metadata["aliases"])))
+                flags.append(Flag(name=name, dest=name[2:].replace("-", "_"), owner=cls, field=f.name,
+                                  type=_value_type(hints[f.name]), default=f.default, help=f.metadata["help"],
+                                  aliases=tuple(f.metadata["aliases"])))
     return flags
 
 

@@ -91,7 +91,7 @@ class UpConfig:
         check(self.startup_timeout > 0, "startup_timeout", f"must be > 0, got {self.startup_timeout}")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Deployment:
     """Where each service listens and what it serves; the launcher's and the containers' settings."""
 

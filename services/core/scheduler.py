@@ -22,7 +22,7 @@ from services.core.stop import finish_reason
 from services.core.step import CachedSequence, NewSequence, StepDelta, StepResult, WorkerInfo
 
 
-@dataclass
+@dataclass(kw_only=True)
 class WorkerSlot:
     """The scheduler's state for one worker."""
 
@@ -33,7 +33,7 @@ class WorkerSlot:
     pending_copy: list[tuple[int, int]] = field(default_factory=list)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class _Plan:
     """One worker's step being built."""
 
@@ -73,7 +73,7 @@ class Scheduler:
         check(info.max_model_len >= self.config.max_model_len, "max_model_len",
               f"worker {worker_id} supports {info.max_model_len} tokens, the scheduler serves "
               f"{self.config.max_model_len}")
-        self.workers[worker_id] = WorkerSlot(info, BlockManager(
+        self.workers[worker_id] = WorkerSlot(info=info, blocks=BlockManager(
             info.num_gpu_blocks, info.block_size, info.num_cpu_blocks, self.config.enable_prefix_caching))
 
     def remove_worker(self, worker_id: str) -> int:
@@ -105,7 +105,8 @@ class Scheduler:
             raise ResourceExhausted(f"{len(self.waiting)} requests are waiting and no seat is free; try again later")
         if params.seed is None:
             params = params.with_seed(self._seeds.getrandbits(63) if self._seeds else new_request_seed())
-        request = Request(request_id, list(prompt_token_ids), params, next(self._arrivals), priority)
+        request = Request(request_id=request_id, prompt_token_ids=list(prompt_token_ids), params=params,
+                          arrival=next(self._arrivals), priority=priority)
         self.requests[request_id] = request
         self._enqueue(self._new_seq(request, 0))
         return request
@@ -156,7 +157,7 @@ class Scheduler:
     def schedule(self) -> dict[str, StepDelta]:
         """Choose every worker's batch for the next step."""
         self.step_id += 1
-        plans = {w: _Plan(w, StepDelta(self.step_id)) for w in self.workers}
+        plans = {w: _Plan(worker_id=w, delta=StepDelta(step_id=self.step_id)) for w in self.workers}
         preempted = self._schedule_running(plans)
         if not preempted:
             self._schedule_swapped(plans)
@@ -286,14 +287,17 @@ class Scheduler:
             if seq.num_tokens_on_worker == 0:
                 request = seq.request
                 plan.delta.new_seqs.append(NewSequence(
-                    seq.seq_id, request.prompt_token_ids, list(seq.output_token_ids), list(table),
-                    seq.num_computed_tokens, num_new, request.params, request.seed, seq.sample_index,
-                    request.params.n if not request.forked and seq.sample_index == 0 else 1))
+                    seq_id=seq.seq_id, prompt_token_ids=request.prompt_token_ids,
+                    output_token_ids=list(seq.output_token_ids), block_ids=list(table),
+                    num_computed_tokens=seq.num_computed_tokens, num_scheduled_tokens=num_new, params=request.params,
+                    seed=request.seed, sample_index=seq.sample_index,
+                    num_samples=request.params.n if not request.forked and seq.sample_index == 0 else 1))
             else:
                 num_prompt = len(seq.prompt_token_ids)
                 plan.delta.cached_seqs.append(CachedSequence(
-                    seq.seq_id, seq.output_token_ids[seq.num_tokens_on_worker - num_prompt:],
-                    table[seq.num_blocks_on_worker:], seq.num_computed_tokens, num_new))
+                    seq_id=seq.seq_id, new_token_ids=seq.output_token_ids[seq.num_tokens_on_worker - num_prompt:],
+                    new_block_ids=table[seq.num_blocks_on_worker:], num_computed_tokens=seq.num_computed_tokens,
+                    num_scheduled_tokens=num_new))
             seq.num_tokens_on_worker, seq.num_blocks_on_worker = seq.num_tokens, len(table)
 
     # ---- results ---------------------------------------------------------------
@@ -381,13 +385,15 @@ class Scheduler:
     def _update_of(self, seq: Sequence, tokens: list[int], logprobs) -> SeqUpdate:
         request = seq.request
         done_prompt = seq.sample_index == 0 and len(seq.output_token_ids) == 1 and tokens
-        return SeqUpdate(request.request_id, seq.sample_index, tokens, logprobs, seq.finish_reason, seq.stop_reason,
-                         request.prompt_logprobs if done_prompt and request.params.prompt_logprobs is not None
-                         else None, len(request.prompt_token_ids), request.num_cached_tokens, request.seed)
+        prompt_logprobs = request.prompt_logprobs if done_prompt and request.params.prompt_logprobs is not None else None
+        return SeqUpdate(request_id=request.request_id, sample_index=seq.sample_index, new_token_ids=tokens,
+                         new_logprobs=logprobs, finish_reason=seq.finish_reason, stop_reason=seq.stop_reason,
+                         prompt_logprobs=prompt_logprobs, num_prompt_tokens=len(request.prompt_token_ids),
+                         num_cached_tokens=request.num_cached_tokens, seed=request.seed)
 
     # ---- queues ----------------------------------------------------------------
     def _new_seq(self, request: Request, sample_index: int) -> Sequence:
-        seq = Sequence(next(self._seq_ids), request, sample_index)
+        seq = Sequence(seq_id=next(self._seq_ids), request=request, sample_index=sample_index)
         request.seqs.append(seq)
         self.seqs[seq.seq_id] = seq
         return seq

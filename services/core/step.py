@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from services.core.sampling_params import SamplingParams
 
 
-@dataclass
+@dataclass(kw_only=True)
 class NewSequence:
     """A sequence the worker has not seen (or was told to forget), sent in full."""
 
@@ -32,7 +32,7 @@ class NewSequence:
     num_samples: int = 1  # >1: sample this many first tokens (parallel sampling fork)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class CachedSequence:
     """A sequence the worker holds: only what changed since its last step."""
 
@@ -43,7 +43,7 @@ class CachedSequence:
     num_scheduled_tokens: int
 
 
-@dataclass
+@dataclass(kw_only=True)
 class StepDelta:
     step_id: int
     new_seqs: list[NewSequence] = field(default_factory=list)
@@ -65,7 +65,7 @@ class StepDelta:
                     or self.blocks_to_swap_in or self.blocks_to_copy)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Logprobs:
     """Log-probabilities of the raw model distribution at one position."""
 
@@ -92,7 +92,7 @@ class StepResult:
     prompt_logprobs: dict[int, list[Logprobs | None]] = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class WorkerInfo:
     """What a worker tells the scheduler when it registers."""
 

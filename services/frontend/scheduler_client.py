@@ -34,7 +34,7 @@ class SubmitStep:
     queue_time_s: float  # seconds the request waited before its first step
 
 
-@dataclass
+@dataclass(kw_only=True)
 class WorkerStats:
     worker_id: str
     num_gpu_blocks: int
@@ -43,7 +43,7 @@ class WorkerStats:
     prefix_cache_hits: int  # prompt tokens found
 
 
-@dataclass
+@dataclass(kw_only=True)
 class SchedulerStats:
     num_workers: int
     max_model_len: int
@@ -179,11 +179,14 @@ class SchedulerClient:
             response = await self.stub.GetStats(scheduler_pb2.GetStatsRequest(), timeout=timeout)
         except grpc.aio.AioRpcError as error:
             _raise_core_error(error)
-        workers = [WorkerStats(w.worker_id, w.num_gpu_blocks, w.num_free_gpu_blocks, w.prefix_cache_queries,
-                               w.prefix_cache_hits) for w in response.workers]
-        return SchedulerStats(len(workers), response.max_model_len, response.vocab_size, response.model,
-                              response.batch_invariant, response.num_waiting, response.num_running,
-                              response.num_swapped, response.num_preemptions, workers)
+        workers = [WorkerStats(worker_id=w.worker_id, num_gpu_blocks=w.num_gpu_blocks,
+                               num_free_gpu_blocks=w.num_free_gpu_blocks, prefix_cache_queries=w.prefix_cache_queries,
+                               prefix_cache_hits=w.prefix_cache_hits) for w in response.workers]
+        return SchedulerStats(num_workers=len(workers), max_model_len=response.max_model_len,
+                              vocab_size=response.vocab_size, model=response.model,
+                              batch_invariant=response.batch_invariant, num_waiting=response.num_waiting,
+                              num_running=response.num_running, num_swapped=response.num_swapped,
+                              num_preemptions=response.num_preemptions, workers=workers)
 
     async def close(self) -> None:
         if self._mux is not None:

@@ -56,8 +56,9 @@ class AsyncSteps:
             ends = finish_reason(state.params, output.token_ids[0], len(state.output_token_ids) + 1,
                                  self.runner.eos_token_ids)  # max_model_len is the scheduler's: a wasted row
             if ends is None:
-                self.planned.append(CachedSequence(output.seq_id, list(output.token_ids), [],
-                                                   state.num_computed_tokens, 1))
+                self.planned.append(CachedSequence(seq_id=output.seq_id, new_token_ids=list(output.token_ids),
+                                                   new_block_ids=[], num_computed_tokens=state.num_computed_tokens,
+                                                   num_scheduled_tokens=1))
 
     def run(self) -> None:
         """Run the planned continuation, if any, and keep its outputs for `take`."""
@@ -68,7 +69,7 @@ class AsyncSteps:
         states = [runner.seqs[c.seq_id] for c in continuation]
         saved = [(len(s.output_token_ids), s.num_computed_tokens, s.num_samples) for s in states]
         try:
-            result = runner._run(StepDelta(-1, cached_seqs=continuation))
+            result = runner._run(StepDelta(step_id=-1, cached_seqs=continuation))
         finally:  # the mirrors stay as the scheduler knows them until a delta confirms the step
             for state, (num_outputs, num_computed, num_samples) in zip(states, saved):
                 del state.output_token_ids[num_outputs:]

@@ -19,7 +19,7 @@ from services.worker.models.llama import AttentionMetadata, LlamaForCausalLM
 from services.worker.sampler import SamplingRow, prompt_logprobs, sample
 
 
-@dataclass
+@dataclass(kw_only=True)
 class SeqState:
     """The worker's mirror of one running sequence (the scheduler owns the truth)."""
 
@@ -44,7 +44,7 @@ class SeqState:
             self.output_token_ids[max(start - num_prompt, 0):max(end - num_prompt, 0)]
 
 
-@dataclass
+@dataclass(kw_only=True)
 class _Batch:
     """Host-side lists for one step, turned into tensors by `_tensors`."""
 
@@ -108,8 +108,10 @@ class ModelRunner:
     # ---- delta -> mirror -------------------------------------------------------
     def _add(self, new: NewSequence) -> tuple[SeqState, int]:
         self._check_blocks(new.seq_id, new.block_ids)
-        state = SeqState(new.seq_id, list(new.prompt_token_ids), list(new.output_token_ids), list(new.block_ids),
-                         new.num_computed_tokens, new.params, new.seed, new.sample_index, new.num_samples)
+        state = SeqState(seq_id=new.seq_id, prompt_token_ids=list(new.prompt_token_ids),
+                         output_token_ids=list(new.output_token_ids), block_ids=list(new.block_ids),
+                         num_computed_tokens=new.num_computed_tokens, params=new.params, seed=new.seed,
+                         sample_index=new.sample_index, num_samples=new.num_samples)
         if new.params.structured_outputs is not None:
             if self.grammars is None:
                 raise InvalidArgument("structured_outputs", "this worker has no grammar compiler")
@@ -180,8 +182,9 @@ class ModelRunner:
         rows, logit_rows = [], []
         for i, (state, row) in enumerate(batch.sample_seqs):
             for k in range(state.num_samples):  # a fork samples each child's first token here
-                rows.append(SamplingRow(state.params, state.seed, state.sample_index + k, state.num_tokens,
-                                        state.prompt_token_ids, state.output_token_ids))
+                rows.append(SamplingRow(params=state.params, seed=state.seed, sample_index=state.sample_index + k,
+                                        position=state.num_tokens, prompt_token_ids=state.prompt_token_ids,
+                                        output_token_ids=state.output_token_ids))
                 logit_rows.append(i)
         hidden_rows = [row for _, row in batch.sample_seqs]
         if hidden_rows != list(range(hidden.shape[0])):  # decode: every row samples, no gather

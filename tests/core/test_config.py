@@ -61,3 +61,46 @@ def test_enforce_eager_says_why_it_is_gone():
 def test_configs_are_built_with_keywords_only(cls):
     with pytest.raises(TypeError):
         cls(16) if cls is not WorkerConfig else cls("m")
+
+
+def test_the_step_contract_and_updates_are_built_with_keywords_only():
+    from services.core.sampling_params import SamplingParams
+    from services.core.sequence import SeqUpdate
+    from services.core.step import NewSequence, StepDelta, WorkerInfo
+
+    params = SamplingParams()
+    with pytest.raises(TypeError):  # two lists of ints swapped by a reordered field would go unnoticed
+        NewSequence(1, [5, 6], [], [0], 0, 2, params, 7)
+    with pytest.raises(TypeError):
+        SeqUpdate("r", 0, [7])
+    with pytest.raises(TypeError):
+        StepDelta(1, [], [], [], [], [], [], True)
+    with pytest.raises(TypeError):
+        WorkerInfo("m", "float32", 16, 10, 0, 100, 256, (2,), "cpu", True)
+    with pytest.raises(TypeError):
+        SamplingParams(1, 0.5)
+    new = NewSequence(seq_id=1, prompt_token_ids=[5, 6], output_token_ids=[], block_ids=[0], num_computed_tokens=0,
+                      num_scheduled_tokens=2, params=params, seed=7)
+    assert (new.prompt_token_ids, new.block_ids, new.seed) == ([5, 6], [0], 7)
+
+
+def test_every_dataclass_of_more_than_three_fields_takes_keywords_only():
+    """Checked on the sources (services/ and kernels/*.py), so a new one is caught too."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    # kernels/quant.py is being reworked on another branch: its QuantWeight joins at the merge
+    exempt = {("kernels/quant.py", "QuantWeight")}
+    positional = []
+    for path in sorted([*root.joinpath("services").rglob("*.py"), *root.joinpath("kernels").glob("*.py")]):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.ClassDef):
+                continue
+            decorators = [ast.unparse(d) for d in node.decorator_list if "dataclass" in ast.unparse(d)]
+            num_fields = sum(isinstance(b, ast.AnnAssign) and "ClassVar" not in ast.unparse(b.annotation)
+                             for b in node.body)
+            name = (str(path.relative_to(root)), node.name)
+            if decorators and num_fields > 3 and "kw_only=True" not in decorators[0] and name not in exempt:
+                positional.append(name)
+    assert positional == []

@@ -44,7 +44,9 @@ def make_scheduler(num_blocks=64, workers=("w0",), block_size=8, **config):
     sched = Scheduler(SchedulerConfig(block_size=block_size, enable_prefix_caching=True, **config))
     fakes = {}
     for w in workers:
-        sched.add_worker(w, WorkerInfo("fake", "float32", block_size, num_blocks, 32, 100, 256, (1,), "cpu", True))
+        sched.add_worker(w, WorkerInfo(model="fake", dtype="float32", block_size=block_size, num_gpu_blocks=num_blocks,
+                                       num_cpu_blocks=32, vocab_size=100, max_model_len=256, eos_token_ids=(1,),
+                                       device="cpu", batch_invariant=True))
         fakes[w] = FakeWorker()
     return sched, fakes
 
