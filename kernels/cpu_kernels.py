@@ -274,7 +274,7 @@ def testable_tiers() -> tuple[str, ...]:
     return tiers
 
 
-@dataclass
+@dataclass(kw_only=True)
 class _Active:
     isa: str = "auto"  # what was asked for
     tier: str | None = None  # what runs (None: not chosen yet)
@@ -300,11 +300,11 @@ def select_isa(isa: str = "auto") -> str:
     errors = []
     for tier in host_tiers() if isa == "auto" else (isa,):
         try:
-            _active = _Active(isa, tier, tier_library(tier))
+            _active = _Active(isa=isa, tier=tier, lib=tier_library(tier))
             return tier
         except KernelUnavailable as error:
             errors.append(error if isa != "auto" else KernelUnavailable(f"{tier}: {error}"))
-    _active = _Active(isa, error=errors[0] if len(errors) == 1 else
+    _active = _Active(isa=isa, error=errors[0] if len(errors) == 1 else
                       KernelUnavailable("no kernel tier builds here; " + "; ".join(map(str, errors))))
     raise _active.error
 

@@ -40,7 +40,7 @@ class _Stack(ctypes.Structure):  # DecoderStack in decoder.c
                 ("layers", ctypes.POINTER(_Layer))]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class LayerWeights:
     """One pre-norm decoder layer's weights (Llama, Mistral, Qwen2 with qkv_bias, Qwen3 with q/k norms)."""
     input_norm: torch.Tensor
@@ -54,7 +54,7 @@ class LayerWeights:
     down: GemmWeight | QuantWeight
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class StackShape:
     num_heads: int
     num_kv_heads: int

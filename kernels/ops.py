@@ -14,7 +14,7 @@ from kernels.norm import rms_norm_ref
 from kernels.rotary import apply_rotary_ref
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Ops:
     name: str
     paged_attention: Callable  # see kernels.attention.paged_attention_ref
@@ -26,10 +26,12 @@ class Ops:
     decoder_stack: Callable | None = None
 
 
-TORCH_OPS = Ops("torch", paged_attention_ref, write_kv_ref, rms_norm_ref, apply_rotary_ref, silu_and_mul_ref)
+TORCH_OPS = Ops(name="torch", paged_attention=paged_attention_ref, write_kv=write_kv_ref, rms_norm=rms_norm_ref,
+                apply_rotary=apply_rotary_ref, silu_and_mul=silu_and_mul_ref)
 # the kernels compiled for the CPU (kernels/cpu_kernels.py), same signatures
-CPU_OPS = Ops("cpu", cpu_kernels.paged_attention_cpu, cpu_kernels.write_kv_cpu, cpu_kernels.rms_norm_cpu,
-              cpu_kernels.apply_rotary_cpu, cpu_kernels.silu_and_mul_cpu, DecoderStack.build)
+CPU_OPS = Ops(name="cpu", paged_attention=cpu_kernels.paged_attention_cpu, write_kv=cpu_kernels.write_kv_cpu,
+              rms_norm=cpu_kernels.rms_norm_cpu, apply_rotary=cpu_kernels.apply_rotary_cpu,
+              silu_and_mul=cpu_kernels.silu_and_mul_cpu, decoder_stack=DecoderStack.build)
 
 
 def get_ops(backend: str, device_type: str, cpu_isa: str = "auto") -> Ops:

@@ -9,7 +9,7 @@ from kernels.triton_norm import rms_norm_triton
 from kernels.triton_rotary import apply_rotary_triton
 
 TRITON_OPS = Ops(
-    "triton",
+    name="triton",
     paged_attention=paged_attention_triton,
     write_kv=write_kv_triton,
     rms_norm=rms_norm_triton,

@@ -48,7 +48,7 @@ class GenerationError(Exception):
         return cls(error.code(), error.details() or "")
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Logprob:
     token_id: int
     logprob: float
@@ -56,7 +56,7 @@ class Logprob:
     top: list[tuple[int, float]]  # (token id, logprob), best first
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Delta:
     """What one sample gained in one stream message."""
 
@@ -68,7 +68,7 @@ class Delta:
     stop_reason: str | int | None = None  # the stop string or stop token id
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Sample:
     index: int
     text: str = ""
@@ -78,7 +78,7 @@ class Sample:
     stop_reason: str | int | None = None
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Result:
     request_id: str = ""
     samples: list[Sample] = field(default_factory=list)
@@ -145,7 +145,7 @@ class _Folder:
         deltas = [_delta(s) for s in response.samples]
         for delta in deltas:
             while len(result.samples) <= delta.index:
-                result.samples.append(Sample(len(result.samples)))
+                result.samples.append(Sample(index=len(result.samples)))
             _extend(result.samples[delta.index], delta)
         if response.HasField("summary"):
             self.done = True
@@ -370,14 +370,15 @@ def _tokenize_request(prompt: str | list[dict], add_special_tokens: bool | None)
 
 
 def _logprob(lp: pb.Logprob) -> Logprob:
-    return Logprob(lp.token_id, lp.logprob, lp.rank, [(t.token_id, t.logprob) for t in lp.top])
+    return Logprob(
+        token_id=lp.token_id, logprob=lp.logprob, rank=lp.rank, top=[(t.token_id, t.logprob) for t in lp.top])
 
 
 def _delta(sample: pb.SampleDelta) -> Delta:
     stop = sample.WhichOneof("stop_reason")
-    return Delta(sample.index, sample.text, list(sample.token_ids),
-                 [_logprob(lp) for lp in sample.logprobs] or None, _FINISH.get(sample.finish_reason),
-                 getattr(sample, stop) if stop else None)
+    return Delta(index=sample.index, text=sample.text, token_ids=list(sample.token_ids),
+                 logprobs=[_logprob(lp) for lp in sample.logprobs] or None,
+                 finish_reason=_FINISH.get(sample.finish_reason), stop_reason=getattr(sample, stop) if stop else None)
 
 
 def _extend(sample: Sample, delta: Delta) -> None:

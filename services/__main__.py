@@ -3,8 +3,9 @@
     up    start the scheduler, N workers and the frontend as local processes (no Docker)
     diverge  why did my output change? each cause of drift against a batch-1 baseline
 
-Each flag of `up` also reads PAGEDSERVE_<FLAG> from the environment; engine flags not given
-are left to the services, which read their own PAGEDSERVE_* variables.
+`up`'s own flags (UpConfig) also read PAGEDSERVE_<FLAG> from the environment; it takes every
+flag of the services too (services.launch.deployment.routes) and passes each one given to the services
+that hold it; one not given is left to the services, which read their own PAGEDSERVE_* variables.
 """
 from __future__ import annotations
 
@@ -12,14 +13,14 @@ import argparse
 import os
 import signal
 import sys
-from pathlib import Path
 
-from services.cli import add_flag
-from services.launch.deployment import SWITCH_FLAGS, VALUE_FLAGS, Deployment, free_ports
+from services import cli
+from services.launch.deployment import DEFAULT_STOP_TIMEOUT_S, Deployment, UpConfig, free_ports, routes
 from services.launch.supervisor import Launcher, frontend_drain_timeout
 from services.tools.diverge.cli import add_diverge_parser
 
-DEFAULT_STOP_TIMEOUT_S = 15.0  # docker-compose.yml's stop_grace_period is the same (a test checks)
+PROG = "python -m services up"
+__all__ = ["DEFAULT_STOP_TIMEOUT_S", "main"]
 
 
 def add_up_parser(commands) -> None:
@@ -29,26 +30,16 @@ def add_up_parser(commands) -> None:
                                          "SERVING, print the addresses; restart a service that exits (a worker "
                                          "always, the scheduler and the frontend 3 times in a row); on Ctrl-C "
                                          "or SIGTERM drain the frontend, then stop the scheduler, then the workers.")
-    add_flag(up, "--model", default="default", help='a model folder, a hub id, or "default" (SmolLM2-135M-Instruct)')
-    add_flag(up, "--workers", default=1, type=int, help="number of worker processes")
-    add_flag(up, "--host", default="127.0.0.1", help="the frontend's bind address (0.0.0.0: all interfaces)")
-    add_flag(up, "--grpc-port", default=50051, type=int, help="the frontend's public gRPC port")
-    add_flag(up, "--http-port", default=8000, type=int, help="the frontend's OpenAI-compatible HTTP port")
-    add_flag(up, "--scheduler-port", default=50052, type=int, help="the scheduler's port (loopback only)")
-    add_flag(up, "--log-dir", default=None, type=Path,
-             help="write each service's log to DIR/<service>.log (default: the terminal, prefixed)")
-    add_flag(up, "--startup-timeout", default=600.0, type=float, help="seconds for all services to be SERVING")
-    add_flag(up, "--stop-timeout", default=DEFAULT_STOP_TIMEOUT_S, type=float,
-             help="the whole grace period of a stop: open streams get 2/3 of it to finish, then the scheduler "
-                  "and the workers stop; what is left at the end gets SIGKILL (docker-compose.yml's "
-                  "stop_grace_period is the same)")
-    add_flag(up, "--python", default=sys.executable, help="the interpreter the services run with")
-    engine = up.add_argument_group("engine flags", "passed through to the services that take them")
-    for flag, services in VALUE_FLAGS.items():
-        engine.add_argument(flag, default=None, help=f"passed to the {' and '.join(services)}")
-    for flag, services in SWITCH_FLAGS.items():
-        engine.add_argument(flag, default=None, action=argparse.BooleanOptionalAction,
-                            help=f"passed to the {' and '.join(services)}")
+    cli.add_config_flags(up, UpConfig)
+    engine = up.add_argument_group("service flags", "passed to the services that take them (default: theirs)")
+    for name, route in routes().items():
+        flag = route.flag
+        if flag.is_switch:
+            engine.add_argument(name, *flag.aliases, dest=flag.dest, default=None,
+                                action=argparse.BooleanOptionalAction, help=route.help)
+        else:
+            engine.add_argument(name, *flag.aliases, dest=flag.dest, default=None, help=route.help,
+                                metavar=flag.metavar)
     up.set_defaults(run=run_up)
 
 
@@ -60,9 +51,8 @@ def default_worker_threads(num_workers: int) -> int:
 
 
 def engine_flags(args: argparse.Namespace) -> tuple[tuple[str, str | bool], ...]:
-    flags = list(VALUE_FLAGS) + list(SWITCH_FLAGS)
-    values = ((flag, getattr(args, flag[2:].replace("-", "_"))) for flag in flags)
-    chosen = tuple((flag, value) for flag, value in values if value is not None)
+    values = ((name, getattr(args, route.flag.dest)) for name, route in routes().items())
+    chosen = tuple((name, value) for name, value in values if value is not None)
     if args.num_threads is None:
         chosen += (("--num-threads", str(default_worker_threads(args.workers))),)
     return chosen
@@ -72,29 +62,24 @@ def run_up(args: argparse.Namespace) -> int:
     from services.core.errors import InvalidArgument
     from services.core.model_path import resolve_model_path
 
-    if args.workers < 1:
-        print("error: --workers must be at least 1", file=sys.stderr)
-        return 2
-    if args.stop_timeout <= 0:
-        print("error: --stop-timeout must be > 0", file=sys.stderr)
-        return 2
+    (up,) = cli.build_configs(args, UpConfig, prog=PROG)  # exits 2 on a setting it refuses
     try:
-        model = resolve_model_path(args.model)  # once, so "default" is converted before anything starts
+        model = resolve_model_path(up.model)  # once, so "default" is converted before anything starts
     except InvalidArgument as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     deployment = Deployment(
-        model=str(model), served_model_name=args.model or "default", num_workers=args.workers,
-        host=args.host, grpc_port=args.grpc_port,
-        http_port=args.http_port, scheduler_port=args.scheduler_port,
-        worker_ports=free_ports(args.workers),
-        engine_flags=engine_flags(args), python=args.python,
-        drain_timeout_s=frontend_drain_timeout(args.stop_timeout),
+        model=str(model), served_model_name=up.model or "default", num_workers=up.workers,
+        host=up.host, grpc_port=up.grpc_port,
+        http_port=up.http_port, scheduler_port=up.scheduler_port,
+        worker_ports=free_ports(up.workers),
+        engine_flags=engine_flags(args), python=up.python,
+        drain_timeout_s=frontend_drain_timeout(up.stop_timeout),
     )
-    launcher = Launcher(deployment, log_dir=args.log_dir)
+    launcher = Launcher(deployment, log_dir=up.log_dir)
     signal.signal(signal.SIGINT, launcher.request_stop)
     signal.signal(signal.SIGTERM, launcher.request_stop)
-    return launcher.run(args.startup_timeout, args.stop_timeout)
+    return launcher.run(up.startup_timeout, up.stop_timeout)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -18,7 +18,7 @@ class Engine:
         first = next(iter(self.workers.values()))
         self.model_path = first.model_path
         self.info = first.info
-        self.scheduler = Scheduler(args.scheduler_config(first.info.max_model_len), args.cache_config())
+        self.scheduler = Scheduler(args.scheduler_config(first.info.max_model_len))
         for worker_id, worker in self.workers.items():
             self.scheduler.add_worker(worker_id, worker.info)
 

@@ -1,11 +1,22 @@
-"""Engine configuration: one dataclass per concern, validated when built.
+"""Engine configuration: one dataclass per concern, the single home of each setting.
 
-Names follow vLLM's engine arguments where the idea is the same. Nothing here reads
-the environment; each service's `main` builds these from flags.
+Each field is a `setting`: its default, its help text and (in `__post_init__`) its validation,
+written once. The services' command lines are generated from these dataclasses
+(services/cli.py), and `python -m services up` passes each of its flags to the services whose
+dataclasses hold it (services/launcher.py); `LLM(...)` takes the same names as keywords
+(EngineArgs). Names follow vLLM's engine arguments where the idea is the same. Nothing here
+reads the environment: each service's `main` does, through its flags.
+
+    CacheConfig      the KV cache a worker allocates (block size, its size, swap space)
+    SchedulerConfig  the scheduler's policy, budgets and limits
+    WorkerConfig     the model a worker loads and the kernels it runs
+    LogConfig        every service's log level
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+import dataclasses
+from dataclasses import dataclass, field, fields
+from typing import Any
 
 from services.core.errors import InvalidArgument, check
 
@@ -13,23 +24,58 @@ ALLOWED_BLOCK_SIZES = (8, 16, 32)
 POLICIES = ("fcfs", "priority", "sjf")
 PREEMPTION_MODES = ("recompute", "swap")
 DTYPES = ("float32", "bfloat16", "float16", "auto")
+DEVICES = ("auto", "cpu", "cuda")
 KERNEL_BACKENDS = ("auto", "torch", "cpu", "triton")
 CPU_ISAS = ("auto", "avx512", "avx2", "generic")  # the CPU kernels' tiers (kernels.cpu_kernels.TIERS)
 # auto: gguf where the model folder holds a GGUF file (the default model), else none
 QUANTIZATIONS = ("auto", "none", "gguf", "int8")
+LOG_LEVELS = ("debug", "info", "warning", "error")
+DEFAULT_MAX_MODEL_LEN = 4096  # the cap when max_model_len comes from the model
 
 
-@dataclass(frozen=True)
+def setting(default: Any = dataclasses.MISSING, help: str = "", *, flag: str | None = None,
+            aliases: tuple[str, ...] = (), cli: bool = True, **field_kwargs) -> Any:
+    """A dataclass field with the help text its command-line flag shows. `flag`: the flag's name
+    when it is not --field-name; `aliases`: old names still taken; `cli=False`: no flag."""
+    return field(default=default, metadata={"help": help, "flag": flag, "aliases": aliases, "cli": cli},
+                 **field_kwargs)
+
+
+def _block_size() -> Any:
+    # one setting the scheduler and the workers both hold (and must agree on): one definition
+    return setting(16, f"tokens per KV block, one of {ALLOWED_BLOCK_SIZES}; the scheduler and every worker must agree")
+
+
+def _check_block_size(block_size: int) -> None:
+    check(block_size in ALLOWED_BLOCK_SIZES, "block_size", f"must be one of {ALLOWED_BLOCK_SIZES}, got {block_size}")
+
+
+def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
+    check(value in choices, name, f"must be one of {choices}, got {value!r}")
+
+
+def split_settings(kwargs: dict[str, Any], *classes: type) -> list[dict[str, Any]]:
+    """Keyword arguments split by the dataclasses whose fields they name (a name in several goes
+    to each); an unknown one is refused, naming it."""
+    names = [{f.name for f in fields(cls)} for cls in classes]
+    for name in kwargs:
+        if not any(name in known for known in names):
+            raise InvalidArgument(name, "unknown engine argument")
+    return [{k: v for k, v in kwargs.items() if k in known} for known in names]
+
+
+@dataclass(frozen=True, kw_only=True)
 class CacheConfig:
-    block_size: int = 16
-    num_gpu_blocks: int | None = None  # explicit KV cache size in blocks, or
-    kv_cache_memory_bytes: int | None = None  # a budget the worker turns into blocks
-    swap_space_bytes: int = 64 << 20  # CPU swap pool per worker
-    enable_prefix_caching: bool = True
+    """The KV cache a worker allocates: its block size (the scheduler's too) and its size."""
+
+    block_size: int = _block_size()
+    num_gpu_blocks: int | None = setting(None, "KV cache size in blocks (default: from the memory budget)")
+    kv_cache_memory_bytes: int | None = setting(
+        None, "KV cache memory budget in bytes (default: a share of the device's free memory)")
+    swap_space_bytes: int = setting(64 << 20, "CPU swap pool per worker, in bytes")
 
     def __post_init__(self) -> None:
-        check(self.block_size in ALLOWED_BLOCK_SIZES, "block_size",
-              f"must be one of {ALLOWED_BLOCK_SIZES}, got {self.block_size}")
+        _check_block_size(self.block_size)
         check(self.num_gpu_blocks is None or self.num_gpu_blocks >= 1, "num_gpu_blocks",
               f"must be >= 1, got {self.num_gpu_blocks}")
         check(self.kv_cache_memory_bytes is None or self.kv_cache_memory_bytes > 0, "kv_cache_memory_bytes",
@@ -37,108 +83,123 @@ class CacheConfig:
         check(self.swap_space_bytes >= 0, "swap_space_bytes", f"must be >= 0, got {self.swap_space_bytes}")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SchedulerConfig:
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 2048
-    max_model_len: int = 2048
-    enable_chunked_prefill: bool = True
-    preemption_mode: str = "recompute"
-    scheduling_policy: str = "fcfs"
-    max_waiting_requests: int = 4096  # beyond this, new requests are refused (RESOURCE_EXHAUSTED)
-    seed: int | None = None  # draws the seeds of requests that bring none; None: fresh random seeds
-    # promise a worker the continuation of a pure decode step when nothing waits, so it can run
-    # it while the result travels (StepDelta.speculate_next). Worth it across processes, not in
-    # one (the in-process engine).
-    overlap_steps: bool = False
+    """The scheduler's policy, budgets and limits (per worker where it says so)."""
+
+    block_size: int = _block_size()
+    max_num_seqs: int = setting(64, "running sequences per worker")
+    max_num_batched_tokens: int = setting(2048, "token budget per worker step")
+    max_model_len: int | None = setting(
+        None, f"prompt + output limit (default, or 0: the model's own, at most {DEFAULT_MAX_MODEL_LEN})")
+    enable_chunked_prefill: bool = setting(True, "split long prompts across steps")
+    enable_prefix_caching: bool = setting(True, "reuse cached prompt blocks")
+    preemption_mode: str = setting("recompute", f"one of {PREEMPTION_MODES}")
+    scheduling_policy: str = setting("fcfs", f"one of {POLICIES}")
+    max_waiting_requests: int = setting(4096, "beyond this, new requests are refused (RESOURCE_EXHAUSTED)")
+    seed: int | None = setting(None, "draw the seeds of requests that bring none from this (default: random)")
+    async_scheduling: bool = setting(
+        True, "plan each worker's next decode step while it runs this one, so it runs it while the result "
+              "travels (services/core/async_scheduling.py); the old name --overlap-steps still works",
+        aliases=("--overlap-steps",))
 
     def __post_init__(self) -> None:
+        if self.max_model_len == 0:  # the command line's "from the model"
+            object.__setattr__(self, "max_model_len", None)
+        _check_block_size(self.block_size)
         check(self.max_num_seqs >= 1, "max_num_seqs", f"must be >= 1, got {self.max_num_seqs}")
         check(self.max_num_batched_tokens >= 1, "max_num_batched_tokens",
               f"must be >= 1, got {self.max_num_batched_tokens}")
-        check(self.max_model_len >= 2, "max_model_len", f"must be >= 2, got {self.max_model_len}")
-        check(self.enable_chunked_prefill or self.max_num_batched_tokens >= self.max_model_len,
+        check(self.max_model_len is None or self.max_model_len >= 2, "max_model_len",
+              f"must be 0 (from the model) or >= 2, got {self.max_model_len}")
+        check(self.enable_chunked_prefill or self.max_num_batched_tokens >= (self.max_model_len or 0),
               "max_num_batched_tokens", "must be >= max_model_len when chunked prefill is off")
-        check(self.preemption_mode in PREEMPTION_MODES, "preemption_mode",
-              f"must be one of {PREEMPTION_MODES}, got {self.preemption_mode!r}")
-        check(self.scheduling_policy in POLICIES, "scheduling_policy",
-              f"must be one of {POLICIES}, got {self.scheduling_policy!r}")
+        _check_choice("preemption_mode", self.preemption_mode, PREEMPTION_MODES)
+        _check_choice("scheduling_policy", self.scheduling_policy, POLICIES)
         check(self.max_waiting_requests >= 1, "max_waiting_requests", "must be >= 1")
 
+    def for_model(self, model_max_len: int) -> SchedulerConfig:
+        """This config with max_model_len settled once the model's own limit is known."""
+        max_len = self.max_model_len or min(model_max_len, DEFAULT_MAX_MODEL_LEN)
+        check(max_len <= model_max_len, "max_model_len",
+              f"{max_len} exceeds the model's max_position_embeddings {model_max_len}")
+        config = dataclasses.replace(self, max_model_len=max_len)
+        check(config.enable_chunked_prefill or config.max_num_batched_tokens >= max_len,
+              "max_num_batched_tokens", "must be >= max_model_len when chunked prefill is off")
+        return config
 
-@dataclass(frozen=True)
+
+@dataclass(frozen=True, kw_only=True)
 class WorkerConfig:
-    model: str
-    dtype: str = "auto"  # auto: the checkpoint's dtype (fp16 becomes bf16 on the CPU)
-    device: str = "auto"  # auto: cuda when available, else cpu
-    seed: int = 0
-    kernel_backend: str = "auto"  # auto: triton on cuda, else cpu (compiled kernels) if they build, else torch
-    batch_invariant: bool = True  # the deterministic mode (DESIGN rule 4)
-    enforce_eager: bool = False  # reserved for CUDA-graph capture, not built yet: every step runs eagerly
-    num_threads: int = 0  # CPU threads for the worker's math (0: the library default)
-    quantization: str = "auto"  # the weights' format: see QUANTIZATIONS and services/worker/loader.py
-    cpu_isa: str = "auto"  # the CPU kernels' tier; auto: the best this CPU executes
+    """The model a worker loads and the kernels it runs."""
+
+    model: str = setting("default", 'a model folder, a hub id, or "default" (SmolLM2-135M-Instruct)')
+    dtype: str = setting("auto", f"one of {DTYPES}; auto: the checkpoint's (fp16 becomes bf16 on the CPU)")
+    device: str = setting("auto", "cpu, cuda or auto (cuda when available)")
+    seed: int = setting(0, "the worker's torch seed (sampling draws come from each request's own seed)")
+    kernel_backend: str = setting(
+        "auto", f"one of {KERNEL_BACKENDS}; auto: triton on cuda, else the compiled CPU kernels if they build, "
+                "else torch")
+    batch_invariant: bool = setting(True, "the deterministic mode: a row's bits do not depend on its batch "
+                                          "(docs/ARCHITECTURE.md, rule 4)")
+    num_threads: int = setting(0, "CPU threads for the worker's math (0: the library default)")
+    quantization: str = setting(
+        "auto", "the weights: auto (the folder's GGUF if it has one), none, gguf or int8 (per channel, at load)")
+    cpu_isa: str = setting("auto", f"the CPU kernels' tier, one of {CPU_ISAS}; auto: the best this CPU executes")
 
     def __post_init__(self) -> None:
         check(bool(self.model), "model", "must name a model folder or hub id")
-        check(self.quantization in QUANTIZATIONS, "quantization",
-              f"must be one of {QUANTIZATIONS}, got {self.quantization!r}")
-        check(self.cpu_isa in CPU_ISAS, "cpu_isa", f"must be one of {CPU_ISAS}, got {self.cpu_isa!r}")
+        _check_choice("quantization", self.quantization, QUANTIZATIONS)
+        _check_choice("cpu_isa", self.cpu_isa, CPU_ISAS)
         check(self.num_threads >= 0, "num_threads", f"must be >= 0, got {self.num_threads}")
-        check(self.dtype in DTYPES, "dtype", f"must be one of {DTYPES}, got {self.dtype!r}")
-        check(self.device in ("auto", "cpu", "cuda"), "device", f"must be auto, cpu or cuda, got {self.device!r}")
-        check(self.kernel_backend in KERNEL_BACKENDS, "kernel_backend",
-              f"must be one of {KERNEL_BACKENDS}, got {self.kernel_backend!r}")
+        _check_choice("dtype", self.dtype, DTYPES)
+        _check_choice("device", self.device, DEVICES)
+        _check_choice("kernel_backend", self.kernel_backend, KERNEL_BACKENDS)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
+class LogConfig:
+    log_level: str = setting("info", f"one of {LOG_LEVELS}")
+
+    def __post_init__(self) -> None:
+        _check_choice("log_level", self.log_level, LOG_LEVELS)
+
+
+# In one process: what LLM(...) sets differently from the services, and what it refuses.
+IN_PROCESS_DEFAULTS = {"seed": 0}  # one seed for the worker and the requests: LLM(...) repeats itself run after run
+NOT_IN_PROCESS = {
+    "async_scheduling": "the in-process engine runs each step to its end before planning the next; async "
+                        "scheduling is for the services (python -m services up)",
+    "enforce_eager": "removed: pagedserve neither captures CUDA graphs nor compiles the model, so every step "
+                     "already runs eagerly; drop the argument (kernel_backend='torch' runs without the compiled "
+                     "kernels)",
+}
+
+
+@dataclass(frozen=True, kw_only=True)
 class EngineArgs:
-    """The flat argument set users pass to `LLM(...)` and the services' flags."""
+    """What `LLM(model, **kwargs)` takes: every setting of the worker, its cache and the scheduler,
+    by name (a name in several, block_size and seed, sets each)."""
 
-    model: str
-    dtype: str = "auto"
-    device: str = "auto"
-    seed: int = 0
-    block_size: int = 16
-    num_gpu_blocks: int | None = None
-    kv_cache_memory_bytes: int | None = None
-    swap_space_bytes: int = 64 << 20
-    enable_prefix_caching: bool = True
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 2048
-    max_model_len: int | None = None  # None: the model's own limit (capped at 4096)
-    enable_chunked_prefill: bool = True
-    preemption_mode: str = "recompute"
-    scheduling_policy: str = "fcfs"
-    max_waiting_requests: int = 4096
-    kernel_backend: str = "auto"
-    batch_invariant: bool = True
-    enforce_eager: bool = False  # no effect yet (no CUDA-graph capture); see WorkerConfig
-    num_threads: int = 0
-    quantization: str = "auto"
-    cpu_isa: str = "auto"  # see WorkerConfig
+    worker: WorkerConfig
+    cache: CacheConfig
+    scheduler: SchedulerConfig  # max_model_len as given: settled by for_model
 
     @classmethod
     def from_kwargs(cls, model: str, **kwargs) -> EngineArgs:
-        known = {f.name for f in fields(cls)}
-        for name in kwargs:
-            if name not in known:
-                raise InvalidArgument(name, "unknown engine argument")
-        return cls(model=model, **kwargs)
-
-    def cache_config(self) -> CacheConfig:
-        return CacheConfig(self.block_size, self.num_gpu_blocks, self.kv_cache_memory_bytes,
-                           self.swap_space_bytes, self.enable_prefix_caching)
-
-    def scheduler_config(self, model_max_len: int) -> SchedulerConfig:
-        max_len = self.max_model_len or min(model_max_len, 4096)
-        check(max_len <= model_max_len, "max_model_len",
-              f"{max_len} exceeds the model's max_position_embeddings {model_max_len}")
-        return SchedulerConfig(self.max_num_seqs, self.max_num_batched_tokens, max_len,
-                               self.enable_chunked_prefill, self.preemption_mode, self.scheduling_policy,
-                               self.max_waiting_requests, self.seed)
+        for name, why in NOT_IN_PROCESS.items():
+            if name in kwargs:
+                raise InvalidArgument(name, why)
+        worker, cache, scheduler = split_settings({**IN_PROCESS_DEFAULTS, **kwargs, "model": model},
+                                                  WorkerConfig, CacheConfig, SchedulerConfig)
+        return cls(worker=WorkerConfig(**worker), cache=CacheConfig(**cache),
+                   scheduler=SchedulerConfig(**scheduler, async_scheduling=False))
 
     def worker_config(self) -> WorkerConfig:
-        return WorkerConfig(self.model, self.dtype, self.device, self.seed, self.kernel_backend,
-                            self.batch_invariant, self.enforce_eager, self.num_threads, self.quantization,
-                            self.cpu_isa)
+        return self.worker
+
+    def cache_config(self) -> CacheConfig:
+        return self.cache
+
+    def scheduler_config(self, model_max_len: int) -> SchedulerConfig:
+        return self.scheduler.for_model(model_max_len)

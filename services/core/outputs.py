@@ -10,7 +10,7 @@ from services.core.step import Logprobs
 from services.core.tokenizer import Tokenizer
 
 
-@dataclass
+@dataclass(kw_only=True)
 class CompletionOutput:
     index: int
     text: str = ""
@@ -20,7 +20,7 @@ class CompletionOutput:
     logprobs: list[Logprobs] | None = None
 
 
-@dataclass
+@dataclass(kw_only=True)
 class RequestOutput:
     request_id: str
     prompt: str | None
@@ -38,8 +38,9 @@ class OutputCollector:
     def __init__(self, request_id: str, prompt: str | None, prompt_token_ids: list[int], params: SamplingParams,
                  tokenizer: Tokenizer | None):
         self.params = params
-        self.output = RequestOutput(request_id, prompt, list(prompt_token_ids),
-                                    [CompletionOutput(i, logprobs=[] if params.logprobs is not None else None)
+        self.output = RequestOutput(request_id=request_id, prompt=prompt, prompt_token_ids=list(prompt_token_ids),
+                                    outputs=[CompletionOutput(index=i,
+                                                              logprobs=[] if params.logprobs is not None else None)
                                      for i in range(params.n)])
         self.detoks = [IncrementalDetokenizer(tokenizer, prompt_token_ids, params) if tokenizer else None
                        for _ in range(params.n)]

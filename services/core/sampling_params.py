@@ -11,7 +11,7 @@ MAX_N = 64  # samples per request
 MAX_STOP_STRINGS = 16
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SamplingParams:
     """What a request asks of the sampler. Names follow vLLM / OpenAI.
 

@@ -11,18 +11,20 @@ import random
 from collections import Counter
 from dataclasses import dataclass, field
 
+from services.core.async_scheduling import plan_next_step
 from services.core.block_manager import BlockManager
-from services.core.config import CacheConfig, SchedulerConfig
+from services.core.config import SchedulerConfig
 from services.core.errors import ResourceExhausted, check
 from services.core.policy import WaitingQueue, policy_key
 from services.core.sampling_params import SamplingParams
 from services.core.seeding import new_request_seed
 from services.core.sequence import Request, Sequence, SeqStatus, SeqUpdate
 from services.core.stats import SchedulerStats, WorkerStats
+from services.core.stop import finish_reason
 from services.core.step import CachedSequence, NewSequence, StepDelta, StepResult, WorkerInfo
 
 
-@dataclass
+@dataclass(kw_only=True)
 class WorkerSlot:
     """The scheduler's state for one worker."""
 
@@ -33,7 +35,7 @@ class WorkerSlot:
     pending_copy: list[tuple[int, int]] = field(default_factory=list)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class _Plan:
     """One worker's step being built."""
 
@@ -44,8 +46,9 @@ class _Plan:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, cache: CacheConfig):
-        self.config, self.cache = config, cache
+    def __init__(self, config: SchedulerConfig):
+        check(config.max_model_len is not None, "max_model_len", "settle it first (SchedulerConfig.for_model)")
+        self.config = config
         self.workers: dict[str, WorkerSlot] = {}
         self.requests: dict[str, Request] = {}
         self.waiting = WaitingQueue(config.scheduling_policy)
@@ -62,10 +65,18 @@ class Scheduler:
 
     # ---- workers ---------------------------------------------------------------
     def add_worker(self, worker_id: str, info: WorkerInfo) -> None:
-        check(info.block_size == self.cache.block_size, "block_size",
-              f"worker {worker_id} has block size {info.block_size}, scheduler {self.cache.block_size}")
-        self.workers[worker_id] = WorkerSlot(info, BlockManager(
-            info.num_gpu_blocks, info.block_size, info.num_cpu_blocks, self.cache.enable_prefix_caching))
+        """Take a worker, or refuse it (InvalidArgument) when it does not fit the others."""
+        check(info.block_size == self.config.block_size, "block_size",
+              f"worker {worker_id} has block size {info.block_size}, the scheduler {self.config.block_size}")
+        for slot in self.workers.values():  # the first worker's, as every worker is like the others
+            check(info.vocab_size == slot.info.vocab_size, "vocab_size",
+                  f"worker {worker_id} has vocab size {info.vocab_size}, the others {slot.info.vocab_size}")
+            break
+        check(info.max_model_len >= self.config.max_model_len, "max_model_len",
+              f"worker {worker_id} supports {info.max_model_len} tokens, the scheduler serves "
+              f"{self.config.max_model_len}")
+        self.workers[worker_id] = WorkerSlot(info=info, blocks=BlockManager(
+            info.num_gpu_blocks, info.block_size, info.num_cpu_blocks, self.config.enable_prefix_caching))
 
     def remove_worker(self, worker_id: str) -> int:
         """Drop a dead worker; its sequences go back to waiting and are recomputed elsewhere.
@@ -111,7 +122,8 @@ class Scheduler:
             raise ResourceExhausted(f"{len(self.waiting)} requests are waiting and no seat is free; try again later")
         if params.seed is None:
             params = params.with_seed(self._seeds.getrandbits(63) if self._seeds else new_request_seed())
-        request = Request(request_id, list(prompt_token_ids), params, next(self._arrivals), priority)
+        request = Request(request_id=request_id, prompt_token_ids=list(prompt_token_ids), params=params,
+                          arrival=next(self._arrivals), priority=priority)
         self.requests[request_id] = request
         self._enqueue(self._new_seq(request, 0))
         return request
@@ -126,7 +138,7 @@ class Scheduler:
               f"token id outside the vocabulary ({vocab_size})")
         params.check_vocab(vocab_size)
         num_prompt, max_tokens = len(prompt_token_ids), params.max_tokens
-        capacity = max(slot.info.num_gpu_blocks for slot in self.workers.values()) * self.cache.block_size
+        capacity = max(slot.info.num_gpu_blocks for slot in self.workers.values()) * self.config.block_size
         check(num_prompt < capacity, "prompt",
               f"{num_prompt} tokens do not fit in the largest worker's KV cache ({capacity} tokens)")
         total = min(num_prompt + max_tokens, self.config.max_model_len)
@@ -162,7 +174,7 @@ class Scheduler:
     def schedule(self) -> dict[str, StepDelta]:
         """Choose every worker's batch for the next step."""
         self.step_id += 1
-        plans = {w: _Plan(w, StepDelta(self.step_id)) for w in self.workers}
+        plans = {w: _Plan(worker_id=w, delta=StepDelta(step_id=self.step_id)) for w in self.workers}
         preempted = self._schedule_running(plans)
         if not preempted:
             self._schedule_swapped(plans)
@@ -174,42 +186,13 @@ class Scheduler:
             plan.delta.blocks_to_swap_out = slot.pending_swap_out + plan.delta.blocks_to_swap_out
             plan.delta.blocks_to_copy = slot.pending_copy + plan.delta.blocks_to_copy
             slot.pending_forget, slot.pending_swap_out, slot.pending_copy = [], [], []
-            promise = self._continues(plan)  # before the delta is filled: it may add blocks
+            async_next_step = plan_next_step(self, plan)  # before the delta is filled: it may add blocks
             self._fill_delta(plan)
-            plan.delta.speculate_next = promise
+            plan.delta.async_next_step = async_next_step
             if not plan.delta.is_empty:
                 deltas[worker_id] = plan.delta
                 self._inflight[worker_id] = plan
         return deltas
-
-    def _continues(self, plan: _Plan) -> bool:
-        """Whether the worker can be promised this step's continuation (StepDelta.speculate_next):
-        overlap is on, nothing waits to be admitted, and the step is a pure decode step over every
-        sequence the worker runs. Each sequence that goes on then gets the slot of its next token
-        now (at most one block ahead of time), so the continuation needs nothing new, and the next
-        step can neither preempt nor swap it; a request that arrives meanwhile joins that step."""
-        delta, blocks = plan.delta, self.workers[plan.worker_id].blocks
-        if not self.config.overlap_steps or self.waiting or self.swapped or not plan.scheduled:
-            return False
-        if delta.blocks_to_swap_in or delta.blocks_to_swap_out or delta.blocks_to_copy:
-            return False
-        if len(plan.scheduled) != sum(1 for s in self.running.values() if s.worker_id == plan.worker_id):
-            return False
-        for seq, num_new in plan.scheduled:
-            if seq.num_tokens_on_worker == 0 or num_new != 1 or seq.num_computed_tokens + 1 != seq.num_tokens:
-                return False  # new to the worker, or not one token sampled this step
-            if seq.request.params.n > 1 and not seq.request.forked:  # a fork comes with its first token
-                return False
-        going_on = [seq for seq, _ in plan.scheduled  # a sequence that ends on this token needs no slot
-                    if len(seq.output_token_ids) + 1 < seq.request.params.max_tokens]
-        needed = sum(max(0, blocks.num_blocks_needed(seq.num_tokens + 1) - len(blocks.block_table(seq.seq_id)))
-                     for seq in going_on)
-        if needed > blocks.num_free_blocks:
-            return False
-        for seq in going_on:
-            if blocks.allocate_slots(seq.seq_id, seq.num_tokens + 1) is None:
-                raise AssertionError("allocate_slots failed with enough free blocks")
-        return True
 
     def _key(self, seq: Sequence) -> tuple:
         return policy_key(self.config.scheduling_policy, seq)
@@ -321,14 +304,17 @@ class Scheduler:
             if seq.num_tokens_on_worker == 0:
                 request = seq.request
                 plan.delta.new_seqs.append(NewSequence(
-                    seq.seq_id, request.prompt_token_ids, list(seq.output_token_ids), list(table),
-                    seq.num_computed_tokens, num_new, request.params, request.seed, seq.sample_index,
-                    request.params.n if not request.forked and seq.sample_index == 0 else 1))
+                    seq_id=seq.seq_id, prompt_token_ids=request.prompt_token_ids,
+                    output_token_ids=list(seq.output_token_ids), block_ids=list(table),
+                    num_computed_tokens=seq.num_computed_tokens, num_scheduled_tokens=num_new, params=request.params,
+                    seed=request.seed, sample_index=seq.sample_index,
+                    num_samples=request.params.n if not request.forked and seq.sample_index == 0 else 1))
             else:
                 num_prompt = len(seq.prompt_token_ids)
                 plan.delta.cached_seqs.append(CachedSequence(
-                    seq.seq_id, seq.output_token_ids[seq.num_tokens_on_worker - num_prompt:],
-                    table[seq.num_blocks_on_worker:], seq.num_computed_tokens, num_new))
+                    seq_id=seq.seq_id, new_token_ids=seq.output_token_ids[seq.num_tokens_on_worker - num_prompt:],
+                    new_block_ids=table[seq.num_blocks_on_worker:], num_computed_tokens=seq.num_computed_tokens,
+                    num_scheduled_tokens=num_new))
             seq.num_tokens_on_worker, seq.num_blocks_on_worker = seq.num_tokens, len(table)
 
     # ---- results ---------------------------------------------------------------
@@ -385,15 +371,11 @@ class Scheduler:
         seq.output_token_ids.append(token)
         if logprob is not None:
             seq.logprobs.append(logprob)
-        reason = None
-        if token in params.stop_token_ids:
-            reason, seq.stop_reason = "stop", token
-        elif not params.ignore_eos and token in self._eos(seq) and len(seq.output_token_ids) >= params.min_tokens:
-            reason = "stop"
-        elif len(seq.output_token_ids) >= params.max_tokens or seq.num_tokens >= self.config.max_model_len:
-            reason = "length"
-        if reason:
-            self._finish(seq, reason)
+        finish = finish_reason(params, token, len(seq.output_token_ids), self._eos(seq), seq.num_tokens,
+                               self.config.max_model_len)
+        if finish is not None:
+            seq.stop_reason = finish.stop_token_id
+            self._finish(seq, finish.reason)
         return self._update_of(seq, [token], [logprob] if logprob is not None else None)
 
     def _eos(self, seq: Sequence) -> tuple[int, ...]:
@@ -420,13 +402,15 @@ class Scheduler:
     def _update_of(self, seq: Sequence, tokens: list[int], logprobs) -> SeqUpdate:
         request = seq.request
         done_prompt = seq.sample_index == 0 and len(seq.output_token_ids) == 1 and tokens
-        return SeqUpdate(request.request_id, seq.sample_index, tokens, logprobs, seq.finish_reason, seq.stop_reason,
-                         request.prompt_logprobs if done_prompt and request.params.prompt_logprobs is not None
-                         else None, len(request.prompt_token_ids), request.num_cached_tokens, request.seed)
+        prompt_logprobs = request.prompt_logprobs if done_prompt and request.params.prompt_logprobs is not None else None
+        return SeqUpdate(request_id=request.request_id, sample_index=seq.sample_index, new_token_ids=tokens,
+                         new_logprobs=logprobs, finish_reason=seq.finish_reason, stop_reason=seq.stop_reason,
+                         prompt_logprobs=prompt_logprobs, num_prompt_tokens=len(request.prompt_token_ids),
+                         num_cached_tokens=request.num_cached_tokens, seed=request.seed)
 
     # ---- queues ----------------------------------------------------------------
     def _new_seq(self, request: Request, sample_index: int) -> Sequence:
-        seq = Sequence(next(self._seq_ids), request, sample_index)
+        seq = Sequence(seq_id=next(self._seq_ids), request=request, sample_index=sample_index)
         request.seqs.append(seq)
         self.seqs[seq.seq_id] = seq
         return seq

@@ -15,7 +15,7 @@ class SeqStatus(enum.Enum):
     FINISHED = "finished"
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Request:
     request_id: str
     prompt_token_ids: list[int]
@@ -32,7 +32,7 @@ class Request:
         return self.params.seed
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Sequence:
     """One sample of a request: prompt + its own output tokens."""
 
@@ -71,7 +71,7 @@ class Sequence:
         self.num_blocks_on_worker = 0
 
 
-@dataclass
+@dataclass(kw_only=True)
 class SeqUpdate:
     """What one step (or an abort) changed for one sample, streamed towards the client."""
 

@@ -6,13 +6,8 @@ only what changed (`CachedSequence`). A sequence that is preempted, swapped out 
 moved is forgotten by the worker (`finished_seq_ids`) and re-sent in full when it
 runs again. Block ids are the scheduler's; the worker only obeys them (rule 2).
 
-Overlapped steps: a delta with `speculate_next` promises that the worker's next step will
-hold its continuation: the same sequences, one token each (the one this step samples), in the
-blocks they already hold, minus any that end, plus any request admitted meanwhile. The worker
-may run the continuation while the result travels and the scheduler decides, and answer those
-sequences from it. Rows do not depend on their batch (rule 4), so they get the bits they would
-have got in the real step, and the admitted requests run on their own; a delta that does not
-match is simply run.
+Async scheduling: a delta with `async_next_step` tells the worker that its next step will be
+this one's continuation, which it may run before that delta arrives (services/core/async_scheduling.py).
 """
 from __future__ import annotations
 
@@ -21,7 +16,7 @@ from dataclasses import dataclass, field
 from services.core.sampling_params import SamplingParams
 
 
-@dataclass
+@dataclass(kw_only=True)
 class NewSequence:
     """A sequence the worker has not seen (or was told to forget), sent in full."""
 
@@ -37,7 +32,7 @@ class NewSequence:
     num_samples: int = 1  # >1: sample this many first tokens (parallel sampling fork)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class CachedSequence:
     """A sequence the worker holds: only what changed since its last step."""
 
@@ -48,7 +43,7 @@ class CachedSequence:
     num_scheduled_tokens: int
 
 
-@dataclass
+@dataclass(kw_only=True)
 class StepDelta:
     step_id: int
     new_seqs: list[NewSequence] = field(default_factory=list)
@@ -57,7 +52,7 @@ class StepDelta:
     blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)  # (device, cpu)
     blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)  # (cpu, device)
     blocks_to_copy: list[tuple[int, int]] = field(default_factory=list)  # (src, dst), copy-on-write
-    speculate_next: bool = False  # the next step is this one's continuation (see the module docstring)
+    async_next_step: bool = False  # the next step is this one's continuation (async scheduling)
 
     @property
     def num_scheduled_tokens(self) -> int:
@@ -70,7 +65,7 @@ class StepDelta:
                     or self.blocks_to_swap_in or self.blocks_to_copy)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Logprobs:
     """Log-probabilities of the raw model distribution at one position."""
 
@@ -97,7 +92,7 @@ class StepResult:
     prompt_logprobs: dict[int, list[Logprobs | None]] = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class WorkerInfo:
     """What a worker tells the scheduler when it registers."""
 

@@ -18,6 +18,7 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
+from services.core.config import setting
 from services.core.errors import InvalidArgument, check
 
 KINDS = ("json", "json_object", "regex", "choice", "grammar")
@@ -100,21 +101,25 @@ class Constraint:
             raise InvalidArgument(self.field, f"invalid {self.kind}: {str(error)[:300]}") from None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class GrammarLimits:
-    """Bounds on one constraint's compilation; every one is configurable from the command line."""
+    """Bounds on one constraint's compilation (the frontend's flags; llguidance's fuel is not one)."""
 
-    max_bytes: int = 64 << 10  # the constraint's text
-    compile_timeout_s: float = 5.0  # wall clock, enforced by the frontend
-    max_grammar_size: int = 200_000  # llguidance: symbols in the grammar's productions
-    initial_lexer_fuel: int = 1_000_000  # llguidance: work building the lexer (~50k/ms)
-    step_lexer_fuel: int = 200_000  # llguidance: work per mask (~14k/ms)
-    max_entries: int = 256  # compiled grammars kept per process
+    max_bytes: int = setting(64 << 10, "structured outputs: larger constraints are refused (400)",
+                             flag="--max-grammar-bytes")
+    compile_timeout_s: float = setting(
+        5.0, "structured outputs: constraints that take longer to compile are refused (400)",
+        flag="--grammar-compile-timeout-s")  # wall clock, enforced by the frontend
+    max_grammar_size: int = setting(200_000, "llguidance: symbols in the grammar's productions", cli=False)
+    initial_lexer_fuel: int = setting(1_000_000, "llguidance: work building the lexer (~50k/ms)", cli=False)
+    step_lexer_fuel: int = setting(200_000, "llguidance: work per mask (~14k/ms)", cli=False)
+    max_entries: int = setting(256, "structured outputs: compiled grammars kept in memory (per process)",
+                               flag="--grammar-cache-size")
 
     def __post_init__(self) -> None:
         for name in ("max_bytes", "max_grammar_size", "initial_lexer_fuel", "step_lexer_fuel", "max_entries"):
             check(getattr(self, name) > 0, name, f"must be > 0, got {getattr(self, name)}")
-        check(self.compile_timeout_s > 0, "grammar_compile_timeout_s", f"must be > 0, got {self.compile_timeout_s}")
+        check(self.compile_timeout_s > 0, "compile_timeout_s", f"must be > 0, got {self.compile_timeout_s}")
 
     def parser_limits(self):
         import llguidance

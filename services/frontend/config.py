@@ -3,26 +3,28 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from services.core.config import LogConfig, setting
 from services.core.errors import check
 from services.core.structured import GrammarLimits
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class FrontendConfig:
-    model: str = "default"  # the tokenizer's folder (the workers' --model), "default" or a hub id
-    served_model_name: str = ""  # the model's id for clients; empty: the --model value
-    scheduler_address: str = "127.0.0.1:50052"
-    host: str = "0.0.0.0"
-    grpc_port: int = 50051  # 0: any free port
-    http_port: int = 0  # the OpenAI HTTP API, /health and /metrics; 0: off
-    api_key: str = field(default="", repr=False)  # HTTP: required as "Authorization: Bearer KEY"; empty: none
-    max_body_bytes: int = 2 * 1024 * 1024  # HTTP: larger request bodies get 413 before they are parsed
-    max_message_bytes: int = 4 * 1024 * 1024  # gRPC: a larger request message gets RESOURCE_EXHAUSTED
-    max_pending: int = 0  # requests in flight at this frontend before RESOURCE_EXHAUSTED; 0: no limit
-    reflection: bool = True  # gRPC server reflection of the public API (grpcurl, Postman)
-    health_poll_s: float = 1.0  # how often to ask the scheduler whether a worker is ready
-    drain_timeout_s: float = 60.0  # on SIGTERM, how long running requests may take to finish
-    grammar: GrammarLimits = GrammarLimits()  # structured outputs: compile limits and cache size
+    model: str = setting("default", "the tokenizer's model folder (the workers' --model), 'default' or a hub id")
+    served_model_name: str = setting("", "the model's id for clients (default: the --model value)")
+    scheduler_address: str = setting("127.0.0.1:50052", "the scheduler's HOST:PORT")
+    host: str = setting("0.0.0.0", "address to listen on")
+    grpc_port: int = setting(50051, "public gRPC port (0: any free port)")
+    http_port: int = setting(0, "the OpenAI HTTP API, /health and /metrics port (0: off)")
+    api_key: str = setting("", "HTTP clients must send 'Authorization: Bearer KEY' (empty: no key)", repr=False)
+    max_body_bytes: int = setting(2 * 1024 * 1024, "larger HTTP request bodies get 413 before they are parsed")
+    max_message_bytes: int = setting(4 * 1024 * 1024, "larger gRPC request messages get RESOURCE_EXHAUSTED")
+    max_pending: int = setting(0, "requests in flight at this frontend before RESOURCE_EXHAUSTED (0: no limit)")
+    reflection: bool = setting(True, "serve gRPC reflection of the public API (grpcurl, Postman)")
+    health_poll_s: float = setting(1.0, "how often to ask the scheduler whether a worker is ready")
+    drain_timeout_s: float = setting(60.0, "on SIGTERM, seconds the open requests get to finish before the "
+                                           "process exits")
+    grammar: GrammarLimits = field(default_factory=GrammarLimits)  # structured outputs
 
     @property
     def model_id(self) -> str:
@@ -39,3 +41,6 @@ class FrontendConfig:
         check(self.max_pending >= 0, "max_pending", f"must be >= 0, got {self.max_pending}")
         check(self.health_poll_s > 0, "health_poll_s", f"must be > 0, got {self.health_poll_s}")
         check(self.drain_timeout_s >= 0, "drain_timeout_s", f"must be >= 0, got {self.drain_timeout_s}")
+
+
+CLI_CONFIGS = (FrontendConfig, LogConfig)  # python -m services.frontend's flags (services/cli.py)

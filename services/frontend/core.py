@@ -47,8 +47,8 @@ class FrontendCore:
         """Ask the scheduler for the served model's limits; True when a worker is ready."""
         stats = await self.scheduler.stats(timeout=STATS_TIMEOUT_S)
         ready = stats.num_workers > 0 and stats.max_model_len > 0
-        self.card = ModelCard(self.model_id, stats.max_model_len, stats.vocab_size,
-                              stats.batch_invariant) if ready else None
+        self.card = ModelCard(id=self.model_id, max_model_len=stats.max_model_len, vocab_size=stats.vocab_size,
+                              batch_invariant=stats.batch_invariant) if ready else None
         return ready
 
     async def model_card(self) -> ModelCard:
@@ -126,7 +126,7 @@ class FrontendCore:
                     if event.samples or event.prompt_logprobs:
                         yield event
                 else:
-                    event = GenerateEvent(request_id)  # the scheduler ended the stream early
+                    event = GenerateEvent(request_id=request_id)  # the scheduler ended the stream early
             event.summary = tracker.summary()
             yield event
         except BaseException as exc:

@@ -27,7 +27,7 @@ class RequestEvents:
 
     def apply(self, updates: list[SeqUpdate]) -> GenerateEvent:
         output = self.collector.output
-        event, self.stopped = GenerateEvent(output.request_id), []
+        event, self.stopped = GenerateEvent(request_id=output.request_id), []
         for update in updates:
             if update.prompt_logprobs is not None:
                 event.prompt_logprobs = update.prompt_logprobs
@@ -38,11 +38,14 @@ class RequestEvents:
             if self.collector.apply(update):
                 self.stopped.append(update.sample_index)
             logprobs = sample.logprobs[num_tokens:] if sample.logprobs is not None else None
-            event.samples.append(SampleEvent(sample.index, sample.text[num_chars:], sample.token_ids[num_tokens:],
-                                             logprobs, sample.finish_reason, sample.stop_reason))
+            event.samples.append(SampleEvent(index=sample.index, text=sample.text[num_chars:],
+                                             token_ids=sample.token_ids[num_tokens:], logprobs=logprobs,
+                                             finish_reason=sample.finish_reason, stop_reason=sample.stop_reason))
         return event
 
     def summary(self) -> Summary:
         output = self.collector.output
-        return Summary([s.finish_reason or "abort" for s in output.outputs], len(output.prompt_token_ids),
-                       sum(len(s.token_ids) for s in output.outputs), output.num_cached_tokens, output.seed)
+        return Summary(finish_reasons=[s.finish_reason or "abort" for s in output.outputs],
+                       num_prompt_tokens=len(output.prompt_token_ids),
+                       num_completion_tokens=sum(len(s.token_ids) for s in output.outputs),
+                       num_cached_tokens=output.num_cached_tokens, seed=output.seed)

@@ -45,7 +45,7 @@ class ToolCall:
         return call if index is None else {"index": index, **call}
 
 
-@dataclass
+@dataclass(kw_only=True)
 class ToolPlan:
     """What a request's tools and tool_choice mean for its prompt, constraint and parsing."""
 
@@ -103,11 +103,11 @@ def plan(tools: list[dict] | None, tool_choice, parallel_tool_calls: bool | None
     if isinstance(choice, dict):
         name = (choice.get("function") or {}).get("name")
         check(name in names, "tool_choice.function.name", f"{name!r} is not one of the tools")
-        return ToolPlan(tools, "named", name, parallel)
+        return ToolPlan(tools=tools, mode="named", name=name, parallel=parallel)
     check(choice in ("none", "auto", "required"), "tool_choice",
           "must be none, auto, required or {\"type\": \"function\", \"function\": {\"name\": ...}}")
     check(choice == "none" or tools, "tool_choice", f"{choice!r} needs tools")
-    return ToolPlan(tools, choice, parallel=parallel)
+    return ToolPlan(tools=tools, mode=choice, parallel=parallel)
 
 
 def parse_auto(text: str, names: set[str]) -> tuple[str | None, list[ToolCall]]:

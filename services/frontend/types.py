@@ -21,7 +21,7 @@ class UnknownModel(InvalidArgument):
         super().__init__("model", f"{model!r} is not served here; the served model is {served!r}")
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Prompt:
     """Exactly one of text, token_ids and messages."""
 
@@ -33,7 +33,7 @@ class Prompt:
     tools: list[dict] | None = None  # for messages: tool definitions the chat template shows
 
 
-@dataclass
+@dataclass(kw_only=True)
 class GenerateRequest:
     prompt: Prompt
     params: SamplingParams = field(default_factory=SamplingParams)
@@ -42,7 +42,7 @@ class GenerateRequest:
     priority: int = 0
 
 
-@dataclass
+@dataclass(kw_only=True)
 class SampleEvent:
     """What one sample gained since the previous event."""
 
@@ -54,7 +54,7 @@ class SampleEvent:
     stop_reason: int | str | None = None  # the stop token id or stop string
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Summary:
     finish_reasons: list[str]
     num_prompt_tokens: int
@@ -63,7 +63,7 @@ class Summary:
     seed: int
 
 
-@dataclass
+@dataclass(kw_only=True)
 class GenerateEvent:
     request_id: str
     samples: list[SampleEvent] = field(default_factory=list)
@@ -71,7 +71,7 @@ class GenerateEvent:
     summary: Summary | None = None  # in the last event only
 
 
-@dataclass
+@dataclass(kw_only=True)
 class ModelCard:
     id: str
     max_model_len: int

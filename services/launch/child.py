@@ -38,7 +38,7 @@ def listening_ports(pid: int) -> set[int]:
     return {c.laddr.port for c in connections if c.status == psutil.CONN_LISTEN}
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Child:
     name: str
     argv: list[str]

@@ -2,50 +2,96 @@
 
 `service_commands` is the single source of the services' command lines: the launcher
 (services.launch.supervisor) runs them, and the compose file's commands are checked against them
-(tests/e2e/test_compose.py). Every flag `up` takes for the services is in VALUE_FLAGS or
-SWITCH_FLAGS with the services it reaches (tests/e2e/test_launcher.py checks each one arrives
-and each service's parser knows it).
+(tests/e2e/test_compose.py). `up` takes every flag of every service's config dataclasses
+(SERVICE_CONFIGS) but those the launcher sets itself, and passes each to the services whose
+dataclasses hold it (`routes`, computed from the dataclasses; tests/e2e/test_launcher.py checks
+each one arrives and each service's parser knows it).
 """
 from __future__ import annotations
 
+import functools
 import socket
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 
-# Engine flags `up` passes through, and the services that take each.
-VALUE_FLAGS = {
-    "--log-level": ("scheduler", "worker", "frontend"),
-    "--block-size": ("scheduler", "worker"),
-    "--swap-space-bytes": ("worker",),
-    "--max-num-seqs": ("scheduler",),
-    "--max-num-batched-tokens": ("scheduler",),
-    "--max-model-len": ("scheduler",),
-    "--scheduling-policy": ("scheduler",),
-    "--preemption-mode": ("scheduler",),
-    "--max-waiting-requests": ("scheduler",),
-    "--heartbeat-timeout-s": ("scheduler",),
-    "--step-timeout-s": ("scheduler",),
-    "--dtype": ("worker",),
-    "--device": ("worker",),
-    "--num-gpu-blocks": ("worker",),
-    "--kv-cache-memory-bytes": ("worker",),
-    "--kernel-backend": ("worker",),
-    "--cpu-isa": ("worker",),
-    "--seed": ("scheduler", "worker"),
-    "--num-threads": ("worker",),
-    "--quantization": ("worker",),
-    "--max-pending": ("frontend",),
+from services.cli import Flag, flags_of
+from services.core.config import setting
+from services.core.errors import check
+from services.frontend import config as frontend_config
+from services.scheduler import config as scheduler_config
+from services.worker import config as worker_config
+
+SERVICE_CONFIGS = {  # each service's config dataclasses: its command line
+    "scheduler": scheduler_config.CLI_CONFIGS,
+    "worker": worker_config.CLI_CONFIGS,
+    "frontend": frontend_config.CLI_CONFIGS,
 }
-SWITCH_FLAGS = {
-    "--reflection": ("scheduler", "worker", "frontend"),
-    "--enable-prefix-caching": ("scheduler",),
-    "--enable-chunked-prefill": ("scheduler",),
-    "--overlap-steps": ("scheduler",),
-    "--batch-invariant": ("worker",),
-}
+# Settings the launcher itself gives each service (addresses, ports, the model, its name, the drain
+# timeout from --stop-timeout) or that must differ between processes (the worker id): not passed through.
+SET_BY_LAUNCHER = frozenset({"host", "port", "model", "scheduler_address", "advertise_host", "grpc_port",
+                             "http_port", "served_model_name", "drain_timeout_s", "worker_id"})
 WILDCARD_HOSTS = ("0.0.0.0", "::", "")
+DEFAULT_STOP_TIMEOUT_S = 15.0  # docker-compose.yml's stop_grace_period is the same (a test checks)
 
 
 @dataclass(frozen=True)
+class Route:
+    """One flag `up` passes through and the services whose config dataclasses hold it."""
+
+    flag: Flag  # as the first of those services declares it
+    services: tuple[str, ...]
+    text: str  # the setting's help; each service's where they differ (seed, reflection)
+
+    @property
+    def help(self) -> str:
+        names = ", ".join(self.services[:-1]) + " and " + self.services[-1] if len(self.services) > 1 else \
+            self.services[0]
+        return f"{self.text}; passed to the {names}"
+
+
+@functools.cache
+def routes() -> dict[str, Route]:
+    """--flag -> its route, for every flag of every service but those the launcher sets."""
+    held: dict[str, list[tuple[str, Flag]]] = {}
+    for service, classes in SERVICE_CONFIGS.items():
+        for flag in flags_of(*classes):
+            if flag.dest not in SET_BY_LAUNCHER:
+                held.setdefault(flag.name, []).append((service, flag))
+    found = {}
+    for name, owners in held.items():
+        same = len({flag.help for _, flag in owners}) == 1
+        text = owners[0][1].help if same else "; ".join(f"{service}: {flag.help}" for service, flag in owners)
+        found[name] = Route(owners[0][1], tuple(service for service, _ in owners), text)
+    return found
+
+
+@dataclass(frozen=True, kw_only=True)
+class UpConfig:
+    """`up`'s own flags (the services' are passed through: routes)."""
+
+    model: str = setting("default", 'a model folder, a hub id, or "default" (SmolLM2-135M-Instruct)')
+    workers: int = setting(1, "number of worker processes")
+    host: str = setting("127.0.0.1", "the frontend's bind address (0.0.0.0: all interfaces)")
+    grpc_port: int = setting(50051, "the frontend's public gRPC port")
+    http_port: int = setting(8000, "the frontend's OpenAI-compatible HTTP port")
+    scheduler_port: int = setting(50052, "the scheduler's port (loopback only)")
+    log_dir: Path | None = setting(
+        None, "write each service's log to DIR/<service>.log (default: the terminal, prefixed)")
+    startup_timeout: float = setting(600.0, "seconds for all services to be SERVING")
+    stop_timeout: float = setting(
+        DEFAULT_STOP_TIMEOUT_S, "the whole grace period of a stop: open streams get 2/3 of it to finish, then the "
+                                "scheduler and the workers stop; what is left at the end gets SIGKILL "
+                                "(docker-compose.yml's stop_grace_period is the same)")
+    python: str = setting(sys.executable, "the interpreter the services run with")
+
+    def __post_init__(self) -> None:
+        check(self.workers >= 1, "workers", f"must be at least 1, got {self.workers}")
+        check(self.stop_timeout > 0, "stop_timeout", f"must be > 0, got {self.stop_timeout}")
+        check(self.startup_timeout > 0, "startup_timeout", f"must be > 0, got {self.startup_timeout}")
+
+
+@dataclass(frozen=True, kw_only=True)
 class Deployment:
     """Where each service listens and what it serves; the launcher's and the containers' settings."""
 
@@ -67,7 +113,7 @@ class Deployment:
     def __post_init__(self):
         if len(self.worker_ports) != self.num_workers:
             raise ValueError(f"{self.num_workers} workers need as many ports, got {self.worker_ports}")
-        unknown = [f for f, _ in self.engine_flags if f not in VALUE_FLAGS and f not in SWITCH_FLAGS]
+        unknown = [f for f, _ in self.engine_flags if f not in routes()]
         if unknown:
             raise ValueError(f"unknown engine flags {unknown}")
 
@@ -79,9 +125,10 @@ class Deployment:
 def _engine_args(deployment: Deployment, service: str) -> list[str]:
     args: list[str] = []
     for flag, value in deployment.engine_flags:
-        if service not in VALUE_FLAGS.get(flag, SWITCH_FLAGS.get(flag, ())):
+        route = routes()[flag]
+        if service not in route.services:
             continue
-        if flag in SWITCH_FLAGS:
+        if route.flag.is_switch:
             args.append(flag if value else "--no-" + flag[2:])
         else:
             args += [flag, str(value)]

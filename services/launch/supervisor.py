@@ -44,7 +44,7 @@ def frontend_drain_timeout(stop_timeout: float) -> float:
     return round(stop_timeout * FRONTEND_DRAIN_SHARE, 1)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RestartPolicy:
     initial_backoff_s: float = 0.5
     max_backoff_s: float = 30.0
@@ -62,7 +62,7 @@ class Launcher:
                  err: TextIO = sys.stderr, policy: RestartPolicy = RestartPolicy()):
         addresses, ports = health_addresses(deployment), listen_ports(deployment)
         self.deployment, self.policy = deployment, policy
-        self.children = [Child(name, argv, addresses[name], ports[name])
+        self.children = [Child(name=name, argv=argv, address=addresses[name], ports=ports[name])
                          for name, argv in service_commands(deployment).items()]
         self.log_dir, self.out, self.err = log_dir, out, err
         self.stopping = threading.Event()

@@ -69,7 +69,8 @@ def logprobs_to_proto(lp: Logprobs) -> common_pb2.Logprobs:
 
 
 def logprobs_from_proto(msg: common_pb2.Logprobs) -> Logprobs:
-    return Logprobs(msg.token_id, msg.logprob, msg.rank, [(t.token_id, t.logprob) for t in msg.top])
+    return Logprobs(token_id=msg.token_id, logprob=msg.logprob, rank=msg.rank,
+                    top=[(t.token_id, t.logprob) for t in msg.top])
 
 
 def optional_logprobs_to_proto(entries: list[Logprobs | None]) -> list[common_pb2.OptionalLogprobs]:
@@ -89,8 +90,9 @@ def info_to_proto(info: WorkerInfo) -> common_pb2.WorkerInfo:
 
 
 def info_from_proto(msg: common_pb2.WorkerInfo) -> WorkerInfo:
-    return WorkerInfo(msg.model, msg.dtype, msg.block_size, msg.num_gpu_blocks, msg.num_cpu_blocks, msg.vocab_size,
-                      msg.max_model_len, tuple(msg.eos_token_ids), msg.device, msg.batch_invariant)
+    return WorkerInfo(model=msg.model, dtype=msg.dtype, block_size=msg.block_size, num_gpu_blocks=msg.num_gpu_blocks,
+                      num_cpu_blocks=msg.num_cpu_blocks, vocab_size=msg.vocab_size, max_model_len=msg.max_model_len,
+                      eos_token_ids=tuple(msg.eos_token_ids), device=msg.device, batch_invariant=msg.batch_invariant)
 
 # ---- step delta and result (scheduler <-> worker) -------------------------------
 
@@ -104,16 +106,18 @@ def delta_to_proto(delta: StepDelta) -> worker_pb2.StepRequest:
             for s in delta.cached_seqs],
         finished_seq_ids=delta.finished_seq_ids, blocks_to_swap_out=_pairs_to_proto(delta.blocks_to_swap_out),
         blocks_to_swap_in=_pairs_to_proto(delta.blocks_to_swap_in), blocks_to_copy=_pairs_to_proto(delta.blocks_to_copy),
-        speculate_next=delta.speculate_next)
+        async_next_step=delta.async_next_step)
 
 
 def delta_from_proto(msg: worker_pb2.StepRequest) -> StepDelta:
     return StepDelta(
-        msg.step_id, [_new_seq_from_proto(s) for s in msg.new_seqs],
-        [CachedSequence(s.seq_id, list(s.new_token_ids), list(s.new_block_ids), s.num_computed_tokens,
-                        s.num_scheduled_tokens) for s in msg.cached_seqs],
-        list(msg.finished_seq_ids), _pairs_from_proto(msg.blocks_to_swap_out),
-        _pairs_from_proto(msg.blocks_to_swap_in), _pairs_from_proto(msg.blocks_to_copy), msg.speculate_next)
+        step_id=msg.step_id, new_seqs=[_new_seq_from_proto(s) for s in msg.new_seqs],
+        cached_seqs=[CachedSequence(seq_id=s.seq_id, new_token_ids=list(s.new_token_ids),
+                                    new_block_ids=list(s.new_block_ids), num_computed_tokens=s.num_computed_tokens,
+                                    num_scheduled_tokens=s.num_scheduled_tokens) for s in msg.cached_seqs],
+        finished_seq_ids=list(msg.finished_seq_ids), blocks_to_swap_out=_pairs_from_proto(msg.blocks_to_swap_out),
+        blocks_to_swap_in=_pairs_from_proto(msg.blocks_to_swap_in), blocks_to_copy=_pairs_from_proto(msg.blocks_to_copy),
+        async_next_step=msg.async_next_step)
 
 
 def _new_seq_to_proto(seq: NewSequence) -> worker_pb2.NewSequence:
@@ -128,9 +132,10 @@ def _new_seq_to_proto(seq: NewSequence) -> worker_pb2.NewSequence:
 
 def _new_seq_from_proto(msg: worker_pb2.NewSequence) -> NewSequence:
     params = params_from_proto(msg.params)
-    return NewSequence(msg.seq_id, list(msg.prompt_token_ids), list(msg.output_token_ids), list(msg.block_ids),
-                       msg.num_computed_tokens, msg.num_scheduled_tokens, params, params.seed, msg.sample_index,
-                       msg.num_samples)
+    return NewSequence(seq_id=msg.seq_id, prompt_token_ids=list(msg.prompt_token_ids),
+                       output_token_ids=list(msg.output_token_ids), block_ids=list(msg.block_ids),
+                       num_computed_tokens=msg.num_computed_tokens, num_scheduled_tokens=msg.num_scheduled_tokens,
+                       params=params, seed=params.seed, sample_index=msg.sample_index, num_samples=msg.num_samples)
 
 
 def _pairs_to_proto(pairs: list[tuple[int, int]]) -> list[worker_pb2.BlockPair]:
@@ -177,11 +182,12 @@ def updates_to_response(updates: list[SeqUpdate]) -> scheduler_pb2.SubmitRespons
 def updates_from_response(request_id: str, msg: scheduler_pb2.SubmitResponse) -> list[SeqUpdate]:
     """The inverse, for clients of the scheduler (the frontend folds these like LLM.generate does)."""
     prompt_logprobs = optional_logprobs_from_proto(msg.prompt_logprobs) if msg.prompt_logprobs else None
-    return [SeqUpdate(request_id, d.sample_index, list(d.token_ids),
-                      [logprobs_from_proto(lp) for lp in d.logprobs] or None, d.finish_reason or None,
-                      d.stop_token_id if d.has_stop_token_id else None,
-                      prompt_logprobs if d.sample_index == 0 else None, msg.num_prompt_tokens, msg.num_cached_tokens,
-                      msg.seed)
+    return [SeqUpdate(request_id=request_id, sample_index=d.sample_index, new_token_ids=list(d.token_ids),
+                      new_logprobs=[logprobs_from_proto(lp) for lp in d.logprobs] or None,
+                      finish_reason=d.finish_reason or None,
+                      stop_reason=d.stop_token_id if d.has_stop_token_id else None,
+                      prompt_logprobs=prompt_logprobs if d.sample_index == 0 else None,
+                      num_prompt_tokens=msg.num_prompt_tokens, num_cached_tokens=msg.num_cached_tokens, seed=msg.seed)
             for d in msg.deltas]
 
 

@@ -95,17 +95,11 @@ class StepLoop:
         return None
 
     def _admit(self, worker_id: str, info: WorkerInfo) -> None:
-        check(info.block_size == self.config.block_size, "block_size",
-              f"worker {worker_id} has block size {info.block_size}, the scheduler {self.config.block_size}")
+        """The first worker settles the model's limits; the core refuses one that does not fit."""
+        core = self.core or Scheduler(self.config.scheduler.for_model(info.max_model_len))
+        core.add_worker(worker_id, info)
         if self.core is None:
-            self.core = Scheduler(self.config.scheduler_config(info.max_model_len), self.config.cache_config())
-            self.model = info
-        check(info.vocab_size == self.model.vocab_size, "vocab_size",
-              f"worker {worker_id} has vocab size {info.vocab_size}, the others {self.model.vocab_size}")
-        check(info.max_model_len >= self.core.config.max_model_len, "max_model_len",
-              f"worker {worker_id} supports {info.max_model_len} tokens, the scheduler serves "
-              f"{self.core.config.max_model_len}")
-        self.core.add_worker(worker_id, info)
+            self.core, self.model = core, info
 
     def heartbeat(self, worker_id: str) -> bool:
         handle = self.workers.get(worker_id)

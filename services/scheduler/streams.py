@@ -48,8 +48,10 @@ class UpdateStream:
     def stopped(self, sample_index: int) -> SeqUpdate:
         """The update that ends one sample the frontend stopped (a stop string matched)."""
         request = self.request
-        return SeqUpdate(request.request_id, sample_index, [], None, "stop", None, None,
-                         len(request.prompt_token_ids), request.num_cached_tokens, request.seed)
+        return SeqUpdate(request_id=request.request_id, sample_index=sample_index, new_token_ids=[], new_logprobs=None,
+                         finish_reason="stop", stop_reason=None, prompt_logprobs=None,
+                         num_prompt_tokens=len(request.prompt_token_ids), num_cached_tokens=request.num_cached_tokens,
+                         seed=request.seed)
 
     def close(self, event: str) -> None:
         self.deliver(None)

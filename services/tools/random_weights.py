@@ -29,7 +29,7 @@ CHUNK_ELEMENTS = 1 << 22  # rows are drawn in chunks of about this many numbers
 SAFETENSORS_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16"}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ParamSpec:
     name: str
     shape: tuple[int, ...]
@@ -43,12 +43,14 @@ def param_specs(cfg: dict) -> list[ParamSpec]:
     head_dim, vocab = cfg["head_dim"], cfg["vocab_size"]
     q_dim = cfg["num_attention_heads"] * head_dim
     kv_dim = cfg["num_key_value_heads"] * head_dim
-    specs = [ParamSpec("model.embed_tokens.weight", (vocab, hidden), 0.0, LOGIT_STD / math.sqrt(hidden))]
+    specs = [ParamSpec(name="model.embed_tokens.weight", shape=(vocab, hidden), mean=0.0,
+                       std=LOGIT_STD / math.sqrt(hidden))]
     for i in range(cfg["num_hidden_layers"]):
         specs += _layer_specs(f"model.layers.{i}.", cfg["model_type"], hidden, inter, head_dim, q_dim, kv_dim)
     specs.append(_norm("model.norm.weight", hidden))
     if not cfg["tie_word_embeddings"]:
-        specs.append(ParamSpec("lm_head.weight", (vocab, hidden), 0.0, LOGIT_STD / math.sqrt(hidden)))
+        specs.append(
+            ParamSpec(name="lm_head.weight", shape=(vocab, hidden), mean=0.0, std=LOGIT_STD / math.sqrt(hidden)))
     return specs
 
 
@@ -62,7 +64,7 @@ def _layer_specs(prefix: str, model_type: str, hidden: int, inter: int,
         _linear(attn + "o_proj.weight", hidden, q_dim),
     ]
     if model_type == "qwen2":
-        specs += [ParamSpec(attn + f"{p}_proj.bias", (d,), 0.0, BIAS_STD)
+        specs += [ParamSpec(name=attn + f"{p}_proj.bias", shape=(d,), mean=0.0, std=BIAS_STD)
                   for p, d in (("q", q_dim), ("k", kv_dim), ("v", kv_dim))]
     if model_type == "qwen3":
         specs += [_norm(attn + "q_norm.weight", head_dim), _norm(attn + "k_norm.weight", head_dim)]
@@ -78,11 +80,11 @@ def _layer_specs(prefix: str, model_type: str, hidden: int, inter: int,
 
 def _linear(name: str, out_features: int, in_features: int, gain: float = 1.0) -> ParamSpec:
     # unit-RMS input -> outputs of RMS about `gain`
-    return ParamSpec(name, (out_features, in_features), 0.0, gain / math.sqrt(in_features))
+    return ParamSpec(name=name, shape=(out_features, in_features), mean=0.0, std=gain / math.sqrt(in_features))
 
 
 def _norm(name: str, dim: int) -> ParamSpec:
-    return ParamSpec(name, (dim,), 1.0, NORM_NOISE)
+    return ParamSpec(name=name, shape=(dim,), mean=1.0, std=NORM_NOISE)
 
 
 def count_params(specs: list[ParamSpec]) -> int:

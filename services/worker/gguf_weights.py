@@ -34,7 +34,7 @@ LAYER_NAMES = {
 }
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class GgufTensor:
     hf_name: str
     type_name: str  # ggml's: F32, F16, Q4_0, Q4_1, Q8_0, ...
@@ -86,4 +86,5 @@ def read_tensors(path: Path, num_heads: int, num_kv_heads: int) -> Iterator[Gguf
             data = unpermute(data, num_heads)
         elif name.endswith("k_proj.weight"):
             data = unpermute(data, num_kv_heads)
-        yield GgufTensor(name, tensor.tensor_type.name, int(tensor.tensor_type.value), shape, data)
+        yield GgufTensor(hf_name=name, type_name=tensor.tensor_type.name, type_id=int(tensor.tensor_type.value),
+                         shape=shape, data=data)

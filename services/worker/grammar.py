@@ -2,8 +2,8 @@
 
 A sequence's matcher state is a function of its output tokens only. Before each sample the
 matcher is brought to the mirror's tokens: it consumes the tokens it has not seen, and rolls back
-the ones the mirror no longer has (a run-ahead step's token that a delta then confirmed or not,
-see ModelRunner.speculate). A sequence that is recomputed, swapped back in or moved to another
+the ones the mirror no longer has (a token of an early step under async scheduling that a delta
+then confirmed or not, see services/worker/async_scheduling.py). A sequence that is recomputed, swapped back in or moved to another
 worker arrives as a NewSequence and gets a fresh matcher that replays its output tokens, so the
 mask, and with it the sample (a pure function of seed, position, logits and mask), is the one an
 undisturbed run would have used.

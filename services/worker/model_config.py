@@ -16,7 +16,7 @@ SUPPORTED = {
 }
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ModelArchConfig:
     model_type: str
     hidden_size: int

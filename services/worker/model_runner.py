@@ -1,30 +1,25 @@
 """Runs one step on a worker: apply the delta, flatten the batch, forward, sample.
 
-When a delta promises its continuation (StepDelta.speculate_next), `speculate` runs that
-continuation ahead, between the step's result leaving and the next delta arriving, and the next
-`execute` answers the promised sequences from it. With batch-invariant kernels the next delta
-may differ from the promise: sequences that ended are left out, and requests admitted meanwhile
-run now, on their own (a row's bits do not depend on its batch). The ahead-of-time step writes
-only each continuing sequence's next K/V slot, in a block the sequence holds, with the values
-the real step would write, so a delta that does not match loses nothing.
+Under async scheduling it also runs the next step before its delta arrives: `async_steps`
+(services/worker/async_scheduling.py).
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 
 import torch
 
 from services.core.errors import InvalidArgument, UnknownSequence
 from services.core.sampling_params import SamplingParams
-from services.core.step import CachedSequence, NewSequence, SeqOutput, StepDelta, StepResult
+from services.core.step import NewSequence, SeqOutput, StepDelta, StepResult
+from services.worker.async_scheduling import AsyncSteps
 from services.worker.grammar import Grammars, SequenceGrammar
 from services.worker.kv_cache import KVCache
 from services.worker.models.llama import AttentionMetadata, LlamaForCausalLM
 from services.worker.sampler import SamplingRow, prompt_logprobs, sample
 
 
-@dataclass
+@dataclass(kw_only=True)
 class SeqState:
     """The worker's mirror of one running sequence (the scheduler owns the truth)."""
 
@@ -49,7 +44,7 @@ class SeqState:
             self.output_token_ids[max(start - num_prompt, 0):max(end - num_prompt, 0)]
 
 
-@dataclass
+@dataclass(kw_only=True)
 class _Batch:
     """Host-side lists for one step, turned into tensors by `_tensors`."""
 
@@ -64,20 +59,6 @@ class _Batch:
     prompt_rows: list[tuple[SeqState, int, int]] = field(default_factory=list)  # (seq, first row, first pos)
 
 
-def _as_promised(entry: CachedSequence, promised: CachedSequence | None) -> bool:
-    """New blocks may come with it: they hold later tokens than the one run ahead."""
-    return promised is not None and (entry.new_token_ids, entry.num_computed_tokens, entry.num_scheduled_tokens) == \
-        (promised.new_token_ids, promised.num_computed_tokens, promised.num_scheduled_tokens)
-
-
-@dataclass
-class _Speculation:
-    """A continuation run ahead of its delta: the cached-sequence entries it assumed, and its outputs."""
-
-    expected: dict[int, CachedSequence]
-    outputs: dict[int, SeqOutput]
-
-
 class ModelRunner:
     def __init__(self, model: LlamaForCausalLM, kv_cache: KVCache, device: torch.device,
                  batch_invariant: bool = False, grammars: Grammars | None = None):
@@ -87,78 +68,24 @@ class ModelRunner:
         self.batch_invariant = batch_invariant  # a row's bits do not depend on its batch: subsets may be served
         self.grammars = grammars  # compiles and applies structured-outputs constraints
         self.seqs: dict[int, SeqState] = {}
-        self._continuation: list[CachedSequence] = []  # promised by the last delta, not run yet
-        self._speculation: _Speculation | None = None
-        self.num_speculated = self.num_served = 0
+        self.async_steps = AsyncSteps(self)  # async scheduling: the next step, run before its delta
 
     def execute(self, delta: StepDelta) -> StepResult:
-        speculation, self._speculation, self._continuation = self._speculation, None, []
-        result = self._serve(delta, speculation) if speculation is not None else None
+        result = self.async_steps.take(delta)
         if result is None:
             result = self._run(delta)
-        if delta.speculate_next:
-            self._continuation = self._continuation_of(result)
+        if delta.async_next_step:
+            self.async_steps.plan(result)
         return result
 
-    def speculate(self) -> None:
-        """Run the continuation the last delta promised, if any, and keep its outputs for `execute`."""
-        continuation, self._continuation = self._continuation, []
-        if not continuation:
-            return
-        states = [self.seqs[c.seq_id] for c in continuation]
-        saved = [(len(s.output_token_ids), s.num_computed_tokens, s.num_samples) for s in states]
-        try:
-            result = self._run(StepDelta(-1, cached_seqs=continuation))
-        finally:  # the mirrors stay as the scheduler knows them until a delta confirms the step
-            for state, (num_outputs, num_computed, num_samples) in zip(states, saved):
-                del state.output_token_ids[num_outputs:]
-                state.num_computed_tokens, state.num_samples = num_computed, num_samples
-        self._speculation = _Speculation({c.seq_id: c for c in continuation}, {o.seq_id: o for o in result.outputs})
-        self.num_speculated += 1
+    def run_async_step(self) -> None:
+        """Run the continuation the last delta announced (async scheduling), if any."""
+        self.async_steps.run()
 
     def forget_all(self) -> None:
         """The scheduler dropped this worker: no sequence it holds will be named again."""
         self.seqs.clear()
-        self._continuation, self._speculation = [], None
-
-    def _continuation_of(self, result: StepResult) -> list[CachedSequence]:
-        """The entries the next delta will hold for the sequences that go on: each sampled token
-        comes back as the one new token, computed from the position it takes."""
-        entries = []
-        for output in result.outputs:
-            state = self.seqs.get(output.seq_id)
-            if state is not None and len(output.token_ids) == 1 and not self._ends(state, output.token_ids[0]):
-                entries.append(CachedSequence(output.seq_id, list(output.token_ids), [], state.num_computed_tokens, 1))
-        return entries
-
-    def _ends(self, state: SeqState, token: int) -> bool:
-        """Whether the scheduler will end the sequence on this token (its stop rules, but
-        max_model_len, which only makes a wasted row)."""
-        params, num_outputs = state.params, len(state.output_token_ids) + 1
-        return (token in params.stop_token_ids or num_outputs >= params.max_tokens
-                or (not params.ignore_eos and token in self.eos_token_ids and num_outputs >= params.min_tokens))
-
-    def _serve(self, delta: StepDelta, speculation: _Speculation) -> StepResult | None:
-        """The step, with the sequences that are as promised answered from the speculation and the
-        rest of the delta (requests admitted meanwhile) run now; None when none is as promised.
-        Answering part of a step needs batch-invariant kernels; without, only the exact promise."""
-        if delta.blocks_to_swap_out or delta.blocks_to_swap_in or delta.blocks_to_copy:
-            return None  # never after a promise (every slot is held); were they there, they would go first
-        expected = speculation.expected
-        served = [entry for entry in delta.cached_seqs if _as_promised(entry, expected.get(entry.seq_id))]
-        rest = [entry for entry in delta.cached_seqs if not _as_promised(entry, expected.get(entry.seq_id))]
-        exact = not rest and not delta.new_seqs and len(served) == len(expected)
-        if not served or not (self.batch_invariant or exact):
-            return None
-        for seq_id in delta.finished_seq_ids:
-            self.seqs.pop(seq_id, None)
-        for entry in served:
-            state, num_new = self._update(entry)
-            state.num_computed_tokens += num_new
-        result = self._run(dataclasses.replace(delta, cached_seqs=rest, finished_seq_ids=[]))
-        result.outputs[:0] = [speculation.outputs[entry.seq_id] for entry in served]
-        self.num_served += 1
-        return result
+        self.async_steps.clear()
 
     def _run(self, delta: StepDelta) -> StepResult:
         for seq_id in delta.finished_seq_ids:
@@ -181,8 +108,10 @@ class ModelRunner:
     # ---- delta -> mirror -------------------------------------------------------
     def _add(self, new: NewSequence) -> tuple[SeqState, int]:
         self._check_blocks(new.seq_id, new.block_ids)
-        state = SeqState(new.seq_id, list(new.prompt_token_ids), list(new.output_token_ids), list(new.block_ids),
-                         new.num_computed_tokens, new.params, new.seed, new.sample_index, new.num_samples)
+        state = SeqState(seq_id=new.seq_id, prompt_token_ids=list(new.prompt_token_ids),
+                         output_token_ids=list(new.output_token_ids), block_ids=list(new.block_ids),
+                         num_computed_tokens=new.num_computed_tokens, params=new.params, seed=new.seed,
+                         sample_index=new.sample_index, num_samples=new.num_samples)
         if new.params.structured_outputs is not None:
             if self.grammars is None:
                 raise InvalidArgument("structured_outputs", "this worker has no grammar compiler")
@@ -253,8 +182,9 @@ class ModelRunner:
         rows, logit_rows = [], []
         for i, (state, row) in enumerate(batch.sample_seqs):
             for k in range(state.num_samples):  # a fork samples each child's first token here
-                rows.append(SamplingRow(state.params, state.seed, state.sample_index + k, state.num_tokens,
-                                        state.prompt_token_ids, state.output_token_ids))
+                rows.append(SamplingRow(params=state.params, seed=state.seed, sample_index=state.sample_index + k,
+                                        position=state.num_tokens, prompt_token_ids=state.prompt_token_ids,
+                                        output_token_ids=state.output_token_ids))
                 logit_rows.append(i)
         hidden_rows = [row for _, row in batch.sample_seqs]
         if hidden_rows != list(range(hidden.shape[0])):  # decode: every row samples, no gather

@@ -35,7 +35,7 @@ TOP_P_CANDIDATES = 64  # top_p first looks for its nucleus among this many token
 TOP_P_CANDIDATES_SLOW = 2048  # then, row by row, among this many, then among all
 
 
-@dataclass
+@dataclass(kw_only=True)
 class SamplingRow:
     """One row of logits to sample from, and what decides the draw."""
 
@@ -276,5 +276,5 @@ def _logprobs(logprobs: torch.Tensor, token_ids: list[int], ks: list[int]) -> li
         ids = (logprobs[i] >= kth[i]).nonzero()[:, 0] if 0 < k < num_at_least[i] else top.indices[i, :k]
         pairs = sorted(zip(logprobs[i, ids].tolist(), ids.tolist()), key=lambda p: (-p[0], p[1]))
         best = [(token_id, value) for value, token_id in pairs[:k]]
-        entries.append(Logprobs(token, chosen[i, 0].item(), ranks[i], best))
+        entries.append(Logprobs(token_id=token, logprob=chosen[i, 0].item(), rank=ranks[i], top=best))
     return entries

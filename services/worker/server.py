@@ -3,37 +3,19 @@ from __future__ import annotations
 
 import asyncio
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 
 import structlog
 
 from pagedserve.internal.v1 import worker_pb2, worker_pb2_grpc
-from services.core.errors import check
 from services.rpc.grpc_server import GrpcServer
 from services.worker.registrar import Registrar
 from services.core.config import CacheConfig, WorkerConfig
+from services.worker.config import WorkerServiceConfig
 from services.worker.servicer import WorkerServicer, torch_thread
 from services.worker.worker import Worker
 
 log = structlog.get_logger("worker")
 SERVICE_NAME = worker_pb2.DESCRIPTOR.services_by_name["Worker"].full_name
-
-
-@dataclass(frozen=True)
-class WorkerServiceConfig:
-    """Where the worker listens and whom it registers with (the model and cache: WorkerConfig, CacheConfig)."""
-
-    scheduler_address: str
-    worker_id: str
-    host: str = "0.0.0.0"
-    port: int = 0  # 0: pick a free port
-    advertise_host: str = "127.0.0.1"  # how the scheduler reaches this worker (compose: the container name)
-    reflection: bool = False
-
-    def __post_init__(self) -> None:
-        check(bool(self.scheduler_address), "scheduler_address", "must be HOST:PORT")
-        check(bool(self.worker_id), "worker_id", "must not be empty")
-        check(0 <= self.port < 65536, "port", f"must be in [0, 65535], got {self.port}")
 
 
 class WorkerServer:

@@ -30,8 +30,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     async def Step(self, request, context):
         delta = internal_codec.delta_from_proto(request)
         step = asyncio.get_running_loop().run_in_executor(self._executor, self.worker.step, delta)
-        if delta.speculate_next:  # queued right behind the step: it runs while the result travels back
-            self._executor.submit(self.worker.speculate)
+        if delta.async_next_step:  # queued right behind the step: it runs while the result travels back
+            self._executor.submit(self.worker.run_async_step)
         return internal_codec.result_to_proto(await step)
 
     @rpc_errors

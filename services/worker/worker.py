@@ -57,10 +57,10 @@ class Worker:
     def step(self, delta: StepDelta) -> StepResult:
         return self.runner.execute(delta)
 
-    def speculate(self) -> None:
-        """Run the continuation the last step promised (StepDelta.speculate_next) while its result
-        travels. A failure only costs the head start: the next delta then runs as usual."""
+    def run_async_step(self) -> None:
+        """Run the continuation the last step announced (async scheduling, StepDelta.async_next_step)
+        while its result travels. A failure only costs the head start: the next delta then runs as usual."""
         try:
-            self.runner.speculate()
+            self.runner.run_async_step()
         except Exception:  # noqa: BLE001 - never fatal: nothing was committed
-            log.exception("speculation_failed")
+            log.exception("async_step_failed")

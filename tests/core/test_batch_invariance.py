@@ -143,7 +143,7 @@ def test_a_fork_copy_lands_before_its_block_is_swapped_out(model_dir):
     k_cache, v_cache = runner.kv_cache.layers[0]
     k_cache[3].fill_(1.5)
     v_cache[3].fill_(-2.5)
-    runner.execute(StepDelta(1, blocks_to_copy=[(3, 7)], blocks_to_swap_out=[(7, 0)]))
+    runner.execute(StepDelta(step_id=1, blocks_to_copy=[(3, 7)], blocks_to_swap_out=[(7, 0)]))
     cpu_k, cpu_v = runner.kv_cache.cpu_layers[0]
     assert bool((cpu_k[0] == 1.5).all()) and bool((cpu_v[0] == -2.5).all())
 

@@ -20,7 +20,7 @@ def check_parity(model_dir, ours: list[list[int]], prompts: list[list[int]], max
     tolerated = []
     for i, (prompt, got) in enumerate(zip(prompts, ours)):
         want = hf.greedy(prompt, max_new)
-        cell = compare([want], [Sample(got, [], [])], sampled=False, near_tie=TIE_GAP)
+        cell = compare([want], [Sample(token_ids=got, logprobs=[], margins=[])], sampled=False, near_tie=TIE_GAP)
         if cell.status != DIVERGED:
             continue
         at = cell.first_divergence

@@ -16,7 +16,8 @@ EOS = (2,)
 
 def make_row(params=None, seed=7, sample_index=0, position=10, prompt=(), output=(), **kwargs):
     params = params or SamplingParams(**kwargs)
-    return SamplingRow(params, seed, sample_index, position, list(prompt), list(output))
+    return SamplingRow(params=params, seed=seed, sample_index=sample_index, position=position,
+                       prompt_token_ids=list(prompt), output_token_ids=list(output))
 
 
 def draws(logits, params, num_draws=2000, seed=3):

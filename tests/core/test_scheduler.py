@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.core.config import CacheConfig, SchedulerConfig
+from services.core.config import SchedulerConfig
 from services.core.sampling_params import SamplingParams
 from services.core.scheduler import Scheduler
 from services.core.step import SeqOutput, StepDelta, StepResult, WorkerInfo
@@ -40,10 +40,13 @@ class FakeWorker:
 
 def make_scheduler(num_blocks=64, workers=("w0",), block_size=8, **config):
     config.setdefault("max_model_len", 256)
-    sched = Scheduler(SchedulerConfig(**config), CacheConfig(block_size=block_size, enable_prefix_caching=True))
+    config.setdefault("async_scheduling", False)
+    sched = Scheduler(SchedulerConfig(block_size=block_size, enable_prefix_caching=True, **config))
     fakes = {}
     for w in workers:
-        sched.add_worker(w, WorkerInfo("fake", "float32", block_size, num_blocks, 32, 100, 256, (1,), "cpu", True))
+        sched.add_worker(w, WorkerInfo(model="fake", dtype="float32", block_size=block_size, num_gpu_blocks=num_blocks,
+                                       num_cpu_blocks=32, vocab_size=100, max_model_len=256, eos_token_ids=(1,),
+                                       device="cpu", batch_invariant=True))
         fakes[w] = FakeWorker()
     return sched, fakes
 
@@ -177,32 +180,32 @@ def test_queue_limit_refuses_with_resource_exhausted():
         sched.add_request("f", [5], params())
 
 
-def test_overlap_promises_pure_decode_steps_with_the_next_slot_allocated():
-    sched, fakes = make_scheduler(overlap_steps=True)
+def test_async_scheduling_plans_pure_decode_steps_with_the_next_slot_allocated():
+    sched, fakes = make_scheduler(async_scheduling=True)
     sched.add_request("a", list(range(10, 17)), params(12))  # 7 prompt tokens: decode crosses block edges
     sched.add_request("b", list(range(20, 35)), params(12))
     deltas = []
     while sched.has_unfinished():
         for worker_id, delta in sched.schedule().items():
             deltas.append(delta)
-            for seq, _ in sched._inflight[worker_id].scheduled:  # the promised step needs no new slot
-                if delta.speculate_next:
+            for seq, _ in sched._inflight[worker_id].scheduled:  # the planned next step needs no new slot
+                if delta.async_next_step:
                     table = sched.workers[worker_id].blocks.block_table(seq.seq_id)
                     assert len(table) * 8 >= seq.num_tokens + 1
             sched.update(worker_id, fakes[worker_id].step(delta))
-    assert not deltas[0].speculate_next  # a prefill step
-    promised = [d for d in deltas[:-1] if d.speculate_next]
-    assert len(promised) >= 9  # every decode step but the last, whatever block edges they cross
+    assert not deltas[0].async_next_step  # a prefill step
+    planned = [d for d in deltas[:-1] if d.async_next_step]
+    assert len(planned) >= 9  # every decode step but the last, whatever block edges they cross
     for before, after in zip(deltas, deltas[1:]):
-        if before.speculate_next:  # the continuation: the same sequences, one token each, nothing new
+        if before.async_next_step:  # the continuation: the same sequences, one token each, nothing new
             assert not after.new_seqs and {c.seq_id for c in after.cached_seqs} <= {c.seq_id for c in before.cached_seqs}
             assert all(c.num_scheduled_tokens == 1 for c in after.cached_seqs)
     assert all_free(sched)
 
 
-def test_overlap_admits_a_new_request_at_once_and_tokens_do_not_change():
-    def run(overlap):
-        sched, fakes = make_scheduler(overlap_steps=overlap)
+def test_async_scheduling_admits_a_new_request_at_once_and_tokens_do_not_change():
+    def run(async_scheduling):
+        sched, fakes = make_scheduler(async_scheduling=async_scheduling)
         sched.add_request("a", list(range(10, 30)), params(8))
         steps, tokens = [], {}
         for step in range(40):
@@ -222,5 +225,5 @@ def test_overlap_admits_a_new_request_at_once_and_tokens_do_not_change():
     admitted = next(i for i, d in enumerate(steps) if any(len(n.prompt_token_ids) == 10 for n in d.new_seqs))
     assert admitted == next(i for i, d in enumerate(plain_steps) if any(len(n.prompt_token_ids) == 10
                                                                         for n in d.new_seqs))
-    assert steps[admitted - 1].speculate_next  # it joins the promised continuation
-    assert not steps[admitted].speculate_next  # a step with a prefill promises nothing
+    assert steps[admitted - 1].async_next_step  # it joins the planned continuation
+    assert not steps[admitted].async_next_step  # a step with a prefill plans nothing

@@ -1,6 +1,6 @@
 """Structured outputs in the engine (tiny random-weight model, temperature 1, many seeds): every
 output is valid, and a seeded constrained output is the same alone, in a batch, after preemption
-(recompute and swap) and with overlapped steps, because the matcher is rebuilt from the tokens."""
+(recompute and swap) and under async scheduling, because the matcher is rebuilt from the tokens."""
 from __future__ import annotations
 
 import json
@@ -13,7 +13,7 @@ from services.core.errors import InvalidArgument
 from services.core.sampling_params import SamplingParams
 from services.core.structured import Constraint
 from tests.conftest import make_llm, random_prompts
-from tests.core.test_overlap import run_overlapped
+from tests.core.test_async_scheduling import run_async
 
 PERSON = {"type": "object", "properties": {
     "name": {"type": "string", "minLength": 1, "maxLength": 8},
@@ -95,16 +95,16 @@ def test_seeded_constrained_outputs_alone_in_a_batch_and_after_preemption(tiny_l
     jsonschema.validate(json.loads(make_llm(tiny_llama).tokenizer.decode(alone[0][0])), LONG)
 
 
-def test_overlapped_steps_advance_the_matcher_consistently(tiny_llama):
-    """The run-ahead step samples under the mask of the token it assumes; the matcher is rolled
-    back when the mirror drops that token, so plain and overlapped steps give the same tokens."""
+def test_async_scheduling_advances_the_matcher_consistently(tiny_llama):
+    """The early step samples under the mask of the token it assumes; the matcher is rolled
+    back when the mirror drops that token, so plain and async-scheduled steps give the same tokens."""
     prompts = random_prompts(6, 512, 3, 40, seed=5)
     params = [constrained(i) for i in range(6)]
-    worker, got = run_overlapped(tiny_llama, prompts, params)
+    worker, got = run_async(tiny_llama, prompts, params)
     want = make_llm(tiny_llama, dtype="float32").generate(prompts, params, use_tqdm=False)
     for steps, out in zip(got, want):
         assert [t for ids, _ in steps for t in ids] == out.outputs[0].token_ids
-    assert worker.runner.num_served >= 8
+    assert worker.runner.async_steps.num_used >= 8
 
 
 def test_the_engine_refuses_a_constraint_that_does_not_compile_before_running_anything(llm):
@@ -125,7 +125,7 @@ def test_bad_constraints_name_the_field():
 
 
 def test_the_matcher_follows_the_mirror_back_and_forth(tiny_llama):
-    """A matcher that consumed tokens the mirror then dropped (a run-ahead step whose promise broke)
+    """A matcher that consumed tokens the mirror then dropped (an early step the next delta did not confirm)
     or replaced gives the mask of a fresh matcher fed the mirror's tokens."""
     import torch
 

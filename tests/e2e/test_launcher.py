@@ -29,7 +29,7 @@ from grpc_health.v1 import health, health_pb2_grpc
 
 from services.launch.healthcheck import health_status
 from services.__main__ import DEFAULT_STOP_TIMEOUT_S, default_worker_threads
-from services.launch.deployment import SWITCH_FLAGS, VALUE_FLAGS, Deployment, free_ports, service_commands
+from services.launch.deployment import Deployment, free_ports, routes, service_commands
 from services.launch.supervisor import Launcher, RestartPolicy
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -269,7 +269,16 @@ def test_up_is_not_ready_when_another_server_holds_the_schedulers_port(launch, f
         squatter.stop(0)
 
 
+def value_flags() -> dict[str, tuple[str, ...]]:
+    return {flag: route.services for flag, route in routes().items() if not route.flag.is_switch}
+
+
+def switch_flags() -> dict[str, tuple[str, ...]]:
+    return {flag: route.services for flag, route in routes().items() if route.flag.is_switch}
+
+
 def test_every_flag_up_lists_reaches_the_services_it_names(launch, fake_python, fake_model):
+    VALUE_FLAGS, SWITCH_FLAGS = value_flags(), switch_flags()
     values = {flag: f"{7 + i}" for i, flag in enumerate(VALUE_FLAGS)}
     values["--log-level"] = "debug"
     switches = {flag: ("--" if i % 2 else "--no-") + flag[2:] for i, flag in enumerate(SWITCH_FLAGS)}
@@ -293,7 +302,8 @@ def test_every_flag_up_lists_reaches_the_services_it_names(launch, fake_python, 
 
 @pytest.mark.parametrize("service", ["scheduler", "worker", "frontend"])
 def test_each_service_knows_every_flag_up_passes_it(service):
-    """The flags tables list no flag a service's own parser would refuse or read differently."""
+    """The routes name no flag a service's own parser would refuse or read differently."""
+    VALUE_FLAGS, SWITCH_FLAGS = value_flags(), switch_flags()
     parse_args = importlib.import_module(f"services.{service}.__main__").parse_args
     values = {flag: "7" for flag, services in VALUE_FLAGS.items() if service in services}
     values["--log-level"] = "debug"

@@ -45,8 +45,9 @@ def _forward(model, tokens):
     cfg = model.cfg
     caches = [(torch.zeros(4, 16, cfg.num_kv_heads, cfg.head_dim), torch.zeros(4, 16, cfg.num_kv_heads, cfg.head_dim))
               for _ in range(cfg.num_layers)]
-    meta = AttentionMetadata(torch.arange(num), torch.arange(num), torch.tensor([[0, 1, 2, 3]]), torch.tensor([num]),
-                             torch.tensor([0, num]))
+    meta = AttentionMetadata(positions=torch.arange(num), slot_mapping=torch.arange(num),
+                             block_tables=torch.tensor([[0, 1, 2, 3]]), seq_lens=torch.tensor([num]),
+                             query_start_loc=torch.tensor([0, num]))
     hidden = model(torch.tensor(tokens), caches, meta)
     return model.compute_logits(hidden)
 

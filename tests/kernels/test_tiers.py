@@ -72,7 +72,7 @@ def test_bad_cpu_isa_names_the_field(tiny_llama):
     with pytest.raises(InvalidArgument, match="cpu_isa"):
         make_llm(tiny_llama, cpu_isa="avx9")
     with pytest.raises(InvalidArgument, match="cpu_isa"):
-        WorkerConfig("m", cpu_isa="neon")
+        WorkerConfig(model="m", cpu_isa="neon")
 
 
 def test_worker_flag_and_environment(monkeypatch):

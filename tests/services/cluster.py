@@ -8,12 +8,13 @@ import grpc
 
 from pagedserve.internal.v1 import scheduler_pb2, scheduler_pb2_grpc
 from services.rpc import internal_codec
-from services.core.config import CacheConfig, WorkerConfig
+from services.core.config import CacheConfig, SchedulerConfig, WorkerConfig, split_settings
 from services.core.sampling_params import SamplingParams
 from services.core.step import Logprobs
 from services.scheduler.config import SchedulerServiceConfig
 from services.scheduler.server import SchedulerServer
-from services.worker.server import WorkerServer, WorkerServiceConfig, start_worker
+from services.worker.config import WorkerServiceConfig
+from services.worker.server import WorkerServer, start_worker
 
 NUM_GPU_BLOCKS = 256
 
@@ -47,7 +48,9 @@ class Generation:
 class Cluster:
     def __init__(self, model, **scheduler_config):
         self.model = str(model)
-        self.scheduler = SchedulerServer(SchedulerServiceConfig(host="127.0.0.1", port=0, **scheduler_config))
+        service, scheduler = split_settings(scheduler_config, SchedulerServiceConfig, SchedulerConfig)
+        self.scheduler = SchedulerServer(SchedulerServiceConfig(host="127.0.0.1", port=0, **service,
+                                                                scheduler=SchedulerConfig(**scheduler)))
         self.workers: dict[str, WorkerServer] = {}
         self.channel = None
         self.stub = None
@@ -63,9 +66,10 @@ class Cluster:
 
     async def add_worker(self, worker_id: str, scheduler_address: str | None = None) -> WorkerServer:
         address = scheduler_address or f"127.0.0.1:{self.scheduler.port}"
-        server = await start_worker(WorkerConfig(self.model, dtype="float32"),
-                                    CacheConfig(16, num_gpu_blocks=NUM_GPU_BLOCKS),
-                                    WorkerServiceConfig(address, worker_id, host="127.0.0.1"))
+        server = await start_worker(WorkerConfig(model=self.model, dtype="float32"),
+                                    CacheConfig(block_size=16, num_gpu_blocks=NUM_GPU_BLOCKS),
+                                    WorkerServiceConfig(scheduler_address=address, worker_id=worker_id,
+                                                        host="127.0.0.1"))
         self.workers[worker_id] = server
         return server
 

@@ -18,7 +18,7 @@ PARAMS = SamplingParams(n=3, temperature=AWKWARD, top_k=7, top_p=0.9, min_p=0.05
 
 
 def lp(token: int, value: float) -> Logprobs:
-    return Logprobs(token, value, 2, [(token + 1, value / 3), (token, value)])
+    return Logprobs(token_id=token, logprob=value, rank=2, top=[(token + 1, value / 3), (token, value)])
 
 
 def test_sampling_params_round_trip():
@@ -38,20 +38,27 @@ def test_out_of_range_params_from_the_wire_name_the_field():
 
 
 def test_worker_info_round_trip():
-    info = WorkerInfo("/models/x", "float32", 16, 100, 7, 512, 2048, (2, 0), "cpu", True)
+    info = WorkerInfo(model="/models/x", dtype="float32", block_size=16, num_gpu_blocks=100, num_cpu_blocks=7,
+                      vocab_size=512, max_model_len=2048, eos_token_ids=(2, 0), device="cpu", batch_invariant=True)
     assert internal_codec.info_from_proto(internal_codec.info_to_proto(info)) == info
 
 
 def test_step_delta_round_trip():
-    new = NewSequence(3, [5, 6, 7], [9], [0, 4], 16, 2, PARAMS, PARAMS.seed, 1, 3)
-    delta = StepDelta(12, [new], [CachedSequence(4, [8], [11], 20, 1)], [1, 2], [(1, 0)], [(0, 3)], [(4, 5)])
+    new = NewSequence(seq_id=3, prompt_token_ids=[5, 6, 7], output_token_ids=[9], block_ids=[0, 4],
+                      num_computed_tokens=16, num_scheduled_tokens=2, params=PARAMS, seed=PARAMS.seed, sample_index=1,
+                      num_samples=3)
+    cached = CachedSequence(seq_id=4, new_token_ids=[8], new_block_ids=[11], num_computed_tokens=20,
+                            num_scheduled_tokens=1)
+    delta = StepDelta(step_id=12, new_seqs=[new], cached_seqs=[cached], finished_seq_ids=[1, 2],
+                      blocks_to_swap_out=[(1, 0)], blocks_to_swap_in=[(0, 3)], blocks_to_copy=[(4, 5)])
     assert internal_codec.delta_from_proto(internal_codec.delta_to_proto(delta)) == delta
 
 
 def test_new_sequence_carries_its_seed_in_the_params():
     params = PARAMS.with_seed(None)
-    new = NewSequence(0, [5], [], [0], 0, 1, params, 1234)
-    back = internal_codec.delta_from_proto(internal_codec.delta_to_proto(StepDelta(1, [new])))
+    new = NewSequence(seq_id=0, prompt_token_ids=[5], output_token_ids=[], block_ids=[0], num_computed_tokens=0,
+                      num_scheduled_tokens=1, params=params, seed=1234)
+    back = internal_codec.delta_from_proto(internal_codec.delta_to_proto(StepDelta(step_id=1, new_seqs=[new])))
     assert back.new_seqs[0].seed == back.new_seqs[0].params.seed == 1234
 
 
@@ -62,9 +69,14 @@ def test_step_result_round_trip():
 
 
 def test_seq_updates_round_trip_through_a_submit_response():
-    updates = [SeqUpdate("r", 0, [7], [lp(7, -AWKWARD)], None, None, [None, lp(3, -1.5)], 2, 0, 42),
-               SeqUpdate("r", 1, [8], [lp(8, -0.5)], "stop", 8, None, 2, 0, 42),
-               SeqUpdate("r", 2, [], None, "length", None, None, 2, 0, 42)]
+    updates = [SeqUpdate(request_id="r", sample_index=0, new_token_ids=[7], new_logprobs=[lp(7, -AWKWARD)],
+                         finish_reason=None, stop_reason=None, prompt_logprobs=[None, lp(3, -1.5)], num_prompt_tokens=2,
+                         num_cached_tokens=0, seed=42),
+               SeqUpdate(request_id="r", sample_index=1, new_token_ids=[8], new_logprobs=[lp(8, -0.5)],
+                         finish_reason="stop", stop_reason=8, prompt_logprobs=None, num_prompt_tokens=2,
+                         num_cached_tokens=0, seed=42),
+               SeqUpdate(request_id="r", sample_index=2, new_token_ids=[], new_logprobs=None, finish_reason="length",
+                         stop_reason=None, prompt_logprobs=None, num_prompt_tokens=2, num_cached_tokens=0, seed=42)]
     response = internal_codec.updates_to_response(updates)
     assert response.deltas[1].finish_reason == "stop" and response.deltas[1].has_stop_token_id
     assert internal_codec.updates_from_response("r", response) == updates

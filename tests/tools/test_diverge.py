@@ -125,18 +125,23 @@ def test_the_report_files_are_written_and_the_html_loads_in_chromium(full_run, t
 
 
 def test_compare_finds_the_first_divergence_and_the_near_tie():
-    ref = Sample([1, 2, 3, 4], [-0.1, -0.2, -0.3, -0.4], [1.0, 2.0, 0.01, 1.0], seed=5)
-    same = compare([ref], [Sample([1, 2, 3, 4], [-0.1, -0.2, -0.3, -0.4], [1.0, 2.0, 0.01, 1.0], seed=5)],
-                   sampled=True, near_tie=0.05)
+    ref = Sample(token_ids=[1, 2, 3, 4], logprobs=[-0.1, -0.2, -0.3, -0.4], margins=[1.0, 2.0, 0.01, 1.0], seed=5)
+    same = compare(
+        [ref],
+        [Sample(token_ids=[1, 2, 3, 4], logprobs=[-0.1, -0.2, -0.3, -0.4], margins=[1.0, 2.0, 0.01, 1.0], seed=5)],
+        sampled=True, near_tie=0.05)
     assert same.status == IDENTICAL and same.draws_same is True
-    drift = compare([ref], [Sample([1, 2, 3, 4], [-0.1, -0.25, -0.3, -0.4], [1.0] * 4)], False, 0.05)
+    drift = compare([ref], [Sample(token_ids=[1, 2, 3, 4], logprobs=[-0.1, -0.25, -0.3, -0.4], margins=[1.0] * 4)],
+                    False, 0.05)
     assert drift.status == SAME_TOKENS and drift.max_logprob_delta == pytest.approx(0.05)
-    flip = compare([ref], [Sample([1, 2, 9, 9], [-0.1, -0.201, -0.31, -0.5], [1.0, 2.0, 0.02, 1.0], seed=6)],
-                   True, 0.05)
+    flip = compare(
+        [ref],
+        [Sample(token_ids=[1, 2, 9, 9], logprobs=[-0.1, -0.201, -0.31, -0.5], margins=[1.0, 2.0, 0.02, 1.0], seed=6)],
+        True, 0.05)
     assert (flip.status, flip.first_divergence, flip.margin, flip.near_tie, flip.draws_same) == \
         (DIVERGED, 2, 0.01, True, False)
     assert flip.max_logprob_delta == pytest.approx(0.001)  # before the divergence only
-    stopped = compare([ref], [Sample([1, 2], [-0.1, -0.2], [1.0, 2.0])], False, 0.05)
+    stopped = compare([ref], [Sample(token_ids=[1, 2], logprobs=[-0.1, -0.2], margins=[1.0, 2.0])], False, 0.05)
     assert (stopped.status, stopped.first_divergence) == (DIVERGED, 2)  # one run stopped, the other went on
 
 

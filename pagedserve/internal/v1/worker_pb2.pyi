@@ -52,7 +52,7 @@ class BlockPair(_message.Message):
     def __init__(self, src: _Optional[int] = ..., dst: _Optional[int] = ...) -> None: ...
 
 class StepRequest(_message.Message):
-    __slots__ = ("step_id", "new_seqs", "cached_seqs", "finished_seq_ids", "blocks_to_swap_out", "blocks_to_swap_in", "blocks_to_copy", "speculate_next")
+    __slots__ = ("step_id", "new_seqs", "cached_seqs", "finished_seq_ids", "blocks_to_swap_out", "blocks_to_swap_in", "blocks_to_copy", "async_next_step")
     STEP_ID_FIELD_NUMBER: _ClassVar[int]
     NEW_SEQS_FIELD_NUMBER: _ClassVar[int]
     CACHED_SEQS_FIELD_NUMBER: _ClassVar[int]
@@ -60,7 +60,7 @@ class StepRequest(_message.Message):
     BLOCKS_TO_SWAP_OUT_FIELD_NUMBER: _ClassVar[int]
     BLOCKS_TO_SWAP_IN_FIELD_NUMBER: _ClassVar[int]
     BLOCKS_TO_COPY_FIELD_NUMBER: _ClassVar[int]
-    SPECULATE_NEXT_FIELD_NUMBER: _ClassVar[int]
+    ASYNC_NEXT_STEP_FIELD_NUMBER: _ClassVar[int]
     step_id: int
     new_seqs: _containers.RepeatedCompositeFieldContainer[NewSequence]
     cached_seqs: _containers.RepeatedCompositeFieldContainer[CachedSequence]
@@ -68,8 +68,8 @@ class StepRequest(_message.Message):
     blocks_to_swap_out: _containers.RepeatedCompositeFieldContainer[BlockPair]
     blocks_to_swap_in: _containers.RepeatedCompositeFieldContainer[BlockPair]
     blocks_to_copy: _containers.RepeatedCompositeFieldContainer[BlockPair]
-    speculate_next: bool
-    def __init__(self, step_id: _Optional[int] = ..., new_seqs: _Optional[_Iterable[_Union[NewSequence, _Mapping]]] = ..., cached_seqs: _Optional[_Iterable[_Union[CachedSequence, _Mapping]]] = ..., finished_seq_ids: _Optional[_Iterable[int]] = ..., blocks_to_swap_out: _Optional[_Iterable[_Union[BlockPair, _Mapping]]] = ..., blocks_to_swap_in: _Optional[_Iterable[_Union[BlockPair, _Mapping]]] = ..., blocks_to_copy: _Optional[_Iterable[_Union[BlockPair, _Mapping]]] = ..., speculate_next: _Optional[bool] = ...) -> None: ...
+    async_next_step: bool
+    def __init__(self, step_id: _Optional[int] = ..., new_seqs: _Optional[_Iterable[_Union[NewSequence, _Mapping]]] = ..., cached_seqs: _Optional[_Iterable[_Union[CachedSequence, _Mapping]]] = ..., finished_seq_ids: _Optional[_Iterable[int]] = ..., blocks_to_swap_out: _Optional[_Iterable[_Union[BlockPair, _Mapping]]] = ..., blocks_to_swap_in: _Optional[_Iterable[_Union[BlockPair, _Mapping]]] = ..., blocks_to_copy: _Optional[_Iterable[_Union[BlockPair, _Mapping]]] = ..., async_next_step: _Optional[bool] = ...) -> None: ...
 
 class SeqOutput(_message.Message):
     __slots__ = ("seq_id", "token_ids", "logprobs")

@@ -64,8 +64,8 @@ def build_app(core: FrontendCore, is_ready: Callable[[], bool], api_key: str = "
     async def completions(body: CompletionRequest, request: Request) -> Response:
         request_id = request.state.request_id = f"cmpl-{uuid.uuid4().hex}"
         requests = openai_requests.completion_requests(body, request_id)
-        renderer = CompletionRenderer(request_id, core.model_id, await _fingerprint(core), core.tokenizer,
-                                      requests[0].params.n)
+        renderer = CompletionRenderer(id=request_id, model=core.model_id, fingerprint=await _fingerprint(core),
+                                      tokenizer=core.tokenizer, n=requests[0].params.n)
         return await _respond(core, requests, renderer, body, body.logprobs is not None, request)
 
     @app.post("/v1/chat/completions", response_model=None,
@@ -73,10 +73,9 @@ def build_app(core: FrontendCore, is_ready: Callable[[], bool], api_key: str = "
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         request_id = request.state.request_id = f"chatcmpl-{uuid.uuid4().hex}"
         generate_request, tool_plan = await openai_requests.chat_request(core, body, request_id)
-        renderer = (ChatRenderer(request_id, core.model_id, await _fingerprint(core), core.tokenizer,
-                                 generate_request.params.n) if tool_plan.mode == "none" else
-                    ToolChatRenderer(request_id, core.model_id, await _fingerprint(core), core.tokenizer,
-                                     generate_request.params.n, plan=tool_plan))
+        shared = dict(id=request_id, model=core.model_id, fingerprint=await _fingerprint(core),
+                      tokenizer=core.tokenizer, n=generate_request.params.n)
+        renderer = ChatRenderer(**shared) if tool_plan.mode == "none" else ToolChatRenderer(**shared, plan=tool_plan)
         return await _respond(core, [generate_request], renderer, body, body.logprobs, request)
 
     return Guard(app, api_key, max_body_bytes)

@@ -19,7 +19,8 @@ PASSED_AS_IS = ("n", "temperature", "top_p", "top_k", "min_p", "repetition_penal
 def completion_requests(body: CompletionRequest, request_id: str) -> list[GenerateRequest]:
     prompts = _prompts(body.prompt)
     params = sampling_params(body, body.max_tokens, body.logprobs)
-    return [GenerateRequest(prompt, params, f"{request_id}-{i}", body.model or "", body.priority)
+    return [GenerateRequest(prompt=prompt, params=params, request_id=f"{request_id}-{i}", model=body.model or "",
+                            priority=body.priority)
             for i, prompt in enumerate(prompts)]
 
 
@@ -40,7 +41,8 @@ async def chat_request(core: FrontendCore, body: ChatCompletionRequest,
         max_tokens = max(card.max_model_len - len(prompt_ids), 1)  # a too-long prompt is refused by the core
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
     params = sampling_params(body, max_tokens, logprobs, tool_plan.constraint())
-    return GenerateRequest(Prompt(token_ids=prompt_ids), params, request_id, body.model or "", body.priority), tool_plan
+    return GenerateRequest(prompt=Prompt(token_ids=prompt_ids), params=params, request_id=request_id,
+                           model=body.model or "", priority=body.priority), tool_plan
 
 
 def sampling_params(body: SamplingFields, max_tokens: int | None, logprobs: int | None,

@@ -25,7 +25,7 @@ class Choice:
     finish_reason: str | None = None
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Renderer:
     """The fields every body of one response shares, and the logprob format."""
 

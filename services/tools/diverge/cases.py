@@ -21,7 +21,7 @@ PROMPT_KEYS = ("prompt", "messages", "prompt_token_ids")
 NEIGHBOUR_MAX_PROMPT = 48  # tokens; a neighbour generates up to twice the batch's max_tokens
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Case:
     """One request of the user's file, tokenized once so every variant runs the same ids."""
 
@@ -76,7 +76,7 @@ def _case(number: int, line: str, tokenizer: Tokenizer, defaults: dict) -> Case:
     except (InvalidArgument, TypeError) as exc:
         raise InvalidArgument(where, str(exc)) from exc
     case_id = str(entry.get("id", f"p{number}"))
-    return Case(case_id, label, tuple(ids), with_logprobs(params))
+    return Case(id=case_id, label=label, prompt_token_ids=tuple(ids), params=with_logprobs(params))
 
 
 def neighbours(num: int, vocab_size: int, max_tokens: int, rng: random.Random) -> list[tuple[list[int], SamplingParams]]:

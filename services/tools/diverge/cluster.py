@@ -57,8 +57,9 @@ def _run_of(cases: list[Case], results: list, note: str = "", exercised: bool = 
         if isinstance(result, GenerationError):
             errors.append(f"{case.id}: {result}")
             continue
-        run.samples[case.id] = [Sample(s.token_ids, [lp.logprob for lp in s.logprobs or []],
-                                       [margin(lp.top) for lp in s.logprobs or []], result.seed, s.text)
+        run.samples[case.id] = [Sample(token_ids=s.token_ids, logprobs=[lp.logprob for lp in s.logprobs or []],
+                                       margins=[margin(lp.top) for lp in s.logprobs or []], seed=result.seed,
+                                       text=s.text)
                                 for s in result.samples]
     if errors:
         run.note = "; ".join(filter(None, [run.note, *errors]))

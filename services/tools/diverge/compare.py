@@ -17,7 +17,7 @@ from services.core.step import Logprobs
 IDENTICAL, SAME_TOKENS, DIVERGED, NOT_RUN = "identical", "same tokens", "diverged", "not run"
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Sample:
     """What one run gave one sample of one prompt."""
 
@@ -31,14 +31,15 @@ class Sample:
     def from_logprobs(cls, token_ids: list[int], logprobs: list[Logprobs] | None, seed: int | None,
                       text: str = "") -> Sample:
         entries = logprobs or []
-        return cls(list(token_ids), [lp.logprob for lp in entries], [margin(lp.top) for lp in entries], seed, text)
+        return cls(token_ids=list(token_ids), logprobs=[lp.logprob for lp in entries],
+                   margins=[margin(lp.top) for lp in entries], seed=seed, text=text)
 
 
 def margin(top: list[tuple[int, float]]) -> float | None:
     return float(top[0][1] - top[1][1]) if len(top) >= 2 else None
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Cell:
     """One prompt under one variant, against its reference."""
 
@@ -60,10 +61,10 @@ def compare(reference: list[Sample], got: list[Sample], sampled: bool, near_tie:
     logprob has the same bits."""
     cells = [_compare_sample(i, r, g, near_tie) for i, (r, g) in enumerate(zip(reference, got))]
     if len(reference) != len(got):
-        cells.append(Cell(DIVERGED, 0, min(len(reference), len(got))))
+        cells.append(Cell(status=DIVERGED, first_divergence=0, sample_index=min(len(reference), len(got))))
     diverged = [c for c in cells if c.status == DIVERGED]
     cell = min(diverged, key=lambda c: c.first_divergence) if diverged else \
-        Cell(SAME_TOKENS if any(c.status == SAME_TOKENS for c in cells) else IDENTICAL)
+        Cell(status=SAME_TOKENS if any(c.status == SAME_TOKENS for c in cells) else IDENTICAL)
     cell.max_logprob_delta = max((c.max_logprob_delta for c in cells), default=0.0)
     if sampled:
         cell.draws_same = all(r.seed == g.seed for r, g in zip(reference, got))
@@ -79,11 +80,12 @@ def _compare_sample(index: int, ref: Sample, got: Sample, near_tie: float) -> Ce
     pairs = list(zip(ref.logprobs[:before], got.logprobs[:before]))
     delta = max((abs(a - b) for a, b in pairs), default=0.0)
     if at is None:
-        return Cell(IDENTICAL if delta == 0.0 and len(ref.logprobs) == len(got.logprobs) else SAME_TOKENS,
+        return Cell(status=IDENTICAL if delta == 0.0 and len(ref.logprobs) == len(got.logprobs) else SAME_TOKENS,
                     sample_index=index, max_logprob_delta=delta)
     ref_margin, got_margin = _at(ref.margins, at), _at(got.margins, at)
     known = [m for m in (ref_margin, got_margin) if m is not None]
-    return Cell(DIVERGED, at, index, delta, ref_margin, got_margin, bool(known) and min(known) < near_tie,
+    return Cell(status=DIVERGED, first_divergence=at, sample_index=index, max_logprob_delta=delta, margin=ref_margin,
+                variant_margin=got_margin, near_tie=bool(known) and min(known) < near_tie,
                 reference_tokens=ref.token_ids[at:at + 4], variant_tokens=got.token_ids[at:at + 4])
 
 

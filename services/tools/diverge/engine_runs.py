@@ -15,7 +15,7 @@ from services.tools.diverge.compare import Sample
 from services.tools.diverge.variants import BATCH, BATCH_SIZES, PREFIX, Variant
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Run:
     """What one variant gave every prompt, and whether its condition really happened."""
 
@@ -46,7 +46,7 @@ class EngineRuns:
         return LLM(self.model, **args)
 
     def baseline(self, cases: list[Case]) -> Run:
-        return self.run(Variant("baseline", "baseline", "batch 1"), cases)
+        return self.run(Variant(name="baseline", group="baseline", changes="batch 1"), cases)
 
     def run(self, variant: Variant, cases: list[Case]) -> Run:
         try:

@@ -8,7 +8,7 @@ from services.tools.diverge.compare import DIVERGED, IDENTICAL, NOT_RUN, Cell, S
 from services.tools.diverge.variants import Variant
 
 
-@dataclass
+@dataclass(kw_only=True)
 class VariantResult:
     variant: Variant
     cells: dict[str, Cell] = field(default_factory=dict)  # case id -> cell
@@ -18,7 +18,7 @@ class VariantResult:
     seconds: float = 0.0
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Report:
     model: str
     settings: dict  # the baseline's engine arguments and the command's options

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from services.core.errors import InvalidArgument
 from services.core.model_path import resolve_model_path
 from services.core.tokenizer import Tokenizer
 from services.tools.diverge.cases import Case, load_cases
@@ -17,7 +18,7 @@ from services.tools.diverge.variants import (CLUSTER, CLUSTER_KILL, TRANSFORMERS
                                              local_variants, select)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Options:
     model_path: Path
     engine_args: dict  # the baseline's (prefix caching off: a hit is a variant of its own)
@@ -39,7 +40,7 @@ def host_tiers(cpu_isa: str, kernels: str) -> tuple[list[str], str | None]:
     return list(cpu_kernels.host_tiers()), cpu_kernels.select_isa(cpu_isa)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Plan:
     cases: list[Case]
     variants: list[Variant]  # to run, in order
@@ -78,12 +79,14 @@ def prepare(args) -> Plan:
         variants += cluster_variants(with_kill=bool(args.scheduler))
     elif args.scheduler:
         raise InvalidArgument("scheduler", "needs --against (the same cluster's frontend)")
-    options = Options(model_path, engine_args, args.variants, args.fail_on, args.near_tie, args.against,
-                      args.scheduler, args.progress)
+    options = Options(model_path=model_path, engine_args=engine_args, variants=args.variants, fail_on=args.fail_on,
+                      near_tie=args.near_tie, against=args.against, scheduler=args.scheduler, progress=args.progress)
     settings = {**engine_args, "kernels": kernels, "tier": tier, "device": device.type,
                 "num_prompts": len(cases)}
-    return Plan(cases, select(variants, args.variants, "variants"), select(variants, args.fail_on, "fail_on"),
-                options, EngineRuns(str(model_path), engine_args, arch.vocab_size, cases, args.engine_seed), settings)
+    return Plan(cases=cases, variants=select(variants, args.variants, "variants"),
+                fail_on=select(variants, args.fail_on, "fail_on"), options=options,
+                runs=EngineRuns(str(model_path), engine_args, arch.vocab_size, cases, args.engine_seed),
+                settings=settings)
 
 
 def run_all(plan: Plan) -> Report:
@@ -96,7 +99,7 @@ def run_variant(runs: EngineRuns, variant: Variant, cases: list[Case], options: 
         from services.tools.diverge.transformers_ref import TransformersReference
 
         ref = TransformersReference(options.model_path)
-        return Run({c.id: [ref.greedy(list(c.prompt_token_ids), c.params.max_tokens, c.params.ignore_eos)]
+        return Run(samples={c.id: [ref.greedy(list(c.prompt_token_ids), c.params.max_tokens, c.params.ignore_eos)]
                     for c in cases if c.params.greedy})
     if variant.where in (CLUSTER, CLUSTER_KILL):
         from services.tools.diverge.cluster import run_on_cluster
@@ -107,12 +110,12 @@ def run_variant(runs: EngineRuns, variant: Variant, cases: list[Case], options: 
 
 
 def result_of(variant: Variant, run: Run, baseline: Run, cases: list[Case], near_tie: float) -> VariantResult:
-    result = VariantResult(variant, note=run.note, exercised=run.exercised)
+    result = VariantResult(variant=variant, note=run.note, exercised=run.exercised)
     reference = run.reference or baseline.samples
     for case in cases:
         if case.id not in run.samples:
             reason = "greedy only" if variant.greedy_only and not case.params.greedy else "no output"
-            result.cells[case.id] = Cell(NOT_RUN, reason=reason)
+            result.cells[case.id] = Cell(status=NOT_RUN, reason=reason)
             continue
         result.cells[case.id] = compare(reference[case.id], run.samples[case.id], not case.params.greedy, near_tie)
     return result
@@ -120,7 +123,7 @@ def result_of(variant: Variant, run: Run, baseline: Run, cases: list[Case], near
 
 def diverge(cases: list[Case], variants: list[Variant], fail_on: list[Variant], options: Options,
             runs: EngineRuns, baseline: Run, settings: dict) -> Report:
-    report = Report(str(options.model_path), settings, cases, baseline.samples,
+    report = Report(model=str(options.model_path), settings=settings, cases=cases, baseline=baseline.samples,
                     fail_on=tuple(v.name for v in fail_on), near_tie=options.near_tie)
     with tqdm(variants, desc="diverge", unit="variant", disable=not options.progress) as bar:
         for variant in bar:
@@ -130,7 +133,8 @@ def diverge(cases: list[Case], variants: list[Variant], fail_on: list[Variant], 
                 result = result_of(variant, run_variant(runs, variant, cases, options), baseline, cases,
                                    options.near_tie)
             except Exception as exc:  # noqa: BLE001 - one variant that cannot run must not hide the others
-                result = VariantResult(variant, {c.id: Cell(NOT_RUN, reason="error") for c in cases},
+                result = VariantResult(variant=variant,
+                                       cells={c.id: Cell(status=NOT_RUN, reason="error") for c in cases},
                                        error=f"{type(exc).__name__}: {exc}")
             result.seconds = time.monotonic() - start
             report.results.append(result)

@@ -26,10 +26,10 @@ class TransformersReference:
     def scored(self, prompt: list[int], tokens: list[int]) -> Sample:
         """`tokens` with transformers' logprob of each and its top-2 margin there."""
         if not tokens:
-            return Sample([], [], [])
+            return Sample(token_ids=[], logprobs=[], margins=[])
         with torch.no_grad():
             logits = self.model(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1:-1].float()
         logprobs = torch.log_softmax(logits, -1)
         top = logprobs.topk(2, -1).values
         chosen = logprobs.gather(1, torch.tensor(tokens)[:, None])[:, 0]
-        return Sample(list(tokens), chosen.tolist(), (top[:, 0] - top[:, 1]).tolist())
+        return Sample(token_ids=list(tokens), logprobs=chosen.tolist(), margins=(top[:, 0] - top[:, 1]).tolist())

@@ -24,7 +24,7 @@ BATCH_SIZES = (8, 64)
 PREEMPTION_BATCH = 8  # each prompt the latest of 8: the first to be preempted
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Variant:
     name: str
     group: str  # for --variants / --fail-on: a name or a group selects
@@ -45,11 +45,13 @@ def tier_variants(tiers: list[str], baseline_tier: str | None, kernels: str) -> 
     PyTorch reference kernels when the baseline runs compiled ones. Tiers may differ from each
     other in bits (docs/ARCHITECTURE.md, kernels: each is batch-invariant on its own), so they are
     shown, not failed."""
-    out = [Variant(f"tier-{tier}", "tier", f"kernel tier {tier}", MAY_DIFFER, {"cpu_isa": tier})
+    out = [Variant(name=f"tier-{tier}", group="tier", changes=f"kernel tier {tier}", expect=MAY_DIFFER,
+                   engine_args={"cpu_isa": tier})
            for tier in tiers if tier != baseline_tier]
     if kernels != "torch":
-        out.append(Variant("kernels-torch", "tier", "the PyTorch reference kernels (another attention and "
-                           "norm implementation)", MAY_DIFFER, {"kernel_backend": "torch"}))
+        out.append(Variant(name="kernels-torch", group="tier",
+                           changes="the PyTorch reference kernels (another attention and norm implementation)",
+                           expect=MAY_DIFFER, engine_args={"kernel_backend": "torch"}))
     return out
 
 
@@ -60,39 +62,44 @@ def local_variants(block_size: int, dtype: str, num_threads: int, tiers: list[st
     other_dtype = "bfloat16" if dtype == "float32" else "float32"
     threads = sorted({1, 2, os.cpu_count() or 1} - {num_threads})
     return [
-        *(Variant(f"batch-{n}", "batch", f"in a batch of {n} with random neighbours", layout=BATCH, batch_size=n)
+        *(Variant(name=f"batch-{n}", group="batch", changes=f"in a batch of {n} with random neighbours", layout=BATCH,
+                  batch_size=n)
           for n in BATCH_SIZES),
-        Variant("position", "batch", f"batch of {BATCH_SIZES[-1]} in reverse order: another position",
-                layout=BATCH, batch_size=BATCH_SIZES[-1], reverse=True),
-        Variant("preempt-recompute", "preemption", "preempted and recomputed (a tiny KV cache)",
+        Variant(
+            name="position", group="batch", changes=f"batch of {BATCH_SIZES[-1]} in reverse order: another position",
+            layout=BATCH, batch_size=BATCH_SIZES[-1], reverse=True),
+        Variant(name="preempt-recompute", group="preemption", changes="preempted and recomputed (a tiny KV cache)",
                 engine_args={"preemption_mode": "recompute"}, layout=BATCH, batch_size=PREEMPTION_BATCH,
                 tiny_cache=True),
-        Variant("preempt-swap", "preemption", "preempted and swapped out and in (a tiny KV cache)",
+        Variant(name="preempt-swap", group="preemption", changes="preempted and swapped out and in (a tiny KV cache)",
                 engine_args={"preemption_mode": "swap"}, layout=BATCH, batch_size=PREEMPTION_BATCH,
                 tiny_cache=True),
-        *(Variant(f"chunk-{n}", "chunked", f"prompt prefilled in chunks of {n} tokens",
+        *(Variant(name=f"chunk-{n}", group="chunked", changes=f"prompt prefilled in chunks of {n} tokens",
                   engine_args={"enable_chunked_prefill": True, "max_num_batched_tokens": n}) for n in CHUNK_SIZES),
-        Variant("prefix-hit", "prefix", "prompt's prefix served from the prefix cache",
+        Variant(name="prefix-hit", group="prefix", changes="prompt's prefix served from the prefix cache",
                 engine_args={"enable_prefix_caching": True}, layout=PREFIX),
-        *(Variant(f"block-{n}", "block", f"KV block size {n}", engine_args={"block_size": n})
+        *(Variant(name=f"block-{n}", group="block", changes=f"KV block size {n}", engine_args={"block_size": n})
           for n in BLOCK_SIZES if n != block_size),
-        *(Variant(f"threads-{n}", "threads", f"{n} CPU threads", engine_args={"num_threads": n}) for n in threads),
-        Variant(other_dtype, "dtype", f"weights and activations in {other_dtype}", MAY_DIFFER,
-                {"dtype": other_dtype}),
+        *(Variant(name=f"threads-{n}", group="threads", changes=f"{n} CPU threads", engine_args={"num_threads": n})
+          for n in threads),
+        Variant(name=other_dtype, group="dtype", changes=f"weights and activations in {other_dtype}", expect=MAY_DIFFER,
+                engine_args={"dtype": other_dtype}),
         *tier_variants(tiers, baseline_tier, kernels),
-        Variant("no-invariance", "invariance",
-                f"batch_invariant=False, batch of {BATCH_SIZES[-1]} against batch 1 (both without)", MAY_DIFFER,
-                {"batch_invariant": False}, layout=BATCH, batch_size=BATCH_SIZES[-1], own_reference=True),
-        Variant("transformers", "transformers", "Hugging Face transformers, fp32, greedy", MAY_DIFFER,
-                where=TRANSFORMERS, greedy_only=True),
+        Variant(name="no-invariance", group="invariance",
+                changes=f"batch_invariant=False, batch of {BATCH_SIZES[-1]} against batch 1 (both without)",
+                expect=MAY_DIFFER, engine_args={"batch_invariant": False}, layout=BATCH, batch_size=BATCH_SIZES[-1],
+                own_reference=True),
+        Variant(name="transformers", group="transformers", changes="Hugging Face transformers, fp32, greedy",
+                expect=MAY_DIFFER, where=TRANSFORMERS, greedy_only=True),
     ]
 
 
 def cluster_variants(with_kill: bool) -> list[Variant]:
-    out = [Variant("cluster", "cluster", "a running cluster: another process, another worker", where=CLUSTER)]
+    out = [Variant(name="cluster", group="cluster", changes="a running cluster: another process, another worker",
+                   where=CLUSTER)]
     if with_kill:
-        out.append(Variant("worker-killed", "cluster", "its worker killed mid-request, recomputed on another",
-                           where=CLUSTER_KILL))
+        out.append(Variant(name="worker-killed", group="cluster",
+                           changes="its worker killed mid-request, recomputed on another", where=CLUSTER_KILL))
     return out
 
 

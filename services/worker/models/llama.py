@@ -19,7 +19,7 @@ from kernels.rotary import cos_sin_cache
 from services.worker.model_config import ModelArchConfig
 
 
-@dataclass
+@dataclass(kw_only=True)
 class AttentionMetadata:
     """Where each token of the flattened batch sits; built once per step by the runner."""
 
@@ -126,12 +126,14 @@ class LlamaForCausalLM(nn.Module):
                 setattr(module, name, pack(weight.data))
         if self.ops.decoder_stack is not None:
             cfg = self.cfg
-            layers = [LayerWeights(layer.input_norm.data, layer.post_attn_norm.data, layer.attn.qkv_weight,
-                                   _data(layer.attn.qkv_bias), _data(getattr(layer.attn, "q_norm", None)),
-                                   _data(getattr(layer.attn, "k_norm", None)), layer.attn.o_weight,
-                                   layer.mlp.gate_up_weight, layer.mlp.down_weight) for layer in self.layers]
+            layers = [LayerWeights(
+                input_norm=layer.input_norm.data, post_attn_norm=layer.post_attn_norm.data, qkv=layer.attn.qkv_weight,
+                qkv_bias=_data(layer.attn.qkv_bias), q_norm=_data(getattr(layer.attn, "q_norm", None)),
+                k_norm=_data(getattr(layer.attn, "k_norm", None)), o=layer.attn.o_weight,
+                gate_up=layer.mlp.gate_up_weight, down=layer.mlp.down_weight) for layer in self.layers]
             scale = self.layers[0].attn.scale  # the attention's own, not a second formula
-            shape = StackShape(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.rms_norm_eps, scale)
+            shape = StackShape(num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
+                               eps=cfg.rms_norm_eps, scale=scale)
             self.stack = self.ops.decoder_stack(layers, self.final_norm.data, self.rotary_cache, shape)
 
     @torch.inference_mode()
