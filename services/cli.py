@@ -5,7 +5,7 @@ Each field of a config dataclass (a `setting`, services/core/config.py) is a fla
 is a switch (--flag / --no-flag); a field that is itself a dataclass (FrontendConfig.grammar,
 SchedulerServiceConfig.scheduler) brings that dataclass's flags. vLLM's EngineArgs.add_cli_args
 does the same. Every flag can also come from PAGEDSERVE_FIELD_NAME (PAGEDSERVE_<ALIAS> for
-an old name); the command line wins. Nothing below a `main` reads the environment (STYLE.md).
+an old name); the command line wins. Nothing below a `main` reads the environment (CONTRIBUTING.md, house style).
 """
 from __future__ import annotations
 

@@ -7,7 +7,7 @@
  * softmax in fp32 (max, then a vector exp and a 16-lane sum), and values accumulated key by
  * key. No work item reads another's results and the thread count only
  * decides who runs an item, so a token gets the same bits alone or in any batch, in a
- * prefill chunk or in decode (DESIGN rule 4). GCC vector extensions keep it portable:
+ * prefill chunk or in decode (docs/ARCHITECTURE.md, rule 4). GCC vector extensions keep it portable:
  * the compiler maps the 16-lane vectors to AVX-512, AVX2 or SSE.
  *
  * Layouts (all contiguous):

@@ -6,7 +6,7 @@ step of that worker will be, up to the sequences that end: the same sequences, o
 (`StepDelta.async_next_step`), and the worker may run that continuation while the result
 travels back and the scheduler decides. The next delta then holds the continuation minus the
 sequences that ended (the stop rule, services/core/stop.py, which the worker applies too) plus
-any request admitted meanwhile. Rows do not depend on their batch (DESIGN rule 4), so the
+any request admitted meanwhile. Rows do not depend on their batch (docs/ARCHITECTURE.md, rule 4), so the
 sequences the worker ran early get the bits the real step would have given them; a delta that
 does not match is simply run. The worker's side: services/worker/async_scheduling.py.
 
