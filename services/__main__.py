@@ -83,7 +83,9 @@ def run_up(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m services", description="pagedserve, a paged-attention "
+    # the name the user typed: the `pagedserve` console command or `python -m services`
+    prog = "pagedserve" if os.path.basename(sys.argv[0]) == "pagedserve" else "python -m services"
+    parser = argparse.ArgumentParser(prog=prog, description="pagedserve, a paged-attention "
                                      "LLM server as three gRPC services")
     commands = parser.add_subparsers(title="commands", metavar="COMMAND")
     add_up_parser(commands)
