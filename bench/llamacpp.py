@@ -94,3 +94,42 @@ class Server:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+class Bindings:
+    """llama-cpp-python (bench/requirements-llamacpp.txt) on the same file, in this process: the
+    one-request-at-a-time peer without an HTTP hop. Installed without its own llama.cpp build, it
+    loads libllama from --llama-cpp-dir (LLAMA_CPP_LIB_PATH), the build llama-bench came from."""
+
+    def __init__(self, gguf: Path, threads: int, ctx: int = 4096):
+        import llama_cpp
+
+        self.llm = llama_cpp.Llama(str(gguf), n_threads=threads, n_threads_batch=threads, n_ctx=ctx,
+                                   n_batch=512, verbose=False, seed=0)
+
+    def complete(self, prompt_ids: list[int], max_tokens: int) -> list[int]:
+        """Greedy (top-k 1) continuation, EOS ignored (generate() yields until stopped)."""
+        out = []
+        for token in self.llm.generate(prompt_ids, top_k=1, temp=0.0, reset=True):
+            out.append(token)
+            if len(out) == max_tokens:
+                break
+        return out
+
+    def run(self, requests) -> tuple[int, float]:
+        start = time.perf_counter()
+        outs = [self.complete(list(r.prompt_ids), r.output_len) for r in requests]
+        return sum(len(o) for o in outs), time.perf_counter() - start
+
+
+def bindings(folder: str | None) -> tuple[type[Bindings] | None, str | None]:
+    """(Bindings, None) where llama_cpp imports (its library from `folder` when that holds one), or
+    (None, why not)."""
+    folder = folder or os.environ.get("LLAMA_CPP_DIR")
+    if folder and (Path(folder).expanduser() / "libllama.so").is_file():
+        os.environ.setdefault("LLAMA_CPP_LIB_PATH", str(Path(folder).expanduser()))
+    try:
+        import llama_cpp  # noqa: F401
+    except (ImportError, OSError, RuntimeError) as error:
+        return None, f"llama-cpp-python: not importable ({error}); see bench/requirements-llamacpp.txt"
+    return Bindings, None

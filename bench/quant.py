@@ -12,8 +12,9 @@ Sections:
             against the fp32 weights, per chat prompt
   serve     --num-requests (16) concurrent ShareGPT requests: the engine on the GGUF, all at once;
             llama-server with 16 slots, all at once; llama.cpp one request at a time (llama-server
-            with 1 slot: the stand-in for llama-cpp-python one at a time, which is llama.cpp
-            without the HTTP hop), on the first --single-requests requests
+            with 1 slot) and (p) llama-cpp-python one at a time (the baseline where it imports:
+            bench/requirements-llamacpp.txt; else llama-server with 1 slot stands in), both on
+            the first --single-requests requests
   parity    greedy tokens of the engine on the GGUF (fp32) against llama-server's on the same
             file, per chat prompt: token-equal, or where they first differ and how close our
             top two were there (a near-tie: llama.cpp rounds activations to 8 bits, we don't)
@@ -168,13 +169,20 @@ def section_serve(folder: Path, args, server_bin) -> dict:
     ours()  # warm-up
     contenders = {"(e) engine, GGUF Q4_1, all at once": ours}
     skipped, servers = {}, []
+    first = requests[:args.single_requests]
+    peer, why = llamacpp.bindings(args.llama_cpp_dir)
+    if peer is None:
+        skipped["(p) llama-cpp-python, one at a time"] = why
+    else:
+        bound = peer(gguf_file(folder), args.threads)
+        bound.run(first[:1])  # warm-up
+        contenders["(p) llama-cpp-python, one at a time"] = lambda: _rate(*bound.run(first))
     if server_bin[0] is None:
         skipped["(s) llama-server, 16 slots"] = skipped["(o) llama.cpp, one at a time"] = server_bin[1]
     else:
         many = llamacpp.Server(server_bin[0], gguf_file(folder), args.threads, slots=len(requests))
         one = llamacpp.Server(server_bin[0], gguf_file(folder), args.threads, slots=1)
         servers = [many, one]
-        first = requests[:args.single_requests]
         many.run(requests[:2], concurrent=True)
         contenders["(s) llama-server, 16 slots"] = lambda: _rate(*many.run(requests, concurrent=True))
         contenders["(o) llama.cpp, one at a time"] = lambda: _rate(*one.run(first, concurrent=False))
@@ -183,7 +191,8 @@ def section_serve(folder: Path, args, server_bin) -> dict:
     finally:
         for server in servers:
             server.close()
-    return {"values": values, "skipped": skipped, "workload": summary(requests), "baseline": "(o) llama.cpp, one at a time"}
+    baseline = "(p) llama-cpp-python, one at a time" if peer is not None else "(o) llama.cpp, one at a time"
+    return {"values": values, "skipped": skipped, "workload": summary(requests), "baseline": baseline}
 
 
 def _rate(tokens: int, seconds: float) -> float:
@@ -222,7 +231,7 @@ def report(results: dict, args, load_before: str) -> Path:
     headers = ["contender", "tok/s (median)", "each round", "vs baseline"]
     titles = {"decode": "Batch-1 decode, default model from its Q4_1 GGUF (baseline: llama-bench)",
               "int8": "Batch-1 decode, int8 against bf16 weights (baseline: bf16)",
-              "serve": "Concurrent ShareGPT requests (baseline: llama.cpp one at a time)"}
+              "serve": "Concurrent ShareGPT requests (baseline: llama-cpp-python one at a time, else llama-server 1 slot)"}
     for key, title in titles.items():
         if key in results:
             parts.append(f"### {title}\n\n" + markdown_table(headers, rows_for(results[key])))

@@ -122,13 +122,29 @@ INLINE vf widened(__m512i lanes) { /* 16 int32 lanes as fp32, in vec.h's type */
         memcpy(&raw, &(bytes), 16);                                                                           \
         return widened(extend(raw));                                                                          \
     } while (0)
+#define U8_EXTEND _mm512_cvtepu8_epi32
+#define S8_EXTEND _mm512_cvtepi8_epi32
+#elif defined(__AVX2__)
+/* two 8-lane widenings (GCC scalarizes the generic 16-byte -> 16-float conversion here: a byte
+ * at a time through the stack, ~30x slower) */
+#define BYTES_TO_F32(bytes, extend)                                                                           \
+    do {                                                                                                      \
+        __m128i raw;                                                                                          \
+        memcpy(&raw, &(bytes), 16);                                                                           \
+        const __m256 halves[2] = {_mm256_cvtepi32_ps(extend(raw)), _mm256_cvtepi32_ps(extend(_mm_srli_si128(raw, 8)))}; \
+        vf out;                                                                                               \
+        memcpy(&out, halves, sizeof out);                                                                     \
+        return out;                                                                                           \
+    } while (0)
+#define U8_EXTEND _mm256_cvtepu8_epi32
+#define S8_EXTEND _mm256_cvtepi8_epi32
 #else
 #define BYTES_TO_F32(bytes, extend) return __builtin_convertvector(bytes, vf)
 #endif
 
-INLINE vf u8_to_f32(vb bytes) { BYTES_TO_F32(bytes, _mm512_cvtepu8_epi32); }
+INLINE vf u8_to_f32(vb bytes) { BYTES_TO_F32(bytes, U8_EXTEND); }
 
-INLINE vf s8_to_f32(vsb bytes) { BYTES_TO_F32(bytes, _mm512_cvtepi8_epi32); }
+INLINE vf s8_to_f32(vsb bytes) { BYTES_TO_F32(bytes, S8_EXTEND); }
 
 /* acc + a * b, fused (one rounding) in every tier. */
 INLINE vf fma16(vf a, vf b, vf acc) {
@@ -169,8 +185,40 @@ INLINE float fused(float a, float b, float c) {
 #endif
 }
 
+#if defined(__AVX512F__)
+/* A 4-bit block's 32 weights: lane l of the table is fma(l, d, offset), the value of nibble l, and
+ * vpermps picks each element's lane by its nibble (it reads the low 4 bits of each index), so
+ * every weight is the same fused q d + offset as the conversion path computes, with one FMA per
+ * block instead of two and no int -> float conversions. */
+INLINE void nibbles_lut(const uint8_t *qs, float dh, float offset, vf *lo, vf *hi) {
+    const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512 table = _mm512_fmadd_ps(iota, _mm512_set1_ps(dh), _mm512_set1_ps(offset));
+    __m128i raw;
+    memcpy(&raw, qs, 16);
+    const __m512i index = _mm512_cvtepu8_epi32(raw); /* byte j: element j in bits 0-3, j + 16 in 4-7 */
+    const __m512 low = _mm512_permutexvar_ps(index, table);
+    const __m512 high = _mm512_permutexvar_ps(_mm512_srli_epi32(index, 4), table);
+    memcpy(lo, &low, 64), memcpy(hi, &high, 64);
+}
+#endif
+
 /* Block b of a row dequantized: lo = elements 0-15, hi = 16-31 (INT8: the raw q, s applied at the end). */
 INLINE void dequant(int fmt, const uint8_t *row, int64_t b, vf *lo, vf *hi) {
+#if defined(__AVX512F__)
+    if (fmt == FMT_Q4_1) {
+        const uint8_t *blk = row + b * 20;
+        float dh, mh;
+        two_halves(blk, &dh, &mh);
+        nibbles_lut(blk + 4, dh, mh, lo, hi);
+        return;
+    }
+    if (fmt == FMT_Q4_0) {
+        const uint8_t *blk = row + b * 18;
+        const float dh = half_to_float(blk);
+        nibbles_lut(blk + 2, dh, -8.0f * dh, lo, hi);
+        return;
+    }
+#endif
     if (fmt == FMT_Q4_1) {
         const uint8_t *blk = row + b * 20;
         float dh, mh;
@@ -224,8 +272,14 @@ INLINE void tile(const int rows, const int cols, const int fmt, const float *x, 
         for (int c = 0; c < cols; c++)
             lo[r][c] = hi[r][c] = (vf){0};
     const int64_t full = k / BLOCK, blocks = (k + BLOCK - 1) / BLOCK;
+    const int64_t block_bytes = fmt == FMT_INT8 ? BLOCK : row_bytes / blocks;
     for (int64_t b = 0; b < blocks; b++) {
         vf wl[TILE_COLS], wh[TILE_COLS];
+        /* the next tile's rows (contiguous with these), the same block: the hardware prefetcher alone
+         * leaves a batch-1 pass over a large weight (the lm_head) waiting on memory */
+#pragma GCC unroll 4
+        for (int c = 0; c < cols; c++)
+            __builtin_prefetch(w + (cols + c) * row_bytes + b * block_bytes, 0, 3);
 #pragma GCC unroll 4
         for (int c = 0; c < cols; c++) {
             if (fmt != FMT_INT8 || b < full) /* GGUF rows are whole blocks */
