@@ -42,7 +42,7 @@ def row_bytes(fmt: int, in_features: int) -> int:
     return in_features // BLOCK * BLOCK_BYTES[fmt]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class QuantWeight:
     """A weight [out_features, in_features] as rows of blocks (`data`, uint8 [out_features, row_bytes]).
     `dtype` is the activation dtype it multiplies and returns."""
@@ -79,14 +79,15 @@ class QuantWeight:
         return dequantize_rows(self.data, self.fmt, self.in_features)
 
     def with_dtype(self, dtype: torch.dtype) -> QuantWeight:
-        return QuantWeight(self.data, self.fmt, self.out_features, self.in_features, dtype)
+        return QuantWeight(data=self.data, fmt=self.fmt, out_features=self.out_features, in_features=self.in_features,
+                           dtype=dtype)
 
 
 def from_blocks(blocks: np.ndarray | torch.Tensor, fmt: int, in_features: int, dtype: torch.dtype) -> QuantWeight:
     """Rows of GGUF blocks (uint8 [N, row_bytes], e.g. gguf's ReaderTensor.data), copied byte for byte
     out of the mapped file."""
     data = torch.from_numpy(np.array(blocks, dtype=np.uint8)) if isinstance(blocks, np.ndarray) else blocks.contiguous()
-    return QuantWeight(data, fmt, data.shape[0], in_features, dtype)
+    return QuantWeight(data=data, fmt=fmt, out_features=data.shape[0], in_features=in_features, dtype=dtype)
 
 
 def quantize_int8(weight: torch.Tensor, dtype: torch.dtype | None = None) -> QuantWeight:
@@ -99,7 +100,8 @@ def quantize_int8(weight: torch.Tensor, dtype: torch.dtype | None = None) -> Qua
     data = torch.empty(out_features, 4 + in_features, dtype=torch.uint8)
     data[:, :4] = scale.contiguous().view(torch.uint8).view(out_features, 4)
     data[:, 4:] = q.view(torch.uint8)
-    return QuantWeight(data, INT8, out_features, in_features, dtype or weight.dtype)
+    return QuantWeight(data=data, fmt=INT8, out_features=out_features, in_features=in_features,
+                       dtype=dtype or weight.dtype)
 
 
 def dequantize_rows(data: torch.Tensor, fmt: int, in_features: int) -> torch.Tensor:

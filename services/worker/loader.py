@@ -198,8 +198,9 @@ def _stack(pieces: list, target: str, dtype: torch.dtype) -> torch.Tensor | quan
     formats = {p.fmt for p in pieces if isinstance(p, quant.QuantWeight)}
     if len(formats) == 1 and all(isinstance(p, quant.QuantWeight) for p in pieces):
         first = pieces[0]
-        return quant.QuantWeight(torch.cat([p.data for p in pieces]), first.fmt,
-                                 sum(p.out_features for p in pieces), first.in_features, dtype)
+        return quant.QuantWeight(data=torch.cat([p.data for p in pieces]), fmt=first.fmt,
+                                 out_features=sum(p.out_features for p in pieces), in_features=first.in_features,
+                                 dtype=dtype)
     raise InvalidArgument("quantization", f"gguf: the parts of {target} mix formats; serve it with "
                                           f"--quantization none (the converted folder)")
 
