@@ -228,22 +228,6 @@ INLINE void tile_bf16(const int rows, const uint16_t *x, int64_t ldx, const uint
 typedef float wv __attribute__((vector_size(WL * sizeof(float))));
 typedef uint32_t wu __attribute__((vector_size(WL * sizeof(uint32_t))));
 
-INLINE float bf16_to_float(uint16_t half) {
-    const uint32_t bits = (uint32_t)half << 16;
-    float value;
-    memcpy(&value, &bits, sizeof value);
-    return value;
-}
-
-/* vec.h's bf16_bits16 for one value: round to nearest even, NaN stays NaN */
-INLINE uint16_t float_to_bf16(float value) {
-    uint32_t bits;
-    memcpy(&bits, &value, sizeof bits);
-    if ((bits & 0x7fffffffu) > 0x7f800000u)
-        return (uint16_t)((bits >> 16) | 0x40u);
-    return (uint16_t)((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
-}
-
 /* rows x (vectors * WL) accumulators to out (+ bias), rounded to out's dtype; columns past n are
  * not stored. One element at a time: acc + bias is the same fp32 add the vector tiles do. */
 INLINE void wide_store(const int rows, const int vectors, wv acc[ROWS][MAX_VECTORS], const void *bias, void *out,

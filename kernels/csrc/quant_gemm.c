@@ -84,13 +84,6 @@ INLINE float half_to_float(const uint8_t *p) {
 #endif
 }
 
-INLINE float bf16_to_float(uint16_t bits) {
-    const uint32_t wide = (uint32_t)bits << 16;
-    float value;
-    memcpy(&value, &wide, 4);
-    return value;
-}
-
 /* every lane = value (a broadcast; `(vf){0} + value` would add 0 first) */
 INLINE vf splat(float v) { return (vf){v, v, v, v, v, v, v, v, v, v, v, v, v, v, v, v}; }
 
@@ -313,7 +306,7 @@ INLINE void tile(const int rows, const int cols, const int fmt, const float *x, 
              * compiler, it would fuse them in some tiles and not in others */
             const float value = fused(fold(lo[r][c] + hi[r][c]), scale, add);
             if (is_bf16) {
-                ((uint16_t *)out)[r * ldo + n] = (uint16_t)bf16_bits16(splat(value))[0];
+                ((uint16_t *)out)[r * ldo + n] = float_to_bf16(value);
             } else {
                 ((float *)out)[r * ldo + n] = value;
             }

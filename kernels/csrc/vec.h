@@ -64,6 +64,23 @@ INLINE vu bf16_bits16(vf value) {
     return (rounded & ~nan) | (((bits >> 16) | 0x40u) & nan);
 }
 
+/* one bf16 value as fp32 (exact: a bf16 value is the top half of its fp32 value) */
+INLINE float bf16_to_float(uint16_t half) {
+    const uint32_t bits = (uint32_t)half << 16;
+    float value;
+    memcpy(&value, &bits, sizeof value);
+    return value;
+}
+
+/* bf16_bits16 for one value: round to nearest even, NaN stays NaN */
+INLINE uint16_t float_to_bf16(float value) {
+    uint32_t bits;
+    memcpy(&bits, &value, sizeof bits);
+    if ((bits & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((bits >> 16) | 0x40u);
+    return (uint16_t)((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+}
+
 /* each lane as the value a tensor of the given dtype would hold */
 INLINE vf round16(vf value, int is_bf16) { return is_bf16 ? bits_to_float(bf16_bits16(value) << 16) : value; }
 
