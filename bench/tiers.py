@@ -1,6 +1,6 @@
 """The CPU kernel tiers side by side: one decode step's linear layers (every weight of the
-model, in order) through the own GEMM of each tier this CPU executes, interleaved round by
-round, the best round kept.
+model, in order) through the own GEMM of each tier this CPU executes, and its paged attention
+(every layer, each sequence at --context keys), interleaved round by round, the best round kept.
 
 Timed in thread CPU time with one thread, not wall time: on a shared host (load average
 15-20 on 2 cores when this was written) wall time measures the neighbours, while one thread's
@@ -8,10 +8,12 @@ CPU time still measures the kernel, memory stalls included. GB/s = weight bytes 
 so batch 1 is the memory-bound decode case (the bandwidth floor is bytes / bandwidth).
 
     python bench/tiers.py [--model PATH] [--dtypes float32,bfloat16] [--batch-sizes 1,16] [--rounds 8]
+                          [--kernels linear,attention] [--context 300]
 """
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -23,6 +25,7 @@ sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
 
 from common import loadavg, markdown_table, write_results  # noqa: E402
 from kernels import cpu_kernels  # noqa: E402
+from kernels.cpu_kernels import paged_attention_cpu  # noqa: E402
 from kernels.linear import invariant_linear, prepack  # noqa: E402
 from linear_bound import step_shapes  # noqa: E402
 from runners import DTYPES  # noqa: E402
@@ -35,6 +38,8 @@ def main() -> None:
     parser.add_argument("--dtypes", default="float32,bfloat16")
     parser.add_argument("--batch-sizes", default="1,16")
     parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--kernels", default="linear,attention")
+    parser.add_argument("--context", type=int, default=300, help="keys each sequence attends to (attention)")
     parser.add_argument("--out", default="tiers")
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -45,6 +50,20 @@ def main() -> None:
     for tier in tiers:
         with cpu_kernels.use_isa(tier):
             paths[tier] = cpu_kernels.compiled_path()
+    kernels = args.kernels.split(",")
+    sections, data = [], {}
+    if "linear" in kernels:
+        text, data["linear"] = linear_section(args, shapes, tiers, paths)
+        sections.append(text)
+    if "attention" in kernels:
+        text, data["attention"] = attention_section(args, model_folder(args.model), tiers, paths)
+        sections.append(text)
+    path = write_results(args.out, "CPU kernel tiers: the kernels of a decode step", load_before,
+                         "\n\n".join(sections), data)
+    print(path.read_text())
+
+
+def linear_section(args, shapes, tiers, paths) -> tuple[str, list[dict]]:
     rows, data = [], []
     for name in args.dtypes.split(","):
         dtype = DTYPES[name]
@@ -67,12 +86,52 @@ def main() -> None:
                 data.append(dict(dtype=name, batch=batch, tier=tier, path=paths[tier], seconds=seconds,
                                  gb_per_s=num_bytes / seconds))
             print(rows[-len(tiers):], flush=True)
-    body = ("One decode step's linear layers per kernel tier, 1 thread, thread CPU time, best of "
+    return ("## The linear layers\n\n"
+            "One decode step's linear layers per kernel tier, 1 thread, thread CPU time, best of "
             f"{args.rounds} interleaved rounds (weights: {num_bytes / 1e6:.0f} MB in bf16 or fp32 as the row says).\n\n"
-            + markdown_table(["dtype", "batch", "tier", "code path", "ms", "GB/s", f"speed vs {tiers[0]}"], rows))
-    path = write_results(args.out, "CPU kernel tiers: the linear layers of a step", load_before, body,
-                         {"results": data})
-    print(path.read_text())
+            + markdown_table(["dtype", "batch", "tier", "code path", "ms", "GB/s", f"speed vs {tiers[0]}"], rows)), data
+
+
+def attention_section(args, folder: Path, tiers, paths) -> tuple[str, list[dict]]:
+    """Every layer's paged attention of one decode step: `batch` sequences at args.context keys,
+    one query each, the model's heads, 16-token blocks spread over the cache."""
+    cfg = json.loads((folder / "config.json").read_text())
+    heads, layers = cfg["num_attention_heads"], cfg["num_hidden_layers"]
+    kv_heads = cfg.get("num_key_value_heads", heads)
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
+    block_size, context = 16, args.context
+    rows, data = [], []
+    for name in args.dtypes.split(","):
+        dtype = DTYPES[name]
+        for batch in [int(b) for b in args.batch_sizes.split(",")]:
+            blocks = -(-context // block_size)
+            k_cache = torch.randn(batch * blocks, block_size, kv_heads, head_dim).to(dtype)
+            step = dict(q=torch.randn(batch, heads, head_dim).to(dtype), k_cache=k_cache,
+                        v_cache=torch.randn_like(k_cache),
+                        block_tables=torch.randperm(batch * blocks).view(batch, blocks),
+                        seq_lens=torch.full((batch,), context), query_start_loc=torch.arange(batch + 1),
+                        scale=head_dim ** -0.5)
+            num_bytes = 2 * batch * context * kv_heads * head_dim * k_cache.element_size() * layers  # keys + values
+            best = {}
+            for _ in range(args.rounds + 1):
+                for tier in tiers:
+                    with cpu_kernels.use_isa(tier):
+                        start = time.thread_time()
+                        for _ in range(layers):
+                            paged_attention_cpu(**step)
+                        best[tier] = min(best.get(tier, float("inf")), time.thread_time() - start)
+            for tier in tiers:
+                seconds = best[tier]
+                rows.append([name, batch, tier, paths[tier], f"{seconds * 1e3:.2f}", f"{num_bytes / seconds / 1e9:.1f}",
+                             f"{best[tiers[0]] / seconds:.2f}x"])
+                data.append(dict(dtype=name, batch=batch, tier=tier, path=paths[tier], seconds=seconds,
+                                 gb_per_s=num_bytes / seconds, context=context))
+            print(rows[-len(tiers):], flush=True)
+    return ("## Paged attention\n\n"
+            f"One decode step's paged attention ({layers} layers, {heads} query heads, {kv_heads} KV heads of "
+            f"{head_dim}), each sequence one query at {context} keys, per kernel tier, 1 thread, thread CPU time, "
+            f"best of {args.rounds} interleaved rounds; GB/s = KV-cache bytes read / time.\n\n"
+            + markdown_table(["dtype", "batch", "tier", "code path", "ms", "GB/s", f"speed vs {tiers[0]}"], rows)), data
 
 
 if __name__ == "__main__":

@@ -143,8 +143,8 @@ void argmax_rows(const float *x, int64_t x_stride, int64_t *out, int64_t num_row
         int64_t i = 0;
         for (; i + LANES <= n; i += LANES) {
             memcpy(&v, row + i, sizeof v);
-            nan |= v != v;
-            best = select16(v > best, v, best);
+            nan |= is_nan16(v);
+            best = select16(greater16(v, best), v, best);
         }
         float top = -INFINITY;
         int has_nan = 0;

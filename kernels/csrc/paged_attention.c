@@ -8,7 +8,10 @@
  * key. No work item reads another's results and the thread count only
  * decides who runs an item, so a token gets the same bits alone or in any batch, in a
  * prefill chunk or in decode (docs/ARCHITECTURE.md, rule 4). GCC vector extensions keep it portable:
- * the compiler maps the 16-lane vectors to AVX-512, AVX2 or SSE.
+ * the key and value loops run on vectors of AW lanes, 16 where a register holds 16 floats
+ * (AVX-512) and 8 elsewhere (one AVX2 register, two NEON or SSE ones). Each 16-lane chunk of a dot
+ * product is then two 8-lane halves, each its own chain, added as fold's first level, so both widths
+ * make the same sums in the same order: the same bits on every x86 tier.
  *
  * Layouts (all contiguous):
  *   q            [T, H, D] fp32 or bf16 (io_bf16), heads contiguous, token stride q_stride;
@@ -25,8 +28,80 @@
 #include <stdlib.h>
 #include <string.h>
 
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
 #include "kernels.h"
 #include "vec.h"
+
+/* At 16 lanes on AVX2 every vector is a pair of the 16 ymm registers: the key and value loops
+ * spilled them to the stack (300-360 stack accesses per 32 floating-point instructions) and
+ * attention took 7x as long as on AVX-512. */
+#if defined(__AVX512F__)
+#define AW 16
+#else
+#define AW 8
+#endif
+#define HALVES (LANES / AW) /* AW-lane pieces of a 16-lane chunk */
+typedef float av __attribute__((vector_size(AW * sizeof(float))));
+typedef uint32_t au __attribute__((vector_size(AW * sizeof(uint32_t))));
+
+#if AW == 16
+#define exp_aw exp16
+#define fold_lanes fold
+#else
+#define exp_aw exp8
+/* fold's last three levels (+4, +2, +1) on the sum of its first */
+static inline __attribute__((always_inline)) float fold_lanes(av v) {
+    v += __builtin_shufflevector(v, v, 4, 5, 6, 7, 0, 1, 2, 3);
+    v += __builtin_shufflevector(v, v, 2, 3, 0, 1, 6, 7, 4, 5);
+    v += __builtin_shufflevector(v, v, 1, 0, 3, 2, 5, 4, 7, 6);
+    return v[0];
+}
+#endif
+
+/* AW elements from fp32 or bf16 memory as fp32 (load16 at AW = 16) */
+static inline __attribute__((always_inline)) av load_aw(const void *base, int is_bf16, int64_t index) {
+#if AW == 16
+    return load16(base, is_bf16, index);
+#else
+#if defined(__AVX2__)
+    if (is_bf16) { /* one widening load and a shift, as load16 on AVX-512 */
+        const __m256i bits =
+            _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const void *)((const uint16_t *)base + index))), 16);
+        av value;
+        memcpy(&value, &bits, sizeof value);
+        return value;
+    }
+#endif
+    if (is_bf16) {
+        typedef uint16_t half_aw __attribute__((vector_size(AW * sizeof(uint16_t))));
+        typedef uint32_t bits_aw __attribute__((vector_size(AW * sizeof(uint32_t))));
+        half_aw half;
+        memcpy(&half, (const uint16_t *)base + index, sizeof half);
+        const bits_aw bits = __builtin_convertvector(half, bits_aw) << 16;
+        av value;
+        memcpy(&value, &bits, sizeof value);
+        return value;
+    }
+    av value;
+    memcpy(&value, (const float *)base + index, sizeof value);
+    return value;
+#endif
+}
+
+/* store16 at AW lanes (bf16 by vec.h's float_to_bf16, the same rounding as bf16_bits16) */
+static inline __attribute__((always_inline)) void store_aw(void *base, int is_bf16, int64_t index, av value) {
+#if AW == 16
+    store16(base, is_bf16, index, value);
+#else
+    if (is_bf16)
+        for (int l = 0; l < AW; l++) ((uint16_t *)base)[index + l] = float_to_bf16(value[l]);
+    else
+        memcpy((float *)base + index, &value, sizeof value);
+#endif
+}
 
 #define MAX_HEADS 256
 #define MAX_CHUNKS 16 /* head_dim <= 256 */
@@ -82,54 +157,76 @@ static inline __attribute__((always_inline)) vf fold16(const vf *s) {
            __builtin_shufflevector(w[0], w[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
 }
 
-/* out for query heads g .. g+heads-1 of KV head h: (sum_j p_head,j v_j) / denom_head, keys in
- * order. The first pass (h = 0, g = 0) warms the cache with each next block, all KV heads. */
+/* fold16 for 8 keys whose vectors already hold fold's first level (lane l = lanes l + l+8 of the
+ * 16-lane sum): the other three levels, the same lane pairs in the same order */
+static inline __attribute__((always_inline)) av fold_aw(const av *s) {
+#if AW == 16
+    return fold16(s);
+#else
+    av t[4], u[2];
+    for (int i = 0; i < 4; i++)
+        t[i] = __builtin_shufflevector(s[2 * i], s[2 * i + 1], 0, 1, 2, 3, 8, 9, 10, 11) +
+               __builtin_shufflevector(s[2 * i], s[2 * i + 1], 4, 5, 6, 7, 12, 13, 14, 15);
+    for (int i = 0; i < 2; i++)
+        u[i] = __builtin_shufflevector(t[2 * i], t[2 * i + 1], 0, 1, 4, 5, 8, 9, 12, 13) +
+               __builtin_shufflevector(t[2 * i], t[2 * i + 1], 2, 3, 6, 7, 10, 11, 14, 15);
+    return __builtin_shufflevector(u[0], u[1], 0, 2, 4, 6, 8, 10, 12, 14) +
+           __builtin_shufflevector(u[0], u[1], 1, 3, 5, 7, 9, 11, 13, 15);
+#endif
+}
+
+/* out for query heads g .. g+heads-1 of KV head h, AW-lane chunks c0 .. c0+cols-1 of head_dim:
+ * (sum_j p_head,j v_j) / denom_head, keys in order (each element one chain, whatever the slice).
+ * The first pass (h = 0, g = 0, c0 = 0) warms the cache with each next block, all KV heads. */
 static inline __attribute__((always_inline)) void weigh_values(
-    const int heads, int h, int g, const void *v_cache, const int is_bf16, const int64_t *table, int64_t num_keys,
-    int block_size, int64_t num_blocks, int64_t row_stride, const float *scores, int64_t padded_keys,
-    const float *denom, void *out, int out_bf16, int group, int head_dim) {
-    const int chunks = head_dim / LANES, first = h * group + g;
-    vf a[4][MAX_CHUNKS], v[MAX_CHUNKS];
+    const int heads, const int cols, int h, int g, int c0, const void *v_cache, const int is_bf16,
+    const int64_t *table, int64_t num_keys, int block_size, int64_t num_blocks, int64_t row_stride,
+    const float *scores, int64_t padded_keys, const float *denom, void *out, int out_bf16, int group,
+    int head_dim) {
+    const int first = h * group + g;
+    av a[4][MAX_CHUNKS * HALVES];
     for (int t = 0; t < heads; t++)
-        for (int c = 0; c < chunks; c++) a[t][c] = (vf){0};
+        for (int c = 0; c < cols; c++) a[t][c] = (av){0};
     for (int64_t b = 0; b < num_blocks; b++) {
-        if (h == 0 && g == 0 && b + 1 < num_blocks) prefetch_block(v_cache, is_bf16, table[b + 1], block_size, row_stride);
+        if (h == 0 && g == 0 && c0 == 0 && b + 1 < num_blocks)
+            prefetch_block(v_cache, is_bf16, table[b + 1], block_size, row_stride);
         for (int64_t r = 0, keys = keys_in_block(num_keys, b, block_size); r < keys; r++) {
-            const int64_t row = (table[b] * block_size + r) * row_stride + (int64_t)h * head_dim, j = b * block_size + r;
-            for (int c = 0; c < chunks; c++) v[c] = load16(v_cache, is_bf16, row + c * LANES);
-            for (int t = 0; t < heads; t++) {
-                const float p = scores[(first + t) * padded_keys + j];
-                for (int c = 0; c < chunks; c++) a[t][c] += p * v[c];
+            const int64_t j = b * block_size + r;
+            const int64_t row = (table[b] * block_size + r) * row_stride + (int64_t)h * head_dim + (int64_t)c0 * AW;
+            float p[4];
+            for (int t = 0; t < heads; t++) p[t] = scores[(first + t) * padded_keys + j];
+            for (int c = 0; c < cols; c++) {
+                const av v = load_aw(v_cache, is_bf16, row + c * AW);
+                for (int t = 0; t < heads; t++) a[t][c] += p[t] * v;
             }
         }
     }
     for (int t = 0; t < heads; t++)
-        for (int c = 0; c < chunks; c++) {
-            store16(out, out_bf16, (int64_t)(first + t) * head_dim + c * LANES, a[t][c] / denom[first + t]);
-        }
+        for (int c = 0; c < cols; c++)
+            store_aw(out, out_bf16, (int64_t)(first + t) * head_dim + (c0 + c) * AW, a[t][c] / denom[first + t]);
 }
 
 /* One token, all its heads: the keys are read row by row, each row (all KV heads) once and in
  * block order; the values once per few query heads of a KV head (weigh_values; after the first
  * pass they come from L2). scores holds num_heads x padded_keys floats (num_keys rounded up to
- * LANES); acc holds num_heads x LANES vectors (the products of 16 keys per head, for fold16). */
+ * LANES); acc holds num_heads x AW vectors (the products of AW keys per head, for fold_aw). */
 static inline __attribute__((always_inline)) void attend(
     const float *q, const void *k_cache, const void *v_cache, const int is_bf16, const int64_t *table,
     int64_t num_keys, void *out, int out_bf16, int num_kv_heads, int group, int head_dim, int block_size,
-    float *scores, vf *acc) {
+    float *scores, av *acc) {
     const int chunks = head_dim / LANES, num_heads = num_kv_heads * group;
     const int64_t row_stride = (int64_t)num_kv_heads * head_dim;
     const int64_t num_blocks = (num_keys + block_size - 1) / block_size;
     const int64_t padded_keys = (num_keys + LANES - 1) / LANES * LANES;
-    vf kv[MAX_CHUNKS], qv;
-    vf *sums = acc;
+    av kv[MAX_CHUNKS * HALVES], qv;
+    av *sums = acc;
     /* the values of the first blocks are warmed during the key pass, up to VALUES_WARMED bytes
      * (more would leave L2 before the value pass reads them) */
     const int64_t warmed_value_blocks = VALUES_WARMED / (block_size * row_stride * (is_bf16 ? 2 : 4));
-    /* scores[head * padded_keys + j] = q_head . k_j, 16 keys at a time: each key's per-head
-     * products go to sums, then fold16 reduces 16 keys of a head at once (the same tree as fold) */
-    for (int64_t j0 = 0, b = 0, r = 0; j0 < num_keys; j0 += LANES) {
-        const int64_t j1 = j0 + LANES < num_keys ? j0 + LANES : num_keys;
+    /* scores[head * padded_keys + j] = q_head . k_j, AW keys at a time: each key's per-head
+     * products go to sums, then fold_aw reduces AW keys of a head at once (the same tree as fold) */
+    for (int64_t j0 = 0, b = 0, r = 0; j0 < num_keys; j0 += AW) {
+        const int64_t j1 = j0 + AW < num_keys ? j0 + AW : num_keys;
         for (int64_t j = j0; j < j1; j++, r++) {
             if (r == block_size) r = 0, b++;
             if (j == 0) /* the first block of keys has nothing to hide behind */
@@ -139,62 +236,77 @@ static inline __attribute__((always_inline)) void attend(
             if (b < warmed_value_blocks) prefetch_rows(v_cache, is_bf16, table[b], r, block_size, row_stride);
             const int64_t row = (table[b] * block_size + r) * row_stride;
             for (int h = 0; h < num_kv_heads; h++) {
-                for (int c = 0; c < chunks; c++) kv[c] = load16(k_cache, is_bf16, row + h * head_dim + c * LANES);
+                for (int c = 0; c < chunks * HALVES; c++) kv[c] = load_aw(k_cache, is_bf16, row + h * head_dim + c * AW);
                 for (int g = 0; g < group; g++) {
                     const float *q_head = q + (int64_t)(h * group + g) * head_dim;
-                    memcpy(&qv, q_head, sizeof qv);
-                    vf sum = qv * kv[0];
-                    for (int c = 1; c < chunks; c++) {
-                        memcpy(&qv, q_head + c * LANES, sizeof qv);
-                        sum += qv * kv[c];
+                    /* lane l of half `half`: one chain over the 16-lane chunks, as lane
+                     * half * AW + l of a 16-lane sum */
+                    av part[HALVES];
+                    for (int half = 0; half < HALVES; half++) {
+                        memcpy(&qv, q_head + half * AW, sizeof qv);
+                        part[half] = qv * kv[half];
                     }
-                    sums[(h * group + g) * LANES + (j - j0)] = sum;
+                    for (int c = 1; c < chunks; c++)
+                        for (int half = 0; half < HALVES; half++) {
+                            memcpy(&qv, q_head + c * LANES + half * AW, sizeof qv);
+                            part[half] += qv * kv[c * HALVES + half];
+                        }
+                    av sum = part[0];
+                    for (int half = 1; half < HALVES; half++) sum += part[half]; /* fold's first level */
+                    sums[(h * group + g) * AW + (j - j0)] = sum;
                 }
             }
         }
         for (int head = 0; head < num_heads; head++) {
-            for (int64_t j = j1; j < j0 + LANES; j++) sums[head * LANES + (j - j0)] = (vf){0};
-            const vf folded = fold16(sums + head * LANES);
+            for (int64_t j = j1; j < j0 + AW; j++) sums[head * AW + (j - j0)] = (av){0};
+            const av folded = fold_aw(sums + head * AW);
             memcpy(scores + head * padded_keys + j0, &folded, sizeof folded);
         }
     }
-    /* exact softmax per head: the max, then exp and a 16-lane sum, key j in lane j % 16 */
+    /* exact softmax per head: the max, then exp and a 16-lane sum, key j in lane j % 16 (at 8
+     * lanes: two sums, keys j % 16 < 8 and the others, added as fold's first level) */
     float denom[MAX_HEADS];
     for (int head = 0; head < num_heads; head++) {
         float *scores_row = scores + head * padded_keys;
         for (int64_t j = num_keys; j < padded_keys; j++) scores_row[j] = -INFINITY;
-        vf max = (vf){0} - INFINITY, sum = {0}, chunk;
-        for (int64_t j = 0; j < padded_keys; j += LANES) {
+        av max = (av){0} - INFINITY, sum[HALVES] = {{0}}, chunk;
+        for (int64_t j = 0; j < padded_keys; j += AW) {
             memcpy(&chunk, scores_row + j, sizeof chunk);
-            max = select16(chunk > max, chunk, max);
+            max = LANE_SELECT(av, au, chunk > max, chunk, max);
         }
         float top = max[0];
-        for (int l = 1; l < LANES; l++) top = max[l] > top ? max[l] : top;
-        for (int64_t j = 0; j < padded_keys; j += LANES) {
-            memcpy(&chunk, scores_row + j, sizeof chunk);
-            chunk = exp16(chunk - top);
-            sum += chunk;
-            memcpy(scores_row + j, &chunk, sizeof chunk);
-        }
-        denom[head] = fold(sum);
+        for (int l = 1; l < AW; l++) top = max[l] > top ? max[l] : top;
+        for (int64_t j = 0; j < padded_keys; j += LANES)
+            for (int half = 0; half < HALVES; half++) {
+                memcpy(&chunk, scores_row + j + half * AW, sizeof chunk);
+                chunk = exp_aw(chunk - top);
+                sum[half] += chunk;
+                memcpy(scores_row + j + half * AW, &chunk, sizeof chunk);
+            }
+        for (int half = 1; half < HALVES; half++) sum[0] += sum[half];
+        denom[head] = fold_lanes(sum[0]);
     }
     /* out_head = (sum_j p_head,j v_j) / denom_head, key by key: a few query heads of one KV head
-     * at a time, their sums in registers while that KV head's values stream past */
-    const int tile = chunks <= 4 ? 4 : 2;
+     * at a time, their sums for `cols` chunks of head_dim in registers while that KV head's values
+     * stream past. AVX-512 (32 registers): all of head_dim, 4 heads (2 past 64 lanes); 8 lanes
+     * (16 ymm): 4 chunks (32 lanes) of 3 heads, 12 sums + a value + 3 weights. */
+    const int all = chunks * HALVES;
+    const int cols = AW == 16 ? all : (all < 4 ? all : 4), tile = AW == 16 ? (chunks <= 4 ? 4 : 2) : 3;
     for (int h = 0; h < num_kv_heads; h++)
-        for (int g = 0; g < group; g += tile) {
-            const int heads = group - g < tile ? group - g : tile;
-            switch (heads) { /* each count its own unrolled loop */
-            case 4: weigh_values(4, h, g, v_cache, is_bf16, table, num_keys, block_size, num_blocks, row_stride, scores,
-                                 padded_keys, denom, out, out_bf16, group, head_dim); break;
-            case 3: weigh_values(3, h, g, v_cache, is_bf16, table, num_keys, block_size, num_blocks, row_stride, scores,
-                                 padded_keys, denom, out, out_bf16, group, head_dim); break;
-            case 2: weigh_values(2, h, g, v_cache, is_bf16, table, num_keys, block_size, num_blocks, row_stride, scores,
-                                 padded_keys, denom, out, out_bf16, group, head_dim); break;
-            default: weigh_values(1, h, g, v_cache, is_bf16, table, num_keys, block_size, num_blocks, row_stride,
-                                  scores, padded_keys, denom, out, out_bf16, group, head_dim);
+        for (int g = 0; g < group; g += tile)
+            for (int c0 = 0; c0 < all; c0 += cols) {
+                const int heads = group - g < tile ? group - g : tile, width = all - c0 < cols ? all - c0 : cols;
+#define WEIGH(HEADS)                                                                                                  \
+    weigh_values(HEADS, width, h, g, c0, v_cache, is_bf16, table, num_keys, block_size, num_blocks, row_stride, scores, \
+                 padded_keys, denom, out, out_bf16, group, head_dim)
+                switch (heads) { /* each count its own unrolled loop */
+                case 4: WEIGH(4); break;
+                case 3: WEIGH(3); break;
+                case 2: WEIGH(2); break;
+                default: WEIGH(1);
+                }
+#undef WEIGH
             }
-        }
 }
 
 int paged_attention(const void *q, int64_t q_stride, int io_bf16, float scale, const void *k_cache,
@@ -208,13 +320,13 @@ int paged_attention(const void *q, int64_t q_stride, int io_bf16, float scale, c
     int64_t max_keys = 0;
     for (int64_t t = 0; t < num_tokens; t++) max_keys = token_pos[t] + 1 > max_keys ? token_pos[t] + 1 : max_keys;
     const size_t score_floats = (size_t)num_heads * (size_t)((max_keys + LANES - 1) / LANES * LANES);
-    const size_t acc_vectors = (size_t)num_heads * LANES; /* the QK products of 16 keys per head */
+    const size_t acc_vectors = (size_t)num_heads * AW; /* the QK products of AW keys per head */
     const int64_t width = (int64_t)num_heads * head_dim;
     int status = KERNEL_OK;
 #pragma omp parallel num_threads(num_threads)
     {
         float *scores = malloc(sizeof(float) * score_floats);
-        vf *acc = aligned_alloc(sizeof(vf), sizeof(vf) * acc_vectors);
+        av *acc = aligned_alloc(sizeof(vf), sizeof(av) * acc_vectors);
         float *scaled = aligned_alloc(sizeof(vf), sizeof(float) * (size_t)width);
         if (scores == NULL || acc == NULL || scaled == NULL) status = KERNEL_OUT_OF_MEMORY;
 #pragma omp for schedule(dynamic, 1)

@@ -29,6 +29,54 @@ INLINE vu float_to_bits(vf value) {
     return bits;
 }
 
+/* The comparisons, lane by lane. On AVX-512 a 16-lane comparison is one instruction; with
+ * narrower registers GCC 12 turns it into 16 scalar ones (vcomiss, seta, insert: exp16 ran 8x
+ * slower on AVX2 for them), so there it compares NATIVE_LANES at a time. */
+#if defined(__AVX512F__)
+#define NATIVE_LANES 16
+#elif defined(__AVX__)
+#define NATIVE_LANES 8
+#else
+#define NATIVE_LANES 4 /* SSE, NEON */
+#endif
+
+/* a > b (all ones where true, else 0) */
+INLINE vi greater16(vf a, vf b) {
+#if NATIVE_LANES == 16
+    return a > b;
+#else
+    typedef float vf_native __attribute__((vector_size(NATIVE_LANES * sizeof(float))));
+    typedef int32_t vi_native __attribute__((vector_size(NATIVE_LANES * sizeof(int32_t))));
+    vi mask;
+    for (int i = 0; i < LANES; i += NATIVE_LANES) {
+        vf_native x, y;
+        memcpy(&x, (const float *)&a + i, sizeof x);
+        memcpy(&y, (const float *)&b + i, sizeof y);
+        const vi_native piece = x > y;
+        memcpy((int32_t *)&mask + i, &piece, sizeof piece);
+    }
+    return mask;
+#endif
+}
+
+/* the NaN lanes (a != a) */
+INLINE vi is_nan16(vf a) {
+#if NATIVE_LANES == 16
+    return a != a;
+#else
+    typedef float vf_native __attribute__((vector_size(NATIVE_LANES * sizeof(float))));
+    typedef int32_t vi_native __attribute__((vector_size(NATIVE_LANES * sizeof(int32_t))));
+    vi mask;
+    for (int i = 0; i < LANES; i += NATIVE_LANES) {
+        vf_native x;
+        memcpy(&x, (const float *)&a + i, sizeof x);
+        const vi_native piece = x != x;
+        memcpy((int32_t *)&mask + i, &piece, sizeof piece);
+    }
+    return mask;
+#endif
+}
+
 /* mask ? a : b, lane by lane (C has no vector ?:) */
 INLINE vf select16(vi mask, vf a, vf b) {
     const vu m = (vu)mask;
@@ -60,7 +108,7 @@ INLINE vf load16(const void *base, int is_bf16, int64_t index) {
 INLINE vu bf16_bits16(vf value) {
     const vu bits = float_to_bits(value);
     const vu rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
-    const vu nan = (vu)((bits & 0x7fffffffu) > 0x7f800000u);
+    const vu nan = (vu)is_nan16(value);
     return (rounded & ~nan) | (((bits >> 16) | 0x40u) & nan);
 }
 
@@ -124,20 +172,42 @@ INLINE float fold(vf v) {
     return v[0];
 }
 
-/* exp of each lane by one polynomial (Cephes' expf, within 2 ulp): below -87.3, 0; above 88.37, inf */
+/* The vectors of one AVX2 register (two SSE or NEON ones): exp8 and the attention's 8-lane path */
+typedef float vf8 __attribute__((vector_size(8 * sizeof(float))));
+typedef uint32_t vu8 __attribute__((vector_size(8 * sizeof(uint32_t))));
+typedef int32_t vi8 __attribute__((vector_size(8 * sizeof(int32_t))));
+
+/* mask ? a : b for vectors of any width (F the float vector, U the uint32 vector as wide) */
+#define LANE_SELECT(F, U, mask, a, b) ((F)(((U)(a) & (U)(mask)) | ((U)(b) & ~(U)(mask))))
+
+/* exp of each lane by one polynomial (Cephes' expf, within 2 ulp): below -87.3, 0; above 88.37,
+ * inf. One body for each width: F, I, U the float, int32 and uint32 vectors. */
+#define DEFINE_EXP(NAME, F, I, U)                                                                            \
+    INLINE F NAME(F x) {                                                                                     \
+        const I underflow = x < -87.33654f, overflow = x > 88.3762626647949f;                                \
+        x = LANE_SELECT(F, U, underflow, (F){0} - 87.33654f, LANE_SELECT(F, U, overflow, (F){0}, x));         \
+        F n = __builtin_convertvector(__builtin_convertvector(x * 1.44269504f + 0.5f, I), F); /* toward 0 */ \
+        n += __builtin_convertvector(n > x * 1.44269504f + 0.5f, F);                          /* floor */    \
+        const F r = x - n * 0.693359375f + n * 2.12194440e-4f;                                               \
+        F p = (F){0} + 1.9875691500e-4f;                                                                     \
+        p = p * r + 1.3981999507e-3f;                                                                        \
+        p = p * r + 8.3334519073e-3f;                                                                        \
+        p = p * r + 4.1665795894e-2f;                                                                        \
+        p = p * r + 1.6666665459e-1f;                                                                        \
+        p = p * r + 5.0000001201e-1f;                                                                        \
+        p = p * (r * r) + r + 1.0f;                                                                          \
+        const F two_n = (F)(U)((__builtin_convertvector(n, I) + 127) << 23);                                 \
+        return LANE_SELECT(F, U, underflow, (F){0}, LANE_SELECT(F, U, overflow, (F){0} + __builtin_inff(), p * two_n)); \
+    }
+
+DEFINE_EXP(exp8, vf8, vi8, vu8)
+#if NATIVE_LANES == 16
+DEFINE_EXP(exp16, vf, vi, vu)
+#else
+/* two exp8, so that the comparisons are native (see greater16): the same operations lane by lane */
 INLINE vf exp16(vf x) {
-    const vi underflow = x < -87.33654f, overflow = x > 88.3762626647949f;
-    x = select16(underflow, (vf){0} - 87.33654f, select16(overflow, (vf){0}, x));
-    vf n = __builtin_convertvector(__builtin_convertvector(x * 1.44269504f + 0.5f, vi), vf); /* toward 0 */
-    n += __builtin_convertvector(n > x * 1.44269504f + 0.5f, vf);                            /* floor */
-    const vf r = x - n * 0.693359375f + n * 2.12194440e-4f;
-    vf p = (vf){0} + 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * (r * r) + r + 1.0f;
-    const vf two_n = bits_to_float((vu)((__builtin_convertvector(n, vi) + 127) << 23));
-    return select16(underflow, (vf){0}, select16(overflow, (vf){0} + __builtin_inff(), p * two_n));
+    const vf8 low = exp8(__builtin_shufflevector(x, x, 0, 1, 2, 3, 4, 5, 6, 7));
+    const vf8 high = exp8(__builtin_shufflevector(x, x, 8, 9, 10, 11, 12, 13, 14, 15));
+    return __builtin_shufflevector(low, high, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
 }
+#endif

@@ -120,3 +120,22 @@ def test_matches_reference_realistic_sizes(dtype):
     seqs = [(int(ctx), 1) for ctx in torch.randint(1, 2049, (56,))] + [(int(c), 64) for c in (64, 500, 1000, 2048)]
     seqs += [(4096, 512)] * 4
     check_against_reference(make_paged_batch(seqs, 32, 8, 64, 16, dtype=dtype), dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
+@pytest.mark.parametrize("heads,kv_heads,head_dim", [(9, 3, 64), (8, 2, 128), (6, 2, 80), (4, 4, 16), (8, 1, 48)])
+def test_the_8_lane_attention_gives_the_16_lane_bits(dtype, heads, kv_heads, head_dim):
+    """The AVX2 (8-lane) path splits every 16-lane sum into two halves added as fold's first
+    level, so it makes the AVX-512 path's sums in the same order: the same bits, at contexts
+    ending inside, on and past each 8- and 16-key chunk."""
+    from kernels import cpu_kernels
+
+    if not {"avx512", "avx2"} <= set(cpu_kernels.host_tiers()):
+        pytest.skip("needs a CPU that runs both the avx512 and the avx2 tier")
+    batch = make_paged_batch([(1, 1), (7, 1), (8, 1), (9, 1), (16, 1), (17, 1), (300, 1), (40, 40)], heads,
+                             kv_heads, head_dim, 16, dtype=dtype, device="cpu")
+    outputs = {}
+    for tier in ("avx512", "avx2"):
+        with cpu_kernels.use_isa(tier):
+            outputs[tier] = paged_attention_cpu(**batch)
+    assert torch.equal(outputs["avx2"], outputs["avx512"])
