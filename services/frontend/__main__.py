@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import signal
 
 import uvloop
@@ -16,6 +17,7 @@ from services.core.config import LogConfig
 from services.core.model_path import resolve_model_path
 from services.frontend.config import CLI_CONFIGS, FrontendConfig
 from services.frontend.server import FrontendServer
+from services.launch import orphan
 from services.launch.logs import configure_logging
 
 PROG = "python -m services.frontend"
@@ -45,6 +47,7 @@ async def serve(config: FrontendConfig) -> None:
 def main(argv: list[str] | None = None) -> None:
     config, log = build_config(parse_args(argv))
     configure_logging("frontend", log.log_level)
+    orphan.stop_with_launcher(os.environ.get(orphan.LAUNCHER_PID_ENV))
     uvloop.run(serve(config))
 
 

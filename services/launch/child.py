@@ -6,6 +6,7 @@ this child (a child that failed to bind exits, and meanwhile it is not listening
 """
 from __future__ import annotations
 
+import os
 import subprocess
 import threading
 import time
@@ -16,6 +17,7 @@ from typing import TextIO
 import psutil
 
 from services.launch.healthcheck import health_status
+from services.launch.orphan import LAUNCHER_PID_ENV
 
 TAIL_LINES = 20
 
@@ -56,7 +58,8 @@ class Child:
     def start(self, sink: TextIO, lock: threading.Lock, prefix: str, ready_by: float) -> None:
         self.join_pump()  # the last run's output is all written first
         self.proc = subprocess.Popen(self.argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                     errors="replace", bufsize=1, start_new_session=True)
+                                     errors="replace", bufsize=1, start_new_session=True,
+                                     env={**os.environ, LAUNCHER_PID_ENV: str(os.getpid())})  # see orphan.py
         self.started_at, self.ready, self.ready_by = time.monotonic(), False, ready_by
         self.pump = threading.Thread(target=self._pump, args=(self.proc, sink, lock, prefix), daemon=True)
         self.pump.start()

@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import signal
 
 import uvloop
 
 from services import cli
 from services.core.config import LogConfig
+from services.launch import orphan
 from services.launch.logs import configure_logging
 from services.scheduler.config import CLI_CONFIGS, SchedulerServiceConfig
 from services.scheduler.server import SchedulerServer
@@ -50,6 +52,7 @@ async def serve(config: SchedulerServiceConfig) -> None:
 def main(argv: list[str] | None = None) -> None:
     config, log = build_config(parse_args(argv))
     configure_logging("scheduler", log.log_level)
+    orphan.stop_with_launcher(os.environ.get(orphan.LAUNCHER_PID_ENV))
     uvloop.run(serve(config))
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import signal
 import sys
 
@@ -23,6 +24,7 @@ import uvloop
 
 from services import cli
 from services.core.config import CacheConfig, LogConfig, WorkerConfig
+from services.launch import orphan
 from services.launch.logs import configure_logging
 from services.worker.config import CLI_CONFIGS, WorkerServiceConfig
 from services.worker.registrar import Refused
@@ -61,6 +63,7 @@ async def serve(worker_config: WorkerConfig, cache: CacheConfig, service: Worker
 def main(argv: list[str] | None = None) -> None:
     worker, cache, service, logging = build_configs(parse_args(argv))
     configure_logging("worker", logging.log_level)
+    orphan.stop_with_launcher(os.environ.get(orphan.LAUNCHER_PID_ENV))
     sys.exit(uvloop.run(serve(worker, cache, service)))
 
 

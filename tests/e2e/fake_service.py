@@ -27,6 +27,9 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from services.launch import orphan  # noqa: E402  (as the real services: stop when the launcher is gone)
+
 EXIT_CODE = int(os.environ.get("FAKE_EXIT_CODE", "3"))
 
 
@@ -60,6 +63,7 @@ def main() -> int:
         Path(os.environ["FAKE_ARGV_DIR"], f"{os.getpid()}.json").write_text(json.dumps(sys.argv[1:]))
     stop, signalled = threading.Event(), []
     signal.signal(signal.SIGTERM, lambda *_: (signalled.append(time.time()), stop.set()))
+    orphan.stop_with_launcher(os.environ.get(orphan.LAUNCHER_PID_ENV))
     server = serve(module, args)
     http = None
     if args.http_port:

@@ -172,6 +172,33 @@ def assert_all_stopped(up: Up, ports: tuple[int, ...], pids: dict[str, int], wit
     assert [p for p in ports if not port_free(p)] == [], up.log()
 
 
+def assert_orphans_stop(up: Up, ports: tuple[int, ...], within: float) -> None:
+    """SIGKILL the launcher (as the OOM killer would): every service it started stops by itself
+    (orphan.py) within `within` seconds and frees its ports. A zombie nobody reaps counts as stopped."""
+    pids = up.pids()
+    os.kill(up.proc.pid, signal.SIGKILL)
+    up.proc.wait(10)
+
+    def running(pid: int) -> bool:
+        try:
+            return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+    deadline = time.monotonic() + within
+    while any(map(running, pids.values())) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert [name for name, pid in pids.items() if running(pid)] == [], up.log()
+    assert [p for p in ports if not port_free(p)] == [], up.log()
+
+
+def test_services_stop_when_the_launcher_is_killed(launch, fake_python, fake_model):
+    ports = free_ports(3)
+    up = launch(up_args(fake_model, ports) + ["--python", fake_python])
+    up.wait_ready(timeout=30)
+    assert_orphans_stop(up, ports + up.worker_ports(), within=10)
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_up_runs_the_service_commands_and_stops_them_on_a_signal(launch, fake_python, fake_model, tmp_path, sig):
     ports, argv_dir = free_ports(3), tmp_path / "argv"
@@ -395,6 +422,16 @@ def test_up_serves_a_tiny_model_with_the_real_services(launch, tiny_llama):
     up.proc.send_signal(signal.SIGINT)
     assert up.finish(timeout=30) == 0, up.log()
     assert_all_stopped(up, ports + up.worker_ports(), pids, within=1)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not REAL_SERVICES, reason="the three services' __main__ modules are not there yet")
+def test_the_real_services_stop_when_the_launcher_is_killed(launch, tiny_llama):
+    ports = free_ports(3)
+    up = launch(up_args(tiny_llama, ports, workers=1) + ["--dtype", "float32", "--num-gpu-blocks", "64",
+                                                         "--startup-timeout", "240"])
+    up.wait_ready(timeout=300)
+    assert_orphans_stop(up, ports + up.worker_ports(), within=30)
 
 
 def test_the_backoff_doubles_to_its_cap_and_starts_over_after_a_minute_of_running(fake_model):
