@@ -15,6 +15,43 @@
 #include "kernels.h"
 #include "vec.h"
 
+#ifndef NATIVE_LANES
+/* vec.h's register-wide comparisons (main's 14224f3, which argmax_rows already uses there): the
+ * same two here until this branch meets it; then vec.h defines NATIVE_LANES and this goes. */
+#if defined(__AVX512F__)
+#define PIECE_LANES 16
+#elif defined(__AVX__)
+#define PIECE_LANES 8
+#else
+#define PIECE_LANES 4
+#endif
+typedef float vf_piece __attribute__((vector_size(PIECE_LANES * sizeof(float))));
+typedef int32_t vi_piece __attribute__((vector_size(PIECE_LANES * sizeof(int32_t))));
+
+INLINE vi greater16(vf a, vf b) { /* a > b, all ones where true */
+    vi mask;
+    for (int i = 0; i < LANES; i += PIECE_LANES) {
+        vf_piece x, y;
+        memcpy(&x, (const float *)&a + i, sizeof x);
+        memcpy(&y, (const float *)&b + i, sizeof y);
+        const vi_piece piece = x > y;
+        memcpy((int32_t *)&mask + i, &piece, sizeof piece);
+    }
+    return mask;
+}
+
+INLINE vi is_nan16(vf a) { /* a != a */
+    vi mask;
+    for (int i = 0; i < LANES; i += PIECE_LANES) {
+        vf_piece x;
+        memcpy(&x, (const float *)&a + i, sizeof x);
+        const vi_piece piece = x != x;
+        memcpy((int32_t *)&mask + i, &piece, sizeof piece);
+    }
+    return mask;
+}
+#endif
+
 /* Threads for a call of num_rows rows of `width` elements: the call's own thread where the rows
  * are too few to share (one row cannot be split; a few thousand elements take less than the
  * fork and join of a parallel region, ~1-3 us, or a whole time slice when another process holds
@@ -137,7 +174,9 @@ static int64_t first_match(const float *row, int64_t n, float target) {
     for (; i + LANES <= n; i += LANES) {
         vf v;
         memcpy(&v, row + i, sizeof v);
-        const vi hit = find_nan ? ne16(v, v) : eq16(v, wanted);
+        /* target is the row's largest value and the row has no NaN unless target is one:
+         * v equals it where it is not below it (0.0 and -0.0 tie, as in torch) */
+        const vi hit = find_nan ? is_nan16(v) : ~greater16(wanted, v);
         uint64_t words[LANES / 2], any = 0;
         memcpy(words, &hit, sizeof words);
         for (int w = 0; w < LANES / 2; w++)
@@ -166,8 +205,8 @@ void argmax_rows(const float *x, int64_t x_stride, int64_t *out, int64_t num_row
         int64_t i = 0;
         for (; i + LANES <= n; i += LANES) {
             memcpy(&v, row + i, sizeof v);
-            nan |= ne16(v, v);
-            best = select16(lt16(best, v), v, best);
+            nan |= is_nan16(v);
+            best = select16(greater16(v, best), v, best);
         }
         float top = -INFINITY;
         int has_nan = 0;

@@ -29,43 +29,6 @@ INLINE vu float_to_bits(vf value) {
     return bits;
 }
 
-/* Comparisons, lane by lane: all ones where true, else 0. GCC 12 lowers a comparison of
- * vectors wider than the target's registers (16 lanes on AVX2 or SSE) to 16 scalar compares
- * (unlike arithmetic, which it splits into register-wide pieces): on AVX2 that made SiLU, the
- * bf16 rounding and argmax several times slower. So below AVX-512 each comparison runs on
- * register-wide pieces (8 lanes with AVX, else 4); a comparison is exact, so the mask is the
- * same either way. */
-#if defined(__AVX512F__)
-#define NATIVE_LANES 16
-#elif defined(__AVX__)
-#define NATIVE_LANES 8
-#else
-#define NATIVE_LANES 4
-#endif
-#if NATIVE_LANES < LANES
-typedef float pf __attribute__((vector_size(NATIVE_LANES * sizeof(float))));
-typedef int32_t pi __attribute__((vector_size(NATIVE_LANES * sizeof(int32_t))));
-#define COMPARE16(name, V, P, op)                                                                              \
-    INLINE vi name(V a, V b) {                                                                                 \
-        P pa[LANES / NATIVE_LANES], pb[LANES / NATIVE_LANES];                                                  \
-        pi pr[LANES / NATIVE_LANES];                                                                           \
-        vi r;                                                                                                  \
-        memcpy(pa, &a, sizeof pa);                                                                             \
-        memcpy(pb, &b, sizeof pb);                                                                             \
-        for (int piece = 0; piece < LANES / NATIVE_LANES; piece++)                                             \
-            pr[piece] = pa[piece] op pb[piece];                                                                \
-        memcpy(&r, pr, sizeof r);                                                                              \
-        return r;                                                                                              \
-    }
-#else
-#define COMPARE16(name, V, P, op)                                                                              \
-    INLINE vi name(V a, V b) { return a op b; }
-#endif
-COMPARE16(lt16, vf, pf, <)   /* a < b (false where either is NaN) */
-COMPARE16(ne16, vf, pf, !=)  /* a != b (true where either is NaN) */
-COMPARE16(eq16, vf, pf, ==)
-COMPARE16(gt16i, vi, pi, >)  /* signed */
-
 /* mask ? a : b, lane by lane (C has no vector ?:) */
 INLINE vf select16(vi mask, vf a, vf b) {
     const vu m = (vu)mask;
@@ -97,7 +60,7 @@ INLINE vf load16(const void *base, int is_bf16, int64_t index) {
 INLINE vu bf16_bits16(vf value) {
     const vu bits = float_to_bits(value);
     const vu rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
-    const vu nan = (vu)gt16i((vi)(bits & 0x7fffffffu), (vi){0} + 0x7f800000); /* below 2^31: signed = unsigned */
+    const vu nan = (vu)((bits & 0x7fffffffu) > 0x7f800000u);
     return (rounded & ~nan) | (((bits >> 16) | 0x40u) & nan);
 }
 
@@ -163,10 +126,10 @@ INLINE float fold(vf v) {
 
 /* exp of each lane by one polynomial (Cephes' expf, within 2 ulp): below -87.3, 0; above 88.37, inf */
 INLINE vf exp16(vf x) {
-    const vi underflow = lt16(x, (vf){0} - 87.33654f), overflow = lt16((vf){0} + 88.3762626647949f, x);
+    const vi underflow = x < -87.33654f, overflow = x > 88.3762626647949f;
     x = select16(underflow, (vf){0} - 87.33654f, select16(overflow, (vf){0}, x));
     vf n = __builtin_convertvector(__builtin_convertvector(x * 1.44269504f + 0.5f, vi), vf); /* toward 0 */
-    n += __builtin_convertvector(lt16(x * 1.44269504f + 0.5f, n), vf);                       /* floor */
+    n += __builtin_convertvector(n > x * 1.44269504f + 0.5f, vf);                            /* floor */
     const vf r = x - n * 0.693359375f + n * 2.12194440e-4f;
     vf p = (vf){0} + 1.9875691500e-4f;
     p = p * r + 1.3981999507e-3f;
