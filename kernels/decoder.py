@@ -12,6 +12,7 @@ dtype (fp32 or bf16); anywhere else the model goes layer by layer.
 from __future__ import annotations
 
 import ctypes
+import operator
 from dataclasses import dataclass
 
 import torch
@@ -74,6 +75,7 @@ class DecoderStack:
         self.dtype = final_norm.dtype
         self._cache_key: tuple | None = None
         self._structs: tuple[ctypes.Array, _Stack] | None = None
+        self._seen: tuple | None = None  # (the pairs, the first K cache's address and shape) _structs describe
 
     @classmethod
     def build(cls, layers: list[LayerWeights], final_norm: torch.Tensor, rotary_cache: torch.Tensor,
@@ -110,9 +112,20 @@ class DecoderStack:
         """Whether this step's tensors suit decoder.c (the same dtype everywhere, contiguous caches on the CPU)."""
         if x.dtype != self.dtype or not x.is_cpu:
             return False
+        return self._same_caches(kv_caches) or self._caches_fit(kv_caches)  # the first: checked at an earlier step
+
+    def _caches_fit(self, kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> bool:
         heads = (self.shape.num_kv_heads, self.shape.head_dim)
         return all(c.dtype == self.dtype and c.is_cpu and c.is_contiguous() and tuple(c.shape[2:]) == heads
                    for pair in kv_caches for c in pair)
+
+    def _same_caches(self, kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> bool:
+        """Whether these are the very (K, V) pairs the descriptors were built for, the first one still at its
+        address and shape: a worker allocates its caches once, so every step after the first takes this
+        check instead of looking at 2 x layers tensors (~0.5 ms a step, 4% of a batch-1 decode step)."""
+        seen = self._seen
+        return (seen is not None and len(kv_caches) == len(seen[0]) and all(map(operator.is_, kv_caches, seen[0]))
+                and kv_caches[0][0].data_ptr() == seen[1] and kv_caches[0][0].shape == seen[2])
 
     def __call__(self, x: torch.Tensor, kv_caches: list[tuple[torch.Tensor, torch.Tensor]], positions: torch.Tensor,
                  slot_mapping: torch.Tensor, block_tables: torch.Tensor, token_seq: torch.Tensor,
@@ -136,12 +149,16 @@ class DecoderStack:
     def _stack(self, kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> _Stack:
         """The C descriptors, rebuilt only when the caches move or change shape (they are allocated
         once per worker; a new cache at the same address may have another block size)."""
+        if self._same_caches(kv_caches):
+            return self._structs[1]
         key = (tuple(kv_caches[0][0].shape), *(c.data_ptr() for pair in kv_caches for c in pair))
         if key != self._cache_key:
             if len(kv_caches) != len(self.layers):
                 raise ValueError(f"decoder_stack: {len(kv_caches)} KV caches for {len(self.layers)} layers")
             self._structs = self._describe(kv_caches)
             self._cache_key = key
+        if self._caches_fit(kv_caches):  # once per new set of caches: then runs() trusts _same_caches
+            self._seen = (tuple(kv_caches), kv_caches[0][0].data_ptr(), kv_caches[0][0].shape)
         return self._structs[1]
 
     def _describe(self, kv_caches) -> tuple[ctypes.Array, _Stack]:

@@ -15,6 +15,50 @@
 #include "kernels.h"
 #include "vec.h"
 
+#ifndef NATIVE_LANES
+/* vec.h's register-wide comparisons (main's 14224f3, which argmax_rows already uses there): the
+ * same two here until this branch meets it; then vec.h defines NATIVE_LANES and this goes. */
+#if defined(__AVX512F__)
+#define PIECE_LANES 16
+#elif defined(__AVX__)
+#define PIECE_LANES 8
+#else
+#define PIECE_LANES 4
+#endif
+typedef float vf_piece __attribute__((vector_size(PIECE_LANES * sizeof(float))));
+typedef int32_t vi_piece __attribute__((vector_size(PIECE_LANES * sizeof(int32_t))));
+
+INLINE vi greater16(vf a, vf b) { /* a > b, all ones where true */
+    vi mask;
+    for (int i = 0; i < LANES; i += PIECE_LANES) {
+        vf_piece x, y;
+        memcpy(&x, (const float *)&a + i, sizeof x);
+        memcpy(&y, (const float *)&b + i, sizeof y);
+        const vi_piece piece = x > y;
+        memcpy((int32_t *)&mask + i, &piece, sizeof piece);
+    }
+    return mask;
+}
+
+INLINE vi is_nan16(vf a) { /* a != a */
+    vi mask;
+    for (int i = 0; i < LANES; i += PIECE_LANES) {
+        vf_piece x;
+        memcpy(&x, (const float *)&a + i, sizeof x);
+        const vi_piece piece = x != x;
+        memcpy((int32_t *)&mask + i, &piece, sizeof piece);
+    }
+    return mask;
+}
+#endif
+
+/* Threads for a call of num_rows rows of `width` elements: the call's own thread where the rows
+ * are too few to share (one row cannot be split; a few thousand elements take less than the
+ * fork and join of a parallel region, ~1-3 us, or a whole time slice when another process holds
+ * a core). A row's result never depends on the thread that computes it. */
+#define PARALLEL_MIN_ELEMENTS 8192
+INLINE int share(int64_t num_rows, int64_t width) { return num_rows > 1 && num_rows * width >= PARALLEL_MIN_ELEMENTS; }
+
 /* 16 elements at index of a row of n (fewer at the row's end, the other lanes 0) */
 INLINE vf row_load(const void *base, int is_bf16, int64_t index, int64_t left) {
     return left >= LANES ? load16(base, is_bf16, index) : load16_partial(base, is_bf16, index, (int)left);
@@ -32,7 +76,7 @@ INLINE void row_store(void *base, int is_bf16, int64_t index, int64_t left, vf v
  * strides; weight: [N]. Sum of squares: element i in lane i % 16, lanes folded by a fixed tree. */
 void rms_norm(const void *x, int64_t x_stride, const void *residual, int64_t residual_stride, const void *weight,
               void *out, void *new_residual, int64_t num_rows, int64_t n, float eps, int is_bf16, int num_threads) {
-#pragma omp parallel for schedule(static) num_threads(num_threads)
+#pragma omp parallel for schedule(static) num_threads(num_threads) if (share(num_rows, n))
     for (int64_t t = 0; t < num_rows; t++) {
         const void *source = residual != NULL ? new_residual : x;
         const int64_t source_row = residual != NULL ? t * n : t * x_stride;
@@ -73,7 +117,8 @@ void apply_rotary(const void *q, int64_t q_stride, const void *k, int64_t k_stri
                   const void *cache, int cache_is_bf16, void *q_out, void *k_out, int64_t num_tokens, int num_heads,
                   int num_kv_heads, int head_dim, int is_bf16, int num_threads) {
     const int half = head_dim / 2;
-#pragma omp parallel for schedule(static) num_threads(num_threads)
+#pragma omp parallel for schedule(static) num_threads(num_threads) \
+    if (share(num_tokens, (int64_t)(num_heads + num_kv_heads) * head_dim))
     for (int64_t t = 0; t < num_tokens; t++) {
         const int64_t row = positions[t] * head_dim;
         for (int h = 0; h < num_heads; h++)
@@ -88,7 +133,7 @@ void apply_rotary(const void *q, int64_t q_stride, const void *k, int64_t k_stri
 /* x [T, 2I] (row stride x_stride) -> out [T, I] = silu(x[:, :I]) * x[:, I:], silu(g) = g / (1 + exp(-g)) */
 void silu_and_mul(const void *x, int64_t x_stride, void *out, int64_t num_rows, int64_t inter, int is_bf16,
                   int num_threads) {
-#pragma omp parallel for schedule(static) num_threads(num_threads)
+#pragma omp parallel for schedule(static) num_threads(num_threads) if (share(num_rows, 2 * inter))
     for (int64_t t = 0; t < num_rows; t++)
         for (int64_t i = 0; i < inter; i += LANES) {
             const vf gate = row_load(x, is_bf16, t * x_stride + i, inter - i);
@@ -124,6 +169,23 @@ static int64_t first_match(const float *row, int64_t n, float target) {
         if (hit)
             return i + __builtin_ctz(hit);
     }
+#else
+    const vf wanted = (vf){0} + target;
+    for (; i + LANES <= n; i += LANES) {
+        vf v;
+        memcpy(&v, row + i, sizeof v);
+        /* target is the row's largest value and the row has no NaN unless target is one:
+         * v equals it where it is not below it (0.0 and -0.0 tie, as in torch) */
+        const vi hit = find_nan ? is_nan16(v) : ~greater16(wanted, v);
+        uint64_t words[LANES / 2], any = 0;
+        memcpy(words, &hit, sizeof words);
+        for (int w = 0; w < LANES / 2; w++)
+            any |= words[w];
+        if (any)
+            for (int lane = 0; lane < LANES; lane++)
+                if (hit[lane])
+                    return i + lane;
+    }
 #endif
     for (; i < n; i++)
         if (find_nan ? row[i] != row[i] : row[i] == target)
@@ -135,7 +197,7 @@ static int64_t first_match(const float *row, int64_t n, float target) {
  * as torch.argmax gives it: the first one on ties, the first NaN if the row has one. Exact, so a
  * row's answer does not depend on the batch; ~20x faster than torch's argmax on 49152-wide rows. */
 void argmax_rows(const float *x, int64_t x_stride, int64_t *out, int64_t num_rows, int64_t n, int num_threads) {
-#pragma omp parallel for schedule(static) num_threads(num_threads)
+#pragma omp parallel for schedule(static) num_threads(num_threads) if (share(num_rows, n))
     for (int64_t t = 0; t < num_rows; t++) {
         const float *row = x + t * x_stride;
         vf best = (vf){0} - INFINITY, v;

@@ -4,6 +4,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 
@@ -70,3 +72,18 @@ def test_roofline_pairs_each_round_with_its_own_bandwidth_probe(model_dir):
     assert abs(row["decode_bandwidth_frac"] - 0.7) < 1e-9
     assert [round(f, 9) for f in row["decode_bandwidth_frac_range"]] == [0.5, 0.8]
     assert abs(row["decode_bandwidth_frac_best_bw"] - 0.4) < 1e-9
+
+
+def test_contention_policies_and_ratios():
+    bench = load_bench("contention")
+    assert bench.policy_env("default") == {} and bench.policy_env("passive") == {"OMP_WAIT_POLICY": "PASSIVE"}
+    assert bench.policy_env("spin:1000") == {"GOMP_SPINCOUNT": "1000"}
+    with pytest.raises(SystemExit, match="spin:N"):
+        bench.policy_env("lazy")
+    points = [{"load": load, "batch": 1, "tokens_per_s": speed} for load, speed in ((0, 90.0), (2, 6.0), (0, 94.0))]
+    passive = [{"load": 0, "batch": 1, "tokens_per_s": 45.0}, {"load": 2, "batch": 1, "tokens_per_s": 30.0}]
+    rows = bench.summarize({"default": {"threads": 2, "points": points}, "passive": {"threads": 2, "points": passive}})
+    by = {(r["policy"], r["load"]): r for r in rows}
+    assert by["default", 0]["tokens_per_s"] == 92.0 and by["default", 0]["range"] == (90.0, 94.0)
+    assert by["default", 2]["vs_own_quiet"] == 6.0 / 92.0
+    assert by["passive", 2]["vs_own_quiet"] == 30.0 / 45.0 and by["passive", 2]["vs_first_policy_quiet"] == 30.0 / 92.0

@@ -32,6 +32,11 @@ def assert_matches(got: torch.Tensor, want: torch.Tensor) -> None:
         torch.testing.assert_close(got, want, **FP32)
 
 
+def bits(t: torch.Tensor) -> torch.Tensor:
+    """The tensor's bit patterns (NaN equals NaN of the same bits)."""
+    return t.view({torch.float32: torch.int32, torch.bfloat16: torch.int16}.get(t.dtype, t.dtype))
+
+
 def qkv_views(num_tokens: int, dtype: torch.dtype, heads: int = 9, kv_heads: int = 3, head_dim: int = 64):
     qkv = torch.randn(num_tokens, (heads + 2 * kv_heads) * head_dim).to(dtype)
     q_size, kv_size = heads * head_dim, kv_heads * head_dim
@@ -125,3 +130,31 @@ def test_argmax_is_torchs_argmax(width):
         assert torch.equal(cpu_kernels.argmax_cpu(x), x.argmax(-1))
     one = torch.randn(9, width)
     assert torch.equal(cpu_kernels.argmax_cpu(one[4:5]), cpu_kernels.argmax_cpu(one)[4:5])  # batch-invariant
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_row_alone_and_in_a_big_call_agree(dtype):
+    """A call of many rows shares them among the threads, a call of one row (or a few) runs on the
+    caller's thread (elementwise.c's share()): the same bits either way. The inputs reach exp's
+    underflow and overflow branches and bf16's NaN rounding, where the comparisons are."""
+    torch.manual_seed(3)
+    rows = 64
+    x = 30 * torch.randn(rows, 2 * 1536)
+    x[:, ::97], x[:, 5::101], x[3, 7] = 100.0, -100.0, float("nan")
+    x = x.to(dtype)
+    residual, weight = torch.randn(rows, 2 * 1536).to(dtype), torch.randn(2 * 1536).to(dtype)
+    q, k, _ = qkv_views(rows, dtype)
+    cache, positions = cos_sin_cache(64, 4096, 10000.0).to(dtype), torch.arange(rows) * 61
+    logits = torch.randn(rows, 49152)
+    logits[5, 1234] = float("nan")
+    many = (cpu_kernels.silu_and_mul_cpu(x), *cpu_kernels.rms_norm_cpu(x, weight, 1e-5, residual),
+            *cpu_kernels.apply_rotary_cpu(q, k, positions, cache), cpu_kernels.argmax_cpu(logits))
+    for row in (0, 3, 5, rows - 1):
+        alone = (cpu_kernels.silu_and_mul_cpu(x[row:row + 1]),
+                 *cpu_kernels.rms_norm_cpu(x[row:row + 1], weight, 1e-5, residual[row:row + 1]),
+                 *cpu_kernels.apply_rotary_cpu(q[row:row + 1], k[row:row + 1], positions[row:row + 1], cache),
+                 cpu_kernels.argmax_cpu(logits[row:row + 1]))
+        for got, want in zip(alone, many):
+            assert torch.equal(bits(got[0]), bits(want[row])), "a row's bits depend on its batch"
+    assert_matches(many[0][~x[:, :1536].isnan().any(-1)], silu_and_mul_ref(x)[~x[:, :1536].isnan().any(-1)])
+    assert torch.equal(many[-1], logits.argmax(-1))

@@ -62,3 +62,24 @@ def test_kv_caches_must_match_the_layers(model_dir):
     with pytest.raises(ValueError, match="KV caches"):
         model.stack(x, runner.kv_cache.layers[:-1], *ints, torch.zeros(1, 1, dtype=torch.int64), *ints)
     assert not model.stack.runs(x.to(torch.bfloat16), runner.kv_cache.layers)  # another dtype: layer by layer
+
+
+def test_other_caches_after_a_step_are_checked_and_described_anew(model_dir):
+    """After the first step the stack trusts the caches it described by the pairs' identity: a list
+    with another pair in it is checked again, and new caches get their own descriptors."""
+    llm = make_llm(model_dir("llama", "tiny"))
+    llm.generate(random_prompts(1, 512, 5, 6, seed=1), greedy(1), use_tqdm=False)
+    model, runner = _models(llm)[0], next(iter(llm.engine.workers.values())).runner
+    caches = runner.kv_cache.layers
+    x = torch.randn(1, model.cfg.hidden_size)
+    assert model.stack.runs(x, caches)
+    swapped = list(caches)
+    swapped[-1] = (caches[-1][0].to(torch.bfloat16), caches[-1][1])
+    assert not model.stack.runs(x, swapped)
+    fresh = [(torch.zeros_like(k), torch.zeros_like(v)) for k, v in caches]
+    before = [k.clone() for k, _ in caches]
+    zero, table = torch.zeros(1, dtype=torch.int64), torch.zeros(1, 1, dtype=torch.int64)
+    assert model.stack.runs(x, fresh)
+    model.stack(x, fresh, zero, zero, table, zero, zero)
+    assert all(k[0, 0].abs().sum() > 0 for k, _ in fresh), "the K rows went elsewhere"
+    assert all(torch.equal(k, old) for (k, _), old in zip(caches, before)), "the worker's caches were written"
