@@ -15,43 +15,6 @@
 #include "kernels.h"
 #include "vec.h"
 
-#ifndef NATIVE_LANES
-/* vec.h's register-wide comparisons (main's 14224f3, which argmax_rows already uses there): the
- * same two here until this branch meets it; then vec.h defines NATIVE_LANES and this goes. */
-#if defined(__AVX512F__)
-#define PIECE_LANES 16
-#elif defined(__AVX__)
-#define PIECE_LANES 8
-#else
-#define PIECE_LANES 4
-#endif
-typedef float vf_piece __attribute__((vector_size(PIECE_LANES * sizeof(float))));
-typedef int32_t vi_piece __attribute__((vector_size(PIECE_LANES * sizeof(int32_t))));
-
-INLINE vi greater16(vf a, vf b) { /* a > b, all ones where true */
-    vi mask;
-    for (int i = 0; i < LANES; i += PIECE_LANES) {
-        vf_piece x, y;
-        memcpy(&x, (const float *)&a + i, sizeof x);
-        memcpy(&y, (const float *)&b + i, sizeof y);
-        const vi_piece piece = x > y;
-        memcpy((int32_t *)&mask + i, &piece, sizeof piece);
-    }
-    return mask;
-}
-
-INLINE vi is_nan16(vf a) { /* a != a */
-    vi mask;
-    for (int i = 0; i < LANES; i += PIECE_LANES) {
-        vf_piece x;
-        memcpy(&x, (const float *)&a + i, sizeof x);
-        const vi_piece piece = x != x;
-        memcpy((int32_t *)&mask + i, &piece, sizeof piece);
-    }
-    return mask;
-}
-#endif
-
 /* Threads for a call of num_rows rows of `width` elements: the call's own thread where the rows
  * are too few to share (one row cannot be split; a few thousand elements take less than the
  * fork and join of a parallel region, ~1-3 us, or a whole time slice when another process holds
