@@ -70,3 +70,15 @@ def test_roofline_pairs_each_round_with_its_own_bandwidth_probe(model_dir):
     assert abs(row["decode_bandwidth_frac"] - 0.7) < 1e-9
     assert [round(f, 9) for f in row["decode_bandwidth_frac_range"]] == [0.5, 0.8]
     assert abs(row["decode_bandwidth_frac_best_bw"] - 0.4) < 1e-9
+
+
+def test_linear_bound_quantizes_each_format_it_names():
+    """--quantizations times each weight in the named format, as the loader would hold it."""
+    import torch
+
+    bench = load_bench("linear_bound")
+    weight = torch.randn(96, 64)
+    for fmt, step in (("int8", 1 / 127), ("q8_0", 1 / 127), ("q4_1", 1 / 15), ("q4_0", 1 / 7)):
+        quantized = bench.quantized(weight, fmt, torch.bfloat16)
+        assert quantized.format == fmt and quantized.shape == weight.shape and quantized.dtype == torch.bfloat16
+        assert (quantized.dequantize() - weight).abs().max() <= weight.abs().max() * step
