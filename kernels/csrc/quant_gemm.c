@@ -254,25 +254,50 @@ INLINE void dequant_tail(const uint8_t *row, int64_t b, int64_t count, vf *lo, v
     *hi = s8_to_f32(q1);
 }
 
+/* AVX2 holds a 16-lane vector as two ymm registers, and GCC keeps arrays of them (the tile's
+ * accumulators) on the stack: every FMA went through memory, 8-10 GFLOP/s at any batch. There the
+ * tile keeps each accumulator as four __m256 (elements 0-7, 8-15 of `lo`, then of `hi`), the same
+ * FMAs lane for lane, folded as one vf at the end: the same bits, 2.4x (batch 1) to 4x (batch 16)
+ * faster. */
+#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+#define SPLIT_ACCUMULATORS 1
+#else
+#define SPLIT_ACCUMULATORS 0
+#endif
+
 /* rows (1..TILE_ROWS) of x (fp32, row stride ldx, padded to whole blocks) times cols
  * (1..TILE_COLS) weight rows from w (row stride row_bytes) -> out[r][c] at n0 + c. */
 INLINE void tile(const int rows, const int cols, const int fmt, const float *x, int64_t ldx, const uint8_t *w,
                  int64_t row_bytes, int64_t k, const void *bias, void *out, int64_t ldo, int64_t n0, int is_bf16) {
+#if SPLIT_ACCUMULATORS
+    __m256 acc[TILE_ROWS][TILE_COLS][4];
+#pragma GCC unroll 4
+    for (int r = 0; r < rows; r++)
+#pragma GCC unroll 4
+        for (int c = 0; c < cols; c++)
+            for (int j = 0; j < 4; j++)
+                acc[r][c][j] = _mm256_setzero_ps();
+#else
     vf lo[TILE_ROWS][TILE_COLS], hi[TILE_ROWS][TILE_COLS];
 #pragma GCC unroll 4
     for (int r = 0; r < rows; r++)
 #pragma GCC unroll 4
         for (int c = 0; c < cols; c++)
             lo[r][c] = hi[r][c] = (vf){0};
+#endif
     const int64_t full = k / BLOCK, blocks = (k + BLOCK - 1) / BLOCK;
-    const int64_t block_bytes = fmt == FMT_INT8 ? BLOCK : row_bytes / blocks;
+    /* The next tile's rows are the cols * row_bytes bytes right after these: each block step
+     * prefetches its share of them, in address order, so that memory is read as one sequential
+     * stream. A tile's rows are short (a few hundred bytes each) and start a new stream every
+     * tile, which the hardware prefetcher does not pick up in time: prefetching only the same
+     * block of each next row left batch-1 INT8 and Q8_0 at half the DRAM bandwidth (8-12 GB/s
+     * against 18-25 GB/s at one thread, Zen 4). */
+    const int64_t span = (cols * row_bytes + blocks - 1) / blocks;
+    const uint8_t *ahead = w + cols * row_bytes;
     for (int64_t b = 0; b < blocks; b++) {
         vf wl[TILE_COLS], wh[TILE_COLS];
-        /* the next tile's rows (contiguous with these), the same block: the hardware prefetcher alone
-         * leaves a batch-1 pass over a large weight (the lm_head) waiting on memory */
-#pragma GCC unroll 4
-        for (int c = 0; c < cols; c++)
-            __builtin_prefetch(w + (cols + c) * row_bytes + b * block_bytes, 0, 3);
+        for (int64_t offset = b * span; offset < (b + 1) * span + 63; offset += 64)
+            __builtin_prefetch(ahead + offset, 0, 3);
 #pragma GCC unroll 4
         for (int c = 0; c < cols; c++) {
             if (fmt != FMT_INT8 || b < full) /* GGUF rows are whole blocks */
@@ -280,6 +305,20 @@ INLINE void tile(const int rows, const int cols, const int fmt, const float *x, 
             else
                 dequant_tail(w + c * row_bytes, b, k - b * BLOCK, &wl[c], &wh[c]);
         }
+#if SPLIT_ACCUMULATORS
+        __m256 wv[TILE_COLS][4];
+#pragma GCC unroll 4
+        for (int c = 0; c < cols; c++)
+            memcpy(&wv[c][0], &wl[c], 64), memcpy(&wv[c][2], &wh[c], 64);
+#pragma GCC unroll 4
+        for (int r = 0; r < rows; r++) {
+#pragma GCC unroll 4
+            for (int c = 0; c < cols; c++)
+                for (int j = 0; j < 4; j++)
+                    acc[r][c][j] = _mm256_fmadd_ps(wv[c][j], _mm256_loadu_ps(x + r * ldx + b * BLOCK + 8 * j),
+                                                   acc[r][c][j]);
+        }
+#else
 #pragma GCC unroll 4
         for (int r = 0; r < rows; r++) {
             vf xl, xh;
@@ -291,6 +330,7 @@ INLINE void tile(const int rows, const int cols, const int fmt, const float *x, 
                 hi[r][c] = fma16(wh[c], xh, hi[r][c]);
             }
         }
+#endif
     }
 #pragma GCC unroll 4
     for (int c = 0; c < cols; c++) {
@@ -304,7 +344,13 @@ INLINE void tile(const int rows, const int cols, const int fmt, const float *x, 
         for (int r = 0; r < rows; r++) {
             /* value * scale + add in one rounding on every path (1 and 0 change nothing): left to the
              * compiler, it would fuse them in some tiles and not in others */
+#if SPLIT_ACCUMULATORS
+            vf lo, hi;
+            memcpy(&lo, &acc[r][c][0], 64), memcpy(&hi, &acc[r][c][2], 64);
+            const float value = fused(fold(lo + hi), scale, add);
+#else
             const float value = fused(fold(lo[r][c] + hi[r][c]), scale, add);
+#endif
             if (is_bf16) {
                 ((uint16_t *)out)[r * ldo + n] = float_to_bf16(value);
             } else {

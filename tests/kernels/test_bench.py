@@ -87,3 +87,15 @@ def test_contention_policies_and_ratios():
     assert by["default", 0]["tokens_per_s"] == 92.0 and by["default", 0]["range"] == (90.0, 94.0)
     assert by["default", 2]["vs_own_quiet"] == 6.0 / 92.0
     assert by["passive", 2]["vs_own_quiet"] == 30.0 / 45.0 and by["passive", 2]["vs_first_policy_quiet"] == 30.0 / 92.0
+
+
+def test_linear_bound_quantizes_each_format_it_names():
+    """--quantizations times each weight in the named format, as the loader would hold it."""
+    import torch
+
+    bench = load_bench("linear_bound")
+    weight = torch.randn(96, 64)
+    for fmt, step in (("int8", 1 / 127), ("q8_0", 1 / 127), ("q4_1", 1 / 15), ("q4_0", 1 / 7)):
+        quantized = bench.quantized(weight, fmt, torch.bfloat16)
+        assert quantized.format == fmt and quantized.shape == weight.shape and quantized.dtype == torch.bfloat16
+        assert (quantized.dequantize() - weight).abs().max() <= weight.abs().max() * step
