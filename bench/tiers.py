@@ -63,6 +63,30 @@ def main() -> None:
     print(path.read_text())
 
 
+def best_times(tiers, rounds: int, run) -> dict[str, float]:
+    """Each tier's best thread CPU time for run() over rounds + 1 rounds, tiers interleaved round
+    by round (the first round also builds and warms every tier; being slowest, it is not the best)."""
+    best = {}
+    for _ in range(rounds + 1):
+        for tier in tiers:
+            with cpu_kernels.use_isa(tier):
+                start = time.thread_time()
+                run()
+                best[tier] = min(best.get(tier, float("inf")), time.thread_time() - start)
+    return best
+
+
+def add_rows(rows: list, data: list, tiers, paths, best: dict[str, float], num_bytes: int, ms_format: str,
+             **point) -> None:
+    """One table row and one JSON record per tier for a measured point (dtype, batch, ...)."""
+    for tier in tiers:
+        seconds = best[tier]
+        rows.append([point["dtype"], point["batch"], tier, paths[tier], ms_format.format(seconds * 1e3),
+                     f"{num_bytes / seconds / 1e9:.1f}", f"{best[tiers[0]] / seconds:.2f}x"])
+        data.append(dict(**point, tier=tier, path=paths[tier], seconds=seconds, gb_per_s=num_bytes / seconds))
+    print(rows[-len(tiers):], flush=True)
+
+
 def linear_section(args, shapes, tiers, paths) -> tuple[str, list[dict]]:
     rows, data = [], []
     for name in args.dtypes.split(","):
@@ -71,21 +95,13 @@ def linear_section(args, shapes, tiers, paths) -> tuple[str, list[dict]]:
         num_bytes = sum(n * k * torch.empty(0, dtype=dtype).element_size() for n, k in shapes)
         for batch in [int(b) for b in args.batch_sizes.split(",")]:
             inputs = {k: torch.randn(batch, k).to(dtype) for k in {k for _, k in shapes}}
-            best = {}
-            for _ in range(args.rounds + 1):  # the first round builds and warms every tier
-                for tier in tiers:
-                    with cpu_kernels.use_isa(tier):
-                        start = time.thread_time()
-                        for weight, (_, k) in zip(weights, shapes):
-                            invariant_linear(inputs[k], weight, None)
-                        best[tier] = min(best.get(tier, float("inf")), time.thread_time() - start)
-            for tier in tiers:
-                seconds = best[tier]
-                rows.append([name, batch, tier, paths[tier], f"{seconds * 1e3:.1f}", f"{num_bytes / seconds / 1e9:.1f}",
-                             f"{best[tiers[0]] / seconds:.2f}x"])
-                data.append(dict(dtype=name, batch=batch, tier=tier, path=paths[tier], seconds=seconds,
-                                 gb_per_s=num_bytes / seconds))
-            print(rows[-len(tiers):], flush=True)
+
+            def step():
+                for weight, (_, k) in zip(weights, shapes):
+                    invariant_linear(inputs[k], weight, None)
+
+            best = best_times(tiers, args.rounds, step)
+            add_rows(rows, data, tiers, paths, best, num_bytes, "{:.1f}", dtype=name, batch=batch)
     return ("## The linear layers\n\n"
             "One decode step's linear layers per kernel tier, 1 thread, thread CPU time, best of "
             f"{args.rounds} interleaved rounds (weights: {num_bytes / 1e6:.0f} MB in bf16 or fp32 as the row says).\n\n"
@@ -112,21 +128,8 @@ def attention_section(args, folder: Path, tiers, paths) -> tuple[str, list[dict]
                         seq_lens=torch.full((batch,), context), query_start_loc=torch.arange(batch + 1),
                         scale=head_dim ** -0.5)
             num_bytes = 2 * batch * context * kv_heads * head_dim * k_cache.element_size() * layers  # keys + values
-            best = {}
-            for _ in range(args.rounds + 1):
-                for tier in tiers:
-                    with cpu_kernels.use_isa(tier):
-                        start = time.thread_time()
-                        for _ in range(layers):
-                            paged_attention_cpu(**step)
-                        best[tier] = min(best.get(tier, float("inf")), time.thread_time() - start)
-            for tier in tiers:
-                seconds = best[tier]
-                rows.append([name, batch, tier, paths[tier], f"{seconds * 1e3:.2f}", f"{num_bytes / seconds / 1e9:.1f}",
-                             f"{best[tiers[0]] / seconds:.2f}x"])
-                data.append(dict(dtype=name, batch=batch, tier=tier, path=paths[tier], seconds=seconds,
-                                 gb_per_s=num_bytes / seconds, context=context))
-            print(rows[-len(tiers):], flush=True)
+            best = best_times(tiers, args.rounds, lambda: [paged_attention_cpu(**step) for _ in range(layers)])
+            add_rows(rows, data, tiers, paths, best, num_bytes, "{:.2f}", dtype=name, batch=batch, context=context)
     return ("## Paged attention\n\n"
             f"One decode step's paged attention ({layers} layers, {heads} query heads, {kv_heads} KV heads of "
             f"{head_dim}), each sequence one query at {context} keys, per kernel tier, 1 thread, thread CPU time, "
