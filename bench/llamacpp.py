@@ -65,12 +65,22 @@ class Server:
 
     def complete(self, prompt_ids: list[int], max_tokens: int, ignore_eos: bool = True) -> list[int]:
         """Greedy (top-k 1) continuation of the token ids: the generated ids."""
+        return self._completion(prompt_ids, max_tokens, ignore_eos)["tokens"]
+
+    def complete_with_top(self, prompt_ids: list[int], max_tokens: int, top: int = 2,
+                          ignore_eos: bool = False) -> tuple[list[int], list[list[tuple[int, float]]]]:
+        """complete(), and at each generated token llama.cpp's `top` (id, logprob) before sampling."""
+        answer = self._completion(prompt_ids, max_tokens, ignore_eos, n_probs=top)
+        tops = [[(t["id"], t["logprob"]) for t in step["top_logprobs"]] for step in answer["completion_probabilities"]]
+        return answer["tokens"], tops
+
+    def _completion(self, prompt_ids: list[int], max_tokens: int, ignore_eos: bool, **extra) -> dict:
         body = {"prompt": prompt_ids, "n_predict": max_tokens, "temperature": 0.0, "top_k": 1, "samplers": ["top_k"],
-                "ignore_eos": ignore_eos, "cache_prompt": False, "return_tokens": True, "seed": 0}
+                "ignore_eos": ignore_eos, "cache_prompt": False, "return_tokens": True, "seed": 0, **extra}
         req = urllib.request.Request(f"http://127.0.0.1:{self.port}/completion", json.dumps(body).encode(),
                                      {"Content-Type": "application/json"})
         with urllib.request.urlopen(req, timeout=600) as r:
-            return json.loads(r.read())["tokens"]
+            return json.loads(r.read())
 
     def run(self, requests, concurrent: bool) -> tuple[int, float]:
         """Every request (prompt_ids, output_len), all at once or one at a time: (tokens, seconds)."""

@@ -206,10 +206,16 @@ def section_parity(folder: Path, args, server_bin) -> dict:
     prompts = chat_prompts(llm)
     ours = greedy_tokens(llm, prompts, args.parity_tokens, logprobs=2)
     with llamacpp.Server(server_bin[0], gguf_file(folder), args.threads, slots=1) as server:
-        theirs = [server.complete(p, args.parity_tokens, ignore_eos=False) for p in prompts]
+        answers = [server.complete_with_top(p, args.parity_tokens) for p in prompts]
     eos = set(llm.engine.workers["worker-0"].info.eos_token_ids)
-    theirs = [[t for t in seq if t not in eos] for seq in theirs]
-    ours_cmp = [compare(o, t) for o, t in zip(ours, theirs)]
+    ours_cmp = []
+    for got, (tokens, tops) in zip(ours, answers):
+        kept = [(t, top) for t, top in zip(tokens, tops) if t not in eos]
+        result = compare(got, [t for t, _ in kept])
+        if "first_divergence" in result:  # is it a near-tie on llama.cpp's side too?
+            top = kept[result["first_divergence"]][1]
+            result["their_top2_logprob_gap"] = top[0][1] - top[1][1] if len(top) > 1 else None
+        ours_cmp.append(result)
     return {"per_prompt": ours_cmp, "prompts": CHATS}
 
 
@@ -254,9 +260,10 @@ def _compare_text(r: dict) -> str:
     if r["equal"]:
         return f"token-equal ({r['compared']} tokens)"
     if "first_divergence" in r:
-        gap = r.get("our_top2_logprob_gap")
-        return (f"first differs at token {r['first_divergence']} of {r['compared']}"
-                + (f" (our top-2 logprob gap there: {gap:.3f})" if gap is not None else ""))
+        gaps = [f"{whose} top-2 logprob gap there: {r[key]:.3f}" for whose, key in
+                (("our", "our_top2_logprob_gap"), ("llama.cpp's", "their_top2_logprob_gap")) if r.get(key) is not None]
+        return f"first differs at token {r['first_divergence']} of {r['compared']}" + (
+            f" ({'; '.join(gaps)})" if gaps else "")
     return f"equal over {r['compared']} tokens, then lengths {r['lengths']}"
 
 

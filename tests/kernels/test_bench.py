@@ -99,3 +99,15 @@ def test_linear_bound_quantizes_each_format_it_names():
         quantized = bench.quantized(weight, fmt, torch.bfloat16)
         assert quantized.format == fmt and quantized.shape == weight.shape and quantized.dtype == torch.bfloat16
         assert (quantized.dequantize() - weight).abs().max() <= weight.abs().max() * step
+
+
+def test_quant_parity_reports_both_sides_gaps_at_a_divergence():
+    """A divergence from llama.cpp is reported with each side's top-2 gap, so a near-tie on either side shows."""
+    bench = load_bench("quant")
+    both = {"equal": False, "first_divergence": 17, "compared": 32, "our_top2_logprob_gap": 0.444,
+            "their_top2_logprob_gap": 0.096}
+    assert bench._compare_text(both) == ("first differs at token 17 of 32 (our top-2 logprob gap there: 0.444; "
+                                         "llama.cpp's top-2 logprob gap there: 0.096)")
+    ours_only = {**both, "their_top2_logprob_gap": None}
+    assert bench._compare_text(ours_only) == "first differs at token 17 of 32 (our top-2 logprob gap there: 0.444)"
+    assert bench._compare_text({"equal": True, "compared": 8}) == "token-equal (8 tokens)"
