@@ -13,7 +13,6 @@ so batch 1 is the memory-bound decode case (the bandwidth floor is bytes / bandw
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -29,6 +28,7 @@ from kernels.cpu_kernels import paged_attention_cpu  # noqa: E402
 from kernels.linear import invariant_linear, prepack  # noqa: E402
 from linear_bound import step_shapes  # noqa: E402
 from runners import DTYPES  # noqa: E402
+from services.worker.model_config import ModelArchConfig  # noqa: E402
 from workload import model_folder  # noqa: E402
 
 
@@ -111,10 +111,8 @@ def linear_section(args, shapes, tiers, paths) -> tuple[str, list[dict]]:
 def attention_section(args, folder: Path, tiers, paths) -> tuple[str, list[dict]]:
     """Every layer's paged attention of one decode step: `batch` sequences at args.context keys,
     one query each, the model's heads, 16-token blocks spread over the cache."""
-    cfg = json.loads((folder / "config.json").read_text())
-    heads, layers = cfg["num_attention_heads"], cfg["num_hidden_layers"]
-    kv_heads = cfg.get("num_key_value_heads", heads)
-    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
+    arch = ModelArchConfig.from_folder(folder)
+    heads, kv_heads, head_dim, layers = arch.num_heads, arch.num_kv_heads, arch.head_dim, arch.num_layers
     block_size, context = 16, args.context
     rows, data = [], []
     for name in args.dtypes.split(","):

@@ -231,16 +231,10 @@ typedef uint32_t wu __attribute__((vector_size(WL * sizeof(uint32_t))));
 typedef int32_t wi __attribute__((vector_size(WL * sizeof(int32_t))));
 typedef uint16_t wh __attribute__((vector_size(WL * sizeof(uint16_t))));
 
-/* float_to_bf16 (vec.h) lane by lane: the same formula, so the same bits. A WL-lane vector is
- * one register, so its comparison compiles to one instruction (vec.h's 16-lane ones need
- * pieces below AVX-512). The masked value is below 2^31: the signed compare is the unsigned one. */
-INLINE wu wide_bf16_bits(wv value) {
-    wu bits;
-    memcpy(&bits, &value, sizeof bits);
-    const wu rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
-    const wu nan = (wu)((wi)(bits & 0x7fffffffu) > (wi){0} + 0x7f800000);
-    return (rounded & ~nan) | (((bits >> 16) | 0x40u) & nan);
-}
+/* vec.h's bf16 rounding at the tiles' width: the same formula, so the same bits. A WL-lane vector
+ * is one register, so its NaN test compiles to one comparison. */
+INLINE wi wide_is_nan(wv value) { return value != value; }
+DEFINE_BF16_BITS(wide_bf16_bits, wv, wu, wide_is_nan)
 
 /* rows x (vectors * WL) accumulators to out (+ bias), rounded to out's dtype; columns past n are
  * not stored. A vector at a time where all its columns are stored (one element at a time in

@@ -40,12 +40,14 @@
  * attention took 7x as long as on AVX-512. */
 #if defined(__AVX512F__)
 #define AW 16
+typedef vf av;
+typedef vu au;
 #else
 #define AW 8
+typedef vf8 av;
+typedef vu8 au;
 #endif
 #define HALVES (LANES / AW) /* AW-lane pieces of a 16-lane chunk */
-typedef float av __attribute__((vector_size(AW * sizeof(float))));
-typedef uint32_t au __attribute__((vector_size(AW * sizeof(uint32_t))));
 
 #if AW == 16
 #define exp_aw exp16
@@ -77,13 +79,9 @@ static inline __attribute__((always_inline)) av load_aw(const void *base, int is
 #endif
     if (is_bf16) {
         typedef uint16_t half_aw __attribute__((vector_size(AW * sizeof(uint16_t))));
-        typedef uint32_t bits_aw __attribute__((vector_size(AW * sizeof(uint32_t))));
         half_aw half;
         memcpy(&half, (const uint16_t *)base + index, sizeof half);
-        const bits_aw bits = __builtin_convertvector(half, bits_aw) << 16;
-        av value;
-        memcpy(&value, &bits, sizeof value);
-        return value;
+        return (av)(__builtin_convertvector(half, au) << 16);
     }
     av value;
     memcpy(&value, (const float *)base + index, sizeof value);

@@ -23,12 +23,6 @@ INLINE vf bits_to_float(vu bits) {
     return value;
 }
 
-INLINE vu float_to_bits(vf value) {
-    vu bits;
-    memcpy(&bits, &value, sizeof bits);
-    return bits;
-}
-
 /* The comparisons, lane by lane. On AVX-512 a 16-lane comparison is one instruction; with
  * narrower registers GCC 12 turns it into 16 scalar ones (vcomiss, seta, insert: exp16 ran 8x
  * slower on AVX2 for them), so there it compares NATIVE_LANES at a time. */
@@ -40,48 +34,38 @@ INLINE vu float_to_bits(vf value) {
 #define NATIVE_LANES 4 /* SSE, NEON */
 #endif
 
-/* a > b (all ones where true, else 0) */
-INLINE vi greater16(vf a, vf b) {
+/* NAME(a, b) = a OP b lane by lane, all ones where true, else 0: one instruction on AVX-512,
+ * NATIVE_LANES lanes at a time below */
 #if NATIVE_LANES == 16
-    return a > b;
+#define DEFINE_COMPARE16(NAME, OP) \
+    INLINE vi NAME(vf a, vf b) { return a OP b; }
 #else
-    typedef float vf_native __attribute__((vector_size(NATIVE_LANES * sizeof(float))));
-    typedef int32_t vi_native __attribute__((vector_size(NATIVE_LANES * sizeof(int32_t))));
-    vi mask;
-    for (int i = 0; i < LANES; i += NATIVE_LANES) {
-        vf_native x, y;
-        memcpy(&x, (const float *)&a + i, sizeof x);
-        memcpy(&y, (const float *)&b + i, sizeof y);
-        const vi_native piece = x > y;
-        memcpy((int32_t *)&mask + i, &piece, sizeof piece);
+#define DEFINE_COMPARE16(NAME, OP)                                                          \
+    INLINE vi NAME(vf a, vf b) {                                                            \
+        typedef float vf_native __attribute__((vector_size(NATIVE_LANES * sizeof(float))));  \
+        typedef int32_t vi_native __attribute__((vector_size(NATIVE_LANES * sizeof(int32_t)))); \
+        vi mask;                                                                            \
+        for (int i = 0; i < LANES; i += NATIVE_LANES) {                                     \
+            vf_native x, y;                                                                 \
+            memcpy(&x, (const float *)&a + i, sizeof x);                                    \
+            memcpy(&y, (const float *)&b + i, sizeof y);                                    \
+            const vi_native piece = x OP y;                                                 \
+            memcpy((int32_t *)&mask + i, &piece, sizeof piece);                             \
+        }                                                                                   \
+        return mask;                                                                        \
     }
-    return mask;
 #endif
-}
+DEFINE_COMPARE16(greater16, >)
+DEFINE_COMPARE16(not_equal16, !=) /* true where either is NaN */
 
-/* the NaN lanes (a != a) */
-INLINE vi is_nan16(vf a) {
-#if NATIVE_LANES == 16
-    return a != a;
-#else
-    typedef float vf_native __attribute__((vector_size(NATIVE_LANES * sizeof(float))));
-    typedef int32_t vi_native __attribute__((vector_size(NATIVE_LANES * sizeof(int32_t))));
-    vi mask;
-    for (int i = 0; i < LANES; i += NATIVE_LANES) {
-        vf_native x;
-        memcpy(&x, (const float *)&a + i, sizeof x);
-        const vi_native piece = x != x;
-        memcpy((int32_t *)&mask + i, &piece, sizeof piece);
-    }
-    return mask;
-#endif
-}
+/* the NaN lanes */
+INLINE vi is_nan16(vf a) { return not_equal16(a, a); }
+
+/* mask ? a : b for vectors of any width (F the float vector, U the uint32 vector as wide) */
+#define LANE_SELECT(F, U, mask, a, b) ((F)(((U)(a) & (U)(mask)) | ((U)(b) & ~(U)(mask))))
 
 /* mask ? a : b, lane by lane (C has no vector ?:) */
-INLINE vf select16(vi mask, vf a, vf b) {
-    const vu m = (vu)mask;
-    return bits_to_float((float_to_bits(a) & m) | (float_to_bits(b) & ~m));
-}
+INLINE vf select16(vi mask, vf a, vf b) { return LANE_SELECT(vf, vu, mask, a, b); }
 
 /* 16 elements from fp32 or bf16 memory as fp32: a bf16 value is the top half of its fp32 value */
 INLINE vf load16(const void *base, int is_bf16, int64_t index) {
@@ -104,13 +88,17 @@ INLINE vf load16(const void *base, int is_bf16, int64_t index) {
     return value;
 }
 
-/* bf16 bits of each lane, rounded to nearest even as torch rounds; NaN stays NaN */
-INLINE vu bf16_bits16(vf value) {
-    const vu bits = float_to_bits(value);
-    const vu rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
-    const vu nan = (vu)is_nan16(value);
-    return (rounded & ~nan) | (((bits >> 16) | 0x40u) & nan);
-}
+/* bf16 bits of each lane, rounded to nearest even as torch rounds; NaN stays NaN. One body for
+ * each width: F, U the float and uint32 vectors, IS_NAN(F) its NaN lanes (register-wide: see the
+ * comparisons above); bf16_bits16 here, gemm.c's tiles at theirs. */
+#define DEFINE_BF16_BITS(NAME, F, U, IS_NAN)                               \
+    INLINE U NAME(F value) {                                               \
+        const U bits = (U)value;                                           \
+        const U rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;    \
+        const U nan = (U)IS_NAN(value);                                    \
+        return (rounded & ~nan) | (((bits >> 16) | 0x40u) & nan);          \
+    }
+DEFINE_BF16_BITS(bf16_bits16, vf, vu, is_nan16)
 
 /* one bf16 value as fp32 (exact: a bf16 value is the top half of its fp32 value) */
 INLINE float bf16_to_float(uint16_t half) {
@@ -177,9 +165,6 @@ typedef float vf8 __attribute__((vector_size(8 * sizeof(float))));
 typedef uint32_t vu8 __attribute__((vector_size(8 * sizeof(uint32_t))));
 typedef int32_t vi8 __attribute__((vector_size(8 * sizeof(int32_t))));
 
-/* mask ? a : b for vectors of any width (F the float vector, U the uint32 vector as wide) */
-#define LANE_SELECT(F, U, mask, a, b) ((F)(((U)(a) & (U)(mask)) | ((U)(b) & ~(U)(mask))))
-
 /* exp of each lane by one polynomial (Cephes' expf, within 2 ulp): below -87.3, 0; above 88.37,
  * inf. One body for each width: F, I, U the float, int32 and uint32 vectors. */
 #define DEFINE_EXP(NAME, F, I, U)                                                                            \
@@ -204,7 +189,7 @@ DEFINE_EXP(exp8, vf8, vi8, vu8)
 #if NATIVE_LANES == 16
 DEFINE_EXP(exp16, vf, vi, vu)
 #else
-/* two exp8, so that the comparisons are native (see greater16): the same operations lane by lane */
+/* two exp8, so that the comparisons are register-wide (see DEFINE_COMPARE16): the same operations lane by lane */
 INLINE vf exp16(vf x) {
     const vf8 low = exp8(__builtin_shufflevector(x, x, 0, 1, 2, 3, 4, 5, 6, 7));
     const vf8 high = exp8(__builtin_shufflevector(x, x, 8, 9, 10, 11, 12, 13, 14, 15));
