@@ -120,21 +120,36 @@ const char *kernel_tier(void) {
 #endif
 }
 
-/* Where a tile warms L2 with a share of the next panel: `count` cache lines from `lines`,
- * `per_step` of them per k step from the first (lines NULL: none). At M > ROWS the tiles of a
- * panel are compute-bound on data already in L2; without this the next panel would only start
- * coming from memory at its first tile, and streaming and computing would take turns instead
- * of overlapping. */
+/* Where a pass over a panel warms L2 with a share of the next panel: `count` cache lines from
+ * `lines`, `per_group` of them at the first k step of each group of WARM_GROUP steps (lines NULL:
+ * none). At M > ROWS the tiles of a panel are compute-bound on data already in L2; without this
+ * the next panel would only start coming from memory at its first tile, and streaming and
+ * computing would take turns instead of overlapping. Every pass over the panel (each tile, and
+ * each slice of a widening tile) takes an equal share, so the prefetches are spread over the
+ * whole panel's time rather than bunched into the first slices; and once per group, not per
+ * step, because the bookkeeping cost a third of the instructions of AVX2's 6 x 2 tile. */
 typedef struct {
     const char *lines;
-    int64_t count, per_step;
+    int64_t count, per_group;
 } Warm;
 
+#define WARM_GROUP 8
+
+/* share `part` of `parts` of the `count` lines from `lines`, warmed over `steps` k steps */
+static inline Warm warm_share(const char *lines, int64_t count, int64_t part, int64_t parts, int64_t steps) {
+    const int64_t share = (count + parts - 1) / parts, groups = (steps + WARM_GROUP - 1) / WARM_GROUP;
+    const int64_t first = share * part < count ? share * part : count;
+    const int64_t mine = (first + share < count ? first + share : count) - first;
+    const Warm warm = {lines != NULL && mine > 0 ? lines + 64 * first : NULL, mine, (mine + groups - 1) / groups};
+    return warm;
+}
+
 INLINE void warm_step(const Warm *warm, int64_t step) {
-    if (warm->lines == NULL)
+    if (warm->lines == NULL || step % WARM_GROUP != 0)
         return;
-    for (int64_t line = step * warm->per_step, end = line + warm->per_step; line < end && line < warm->count; line++)
-        __builtin_prefetch(warm->lines + 64 * line, 0, 2); /* prefetcht1 on x86 */
+    const int64_t line = step / WARM_GROUP * warm->per_group, end = line + warm->per_group;
+    for (int64_t l = line; l < end && l < warm->count; l++)
+        __builtin_prefetch(warm->lines + 64 * l, 0, 2); /* prefetcht1 on x86 */
 }
 
 #if HAVE_AVX512_F32
@@ -336,19 +351,20 @@ INLINE void wide_tile(const int rows, const int vectors, const int is_bf16, cons
     wide_store(rows, vectors, acc, bias, out, ldo, n0 + f0, n, is_bf16);
 }
 
-/* A panel's features in slices as wide as the tile, the last ones skipped past n; only the first
- * slice warms the next panel. */
+/* A panel's features in slices as wide as the tile, the last ones skipped past n; each slice
+ * warms its share of the tile's lines of the next panel. */
 INLINE void wide_tiles(const int rows, const int is_bf16, const void *x, int64_t ldx, const void *panel,
                        const Warm *warm, int64_t k_len, const void *bias, void *out, int64_t ldo, int64_t n0,
                        int64_t n) {
-    const Warm none = {NULL, 0, 0};
-    const int vectors = rows == 1 ? ONE_VECTORS : ROW_VECTORS;
-    for (int f0 = 0; f0 < PANEL && n0 + f0 < n; f0 += vectors * WL) {
+    const int width = (rows == 1 ? ONE_VECTORS : ROW_VECTORS) * WL;
+    const int64_t slices = ((n - n0 < PANEL ? n - n0 : PANEL) + width - 1) / width;
+    const int64_t steps = is_bf16 ? (k_len + 1) / 2 : k_len;
+    for (int s = 0; s < slices; s++) {
+        const Warm part = warm_share(warm->lines, warm->count, s, slices, steps);
         if (rows == 1)
-            wide_tile(1, ONE_VECTORS, is_bf16, x, ldx, panel, f0, f0 == 0 ? warm : &none, k_len, bias, out, ldo, n0, n);
+            wide_tile(1, ONE_VECTORS, is_bf16, x, ldx, panel, s * width, &part, k_len, bias, out, ldo, n0, n);
         else
-            wide_tile(rows, ROW_VECTORS, is_bf16, x, ldx, panel, f0, f0 == 0 ? warm : &none, k_len, bias, out, ldo,
-                      n0, n);
+            wide_tile(rows, ROW_VECTORS, is_bf16, x, ldx, panel, s * width, &part, k_len, bias, out, ldo, n0, n);
     }
 }
 
@@ -442,12 +458,13 @@ static void linear_rows(const void *x, int64_t ldx, int64_t x_elem, const void *
             const void *panel = (const char *)packed + p * panel_size * elem;
             const int64_t tiles = (m1 - m0 + tile_rows - 1) / tile_rows, lines = panel_size * elem / 64;
             const int warming = m1 - m0 >= WARM_ROWS && p + 1 < panels;
-            const int64_t share = (lines + tiles - 1) / tiles; /* lines per tile, the last one's fewer */
-            for (int64_t r = m0, t = 0; r < m1; r += tile_rows, t++) {
-                const int rows = m1 - r < tile_rows ? (int)(m1 - r) : tile_rows;
-                const int64_t first = share * t < lines ? share * t : lines;
-                const Warm warm = {warming ? (const char *)panel + panel_size * elem + 64 * first : NULL,
-                                   (first + share < lines ? first + share : lines) - first, (share + steps - 1) / steps};
+            const char *next = warming ? (const char *)panel + panel_size * elem : NULL;
+            /* the rows shared evenly (16 = 6 + 5 + 5, not 6 + 6 + 4: a 4-row tile has too few
+             * accumulator chains to cover the FMA latency); a row's chain is the same in any tile */
+            const int64_t base = (m1 - m0) / tiles, extra = (m1 - m0) % tiles;
+            for (int64_t r = m0, t = 0; r < m1; r += base + (t < extra), t++) {
+                const int rows = (int)(base + (t < extra));
+                const Warm warm = warm_share(next, lines, t, tiles, steps);
                 tile(rows, (const char *)x + r * ldx * x_elem, ldx, panel, &warm, k, bias, (char *)out + r * ldo * elem,
                      ldo, p * PANEL, n, is_bf16);
             }
