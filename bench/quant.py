@@ -14,7 +14,9 @@ Sections:
             llama-server with 16 slots, all at once; llama.cpp one request at a time (llama-server
             with 1 slot) and (p) llama-cpp-python one at a time (the baseline where it imports:
             bench/requirements-llamacpp.txt; else llama-server with 1 slot stands in), both on
-            the first --single-requests requests
+            the first --single-requests requests; and the most tok/s fp32 arithmetic allows on
+            this workload here (fp32_ceiling: its linear layers' FLOPs at the machine's best fp32
+            matmul rate, the same threads)
   parity    greedy tokens of the engine on the GGUF (fp32) against llama-server's on the same
             file, per chat prompt: token-equal, or where they first differ and how close our
             top two were there (a near-tie: llama.cpp rounds activations to 8 bits, we don't)
@@ -25,6 +27,7 @@ bench/results/quant.{md,json}.
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import statistics
 import sys
@@ -192,7 +195,35 @@ def section_serve(folder: Path, args, server_bin) -> dict:
         for server in servers:
             server.close()
     baseline = "(p) llama-cpp-python, one at a time" if peer is not None else "(o) llama.cpp, one at a time"
-    return {"values": values, "skipped": skipped, "workload": summary(requests), "baseline": baseline}
+    workload = summary(requests)
+    return {"values": values, "skipped": skipped, "workload": workload, "baseline": baseline,
+            "fp32_ceiling": fp32_ceiling(folder, workload, args.threads)}
+
+
+def fp32_ceiling(folder: Path, workload: dict, threads: int) -> dict:
+    """The most output tok/s that fp32 arithmetic allows on this workload on this machine: the
+    workload's linear-layer FLOPs (prefill without the lm_head but for each prompt's last token,
+    then the lm_head at every decode step) at the machine's best fp32 matmul rate (roofline's
+    matmul_flops: MKL, oneDNN and the own GEMM on n = 2048, the same threads). Attention is left
+    out, so the true ceiling is lower still. Kernels that dequantize into fp32 registers and
+    accumulate in fp32, as the GGUF GEMM does, cannot beat it; only integer dot products on
+    8-bit activations (llama.cpp's way) run more multiply-adds per cycle."""
+    import torch
+    from roofline import matmul_flops, model_costs
+
+    cfg = json.loads((folder / "config.json").read_text())
+    lm_head = cfg["vocab_size"] * cfg["hidden_size"]
+    params = model_costs(folder)["linear_params"]
+    prompts, outputs, n = workload["prompt_tokens"], workload["output_tokens"], workload["num_requests"]
+    flops = 2 * (prompts * (params - lm_head) + n * lm_head + (outputs - n) * params)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        peak = matmul_flops(torch.float32)
+    finally:
+        torch.set_num_threads(previous)
+    return {"workload_flops": flops, "fp32_matmul_flops_per_s": peak, "threads": threads,
+            "max_output_tok_per_s": outputs * peak / flops}
 
 
 def _rate(tokens: int, seconds: float) -> float:
@@ -241,6 +272,8 @@ def report(results: dict, args, load_before: str) -> Path:
     for key, title in titles.items():
         if key in results:
             parts.append(f"### {title}\n\n" + markdown_table(headers, rows_for(results[key])))
+            if key == "serve":
+                parts.append(_ceiling_text(results[key]))
     if "int8" in results:
         lines = [f"- {c!r}: " + _compare_text(r) for c, r in zip(CHATS, results["int8"]["greedy_vs_fp32"])]
         parts.append("### int8 (fp32 activations) greedy tokens against fp32 weights\n\n" + "\n".join(lines))
@@ -254,6 +287,18 @@ def report(results: dict, args, load_before: str) -> Path:
     body = f"Threads: {args.threads}; rounds: {args.rounds} (contenders interleaved in each round).\n\n" + \
         "\n\n".join(parts) + "\n"
     return write_results(args.out, "Quantized weights against llama.cpp and bf16", load_before, body, results)
+
+
+def _ceiling_text(serve: dict) -> str:
+    c, values = serve["fp32_ceiling"], serve["values"]
+    line = (f"fp32 ceiling: the workload's linear layers are {c['workload_flops'] / 1e9:.0f} GFLOP; at this "
+            f"machine's best fp32 matmul, {c['fp32_matmul_flops_per_s'] / 1e9:.0f} GFLOP/s ({c['threads']} threads), "
+            f"no fp32 kernel can pass {c['max_output_tok_per_s']:.0f} output tok/s")
+    if serve["baseline"] in values:
+        base = statistics.median(values[serve["baseline"]])
+        line += (f" = {c['max_output_tok_per_s'] / base:.1f}x the baseline; 10x the baseline would need "
+                 f"{10 * base * c['workload_flops'] / serve['workload']['output_tokens'] / 1e9:.0f} GFLOP/s")
+    return line + ".\n"
 
 
 def _compare_text(r: dict) -> str:

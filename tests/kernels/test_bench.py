@@ -111,3 +111,26 @@ def test_quant_parity_reports_both_sides_gaps_at_a_divergence():
     ours_only = {**both, "their_top2_logprob_gap": None}
     assert bench._compare_text(ours_only) == "first differs at token 17 of 32 (our top-2 logprob gap there: 0.444)"
     assert bench._compare_text({"equal": True, "compared": 8}) == "token-equal (8 tokens)"
+
+
+def test_quant_serve_reports_the_fp32_ceiling_of_its_workload(tmp_path, monkeypatch):
+    """The serve section says how many tok/s fp32 arithmetic allows on its workload here: the
+    linear layers' FLOPs (the lm_head once per prompt, then at every decode step) at the
+    machine's fp32 matmul rate, and what 10x the baseline would need."""
+    bench = load_bench("quant")
+    roofline = load_bench("roofline")
+    monkeypatch.setitem(sys.modules, "roofline", roofline)  # what fp32_ceiling imports
+    monkeypatch.setattr(roofline, "matmul_flops", lambda dtype: 1e9)  # 1 GFLOP/s
+    (tmp_path / "config.json").write_text(
+        '{"hidden_size": 4, "intermediate_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2,'
+        ' "num_key_value_heads": 1, "vocab_size": 10}')
+    # per layer: q, o 4x4 each; k, v 4x2 each; gate, up, down 4x8 each: 32 + 16 + 96 = 144; lm_head 40
+    workload = {"num_requests": 2, "prompt_tokens": 10, "output_tokens": 6}
+    ceiling = bench.fp32_ceiling(tmp_path, workload, threads=1)
+    flops = 2 * (10 * 144 + 2 * 40 + 4 * 184)
+    assert ceiling["workload_flops"] == flops
+    assert ceiling["max_output_tok_per_s"] == pytest.approx(6 * 1e9 / flops)
+    serve = {"fp32_ceiling": ceiling, "values": {"base": [1e6]}, "baseline": "base", "workload": workload}
+    text = bench._ceiling_text(serve)
+    assert f"no fp32 kernel can pass {6e9 / flops:.0f} output tok/s" in text
+    assert f"10x the baseline would need {10 * 1e6 * flops / 6 / 1e9:.0f} GFLOP/s" in text
