@@ -39,15 +39,39 @@ typedef struct {
     const DecoderLayer *layers;    /* [num_layers] */
 } DecoderStack;
 
-/* One linear layer on weight `which` of the layer (0 qkv, 1 o, 2 gate_up, 3 down): gemm.c's
- * packed weight, or quant_gemm.c's rows of blocks. */
-static void layer_linear(const DecoderLayer *layer, int which, const void *w, const void *x, int64_t ldx,
-                         const void *bias, void *out, int64_t ldo, int64_t m, int64_t n, int64_t k, int bf16,
-                         int num_threads) {
-    if (layer->formats[which] == 0)
-        linear(x, ldx, w, bias, out, ldo, m, n, k, bf16, num_threads);
-    else
-        quant_linear(x, ldx, w, (int)layer->formats[which], bias, out, ldo, m, n, k, bf16, num_threads);
+/* Weight `which` (0 qkv, 1 o, 2 gate_up, 3 down) of layer i, its [n, k], and its format. */
+typedef struct {
+    const void *w;
+    int64_t n, k, format;
+} Weight;
+
+static Weight layer_weight(const DecoderStack *m, int64_t i, int which) {
+    const DecoderLayer *layer = &m->layers[i];
+    const int64_t q = m->num_heads * m->head_dim, qkv = q + 2 * m->num_kv_heads * m->head_dim;
+    const void *w[] = {layer->qkv, layer->o, layer->gate_up, layer->down};
+    const int64_t n[] = {qkv, m->hidden, 2 * m->inter, m->hidden}, k[] = {m->hidden, q, m->hidden, m->inter};
+    const Weight weight = {w[which], n[which], k[which], layer->formats[which]};
+    return weight;
+}
+
+/* One linear layer on weight `which` of layer i: gemm.c's packed weight, or quant_gemm.c's rows
+ * of blocks. gemm.c warms the first panels of the weight that comes next (the next layer's qkv
+ * after down) while it finishes this one, so no call starts from cold memory. */
+static void layer_linear(const DecoderStack *m, int64_t i, int which, const void *x, int64_t ldx, const void *bias,
+                         void *out, int64_t ldo, int64_t num_tokens, int num_threads) {
+    const Weight weight = layer_weight(m, i, which);
+    if (weight.format != 0) {
+        quant_linear(x, ldx, weight.w, (int)weight.format, bias, out, ldo, num_tokens, weight.n, weight.k,
+                     m->is_bf16, num_threads);
+        return;
+    }
+    NextWeight next = {NULL, 0, 0};
+    if (which < 3 || i + 1 < m->num_layers) {
+        const Weight after = layer_weight(m, which < 3 ? i : i + 1, (which + 1) % 4);
+        if (after.format == 0)
+            next = (NextWeight){after.w, after.n, after.k};
+    }
+    linear_then(x, ldx, weight.w, bias, out, ldo, num_tokens, weight.n, weight.k, m->is_bf16, num_threads, &next);
 }
 
 /* Aligned scratch rows for every intermediate of a layer, one allocation. */
@@ -103,8 +127,7 @@ int decoder_stack(const DecoderStack *m, const void *x, void *out, int64_t num_t
         else
             rms_norm(s.x, hidden, s.res, hidden, layer->input_norm, s.h, s.res, num_tokens, hidden, m->eps, bf16,
                      num_threads);
-        layer_linear(layer, 0, layer->qkv, s.h, hidden, layer->qkv_bias, s.qkv, qkv_size, num_tokens, qkv_size,
-                     hidden, bf16, num_threads);
+        layer_linear(m, i, 0, s.h, hidden, layer->qkv_bias, s.qkv, qkv_size, num_tokens, num_threads);
         const char *q = s.qkv, *k = q + q_size * elem, *v = k + kv_size * elem;
         int64_t q_stride = qkv_size, k_stride = qkv_size;
         if (layer->q_norm != NULL) { /* per head: rows of head_dim, each token's heads contiguous */
@@ -123,15 +146,12 @@ int decoder_stack(const DecoderStack *m, const void *x, void *out, int64_t num_t
         status = paged_attention(s.q, q_size, bf16, m->scale, layer->k_cache, layer->v_cache, bf16, tables,
                                  max_blocks, token_seq, token_pos, s.attn, num_tokens, (int)heads, (int)kv_heads,
                                  (int)dim, (int)m->block_size, num_threads);
-        layer_linear(layer, 1, layer->o, s.attn, q_size, NULL, s.x, hidden, num_tokens, hidden, q_size, bf16,
-                     num_threads);
+        layer_linear(m, i, 1, s.attn, q_size, NULL, s.x, hidden, num_tokens, num_threads);
         rms_norm(s.x, hidden, s.res, hidden, layer->post_attn_norm, s.h, s.res, num_tokens, hidden, m->eps, bf16,
                  num_threads);
-        layer_linear(layer, 2, layer->gate_up, s.h, hidden, NULL, s.gate_up, 2 * m->inter, num_tokens,
-                     2 * m->inter, hidden, bf16, num_threads);
+        layer_linear(m, i, 2, s.h, hidden, NULL, s.gate_up, 2 * m->inter, num_tokens, num_threads);
         silu_and_mul(s.gate_up, 2 * m->inter, s.act, num_tokens, m->inter, bf16, num_threads);
-        layer_linear(layer, 3, layer->down, s.act, m->inter, NULL, s.x, hidden, num_tokens, hidden, m->inter, bf16,
-                     num_threads);
+        layer_linear(m, i, 3, s.act, m->inter, NULL, s.x, hidden, num_tokens, num_threads);
     }
     if (status == KERNEL_OK)
         rms_norm(s.x, hidden, s.res, hidden, m->final_norm, out, s.res, num_tokens, hidden, m->eps, bf16, num_threads);

@@ -30,6 +30,7 @@
  *   fp32: [panels][K][48]                element (p, k, j) = W[48 p + j][k]
  *   bf16: [panels][ceil(K / 2)][48][2]   element (p, i, j, h) = W[48 p + j][2 i + h] (0 past K)
  */
+#include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -409,7 +410,18 @@ static void tile(int rows, const void *x, int64_t ldx, const void *panel, const 
  * dtype (fp32 or bf16), W packed as above. Threads take whole panels, the same ones for every
  * block of rows, so a panel stays in the L2 of the core that reads it. */
 static void linear_rows(const void *x, int64_t ldx, int64_t x_elem, const void *packed, const void *bias, void *out,
-                        int64_t ldo, int64_t m, int64_t n, int64_t k, int is_bf16, int num_threads);
+                        int64_t ldo, int64_t m, int64_t n, int64_t k, int is_bf16, int num_threads,
+                        const NextWeight *next);
+
+static int64_t panel_bytes(int64_t k, int is_bf16) {
+    return (is_bf16 ? (k + 1) / 2 * 2 * 2 : k * 4) * PANEL;
+}
+
+/* thread t of `threads` takes panels [first_panel(t), first_panel(t + 1)): the same split in
+ * every call, so a caller's next weight is warmed by the thread that will read it */
+static int64_t first_panel(int64_t panels, int t, int threads) {
+    return panels * t / threads;
+}
 
 #if !HAVE_AVX512_BF16
 /* rows of bf16 x widened to fp32 (exact) */
@@ -422,6 +434,11 @@ static void widen_rows(const uint16_t *x, int64_t ldx, float *wide, int64_t rows
 
 void linear(const void *x, int64_t ldx, const void *packed, const void *bias, void *out, int64_t ldo, int64_t m,
             int64_t n, int64_t k, int is_bf16, int num_threads) {
+    linear_then(x, ldx, packed, bias, out, ldo, m, n, k, is_bf16, num_threads, NULL);
+}
+
+void linear_then(const void *x, int64_t ldx, const void *packed, const void *bias, void *out, int64_t ldo,
+                 int64_t m, int64_t n, int64_t k, int is_bf16, int num_threads, const NextWeight *next) {
 #if !HAVE_AVX512_BF16
     if (is_bf16 && m > 0) { /* the widening tiles take x in fp32: widen it once (exact), WIDE_ROWS rows at a time */
         enum { WIDE_ROWS = 256 };
@@ -433,40 +450,59 @@ void linear(const void *x, int64_t ldx, const void *packed, const void *bias, vo
         for (int64_t m0 = 0; m0 < m; m0 += chunk) {
             const int64_t rows = m - m0 < chunk ? m - m0 : chunk;
             widen_rows((const uint16_t *)x + m0 * ldx, ldx, buffer, rows, k);
-            linear_rows(buffer, k, 4, packed, bias, (uint16_t *)out + m0 * ldo, ldo, rows, n, k, 1, num_threads);
+            linear_rows(buffer, k, 4, packed, bias, (uint16_t *)out + m0 * ldo, ldo, rows, n, k, 1, num_threads,
+                        m0 + rows == m ? next : NULL);
         }
         free(wide);
         return;
     }
 #endif
-    linear_rows(x, ldx, is_bf16 ? 2 : 4, packed, bias, out, ldo, m, n, k, is_bf16, num_threads);
+    linear_rows(x, ldx, is_bf16 ? 2 : 4, packed, bias, out, ldo, m, n, k, is_bf16, num_threads, next);
 }
 
 /* linear() on x rows of x_elem bytes (bf16 x arrives widened to fp32 where the tiles want it) */
 static void linear_rows(const void *x, int64_t ldx, int64_t x_elem, const void *packed, const void *bias, void *out,
-                        int64_t ldo, int64_t m, int64_t n, int64_t k, int is_bf16, int num_threads) {
+                        int64_t ldo, int64_t m, int64_t n, int64_t k, int is_bf16, int num_threads,
+                        const NextWeight *next) {
     const int64_t panels = (n + PANEL - 1) / PANEL;
     const int64_t steps = is_bf16 ? (k + 1) / 2 : k; /* k steps of a tile: k, or pairs of k */
-    const int64_t panel_size = steps * PANEL * (is_bf16 ? 2 : 1); /* elements */
-    const int64_t elem = is_bf16 ? 2 : 4;
+    const int64_t bytes = panel_bytes(k, is_bf16), elem = is_bf16 ? 2 : 4;
     const int tile_rows = is_bf16 && !HAVE_AVX512_BF16 ? BF16_ROWS : ROWS;
 #pragma omp parallel num_threads(num_threads)
-    for (int64_t m0 = 0; m0 < m; m0 += ROW_BLOCK) {
-        const int64_t m1 = m0 + ROW_BLOCK < m ? m0 + ROW_BLOCK : m;
-#pragma omp for schedule(static) nowait
-        for (int64_t p = 0; p < panels; p++) {
-            const void *panel = (const char *)packed + p * panel_size * elem;
-            const int64_t tiles = (m1 - m0 + tile_rows - 1) / tile_rows, lines = panel_size * elem / 64;
-            const int warming = m1 - m0 >= WARM_ROWS && p + 1 < panels;
-            const char *next = warming ? (const char *)panel + panel_size * elem : NULL;
+    {
+        const int thread = omp_get_thread_num(), threads = omp_get_num_threads();
+        const int64_t p0 = first_panel(panels, thread, threads), p1 = first_panel(panels, thread + 1, threads);
+        for (int64_t m0 = 0; m0 < m; m0 += ROW_BLOCK) {
+            const int64_t m1 = m0 + ROW_BLOCK < m ? m0 + ROW_BLOCK : m;
+            const int64_t tiles = (m1 - m0 + tile_rows - 1) / tile_rows;
             /* the rows shared evenly (16 = 6 + 5 + 5, not 6 + 6 + 4: a 4-row tile has too few
              * accumulator chains to cover the FMA latency); a row's chain is the same in any tile */
             const int64_t base = (m1 - m0) / tiles, extra = (m1 - m0) % tiles;
-            for (int64_t r = m0, t = 0; r < m1; r += base + (t < extra), t++) {
-                const int rows = (int)(base + (t < extra));
-                const Warm warm = warm_share(next, lines, t, tiles, steps);
-                tile(rows, (const char *)x + r * ldx * x_elem, ldx, panel, &warm, k, bias, (char *)out + r * ldo * elem,
-                     ldo, p * PANEL, n, is_bf16);
+            for (int64_t p = p0; p < p1; p++) {
+                const char *panel = (const char *)packed + p * bytes;
+                /* what this thread reads next: its next panel; after its last, its first again
+                 * (the next block of rows) or its first panel of the caller's next weight */
+                const char *ahead = NULL;
+                int64_t ahead_bytes = bytes;
+                if (m1 - m0 >= WARM_ROWS) {
+                    if (p + 1 < p1) {
+                        ahead = panel + bytes;
+                    } else if (m1 < m) {
+                        ahead = (const char *)packed + p0 * bytes;
+                    } else if (next != NULL && next->packed != NULL) {
+                        const int64_t next_panels = (next->n + PANEL - 1) / PANEL;
+                        const int64_t q = first_panel(next_panels, thread, threads);
+                        ahead_bytes = panel_bytes(next->k, is_bf16);
+                        if (q < first_panel(next_panels, thread + 1, threads))
+                            ahead = (const char *)next->packed + q * ahead_bytes;
+                    }
+                }
+                for (int64_t r = m0, t = 0; r < m1; r += base + (t < extra), t++) {
+                    const int rows = (int)(base + (t < extra));
+                    const Warm warm = warm_share(ahead, ahead_bytes / 64, t, tiles, steps);
+                    tile(rows, (const char *)x + r * ldx * x_elem, ldx, panel, &warm, k, bias,
+                         (char *)out + r * ldo * elem, ldo, p * PANEL, n, is_bf16);
+                }
             }
         }
     }

@@ -23,6 +23,15 @@ int gemm_supported(int is_bf16);
 const char *kernel_tier(void);
 void linear(const void *x, int64_t ldx, const void *packed, const void *bias, void *out, int64_t ldo, int64_t m,
             int64_t n, int64_t k, int is_bf16, int num_threads);
+/* the weight a caller multiplies next ([n, k], packed for gemm.c, the same dtype), or packed NULL */
+typedef struct {
+    const void *packed;
+    int64_t n, k;
+} NextWeight;
+/* linear(), and while each thread finishes its share it warms its first panel of `next` (may be
+ * NULL): decoder.c's stack, where the next weight is known, so no call starts from cold memory */
+void linear_then(const void *x, int64_t ldx, const void *packed, const void *bias, void *out, int64_t ldo,
+                 int64_t m, int64_t n, int64_t k, int is_bf16, int num_threads, const NextWeight *next);
 int64_t quant_row_bytes(int fmt, int64_t k);
 int quant_linear(const void *x, int64_t ldx, const void *w, int fmt, const void *bias, void *out, int64_t ldo,
                  int64_t m, int64_t n, int64_t k, int is_bf16, int num_threads);
