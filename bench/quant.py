@@ -27,7 +27,6 @@ bench/results/quant.{md,json}.
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import statistics
 import sys
@@ -211,8 +210,10 @@ def fp32_ceiling(folder: Path, workload: dict, threads: int) -> dict:
     import torch
     from roofline import matmul_flops, model_costs
 
-    cfg = json.loads((folder / "config.json").read_text())
-    lm_head = cfg["vocab_size"] * cfg["hidden_size"]
+    from services.worker.model_config import ModelArchConfig
+
+    arch = ModelArchConfig.from_folder(folder)
+    lm_head = arch.vocab_size * arch.hidden_size
     params = model_costs(folder)["linear_params"]
     prompts, outputs, n = workload["prompt_tokens"], workload["output_tokens"], workload["num_requests"]
     flops = 2 * (prompts * (params - lm_head) + n * lm_head + (outputs - n) * params)

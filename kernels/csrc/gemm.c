@@ -145,6 +145,11 @@ static inline Warm warm_share(const char *lines, int64_t count, int64_t part, in
     return warm;
 }
 
+/* a tile's k steps: k, or pairs of k in bf16 (each step reads PANEL 4-byte words of the panel) */
+static inline int64_t k_steps(int64_t k, int is_bf16) {
+    return is_bf16 ? (k + 1) / 2 : k;
+}
+
 INLINE void warm_step(const Warm *warm, int64_t step) {
     if (warm->lines == NULL || step % WARM_GROUP != 0)
         return;
@@ -359,7 +364,7 @@ INLINE void wide_tiles(const int rows, const int is_bf16, const void *x, int64_t
                        int64_t n) {
     const int width = (rows == 1 ? ONE_VECTORS : ROW_VECTORS) * WL;
     const int64_t slices = ((n - n0 < PANEL ? n - n0 : PANEL) + width - 1) / width;
-    const int64_t steps = is_bf16 ? (k_len + 1) / 2 : k_len;
+    const int64_t steps = k_steps(k_len, is_bf16);
     for (int s = 0; s < slices; s++) {
         const Warm part = warm_share(warm->lines, warm->count, s, slices, steps);
         if (rows == 1)
@@ -414,7 +419,7 @@ static void linear_rows(const void *x, int64_t ldx, int64_t x_elem, const void *
                         const NextWeight *next);
 
 static int64_t panel_bytes(int64_t k, int is_bf16) {
-    return (is_bf16 ? (k + 1) / 2 * 2 * 2 : k * 4) * PANEL;
+    return k_steps(k, is_bf16) * PANEL * 4;
 }
 
 /* thread t of `threads` takes panels [first_panel(t), first_panel(t + 1)): the same split in
@@ -465,7 +470,7 @@ static void linear_rows(const void *x, int64_t ldx, int64_t x_elem, const void *
                         int64_t ldo, int64_t m, int64_t n, int64_t k, int is_bf16, int num_threads,
                         const NextWeight *next) {
     const int64_t panels = (n + PANEL - 1) / PANEL;
-    const int64_t steps = is_bf16 ? (k + 1) / 2 : k; /* k steps of a tile: k, or pairs of k */
+    const int64_t steps = k_steps(k, is_bf16);
     const int64_t bytes = panel_bytes(k, is_bf16), elem = is_bf16 ? 2 : 4;
     const int tile_rows = is_bf16 && !HAVE_AVX512_BF16 ? BF16_ROWS : ROWS;
 #pragma omp parallel num_threads(num_threads)

@@ -122,7 +122,7 @@ def test_quant_serve_reports_the_fp32_ceiling_of_its_workload(tmp_path, monkeypa
     monkeypatch.setitem(sys.modules, "roofline", roofline)  # what fp32_ceiling imports
     monkeypatch.setattr(roofline, "matmul_flops", lambda dtype: 1e9)  # 1 GFLOP/s
     (tmp_path / "config.json").write_text(
-        '{"hidden_size": 4, "intermediate_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2,'
+        '{"model_type": "llama", "hidden_size": 4, "intermediate_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2,'
         ' "num_key_value_heads": 1, "vocab_size": 10}')
     # per layer: q, o 4x4 each; k, v 4x2 each; gate, up, down 4x8 each: 32 + 16 + 96 = 144; lm_head 40
     workload = {"num_requests": 2, "prompt_tokens": 10, "output_tokens": 6}
