@@ -53,17 +53,27 @@ def why_not() -> str | None:
 
 
 def namespace_pids(path: Path) -> list[int]:
-    """Every process whose network namespace is the one bound at `path`."""
+    """Every process whose network namespace is the one bound at `path`, and their descendants
+    (a container a daemon in the namespace started has a namespace of its own, but runs on that host)."""
     want = path.stat().st_ino
-    pids = []
+    inside, children = set(), {}
     for proc in Path("/proc").iterdir():
-        if proc.name.isdigit():
-            try:
-                if os.stat(proc / "ns" / "net").st_ino == want:
-                    pids.append(int(proc.name))
-            except OSError:
-                pass  # gone, or a kernel thread
-    return pids
+        if not proc.name.isdigit():
+            continue
+        try:
+            stat = (proc / "stat").read_text()
+            children.setdefault(int(stat.rsplit(")", 1)[1].split()[1]), []).append(int(proc.name))
+            if os.stat(proc / "ns" / "net").st_ino == want:
+                inside.add(int(proc.name))
+        except (OSError, IndexError, ValueError):
+            pass  # gone, or a kernel thread
+    found, todo = set(), list(inside)
+    while todo:
+        pid = todo.pop()
+        if pid not in found:
+            found.add(pid)
+            todo += children.get(pid, [])
+    return sorted(found)
 
 
 class Host:
@@ -94,7 +104,7 @@ class Host:
         return namespace_pids(self.path) if self.path.exists() else []
 
     def kill_all(self, sig: int = signal.SIGKILL, timeout: float = 10) -> list[int]:
-        """Signal every process in the host (a power cut, with SIGKILL) and wait until they are gone."""
+        """Signal every process on the host (a power cut, with SIGKILL) and wait until they are gone."""
         pids = self.pids()
         for pid in pids:
             try:
