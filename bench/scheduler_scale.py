@@ -244,6 +244,7 @@ def plot(rows: list[dict], path: Path, target_ms: float) -> None:
     middle.plot(n, [r["scheduler_cpu_ms_per_worker_step"] for r in rows], "o-", label="scheduler CPU / worker-step")
     middle.axhline(target_ms, color="grey", linestyle="--", label=f"target {target_ms:g} ms")
     middle.set_xscale("log", base=2)
+    middle.set_ylim(bottom=0)
     middle.set_xlabel("stand-in workers")
     middle.set_ylabel("ms")
     middle.set_title("scheduler CPU per worker-step")
