@@ -235,7 +235,8 @@ def test_probes_ask_grpc_health_and_grace_periods_cover_the_drains(rendered):
         port = container["ports"][0]["containerPort"]
         assert container["livenessProbe"]["grpc"] == {"port": port, "service": LIVENESS}, name
         assert container["readinessProbe"]["grpc"] == {"port": port}, name  # "": ready to serve
-    assert by_name["worker"]["startupProbe"]["grpc"]["service"] == LIVENESS
+    assert by_name["worker"]["startupProbe"]["grpc"]["service"] == by_name["frontend"]["startupProbe"]["grpc"][
+        "service"] == LIVENESS
     grace = {name: d["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] for name, d in deployments.items()}
     assert grace["worker"] >= worker_main.STOP_GRACE_S + 5
     frontend = by_name["frontend"]
