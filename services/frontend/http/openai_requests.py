@@ -6,7 +6,7 @@ from services.core.sampling_params import SamplingParams
 from services.core.structured import Constraint
 from services.frontend import tools
 from services.frontend.tools import ToolPlan
-from services.frontend.core import FrontendCore
+from services.frontend.core import FrontendCore, check_room
 from services.frontend.http.models import MAX_PROMPTS, ChatCompletionRequest, CompletionRequest, SamplingFields
 from services.frontend.types import GenerateRequest, Prompt
 
@@ -35,10 +35,12 @@ async def chat_request(core: FrontendCore, body: ChatCompletionRequest,
     messages, template_tools = tools.template_messages([_message(i, m) for i, m in enumerate(body.messages)], tool_plan,
                                                        core.tokenizer.template_source)
     prompt_ids = await core.tokenize(Prompt(messages=messages, tools=template_tools))
-    max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+    field = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
+    max_tokens = getattr(body, field)
+    card = await core.model_card()
     if max_tokens is None:
-        card = await core.model_card()
         max_tokens = max(card.max_model_len - len(prompt_ids), 1)  # a too-long prompt is refused by the core
+    check_room(card, len(prompt_ids), max_tokens, field)
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
     params = sampling_params(body, max_tokens, logprobs, tool_plan.constraint())
     return GenerateRequest(prompt=Prompt(token_ids=prompt_ids), params=params, request_id=request_id,
