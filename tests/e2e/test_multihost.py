@@ -165,3 +165,18 @@ def test_a_worker_host_losing_power_mid_stream_fails_no_stream(cluster, single_h
     assert len(dropped) == 1 and dropped[0]["num_recomputed"] > 0  # it held running sequences when it died
     assert [w.address for w in cluster.stats().workers] == [f"{cluster.hosts['w1'].address}:{WORKER_PORT}"]
 
+
+
+def test_a_worker_advertising_an_address_the_scheduler_cannot_reach_is_refused_within_seconds(cluster):
+    """The mistake a user makes first on several machines: the worker keeps the default
+    --advertise-host 127.0.0.1, which on the scheduler's host is the scheduler's own loopback."""
+    worker = cluster.start_worker("w3", advertise="127.0.0.1")
+    cluster.wait_for(lambda: worker.events("worker_serving") or worker.proc.poll() is not None, 120, "w3 to load")
+    serving = time.monotonic()
+    assert worker.proc.wait(timeout=20) == 2  # refused: a final answer, not a retry loop
+    refused_s = time.monotonic() - serving
+    (event,) = worker.events("registration_refused")
+    assert f"127.0.0.1:{WORKER_PORT}" in event["reason"] and "cannot reach" in event["reason"]
+    assert "--advertise-host" in event["reason"]  # the fix is named
+    assert refused_s < 10
+    assert len(cluster.stats().workers) == 1  # never admitted
