@@ -1,6 +1,8 @@
 """OpenAI request bodies -> the frontend's GenerateRequests (one per prompt)."""
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from services.core.errors import InvalidArgument, check
 from services.core.sampling_params import SamplingParams
 from services.core.structured import Constraint
@@ -26,23 +28,32 @@ def completion_requests(body: CompletionRequest, request_id: str) -> list[Genera
 
 async def chat_request(core: FrontendCore, body: ChatCompletionRequest,
                        request_id: str) -> tuple[GenerateRequest, ToolPlan]:
-    """The messages rendered and tokenized here, so max_tokens can default to what the context leaves."""
     check(body.top_logprobs is None or body.logprobs, "top_logprobs", "needs logprobs: true")
     core.check_model(body.model or "")
     tool_choice = body.tool_choice.model_dump() if hasattr(body.tool_choice, "model_dump") else body.tool_choice
     tool_plan = tools.plan([t.model_dump(exclude_none=True) for t in body.tools or []], tool_choice,
                            body.parallel_tool_calls)
-    messages, template_tools = tools.template_messages([_message(i, m) for i, m in enumerate(body.messages)], tool_plan,
-                                                       core.tokenizer.template_source)
-    prompt_ids = await core.tokenize(Prompt(messages=messages, tools=template_tools))
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+    logprobs = (body.top_logprobs or 0) if body.logprobs else None
+    return await conversation_request(
+        core, [_message(i, m) for i, m in enumerate(body.messages)], tool_plan, request_id,
+        lambda max_tokens: sampling_params(body, max_tokens, logprobs, tool_plan.constraint()), max_tokens,
+        body.model or "", body.priority), tool_plan
+
+
+async def conversation_request(core: FrontendCore, messages: list[dict], tool_plan: ToolPlan, request_id: str,
+                               params: Callable[[int], SamplingParams], max_tokens: int | None, model: str,
+                               priority: int = 0) -> GenerateRequest:
+    """A chat (messages as the chat template takes them, tool calls as OpenAI's) rendered and
+    tokenized here, so max_tokens can default to what the context leaves. Every API's chat-like
+    endpoint (chat completions, responses, messages) comes through here."""
+    messages, template_tools = tools.template_messages(messages, tool_plan, core.tokenizer.template_source)
+    prompt_ids = await core.tokenize(Prompt(messages=messages, tools=template_tools))
     if max_tokens is None:
         card = await core.model_card()
         max_tokens = max(card.max_model_len - len(prompt_ids), 1)  # a too-long prompt is refused by the core
-    logprobs = (body.top_logprobs or 0) if body.logprobs else None
-    params = sampling_params(body, max_tokens, logprobs, tool_plan.constraint())
-    return GenerateRequest(prompt=Prompt(token_ids=prompt_ids), params=params, request_id=request_id,
-                           model=body.model or "", priority=body.priority), tool_plan
+    return GenerateRequest(prompt=Prompt(token_ids=prompt_ids), params=params(max_tokens), request_id=request_id,
+                           model=model, priority=priority)
 
 
 def sampling_params(body: SamplingFields, max_tokens: int | None, logprobs: int | None,

@@ -1,0 +1,87 @@
+"""The Anthropic Messages API's request bodies (POST /v1/messages and /v1/messages/count_tokens)
+as pydantic models: FastAPI validates with these and builds /openapi.json from them. Unknown
+fields (an image block, `thinking`) are refused, a 400 in Anthropic's error shape naming them."""
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import Field
+
+from services.core.sampling_params import MAX_STOP_STRINGS
+from services.frontend.http.models import Int, StopString, Strict, Text
+from services.frontend.types import MAX_CHAT_MESSAGES
+
+
+class CacheControl(Strict):
+    type: Literal["ephemeral"]
+    ttl: Text | None = None
+
+
+class TextBlock(Strict):
+    type: Literal["text"]
+    text: Text
+    cache_control: CacheControl | None = Field(None, description="Accepted; the prefix cache is automatic.")
+    citations: list[Any] | None = None
+
+
+class ToolUseBlock(Strict):
+    type: Literal["tool_use"]
+    id: Text
+    name: Text
+    input: dict[str, Any]
+    cache_control: CacheControl | None = None
+    caller: dict[str, Any] | None = Field(None, description="Accepted (as the SDK returns it); not used.")
+    toolset_name: Text | None = Field(None, description="Accepted (as the SDK returns it); not used.")
+
+
+class ToolResultBlock(Strict):
+    type: Literal["tool_result"]
+    tool_use_id: Text
+    content: Text | list[TextBlock] | None = None
+    is_error: bool | None = None
+    cache_control: CacheControl | None = None
+
+
+Block = Annotated[TextBlock | ToolUseBlock | ToolResultBlock, Field(discriminator="type")]
+
+
+class Message(Strict):
+    role: Literal["user", "assistant"]
+    content: Text | list[Block]
+
+
+class AnthropicTool(Strict):
+    name: Text
+    description: Text | None = None
+    input_schema: dict[str, Any] = Field(description="A JSON schema of the input object.")
+    type: Literal["custom"] | None = None
+    cache_control: CacheControl | None = None
+
+
+class ToolChoice(Strict):
+    type: Literal["auto", "any", "tool", "none"]
+    name: Text | None = Field(None, description="type tool: the tool to call.")
+    disable_parallel_tool_use: bool | None = None
+
+
+class Metadata(Strict):
+    user_id: Text | None = None
+
+
+class CountTokensRequest(Strict):
+    model: Text = Field(description="The served model's id.")
+    messages: list[Message] = Field(min_length=1, max_length=MAX_CHAT_MESSAGES)
+    system: Text | list[TextBlock] | None = None
+    tools: Annotated[list[AnthropicTool], Field(max_length=128)] | None = None
+    tool_choice: ToolChoice | None = None
+
+
+class MessagesRequest(CountTokensRequest):
+    max_tokens: Int(ge=1) = Field(description="Tokens to generate at most.")
+    stop_sequences: Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)] | None = None
+    temperature: float | None = Field(None, ge=0, le=1, description="0 is greedy; default 1.")
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: Int(ge=1, lt=2**31) | None = None
+    stream: bool = False
+    metadata: Metadata | None = None
+    seed: Int(ge=0, lt=2**63) | None = Field(None, description="An extension: same seed, same tokens.")
