@@ -36,7 +36,7 @@ def operations(served) -> list:
 def test_every_response_is_one_the_schema_documents(served, mode):
     """(schemathesis' own pytest plugin does not run under this pytest; its strategies do.)"""
     found = operations(served)
-    assert len(found) == 6
+    assert len(found) == 11
     failures, tested = [], []
     for operation in found:
 
@@ -55,7 +55,8 @@ def test_every_response_is_one_the_schema_documents(served, mode):
         except hypothesis.errors.Unsatisfiable:  # negative: nothing to make invalid (no body, any path)
             assert mode is schemathesis.GenerationMode.NEGATIVE
     assert failures == []
-    assert {"POST /v1/completions", "POST /v1/chat/completions"} <= set(tested)
+    assert {"POST /v1/completions", "POST /v1/chat/completions", "POST /v1/responses", "POST /v1/messages",
+            "POST /v1/messages/count_tokens"} <= set(tested)
 
 
 def test_the_schema_states_sampling_params_own_ranges(served):

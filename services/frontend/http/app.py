@@ -79,7 +79,8 @@ def build_app(core: FrontendCore, is_ready: Callable[[], bool], api_key: str = "
         renderer = ChatRenderer(**shared) if tool_plan.mode == "none" else ToolChatRenderer(**shared, plan=tool_plan)
         return await _respond(core, [generate_request], renderer, body, body.logprobs, request)
 
-    responses_api.add_routes(app, core, response_store or ResponseStore(), _unless_disconnected)
+    store = response_store if response_store is not None else ResponseStore()  # (an empty store is falsy)
+    responses_api.add_routes(app, core, store, _unless_disconnected)
     messages_api.add_routes(app, core, _unless_disconnected)
     return Guard(app, api_key, max_body_bytes)
 
