@@ -10,6 +10,8 @@ import anthropic
 import jsonschema
 import pytest
 
+from conftest import make_llm
+from services.core.sampling_params import SamplingParams
 from test_http_api import raw
 from test_http_cluster import client, served  # noqa: F401 - the module's fixtures: a real cluster over HTTP
 from test_structured_http import SCHEMA, TIME, WEATHER
@@ -138,3 +140,8 @@ def test_a_seeded_request_gives_the_same_tokens_through_every_api(served, client
                                      extra_body={"seed": 11, "temperature": 1.0, "top_p": 0.9})
     assert chat.choices[0].message.content == response.output_text == message.content[0].text
     assert chat.usage.prompt_tokens == response.usage.input_tokens == message.usage.input_tokens
+    # and in process (rule 4: the seed, not the batch or the process, decides the tokens)
+    [in_process] = make_llm(served.model, dtype="float32").chat(
+        messages, SamplingParams(max_tokens=24, temperature=1.0, top_p=0.9, seed=11), use_tqdm=False)
+    assert in_process.outputs[0].text == message.content[0].text
+    assert len(in_process.prompt_token_ids) == chat.usage.prompt_tokens
