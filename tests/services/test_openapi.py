@@ -78,7 +78,7 @@ def test_the_schema_states_sampling_params_own_ranges(served):
                                        ("exclusiveMinimum", step, 0), ("exclusiveMaximum", -step, 0)):
             if bound not in spec:
                 continue
-            extra = {"min_tokens": 0} if name == "max_tokens" else {"max_tokens": 10**6} if name == "min_tokens" \
+            extra = {"min_tokens": 0} if name == "max_tokens" else {"max_tokens": 2**32 - 1} if name == "min_tokens" \
                 else {}
             SamplingParams(**extra, **{name: kind(spec[bound]) + inside})  # accepted
             with pytest.raises(ValueError):

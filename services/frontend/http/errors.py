@@ -5,6 +5,7 @@
 | 400    | a parameter is invalid (param names it)| invalid_request_error  | invalid_parameter  |
 | 401    | missing or wrong API key               | invalid_request_error  | invalid_api_key    |
 | 404    | unknown model (param "model"), route or stored response | invalid_request_error | model_not_found / not_found |
+| 405    | a route's wrong method; with Allow     | invalid_request_error  | method_not_allowed |
 | 413    | body over the configured limit         | invalid_request_error  | request_too_large  |
 | 429    | queue full (RESOURCE_EXHAUSTED); with Retry-After | rate_limit_error | queue_full      |
 | 503    | no worker ready, or shutting down      | service_unavailable    | unavailable        |
@@ -58,9 +59,7 @@ def install_error_handlers(app: FastAPI) -> None:
     handlers = {InvalidArgument: _invalid_argument, RequestValidationError: _validation_error,
                 ResourceExhausted: _resource_exhausted,
                 Unavailable: lambda request, error: error_response(503, str(error), "service_unavailable", "unavailable"),
-                HTTPException: lambda request, error: error_response(
-                    error.status_code, str(error.detail), "invalid_request_error",
-                    "not_found" if error.status_code == 404 else None),
+                HTTPException: _http_exception,
                 Exception: _internal_error}
     for kind, handler in handlers.items():
         app.add_exception_handler(kind, _in_the_callers_shape(handler))
@@ -73,10 +72,18 @@ def _in_the_callers_shape(handler):
         if not in_anthropic_shape(request.url.path):
             return response
         message = json.loads(response.body)["error"]["message"]
-        headers = {k: v for k, v in response.headers.items() if k == "retry-after"}
+        headers = {k: v for k, v in response.headers.items() if k in ("retry-after", "allow")}
         return JSONResponse(json.loads(anthropic_error_body(response.status_code, message)),
                             status_code=response.status_code, headers=headers)
     return handle
+
+
+def _http_exception(request: Request, error: HTTPException) -> JSONResponse:
+    """Starlette's own errors (404 no route, 405 wrong method), keeping their headers: a 405's Allow."""
+    code = {404: "not_found", 405: "method_not_allowed"}.get(error.status_code)
+    response = error_response(error.status_code, str(error.detail), "invalid_request_error", code)
+    response.headers.update(error.headers or {})
+    return response
 
 
 def _resource_exhausted(request: Request, error: ResourceExhausted) -> JSONResponse:

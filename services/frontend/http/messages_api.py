@@ -23,7 +23,7 @@ from services.frontend.core import FrontendCore
 from services.frontend.http import messages_schemas as schemas
 from services.frontend.http.errors import anthropic_error_body
 from services.frontend.http.messages_models import CountTokensRequest, MessagesRequest
-from services.frontend.http.openai_requests import conversation_request
+from services.frontend.http.openai_requests import conversation_request, conversation_tokens
 from services.frontend.http.streams import merge, start
 from services.frontend.tool_stream import Piece, ToolCallStream
 from services.frontend.types import SampleEvent, Summary
@@ -55,9 +55,7 @@ def add_routes(app: FastAPI, core: FrontendCore, unless_disconnected) -> None:
         """The prompt's tokens, as /v1/messages would render the same system, messages and tools."""
         core.check_model(body.model)
         plan = _tool_plan(body)
-        generate_request = await conversation_request(core, chat_messages(body), plan, "", lambda _: None, 1,
-                                                      body.model)
-        return {"input_tokens": len(generate_request.prompt.token_ids)}
+        return {"input_tokens": len(await conversation_tokens(core, chat_messages(body), plan))}
 
 
 def chat_messages(body: CountTokensRequest) -> list[dict]:

@@ -8,6 +8,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field
 
 from services.core.sampling_params import MAX_STOP_STRINGS
+from services.core.widths import INT32_MAX, SEED_END, UINT32_MAX
 from services.frontend.http.models import Int, StopString, Strict, Text
 from services.frontend.types import MAX_CHAT_MESSAGES
 
@@ -77,11 +78,11 @@ class CountTokensRequest(Strict):
 
 
 class MessagesRequest(CountTokensRequest):
-    max_tokens: Int(ge=1) = Field(description="Tokens to generate at most.")
+    max_tokens: Int(ge=1, le=UINT32_MAX) = Field(description="Tokens to generate at most.")
     stop_sequences: Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)] | None = None
     temperature: float | None = Field(None, ge=0, le=1, description="0 is greedy; default 1.")
     top_p: float | None = Field(None, gt=0, le=1)
-    top_k: Int(ge=1, lt=2**31) | None = None
+    top_k: Int(ge=1, le=INT32_MAX) | None = None
     stream: bool = False
     metadata: Metadata | None = None
-    seed: Int(ge=0, lt=2**63) | None = Field(None, description="An extension: same seed, same tokens.")
+    seed: Int(ge=0, lt=SEED_END) | None = Field(None, description="An extension: same seed, same tokens.")

@@ -6,7 +6,10 @@ again for every transport; test_openapi checks that the two agree), written out 
 schema states them. Unknown fields are refused rather than ignored, so a field this server
 does not implement (a `chat_template`, `functions`) is a 400 naming it. Every text must be valid
 Unicode (JSON can carry a lone surrogate such as "\\ud800"; no tokenizer can take it), and an
-integer may come as a whole-number float (`4.0`), as OpenAI accepts it.
+integer may come as a whole-number float (`4.0`), as OpenAI accepts it. Every integer is bounded
+by the width that carries it further (services/core/widths.py: top_k is an int32, token ids and
+max_tokens uint32...), so a number too wide for the wire is a 400 naming it, never a 500. Another
+API's request models (e.g. /v1/responses, /v1/messages) reuse these types: Int, TokenId, Text.
 """
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
 from services.core.sampling_params import MAX_LOGPROBS, MAX_N, MAX_STOP_STRINGS
+from services.core.widths import INT32_MAX, INT32_MIN, SEED_END, UINT32_MAX
 from services.frontend.types import CHAT_ROLES, MAX_CHAT_MESSAGES
 
 MAX_PROMPTS = 64  # prompts in one completions request
@@ -40,7 +44,7 @@ def Int(**bounds):  # noqa: N802 - a type
 
 
 Text = Annotated[str, AfterValidator(_valid_unicode)]
-TokenId = Int(ge=0)
+TokenId = Int(ge=0, le=UINT32_MAX)
 StopString = Annotated[Text, Field(min_length=1)]
 
 from services.frontend.http.structured_models import NamedToolChoice, ResponseFormat, StructuredOutputs, Tool, ToolCallIn
@@ -63,24 +67,25 @@ class SamplingFields(Strict):
     top_p: float | None = Field(None, gt=0, le=1)
     stop: StopString | Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)] | None = \
         Field(None, description="Stop strings, cut from the text.")
-    seed: Int(ge=0, lt=2**63) | None = Field(None, description="Same seed, same tokens (the deterministic mode).")
+    seed: Int(ge=0, lt=SEED_END) | None = Field(None, description="Same seed, same tokens (the deterministic mode).")
     presence_penalty: float | None = Field(None, ge=-2, le=2)
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
-    logit_bias: dict[Annotated[str, Field(pattern=r"^[0-9]+$")], Annotated[float, Field(ge=-100, le=100)]] | None = \
+    logit_bias: dict[Annotated[str, Field(pattern=r"^[0-9]{1,10}$")], Annotated[float, Field(ge=-100, le=100)]] \
+        | None = \
         Field(None, description="Token id (as a string) -> bias.")
     user: Text | None = Field(None, description="The caller's id, logged.")
     stream: bool = False
     stream_options: StreamOptions | None = None
     # vLLM's extensions
-    top_k: Int(ge=-1) | None = Field(None, description="-1: off.")
+    top_k: Int(ge=-1, le=INT32_MAX) | None = Field(None, description="-1: off.")
     min_p: float | None = Field(None, ge=0, le=1)
     repetition_penalty: float | None = Field(None, gt=0, le=10)
-    min_tokens: Int(ge=0) | None = Field(None, description="At most max_tokens.")
+    min_tokens: Int(ge=0, le=UINT32_MAX) | None = Field(None, description="At most max_tokens.")
     ignore_eos: bool | None = None
     stop_token_ids: list[TokenId] | None = None
     include_stop_str_in_output: bool | None = None
     skip_special_tokens: bool | None = None
-    priority: Int(ge=-2**31, lt=2**31) = Field(0, description="Lower runs first under the priority policy.")
+    priority: Int(ge=INT32_MIN, le=INT32_MAX) = Field(0, description="Lower runs first under the priority policy.")
     response_format: ResponseFormat | None = Field(None, description="text, json_object or json_schema.")
     structured_outputs: StructuredOutputs | None = Field(None, description="vLLM's constraints (one of them).")
 
@@ -92,7 +97,7 @@ class CompletionRequest(SamplingFields):
     prompt: Text | TokenIds | Annotated[list[Text], Field(min_length=1, max_length=MAX_PROMPTS)] \
         | Annotated[list[TokenIds], Field(min_length=1, max_length=MAX_PROMPTS)] = Field(
             description="A text, token ids, a list of texts, or a list of token-id lists.")
-    max_tokens: Int(ge=1) | None = Field(16, description="Tokens to generate per sample.")
+    max_tokens: Int(ge=1, le=UINT32_MAX) | None = Field(16, description="Tokens to generate per sample.")
     logprobs: Int(ge=0, le=MAX_LOGPROBS) | None = Field(
         None, description="Log probabilities of the sampled and this many top tokens.")
 
@@ -113,8 +118,13 @@ class ChatMessage(Strict):
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_CHAT_MESSAGES,
                                         description="Rendered with the model's own chat template.")
-    max_completion_tokens: Int(ge=1) | None = Field(None, description="Default: what the context leaves.")
-    max_tokens: Int(ge=1) | None = Field(None, description="Deprecated name of max_completion_tokens.")
+    max_completion_tokens: Int(ge=1, le=UINT32_MAX) | None = Field(None, description=(
+        "An upper bound on the tokens generated per choice. Omitted (with max_tokens): up to what the context "
+        "leaves, max_model_len less the prompt's tokens, so a chat may generate up to the whole context. "
+        "More than that is a 400."))
+    max_tokens: Int(ge=1, le=UINT32_MAX) | None = Field(None, description=(
+        "Deprecated name of max_completion_tokens (which wins when both are given). Omitted: up to what the "
+        "context leaves."))
     logprobs: bool = False
     top_logprobs: Int(ge=0, le=MAX_LOGPROBS) | None = Field(
         None, description="With logprobs: this many top tokens per position.")

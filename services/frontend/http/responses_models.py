@@ -9,6 +9,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field
 
 from services.core.sampling_params import MAX_STOP_STRINGS
+from services.core.widths import SEED_END, UINT32_MAX
 from services.frontend.http.models import Int, StopString, Strict, Text
 from services.frontend.types import MAX_CHAT_MESSAGES
 
@@ -85,8 +86,8 @@ class ResponseRequest(Strict):
     text: TextOptions | None = Field(None, description="The output's format: text, json_object or json_schema.")
     temperature: float | None = Field(None, ge=0, le=2, description="0 is greedy; default 1.")
     top_p: float | None = Field(None, gt=0, le=1)
-    max_output_tokens: Int(ge=1) | None = Field(None, description="Default: what the context leaves.")
-    seed: Int(ge=0, lt=2**63) | None = Field(None, description="Same seed, same tokens (the deterministic mode).")
+    max_output_tokens: Int(ge=1, le=UINT32_MAX) | None = Field(None, description="Default: what the context leaves.")
+    seed: Int(ge=0, lt=SEED_END) | None = Field(None, description="Same seed, same tokens (the deterministic mode).")
     stop: Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)] | None = Field(
         None, description="An extension: stop strings, cut from the text.")
     store: bool = Field(True, description="Keep the response (in memory, bounded, with a TTL) for GET and "
