@@ -80,12 +80,22 @@ def test_responses_tool_loop_through_previous_response_id(served, client):
 
 def test_responses_json_schema_is_valid_at_temperature_1_for_every_seed(served, client):
     fmt = {"type": "json_schema", "name": "forecast", "schema": SCHEMA, "strict": True}
-    for seed in range(8):
+    for seed in range(6):
         result = client.responses.create(model=served.model, input=QUESTION, text={"format": fmt},
                                          max_output_tokens=80, temperature=1.0, store=False,
                                          extra_body={"seed": seed})
         assert result.status == "completed"
         jsonschema.validate(json.loads(result.output_text), SCHEMA)
+
+
+def test_messages_output_config_json_schema_is_valid(served, claude):
+    for seed in range(3):
+        message = claude.messages.create(model=served.model, messages=[{"role": "user", "content": QUESTION}],
+                                         max_tokens=80, output_config={"format": {"type": "json_schema",
+                                                                                  "schema": SCHEMA}},
+                                         extra_body={"seed": seed, "temperature": 1.0})
+        assert message.stop_reason == "end_turn"
+        jsonschema.validate(json.loads(message.content[0].text), SCHEMA)
 
 
 def test_messages_create_and_stream(served, claude):

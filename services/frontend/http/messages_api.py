@@ -18,6 +18,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from services.core.errors import REFUSALS, InvalidArgument, check
 from services.core.sampling_params import SamplingParams
+from services.core.structured import Constraint
 from services.frontend import tools
 from services.frontend.core import FrontendCore
 from services.frontend.http import messages_schemas as schemas
@@ -108,8 +109,12 @@ def _tool_plan(body: CountTokensRequest) -> tools.ToolPlan:
 def _sampling_params(body: MessagesRequest, max_tokens: int, plan: tools.ToolPlan) -> SamplingParams:
     kwargs = {name: value for name in ("temperature", "top_p", "top_k", "seed")
               if (value := getattr(body, name)) is not None}
+    fmt = body.output_config.format if body.output_config is not None else None
+    constraint = Constraint.json_schema(fmt.schema_, "output_config.format.schema") if fmt is not None else None
+    check(constraint is None or plan.constraint() is None, "tool_choice",
+          "a tool choice of any or tool cannot be combined with output_config.format")
     return SamplingParams(**kwargs, max_tokens=max_tokens, stop=body.stop_sequences or (),
-                          structured_outputs=plan.constraint())
+                          structured_outputs=constraint or plan.constraint())
 
 
 class MessageBuilder:

@@ -65,6 +65,16 @@ class ToolChoice(Strict):
     disable_parallel_tool_use: bool | None = None
 
 
+class JsonOutputFormat(Strict):
+    type: Literal["json_schema"]
+    schema_: dict[str, Any] = Field(alias="schema", description="The JSON schema the output follows.")
+
+
+class OutputConfig(Strict):
+    format: JsonOutputFormat | None = Field(None, description="Structured output, through the grammar.")
+    effort: Literal["low", "medium", "high", "xhigh", "max"] | None = Field(None, description="Accepted; not used.")
+
+
 class Metadata(Strict):
     user_id: Text | None = None
 
@@ -86,3 +96,5 @@ class MessagesRequest(CountTokensRequest):
     stream: bool = False
     metadata: Metadata | None = None
     seed: Int(ge=0, lt=SEED_END) | None = Field(None, description="An extension: same seed, same tokens.")
+    output_config: OutputConfig | None = None
+    cache_control: CacheControl | None = Field(None, description="Accepted; the prefix cache is automatic.")
