@@ -94,6 +94,9 @@ def test_each_api_has_its_own_error_shape_and_takes_either_key_header(harness):
     assert post(harness, "/v1/responses", {"input": "x"}, "bad", "authorization")[0] == 401
     assert post(harness, "/v1/responses", {"input": "x", "max_output_tokens": 1}, header="authorization")[0] == 200
     assert post(harness, "/v1/messages/count_tokens", {"model": MODEL_ID, "messages": QUESTION})[0] == 200
+    codex_style = {"input": "x", "max_output_tokens": 1, "include": [], "prompt_cache_key": "k", "store": False,
+                   "reasoning": {"effort": "low", "summary": "auto"}, "service_tier": "auto"}
+    assert post(harness, "/v1/responses", codex_style)[0] == 200
 
 
 def test_the_raw_event_sequences(harness):
@@ -120,3 +123,35 @@ def test_the_clients_see_the_same_output_in_every_api(harness, tiny_llama):
     counted = claude.messages.count_tokens(model=MODEL_ID, messages=QUESTION)
     assert counted.input_tokens == chat.usage.prompt_tokens == response.usage.input_tokens \
         == message.usage.input_tokens
+
+
+def test_a_failure_after_the_first_event_is_each_apis_failure_event():
+    """Once the stream has begun the status is sent: the Responses API ends with response.failed,
+    the Messages API with an error event in Anthropic's shape."""
+    import asyncio
+
+    from services.core.errors import Unavailable
+    from services.frontend.http import messages_api, responses_api
+    from services.frontend.tools import plan
+    from services.frontend.types import GenerateEvent, SampleEvent
+
+    async def events():
+        yield 0, GenerateEvent(request_id="r", samples=[SampleEvent(index=0, text="Hel", token_ids=[1])])
+        raise Unavailable("the scheduler went away")
+
+    async def lines(stream) -> list[dict]:
+        return [json.loads(line[len("data: "):]) async for chunk in stream for line in chunk.splitlines()
+                if line.startswith("data: ")]
+
+    async def keep(final):
+        raise AssertionError("a failed response is not stored")
+
+    reader = plan([], "none", None).stream()
+    sent = asyncio.run(lines(responses_api._sse(responses_api.ResponseBuilder("resp_1", {}, reader), events(), keep)))
+    assert [e["type"] for e in sent][-2:] == ["response.output_text.delta", "response.failed"]
+    assert sent[-1]["response"]["error"]["message"] == "the scheduler went away"
+    assert sent[-1]["response"]["status"] == "failed"
+    builder = messages_api.MessageBuilder("msg_1", MODEL_ID, plan([], "none", None).stream(), 3)
+    sent = asyncio.run(lines(messages_api._sse(builder, events())))
+    assert sent[-2]["delta"] == {"type": "text_delta", "text": "Hel"}
+    assert sent[-1] == {"type": "error", "error": {"type": "overloaded_error", "message": "the scheduler went away"}}

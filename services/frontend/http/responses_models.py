@@ -74,6 +74,11 @@ class TextOptions(Strict):
     format: TextFormat | None = None
 
 
+class Reasoning(Strict):
+    effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
+    summary: Literal["auto", "concise", "detailed"] | None = None
+
+
 class ResponseRequest(Strict):
     model: Text | None = Field(None, description="The served model's id; omitted: the served model.")
     input: Text | Annotated[list[InputItem], Field(max_length=MAX_CHAT_MESSAGES)] = Field(
@@ -98,3 +103,10 @@ class ResponseRequest(Strict):
                         Field(max_length=16)] | None = None
     user: Text | None = Field(None, description="The caller's id, logged.")
     truncation: Literal["disabled"] | None = None
+    # what agent clients (codex) send that changes nothing here: accepted and not used
+    include: Annotated[list[Text], Field(max_length=16)] | None = Field(
+        None, description="Accepted; no extra output is added.")
+    prompt_cache_key: Text | None = Field(None, description="Accepted; the prefix cache is automatic.")
+    reasoning: Reasoning | None = Field(None, description="Accepted; the model gives no separate reasoning.")
+    service_tier: Literal["auto", "default", "flex", "priority"] | None = Field(None, description="Accepted.")
+    safety_identifier: Text | None = Field(None, description="The caller's id, logged.")
