@@ -101,7 +101,7 @@ class ResponseRequest(Strict):
     stream: bool = False
     metadata: Annotated[dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=512)]],
                         Field(max_length=16)] | None = None
-    user: Text | None = Field(None, description="The caller's id, logged.")
+    user: Text | None = Field(None, description="The caller's id; echoed in the response.")
     truncation: Literal["disabled"] | None = None
     # what agent clients (codex) send that changes nothing here: accepted and not used
     include: Annotated[list[Text], Field(max_length=16)] | None = Field(
@@ -109,4 +109,4 @@ class ResponseRequest(Strict):
     prompt_cache_key: Text | None = Field(None, description="Accepted; the prefix cache is automatic.")
     reasoning: Reasoning | None = Field(None, description="Accepted; the model gives no separate reasoning.")
     service_tier: Literal["auto", "default", "flex", "priority"] | None = Field(None, description="Accepted.")
-    safety_identifier: Text | None = Field(None, description="The caller's id, logged.")
+    safety_identifier: Text | None = Field(None, description="Accepted; not used.")
