@@ -31,7 +31,7 @@ class ResponseStoreLimits:
             check(getattr(self, name) > 0, name, f"must be > 0, got {getattr(self, name)}")
 
 
-@dataclass
+@dataclass(kw_only=True)
 class StoredResponse:
     body: dict  # the response object
     messages: list[dict]  # the conversation, ending with the response's output
@@ -58,7 +58,8 @@ class ResponseStore:
         while self._entries and (len(self._entries) >= self.limits.max_entries
                                  or self.num_bytes + num_bytes > self.limits.max_bytes):
             self.delete(next(iter(self._entries)))
-        self._entries[response_id] = StoredResponse(body, messages, num_bytes, self.clock() + self.limits.ttl_s)
+        self._entries[response_id] = StoredResponse(body=body, messages=messages, num_bytes=num_bytes,
+                                                     expires=self.clock() + self.limits.ttl_s)
         self.num_bytes += num_bytes
         return True
 

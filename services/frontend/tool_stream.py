@@ -25,7 +25,7 @@ WHITESPACE = " \t\r\n"
 SCALAR_CHARS = set("-+0123456789.eEtruefalsn")
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Piece:
     """content (text), call (index, name: a call starts), or arguments (index, text: more of them)."""
 
@@ -78,18 +78,18 @@ class ToolCallStream:
     # the output
     def _content(self, text: str) -> None:
         if text:
-            self._pieces.append(Piece("content", text))
+            self._pieces.append(Piece(kind="content", text=text))
 
     def _start(self, name: str) -> int:
         self.calls.append(self.new_call(name))
         index = len(self.calls) - 1
-        self._pieces.append(Piece("call", index=index, name=name))
+        self._pieces.append(Piece(kind="call", index=index, name=name))
         return index
 
     def _arguments(self, index: int, text: str) -> None:
         if text:
             self.calls[index].arguments += text
-            self._pieces.append(Piece("arguments", text, index))
+            self._pieces.append(Piece(kind="arguments", text=text, index=index))
 
     # the parser: a generator fed one character at a time (None at the end)
     def _char(self) -> Generator[None, str | None, str | None]:
