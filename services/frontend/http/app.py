@@ -31,7 +31,7 @@ def build_app(core: FrontendCore, is_ready: Callable[[], bool], api_key: str = "
     app = FastAPI(title="pagedserve", summary="OpenAI-compatible API of the pagedserve frontend",
                   docs_url=None, redoc_url=None)
     install_error_handlers(app)
-    schemas.describe(app)
+    schemas.describe(app, lambda: core.card)
 
     @app.get("/health", response_model=None, responses={
         200: {"model": schemas.Health, "description": "Ready."},

@@ -94,17 +94,17 @@ def _constraint(body: SamplingFields) -> Constraint | None:
 
 def _message(i: int, m) -> dict:
     """A request message as the chat template gets it (tool calls and ids as plain values)."""
+    tool_calls, tool_call_id = getattr(m, "tool_calls", None), getattr(m, "tool_call_id", None)
     message = {"role": m.role, "content": _text(m.content) if m.content is not None else ""}
     if m.content is None:
-        check(m.role == "assistant" and m.tool_calls, f"messages[{i}].content",
+        check(m.role == "assistant" and tool_calls, f"messages[{i}].content",
               "is required (it may be null only on an assistant message with tool_calls)")
     if m.name:
         message["name"] = m.name
-    if m.tool_calls:
-        message["tool_calls"] = [c.model_dump() for c in m.tool_calls]
-    if m.tool_call_id is not None:
-        message["tool_call_id"] = m.tool_call_id
-    check(m.role != "tool" or m.tool_call_id is not None, f"messages[{i}].tool_call_id", "a tool message needs one")
+    if tool_calls:
+        message["tool_calls"] = [c.model_dump() for c in tool_calls]
+    if tool_call_id is not None:
+        message["tool_call_id"] = tool_call_id
     return message
 
 
