@@ -65,7 +65,7 @@ def chat_messages(body: CountTokensRequest) -> list[dict]:
     if body.system:
         system = body.system if isinstance(body.system, str) else "".join(b.text for b in body.system)
         messages.append({"role": "system", "content": system})
-    for i, message in enumerate(body.messages):
+    for message in body.messages:  # (the models keep tool_use to assistants, tool_result to users)
         blocks = message.content if isinstance(message.content, list) else None
         if blocks is None:
             messages.append({"role": message.role, "content": message.content})
@@ -74,10 +74,6 @@ def chat_messages(body: CountTokensRequest) -> list[dict]:
         calls = [{"id": b.id, "type": "function", "function": {"name": b.name, "arguments": json.dumps(b.input)}}
                  for b in blocks if b.type == "tool_use"]
         results = [b for b in blocks if b.type == "tool_result"]
-        check(message.role == "assistant" or not calls, f"messages[{i}].content",
-              "tool_use blocks belong to assistant messages")
-        check(message.role == "user" or not results, f"messages[{i}].content",
-              "tool_result blocks belong to user messages")
         for result in results:
             content = result.content if isinstance(result.content, str) or result.content is None \
                 else "".join(b.text for b in result.content)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import ConfigDict, Field
 
 from services.core.sampling_params import MAX_STOP_STRINGS
 from services.core.widths import INT32_MAX, SEED_END, UINT32_MAX
@@ -43,16 +43,28 @@ class ToolResultBlock(Strict):
     cache_control: CacheControl | None = None
 
 
-Block = Annotated[TextBlock | ToolUseBlock | ToolResultBlock, Field(discriminator="type")]
+UserBlock = Annotated[TextBlock | ToolResultBlock, Field(discriminator="type")]
+AssistantBlock = Annotated[TextBlock | ToolUseBlock, Field(discriminator="type")]
 
 
-class Message(Strict):
-    role: Literal["user", "assistant"]
-    content: Text | list[Block]
+class UserMessage(Strict):
+    role: Literal["user"]
+    content: Text | list[UserBlock] = Field(description="Text, and tool_result blocks answering tool_use blocks.")
+
+
+class AssistantMessage(Strict):
+    role: Literal["assistant"]
+    content: Text | list[AssistantBlock] = Field(description="Text, and the tool_use blocks of the calls.")
+
+
+Message = Annotated[UserMessage | AssistantMessage, Field(discriminator="role")]
+
+
+TOOL_NAME = r"^[A-Za-z0-9_.-]{1,64}$"  # services/frontend/tools.py NAME
 
 
 class AnthropicTool(Strict):
-    name: Text
+    name: Text = Field(pattern=TOOL_NAME)
     description: Text | None = None
     input_schema: dict[str, Any] = Field(description="A JSON schema of the input object.")
     type: Literal["custom"] | None = None
@@ -60,8 +72,12 @@ class AnthropicTool(Strict):
 
 
 class ToolChoice(Strict):
+    model_config = ConfigDict(json_schema_extra={
+        "if": {"properties": {"type": {"const": "tool"}}},
+        "then": {"required": ["name"], "properties": {"name": {"type": "string"}}}})
+
     type: Literal["auto", "any", "tool", "none"]
-    name: Text | None = Field(None, description="type tool: the tool to call.")
+    name: Annotated[str, Field(pattern=TOOL_NAME)] | None = Field(None, description="type tool: the tool to call.")
     disable_parallel_tool_use: bool | None = None
 
 
@@ -79,7 +95,19 @@ class Metadata(Strict):
     user_id: Text | None = None
 
 
+# Rules between fields, stated in the schema as chat's are (models.py CHAT_RULES); the server checks each.
+NEEDS_TOOLS = {"if": {"required": ["tool_choice"], "properties": {"tool_choice": {
+    "type": "object", "properties": {"type": {"not": {"const": "none"}}}}}},
+    "then": {"required": ["tools"], "properties": {"tools": {"type": "array", "minItems": 1}}}}
+FORCED_CALL_HAS_NO_FORMAT = {"if": {"required": ["tool_choice"], "properties": {"tool_choice": {
+    "type": "object", "properties": {"type": {"enum": ["any", "tool"]}}}}},
+    "then": {"properties": {"output_config": {"anyOf": [{"type": "null"}, {"type": "object", "properties": {
+        "format": {"type": "null"}}}]}}}}
+
+
 class CountTokensRequest(Strict):
+    model_config = ConfigDict(json_schema_extra={"allOf": [NEEDS_TOOLS]})
+
     model: Text = Field(description="The served model's id.")
     messages: list[Message] = Field(min_length=1, max_length=MAX_CHAT_MESSAGES)
     system: Text | list[TextBlock] | None = None
@@ -88,6 +116,8 @@ class CountTokensRequest(Strict):
 
 
 class MessagesRequest(CountTokensRequest):
+    model_config = ConfigDict(json_schema_extra={"allOf": [NEEDS_TOOLS, FORCED_CALL_HAS_NO_FORMAT]})
+
     max_tokens: Int(ge=1, le=UINT32_MAX) = Field(description="Tokens to generate at most.")
     stop_sequences: Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)] | None = None
     temperature: float | None = Field(None, ge=0, le=1, description="0 is greedy; default 1.")

@@ -101,11 +101,15 @@ def _input_messages(items: str | list) -> list[dict]:
     if isinstance(items, str):
         return [{"role": "user", "content": items}]
     messages: list[dict] = []
-    for item in items:
+    for i, item in enumerate(items):
         if item.type == "message":
             text = item.content if isinstance(item.content, str) else "".join(p.text for p in item.content)
             messages.append({"role": item.role, "content": text})
         elif item.type == "function_call":
+            try:
+                json.loads(item.arguments)
+            except ValueError:
+                raise InvalidArgument(f"input[{i}].arguments", "must be JSON text") from None
             call = {"id": item.call_id, "type": "function",
                     "function": {"name": item.name, "arguments": item.arguments}}
             last = messages[-1] if messages else None

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import ConfigDict, Field
 
 from services.core.sampling_params import MAX_STOP_STRINGS
 from services.core.widths import SEED_END, UINT32_MAX
@@ -49,9 +49,12 @@ class FunctionCallOutputItem(Strict):
 InputItem = Annotated[MessageItem | FunctionCallItem | FunctionCallOutputItem, Field(union_mode="left_to_right")]
 
 
+TOOL_NAME = r"^[A-Za-z0-9_.-]{1,64}$"  # services/frontend/tools.py NAME
+
+
 class FunctionTool(Strict):
     type: Literal["function"]
-    name: Text
+    name: Text = Field(pattern=TOOL_NAME)
     description: Text | None = None
     parameters: dict[str, Any] | None = Field(None, description="A JSON schema of the arguments object.")
     strict: bool | None = Field(None, description="Accepted; a required or named call always follows the schema.")
@@ -59,10 +62,14 @@ class FunctionTool(Strict):
 
 class NamedFunction(Strict):
     type: Literal["function"]
-    name: Text
+    name: Text = Field(pattern=TOOL_NAME)
 
 
 class TextFormat(Strict):
+    model_config = ConfigDict(json_schema_extra={
+        "if": {"properties": {"type": {"const": "json_schema"}}},
+        "then": {"required": ["name"], "properties": {"name": {"type": "string"}}}})
+
     type: Literal["text", "json_object", "json_schema"]
     name: Text | None = Field(None, description="json_schema: the schema's name (not used by the server).")
     schema_: dict[str, Any] | None = Field(None, alias="schema", description="json_schema: the JSON schema.")
@@ -79,9 +86,21 @@ class Reasoning(Strict):
     summary: Literal["auto", "concise", "detailed"] | None = None
 
 
+# Rules between fields, stated in the schema as chat's are (models.py CHAT_RULES); the server checks each.
+RESPONSE_RULES = [
+    {"if": {"required": ["tool_choice"], "properties": {"tool_choice": {"not": {"enum": ["none", None]}}}},
+     "then": {"required": ["tools"], "properties": {"tools": {"type": "array", "minItems": 1}}}},
+    {"if": {"required": ["tool_choice"], "properties": {"tool_choice": {"anyOf": [
+        {"const": "required"}, {"type": "object"}]}}},
+     "then": {"properties": {"text": {"anyOf": [{"type": "null"}, {"type": "object", "properties": {"format": {
+         "anyOf": [{"type": "null"}, {"type": "object", "properties": {"type": {"const": "text"}}}]}}}]}}}}]
+
+
 class ResponseRequest(Strict):
+    model_config = ConfigDict(json_schema_extra={"allOf": RESPONSE_RULES})
+
     model: Text | None = Field(None, description="The served model's id; omitted: the served model.")
-    input: Text | Annotated[list[InputItem], Field(max_length=MAX_CHAT_MESSAGES)] = Field(
+    input: Text | Annotated[list[InputItem], Field(min_length=1, max_length=MAX_CHAT_MESSAGES)] = Field(
         description="A user message's text, or a list of items: messages, function_call, function_call_output.")
     instructions: Text | None = Field(None, description="A system message placed first (not carried over).")
     tools: Annotated[list[FunctionTool], Field(max_length=128)] | None = None
