@@ -1,0 +1,103 @@
+"""The frontend when its scheduler is lost (the fake scheduler of frontend_harness.py): open
+requests wait for a scheduler (another address of --scheduler-address here) and go on there as
+continuations; with none back within --scheduler-failover-timeout they fail with UNAVAILABLE
+naming the scheduler, and health is NOT_SERVING meanwhile. The real services under `pagedserve
+up`, with kill -9: tests/e2e/test_scheduler_failover.py."""
+from __future__ import annotations
+
+import threading
+import time
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2
+
+from frontend_harness import Harness
+from pagedserve import Client, GenerationError
+
+SERVING, NOT_SERVING = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+@pytest.fixture
+def make_harness(tiny_llama):
+    from services.core.tokenizer import Tokenizer
+
+    vocab_size, made = Tokenizer(tiny_llama).vocab_size, []
+
+    def make(**kwargs) -> Harness:
+        harness = Harness(tiny_llama, vocab_size, **kwargs)
+        made.append(harness)
+        assert harness.wait_for(lambda: harness.health() == SERVING)
+        return harness
+
+    yield make
+    for harness in made:
+        harness.close()
+
+
+def stream_while(harness: Harness, kwargs: dict, fault) -> tuple[object, BaseException | None, float]:
+    """Stream a request; `fault()` once its first delta arrived. (result, error, seconds after the fault)."""
+    with Client(harness.address) as client:
+        stream = client.stream("a long echo for failover", **kwargs)
+        deltas = iter(stream)
+        next(deltas)
+        fault()
+        faulted = time.monotonic()
+        try:
+            list(deltas)
+        except GenerationError as error:
+            return stream.result, error, time.monotonic() - faulted
+        return stream.result, None, time.monotonic() - faulted
+
+
+def test_requests_go_on_at_the_next_scheduler_address_when_theirs_is_lost(make_harness):
+    harness = make_harness(num_schedulers=2, scheduler_failover_timeout_s=10)
+    first, second = harness.fakes
+    first.step_s = second.step_s = 0.01
+    with Client(harness.address) as client:
+        want = client.generate("a long echo for failover", max_tokens=50, n=2, logprobs=2, seed=9)
+    got, error, _ = stream_while(harness, dict(max_tokens=50, n=2, logprobs=2, seed=9),
+                                 lambda: harness.run(harness.fake_servers[0].stop(0)))
+    assert error is None
+    assert got.samples == want.samples  # text, token ids, logprobs of both samples
+    assert got.seed == want.seed == 9 and got.num_completion_tokens == want.num_completion_tokens
+    continuation = second.submitted[-1]
+    assert [c.sample_index for c in continuation.continued_samples] == [0, 1]
+    assert continuation.params.seed == 9 and continuation.params.max_tokens == 50
+    assert harness.frontend.scheduler.pool.address == harness.scheduler_addresses[1]
+    assert harness.wait_for(lambda: harness.health() == SERVING)
+    assert harness.wait_for(lambda: harness.frontend.core.num_pending == 0)
+
+
+def test_with_no_scheduler_back_open_requests_fail_unavailable_at_the_failover_timeout(make_harness):
+    timeout = 1.5
+    harness = make_harness(scheduler_failover_timeout_s=timeout)
+    harness.fake.step_s = 0.01
+    healths: list[int] = []
+    watching = threading.Event()
+
+    def watch() -> None:
+        while not watching.is_set():
+            healths.append(harness.health())
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+
+    def kill() -> None:
+        harness.run(harness.fake_server.stop(0))
+        watcher.start()
+
+    _, error, seconds = stream_while(harness, dict(max_tokens=100), kill)
+    watching.set()
+    watcher.join(5)
+    assert error is not None and error.code == grpc.StatusCode.UNAVAILABLE
+    assert harness.scheduler_addresses[0] in error.details and "failover timeout (1.5 s)" in error.details
+    assert timeout - 0.2 < seconds < timeout + 2
+    assert healths and set(healths) == {NOT_SERVING}
+    assert harness.wait_for(lambda: harness.frontend.core.num_pending == 0)
+    with Client(harness.address) as client:  # a new request, once the timeout passed: refused at once
+        started = time.monotonic()
+        with pytest.raises(GenerationError) as refused:
+            client.generate("another", max_tokens=3)
+        assert refused.value.code == grpc.StatusCode.UNAVAILABLE
+        assert time.monotonic() - started < 1.0
