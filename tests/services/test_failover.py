@@ -101,3 +101,71 @@ def test_with_no_scheduler_back_open_requests_fail_unavailable_at_the_failover_t
             client.generate("another", max_tokens=3)
         assert refused.value.code == grpc.StatusCode.UNAVAILABLE
         assert time.monotonic() - started < 1.0
+
+
+@pytest.mark.slow
+def test_real_services_carry_streams_over_a_restarted_scheduler_and_the_worker_forgets_the_old_one(tiny_llama):
+    """In process: a scheduler, a worker and a frontend; the scheduler stopped outright mid-stream
+    and a new one started at its port. The streams finish with the tokens and logprobs of an
+    undisturbed run, and the worker holds no sequence of the dead scheduler."""
+    import asyncio
+
+    from pagedserve import AsyncClient
+    from services.core.config import SchedulerConfig
+    from services.frontend.config import FrontendConfig
+    from services.frontend.server import FrontendServer
+    from services.scheduler.config import SchedulerServiceConfig
+    from services.scheduler.server import SchedulerServer
+    from tests.services.cluster import Cluster
+
+    kinds = [dict(temperature=0.0, max_tokens=24, ignore_eos=True, logprobs=1),
+             dict(temperature=1.0, seed=3, n=2, max_tokens=24, ignore_eos=True, logprobs=2),
+             dict(temperature=0.8, seed=4, max_tokens=24, repetition_penalty=1.2, ignore_eos=True),
+             dict(temperature=1.0, seed=5, max_tokens=24, min_tokens=20)]
+
+    async def main():
+        cluster = await Cluster(tiny_llama).start(num_workers=1)
+        port = cluster.scheduler.port
+        frontend = FrontendServer(FrontendConfig(model=str(tiny_llama), scheduler_address=f"127.0.0.1:{port}",
+                                                 host="127.0.0.1", grpc_port=0, health_poll_s=0.05), tiny_llama)
+        await frontend.start()
+        client = AsyncClient(f"127.0.0.1:{frontend.port}")
+        try:
+            while not await frontend.core.refresh():
+                await asyncio.sleep(0.05)
+            want = await asyncio.gather(*(client.complete([7, 8, 9, i], **kw) for i, kw in enumerate(kinds)))
+            num_tokens, stopped = [0], asyncio.Event()
+
+            async def one(i, kw):
+                stream = client.generate([7, 8, 9, i], **kw)
+                async for delta in stream:
+                    num_tokens[0] += len(delta.token_ids)
+                    if num_tokens[0] >= 16 and not stopped.is_set():
+                        stopped.set()
+                        await cluster.scheduler.stop(0)  # every call cancelled, the worker's beats refused
+                return stream.result
+
+            streams = asyncio.gather(*(one(i, kw) for i, kw in enumerate(kinds)))
+            await stopped.wait()
+            await asyncio.sleep(0.3)
+            cluster.scheduler = SchedulerServer(SchedulerServiceConfig(host="127.0.0.1", port=port,
+                                                                       scheduler=SchedulerConfig()))
+            await cluster.scheduler.start()
+            got = await asyncio.wait_for(streams, 60)
+            for g, w in zip(got, want):
+                assert g.samples == w.samples  # text, token ids, logprobs, finish reasons
+                assert (g.num_prompt_tokens, g.num_completion_tokens, g.seed) == \
+                    (w.num_prompt_tokens, w.num_completion_tokens, g.seed)
+            # a worker forgets a finished sequence at the next step: after one more request it holds
+            # that one only, none of the dead scheduler's (whose seq ids the new one reuses from 0)
+            await client.complete([7, 8, 9], max_tokens=2, temperature=0.0)
+            held = cluster.workers["w0"].worker.runner.seqs.values()
+            assert [s.prompt_token_ids for s in held] == [[7, 8, 9]]
+            stats = await cluster.stats()
+            assert len(stats.workers) == 1 and stats.workers[0].num_free_gpu_blocks == stats.workers[0].num_gpu_blocks
+        finally:
+            await client.close()
+            await frontend.drain()
+            await cluster.close()
+
+    asyncio.run(asyncio.wait_for(main(), 120))
