@@ -154,7 +154,7 @@ class SchedulerClient:
                 sent_params, continued = progress.resubmission() if resubmit else (params, ())
                 try:
                     async with aclosing(self._run(mux, request_id, prompt_token_ids, sent_params, priority,
-                                                  continued)) as steps:
+                                                  continued, resubmit)) as steps:
                         async for step in steps:
                             progress.apply(step.updates)
                             lost_since, attempt = None, 0
@@ -169,8 +169,10 @@ class SchedulerClient:
             self._open.pop(request_id, None)
 
     async def _run(self, mux: SubmitManyCall, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                   priority: int, continued: tuple[ContinuedSample, ...]) -> AsyncIterator[SubmitStep]:
-        """One submission of the request on `mux`, until its last news."""
+                   priority: int, continued: tuple[ContinuedSample, ...], resubmit: bool) -> AsyncIterator[SubmitStep]:
+        """One submission of the request on `mux`, until its last news. A resubmission refused as
+        "already running" reached a scheduler that is still aborting it (the call broke, the
+        scheduler lived): it is tried again like a lost one."""
         if request_id in mux.queues:
             raise InvalidArgument("request_id", f"{request_id!r} is already running")
         queue = mux.queues[request_id] = asyncio.Queue()
@@ -187,7 +189,10 @@ class SchedulerClient:
                     finished = True
                     code = _STATUS_BY_VALUE.get(news.error_code, grpc.StatusCode.UNKNOWN)
                     error = _core_error(code, news.error_message)
-                    raise SchedulerLost(str(error)) if code in LOST_CODES else error
+                    if code in LOST_CODES or (resubmit and isinstance(error, InvalidArgument)
+                                              and error.field == "request_id"):
+                        raise SchedulerLost(str(error))
+                    raise error
                 if news.HasField("response"):
                     yield SubmitStep(internal_codec.updates_from_response(request_id, news.response),
                                      news.response.queue_time_s)

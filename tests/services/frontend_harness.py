@@ -38,6 +38,7 @@ class FakeScheduler(scheduler_pb2_grpc.SchedulerServicer):
         self.vocab_size, self.max_model_len, self.step_s = vocab_size, max_model_len, step_s
         self.num_workers = 1
         self.refuse: tuple[grpc.StatusCode, str] | None = None  # refuse every submitted request with this status
+        self.refuse_next: list[tuple[grpc.StatusCode, str]] = []  # refuse the next submitted requests, one each
         self.submitted: list[scheduler_pb2.SubmitRequest] = []
         self.aborts: list[tuple[str, int]] = []
         self.cancelled: list[str] = []
@@ -67,8 +68,8 @@ class FakeScheduler(scheduler_pb2_grpc.SchedulerServicer):
                         running[message.cancel].cancel()
                     continue
                 request = message.submit
-                if self.refuse:
-                    code, details = self.refuse
+                if self.refuse or self.refuse_next:
+                    code, details = self.refuse or self.refuse_next.pop(0)
                     out.put_nowait(scheduler_pb2.RequestNews(request_id=request.request_id, done=True,
                                                              error_code=code.value[0], error_message=details))
                     continue

@@ -2,6 +2,8 @@
 tokens it already streamed goes on with exactly the tokens and logprobs of an undisturbed run."""
 from __future__ import annotations
 
+import asyncio
+
 import grpc
 import pytest
 
@@ -46,22 +48,32 @@ def split(whole: Generation, params: SamplingParams, cut: float) -> tuple[Contin
                  for i in range(params.n))
 
 
-@pytest.mark.parametrize("cut", [0.0, 0.4])
-def test_a_continuation_goes_on_with_the_tokens_and_logprobs_of_an_undisturbed_run(model, cut):
+@pytest.mark.slow
+def test_a_continuation_goes_on_with_the_tokens_and_logprobs_of_an_undisturbed_run(model):
+    """Cut at the start (sample 0 with no token yet, sample 1 with one) and after 40%; and n=2 with
+    sample 1 finished at the frontend, so only sample 0 runs and the stream still ends."""
     async def main():
         cluster = await Cluster(model).start(num_workers=1)
         try:
-            for name, params in CASES.items():
-                whole = await cluster.generate(f"{name}-whole", PROMPT, params)
-                continued = split(whole, params, cut)
-                params = params.with_seed(params.seed if params.seed is not None else 0)
-                rest = await continue_request(cluster, f"{name}-rest", params, continued)
-                assert sorted(rest.samples) == list(range(params.n)), name
-                for c in continued:
-                    want, got = whole.samples[c.sample_index], rest.samples[c.sample_index]
-                    assert list(c.token_ids) + got.token_ids == want.token_ids, (name, c.sample_index)
-                    assert got.logprobs == want.logprobs[len(c.token_ids):], name  # exact floats
-                    assert got.finish_reason == want.finish_reason, name
+            wholes = await asyncio.gather(*(cluster.generate(f"{name}-whole", PROMPT, params)
+                                            for name, params in CASES.items()))
+            for cut in (0.0, 0.4):
+                splits = [split(whole, params, cut) for whole, params in zip(wholes, CASES.values())]
+                rests = await asyncio.gather(*(
+                    continue_request(cluster, f"{name}-{cut}", params.with_seed(params.seed or 0), continued)
+                    for (name, params), continued in zip(CASES.items(), splits)))
+                for name, params, whole, continued, rest in zip(CASES, CASES.values(), wholes, splits, rests):
+                    assert sorted(rest.samples) == list(range(params.n)), name
+                    for c in continued:
+                        want, got = whole.samples[c.sample_index], rest.samples[c.sample_index]
+                        assert list(c.token_ids) + got.token_ids == want.token_ids, (name, cut, c.sample_index)
+                        assert got.logprobs == want.logprobs[len(c.token_ids):], (name, cut)  # exact floats
+                        assert got.finish_reason == want.finish_reason, (name, cut)
+            n2 = wholes[list(CASES).index("n2")]
+            rest = await continue_request(cluster, "only-0", CASES["n2"],
+                                          (ContinuedSample(0, tuple(n2.samples[0].token_ids[:5])),))
+            assert list(rest.samples) == [0]
+            assert n2.samples[0].token_ids[:5] + rest.samples[0].token_ids == n2.samples[0].token_ids
             stats = await cluster.stats()
             assert all(w.num_free_gpu_blocks == w.num_gpu_blocks for w in stats.workers)
         finally:
@@ -70,55 +82,25 @@ def test_a_continuation_goes_on_with_the_tokens_and_logprobs_of_an_undisturbed_r
     run(main())
 
 
-def test_a_continuation_runs_only_the_samples_it_names(model):
-    """n=2 with sample 1 already finished at the frontend: only sample 0 runs, and the stream ends."""
-    params = CASES["n2"]
+BAD = [((ContinuedSample(0, tuple(range(3, 27))),), "continued_samples"),  # no room left under max_tokens 24
+       ((ContinuedSample(2, (5,)),), "continued_samples"),                 # n is 2
+       ((ContinuedSample(0, (5,)), ContinuedSample(0, (6,))), "continued_samples"),
+       ((ContinuedSample(0, (9999,)),), "continued_samples")]              # outside the vocabulary
 
+
+def test_a_bad_continuation_is_refused_naming_the_field(model):
     async def main():
         cluster = await Cluster(model).start(num_workers=1)
         try:
-            whole = await cluster.generate("whole", PROMPT, params)
-            rest = await continue_request(cluster, "rest", params, (ContinuedSample(0, tuple(whole.samples[0].token_ids[:5])),))
-            assert list(rest.samples) == [0]
-            assert whole.samples[0].token_ids[:5] + rest.samples[0].token_ids == whole.samples[0].token_ids
-        finally:
-            await cluster.close()
-
-    run(main())
-
-
-@pytest.mark.parametrize("continued, field", [
-    ((ContinuedSample(0, tuple(range(3, 27))),), "continued_samples"),   # no room left under max_tokens 24
-    ((ContinuedSample(2, (5,)),), "continued_samples"),                  # n is 2
-    ((ContinuedSample(0, (5,)), ContinuedSample(0, (6,))), "continued_samples"),
-    ((ContinuedSample(0, (9999,)),), "continued_samples"),              # outside the vocabulary
-])
-def test_a_bad_continuation_is_refused_naming_the_field(model, continued, field):
-    async def main():
-        cluster = await Cluster(model).start(num_workers=1)
-        try:
-            with pytest.raises(grpc.aio.AioRpcError) as error:
-                await continue_request(cluster, "bad", CASES["n2"], continued)
-            assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-            assert error.value.details().startswith(field)
+            for continued, field in BAD + [((ContinuedSample(0, (5,)),), "seed")]:
+                params = CASES["n2"] if field != "seed" else SamplingParams(max_tokens=8)  # no seed
+                with pytest.raises(grpc.aio.AioRpcError) as error:
+                    await continue_request(cluster, "bad", params, continued)
+                assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+                assert error.value.details().startswith(field), error.value.details()
             stats = await cluster.stats()
             assert stats.num_waiting == 0 and stats.num_running == 0
         finally:
             await cluster.close()
 
     run(main())
-
-
-def test_a_continuation_without_a_seed_is_refused(model):
-    async def main():
-        cluster = await Cluster(model).start(num_workers=1)
-        try:
-            with pytest.raises(grpc.aio.AioRpcError) as error:
-                await continue_request(cluster, "bad", SamplingParams(max_tokens=8), (ContinuedSample(0, (5,)),))
-            assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-            assert "seed" in error.value.details()
-        finally:
-            await cluster.close()
-
-    run(main())
-

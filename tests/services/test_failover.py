@@ -69,6 +69,23 @@ def test_requests_go_on_at_the_next_scheduler_address_when_theirs_is_lost(make_h
     assert harness.wait_for(lambda: harness.frontend.core.num_pending == 0)
 
 
+def test_a_continuation_refused_as_already_running_is_tried_again(make_harness):
+    """The call broke but the scheduler lived: it may still be aborting the request when its
+    continuation arrives, and refuse it as already running; the frontend tries again."""
+    harness = make_harness()
+    harness.fake.step_s = 0.01
+    with Client(harness.address) as client:
+        want = client.generate("a long echo for failover", max_tokens=40, seed=5)
+
+    def break_the_call() -> None:
+        harness.fake.refuse_next = [(grpc.StatusCode.INVALID_ARGUMENT, "request_id: 'x' is already running")]
+        harness.fake.drop_calls = True
+
+    got, error, _ = stream_while(harness, dict(max_tokens=40, seed=5), break_the_call)
+    assert error is None and got.samples == want.samples
+    assert not harness.fake.refuse_next and harness.fake.submitted[-1].continued_samples
+
+
 def test_with_no_scheduler_back_open_requests_fail_unavailable_at_the_failover_timeout(make_harness):
     timeout = 1.5
     harness = make_harness(scheduler_failover_timeout_s=timeout)
