@@ -161,8 +161,11 @@ class SchedulerClient:
                             yield step
                     return
                 except SchedulerLost as error:
-                    self.pool.lost(str(error))
-                    lost_since, attempt = lost_since or self.pool.lost_since, attempt + 1
+                    if mux is self._submit_many:  # else an older call's loss, and a new call is open already
+                        self.pool.lost(str(error))
+                    now = asyncio.get_running_loop().time()
+                    lost_since = lost_since or (self.pool.lost_since if self.pool.searching else now)
+                    attempt += 1
                     log.info("request_waits_for_scheduler", request_id=request_id, reason=str(error),
                              num_tokens=sum(map(len, progress.token_ids)))
         finally:
