@@ -194,6 +194,7 @@ def test_32_streams_finish_identical_across_a_scheduler_kill(deployment):
     got = deployment.run(prompts, kwargs, lambda i: 0, counter)
     killer.join(60)
     assert killer.killed and killer.killed[0][1] < NUM_STREAMS * MAX_TOKENS / 2  # mid-stream
+    assert killer.killed[-1][1] < counter[0]  # the streams went on after the kill
     for i, (g, w) in enumerate(zip(got, want)):
         assert g == w, f"stream {i} ({kwargs[i]})"
     check_after(deployment, killer, 1)
@@ -207,6 +208,7 @@ def test_two_frontends_survive_the_scheduler_killed_twice_in_a_row(deployment):
     killer.start()
     got = deployment.run(prompts, kwargs, lambda i: i % 2, counter)
     killer.join(120)
+    assert len(killer.killed) == 2 and killer.killed[-1][1] < counter[0]  # the streams went on after both
     for i, (g, w) in enumerate(zip(got, want)):
         assert g == w, f"stream {i} ({kwargs[i]})"
     check_after(deployment, killer, 2)
