@@ -31,6 +31,16 @@ log = structlog.get_logger("frontend")
 _CORE_ERROR = {grpc.StatusCode.RESOURCE_EXHAUSTED: ResourceExhausted, grpc.StatusCode.UNAVAILABLE: Unavailable,
                grpc.StatusCode.DEADLINE_EXCEEDED: Unavailable}
 LOST_CODES = (grpc.StatusCode.UNAVAILABLE,)  # the call's status when the scheduler (or the way to it) went away
+# what gRPC itself (not the scheduler) says when a connection dies under a call, with INTERNAL or
+# UNKNOWN: a scheduler killed mid-step ended calls with INTERNAL "Internal error from Core"
+TRANSPORT_ERRORS = ("Internal error from Core", "Stream removed", "RST_STREAM", "Socket closed")
+
+
+def _lost(code: grpc.StatusCode, details: str | None) -> bool:
+    """Whether a SubmitMany call's status says the scheduler went away (its own errors name an
+    exception type instead: services/rpc/status.py)."""
+    return code in LOST_CODES or (code in (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN)
+                                  and any(phrase in (details or "") for phrase in TRANSPORT_ERRORS))
 
 
 @dataclass
@@ -89,7 +99,7 @@ class SubmitManyCall:
                         queue.put_nowait(news)
         except grpc.aio.AioRpcError as rpc_error:
             error = _core_error(rpc_error.code(), rpc_error.details())
-            if rpc_error.code() in LOST_CODES:
+            if _lost(rpc_error.code(), rpc_error.details()):
                 error = SchedulerLost(str(error))
         except asyncio.CancelledError:
             error = Unavailable("scheduler: the frontend closed the SubmitMany call")
@@ -217,7 +227,7 @@ class SchedulerClient:
         try:
             await self.stub.Abort(scheduler_pb2.AbortRequest(request_id=request_id, sample_index=sample_index))
         except grpc.aio.AioRpcError as error:
-            if progress is not None and error.code() in LOST_CODES:
+            if progress is not None and _lost(error.code(), error.details()):
                 return
             _raise_core_error(error)
 

@@ -43,7 +43,8 @@ class FakeScheduler(scheduler_pb2_grpc.SchedulerServicer):
         self.aborts: list[tuple[str, int]] = []
         self.cancelled: list[str] = []
         self.num_calls = 0  # SubmitMany calls the frontend opened
-        self.drop_calls = False  # end every open SubmitMany call with UNAVAILABLE at its next message
+        self.drop_calls = False  # end every open SubmitMany call with drop_status at its next message
+        self.drop_status = (grpc.StatusCode.UNAVAILABLE, "the scheduler is restarting")
 
     async def SubmitMany(self, request_iterator, context):
         self.num_calls += 1
@@ -84,7 +85,7 @@ class FakeScheduler(scheduler_pb2_grpc.SchedulerServicer):
                     news.append(out.get_nowait())
                 if self.drop_calls:
                     self.drop_calls = False
-                    await context.abort(grpc.StatusCode.UNAVAILABLE, "the scheduler is restarting")
+                    await context.abort(*self.drop_status)
                 yield scheduler_pb2.SubmitManyResponse(news=news)
         finally:
             reader.cancel()

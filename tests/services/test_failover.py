@@ -69,6 +69,27 @@ def test_requests_go_on_at_the_next_scheduler_address_when_theirs_is_lost(make_h
     assert harness.wait_for(lambda: harness.frontend.core.num_pending == 0)
 
 
+@pytest.mark.parametrize("status, carried_over", [
+    ((grpc.StatusCode.UNAVAILABLE, "Socket closed"), True),
+    ((grpc.StatusCode.INTERNAL, "Internal error from Core"), True),  # gRPC's words for a scheduler killed mid-step
+    ((grpc.StatusCode.INTERNAL, "RuntimeError: a bug in the scheduler"), False),  # the scheduler's own
+])
+def test_a_call_ended_by_the_transport_is_carried_over_and_one_ended_by_the_scheduler_is_not(
+        make_harness, status, carried_over):
+    harness = make_harness()
+    harness.fake.step_s = 0.01
+
+    def end_the_call() -> None:
+        harness.fake.drop_status = status
+        harness.fake.drop_calls = True
+
+    got, error, _ = stream_while(harness, dict(max_tokens=30, seed=5), end_the_call)
+    if carried_over:
+        assert error is None and len(got.samples[0].token_ids) == 30
+    else:
+        assert error is not None and error.code == grpc.StatusCode.INTERNAL and "a bug" in error.details
+
+
 def test_a_continuation_refused_as_already_running_is_tried_again(make_harness):
     """The call broke but the scheduler lived: it may still be aborting the request when its
     continuation arrives, and refuse it as already running; the frontend tries again."""
