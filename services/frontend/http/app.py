@@ -30,7 +30,7 @@ def build_app(core: FrontendCore, is_ready: Callable[[], bool], api_key: str = "
     app = FastAPI(title="pagedserve", summary="OpenAI-compatible API of the pagedserve frontend",
                   docs_url=None, redoc_url=None)
     install_error_handlers(app)
-    schemas.describe(app)
+    schemas.describe(app, lambda: core.card)
 
     @app.get("/health", response_model=None, responses={
         200: {"model": schemas.Health, "description": "Ready."},
@@ -94,8 +94,12 @@ async def _fingerprint(core: FrontendCore) -> str:
 
 async def _respond(core: FrontendCore, requests: list[GenerateRequest], renderer: Renderer, body,
                    logprobs: bool, request: Request) -> Response:
-    """Start every prompt's generation first, so a refusal is an error status, not a broken stream."""
-    streams = await start([core.generate(r) for r in requests])
+    """Start every prompt's generation first, so a refusal is an error status, not a broken stream.
+    A request waits for its first event while it is queued, so the disconnect watch starts before:
+    a client that leaves a queued request, streamed or not, aborts it at once."""
+    streams = await _unless_disconnected(request, start([core.generate(r) for r in requests]))
+    if streams is None:
+        return Response(status_code=499)
     events = merge(streams)
     if not body.stream:
         try:
@@ -108,7 +112,7 @@ async def _respond(core: FrontendCore, requests: list[GenerateRequest], renderer
                              media_type="text/event-stream", headers={"cache-control": "no-cache"})
 
 
-async def _unless_disconnected(request: Request, work) -> dict | None:
+async def _unless_disconnected(request: Request, work):
     """The work's result, or None once the client has gone away (the work is then cancelled).
     A streamed response notices a disconnect when it writes; a non-streamed one must look."""
     task = asyncio.ensure_future(work)

@@ -5,6 +5,7 @@
 | 400    | a parameter is invalid (param names it)| invalid_request_error  | invalid_parameter  |
 | 401    | missing or wrong API key               | invalid_request_error  | invalid_api_key    |
 | 404    | unknown model (param "model") or route | invalid_request_error  | model_not_found / not_found |
+| 405    | a route's wrong method; with Allow     | invalid_request_error  | method_not_allowed |
 | 413    | body over the configured limit         | invalid_request_error  | request_too_large  |
 | 429    | queue full (RESOURCE_EXHAUSTED); with Retry-After | rate_limit_error | queue_full      |
 | 503    | no worker ready, or shutting down      | service_unavailable    | unavailable        |
@@ -42,9 +43,16 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(ResourceExhausted, _resource_exhausted)
     app.add_exception_handler(Unavailable, lambda request, error: error_response(
         503, str(error), "service_unavailable", "unavailable"))
-    app.add_exception_handler(HTTPException, lambda request, error: error_response(
-        error.status_code, str(error.detail), "invalid_request_error", "not_found" if error.status_code == 404 else None))
+    app.add_exception_handler(HTTPException, _http_exception)
     app.add_exception_handler(Exception, _internal_error)
+
+
+def _http_exception(request: Request, error: HTTPException) -> JSONResponse:
+    """Starlette's own errors (404 no route, 405 wrong method), keeping their headers: a 405's Allow."""
+    code = {404: "not_found", 405: "method_not_allowed"}.get(error.status_code)
+    response = error_response(error.status_code, str(error.detail), "invalid_request_error", code)
+    response.headers.update(error.headers or {})
+    return response
 
 
 def _resource_exhausted(request: Request, error: ResourceExhausted) -> JSONResponse:

@@ -6,7 +6,7 @@ from services.core.sampling_params import SamplingParams
 from services.core.structured import Constraint
 from services.frontend import tools
 from services.frontend.tools import ToolPlan
-from services.frontend.core import FrontendCore
+from services.frontend.core import FrontendCore, check_room
 from services.frontend.http.models import MAX_PROMPTS, ChatCompletionRequest, CompletionRequest, SamplingFields
 from services.frontend.types import GenerateRequest, Prompt
 
@@ -35,10 +35,12 @@ async def chat_request(core: FrontendCore, body: ChatCompletionRequest,
     messages, template_tools = tools.template_messages([_message(i, m) for i, m in enumerate(body.messages)], tool_plan,
                                                        core.tokenizer.template_source)
     prompt_ids = await core.tokenize(Prompt(messages=messages, tools=template_tools))
-    max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+    field = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
+    max_tokens = getattr(body, field)
+    card = await core.model_card()
     if max_tokens is None:
-        card = await core.model_card()
         max_tokens = max(card.max_model_len - len(prompt_ids), 1)  # a too-long prompt is refused by the core
+    check_room(card, len(prompt_ids), max_tokens, field)
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
     params = sampling_params(body, max_tokens, logprobs, tool_plan.constraint())
     return GenerateRequest(prompt=Prompt(token_ids=prompt_ids), params=params, request_id=request_id,
@@ -76,17 +78,17 @@ def _constraint(body: SamplingFields) -> Constraint | None:
 
 def _message(i: int, m) -> dict:
     """A request message as the chat template gets it (tool calls and ids as plain values)."""
+    tool_calls, tool_call_id = getattr(m, "tool_calls", None), getattr(m, "tool_call_id", None)
     message = {"role": m.role, "content": _text(m.content) if m.content is not None else ""}
     if m.content is None:
-        check(m.role == "assistant" and m.tool_calls, f"messages[{i}].content",
+        check(m.role == "assistant" and tool_calls, f"messages[{i}].content",
               "is required (it may be null only on an assistant message with tool_calls)")
     if m.name:
         message["name"] = m.name
-    if m.tool_calls:
-        message["tool_calls"] = [c.model_dump() for c in m.tool_calls]
-    if m.tool_call_id is not None:
-        message["tool_call_id"] = m.tool_call_id
-    check(m.role != "tool" or m.tool_call_id is not None, f"messages[{i}].tool_call_id", "a tool message needs one")
+    if tool_calls:
+        message["tool_calls"] = [c.model_dump() for c in tool_calls]
+    if tool_call_id is not None:
+        message["tool_call_id"] = tool_call_id
     return message
 
 
