@@ -54,7 +54,8 @@ class FrontendCore:
 
     async def model_card(self) -> ModelCard:
         if self.card is None and not await self.refresh():
-            raise Unavailable("no worker has registered with the scheduler yet")
+            raise Unavailable("no worker has registered with the scheduler yet (a worker the scheduler refused, "
+                              "e.g. one it cannot reach at its --advertise-host, logs registration_refused with why)")
         return self.card
 
     def check_model(self, model: str) -> None:

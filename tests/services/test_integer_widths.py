@@ -18,6 +18,7 @@ from test_http_api import http_harness, raw
 
 EDGES = sorted({sign * 2**bits + delta for bits in (31, 32, 63, 64) for sign in (1, -1) for delta in (-1, 0, 1)}
                | {-1, 0, 1})
+pytestmark = pytest.mark.slow  # about 12 s: some 600 requests
 BASE = {"/v1/completions": {"prompt": [5, 6, 7], "max_tokens": 2},
         "/v1/chat/completions": {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}}
 BODY_MODELS = {"/v1/completions": "CompletionRequest", "/v1/chat/completions": "ChatCompletionRequest"}

@@ -50,10 +50,10 @@ def test_a_worker_the_scheduler_cannot_reach_is_refused_and_exits_2_while_a_runn
                     seen_workers.update(w.worker_id for w in (await cluster.stats()).workers)
                     await asyncio.sleep(0.02)
             watcher = asyncio.create_task(watch())
-            running = asyncio.create_task(cluster.generate("long", prompt, greedy(200)))
+            running = asyncio.create_task(cluster.generate("long", prompt, greedy(64)))
             with capture_logs() as logs:
-                code = await asyncio.wait_for(unreachable_worker(model, cluster, "lost"), 30)
-            got = await asyncio.wait_for(running, 30)
+                code = await asyncio.wait_for(unreachable_worker(model, cluster, "lost"), 60)
+            got = await asyncio.wait_for(running, 60)
             watcher.cancel()
         finally:
             await cluster.close()
@@ -63,9 +63,9 @@ def test_a_worker_the_scheduler_cannot_reach_is_refused_and_exits_2_while_a_runn
         reason = refused[0]["reason"]
         assert "127.0.0.2:" in reason and "--advertise-host" in reason and "'lost'" in reason
         assert seen_workers == {"w0"}  # never accepted, so never sent a step
-        assert len(got.samples[0].token_ids) == 200 and got.samples[0].finish_reason == "length"
+        assert len(got.samples[0].token_ids) == 64 and got.samples[0].finish_reason == "length"
 
-    run(main())
+    asyncio.run(asyncio.wait_for(main(), 150))  # generous: the first test of a loaded machine's session
 
 
 def test_a_request_sent_when_only_an_unreachable_worker_tried_is_refused_at_once_with_the_reason(model):

@@ -13,20 +13,21 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from services.core.errors import REFUSALS, Unavailable
 from services.frontend.core import STATS_TIMEOUT_S, FrontendCore
-from services.frontend.http import openai_requests, schemas
+from services.frontend.http import messages_api, openai_requests, responses_api, schemas
 from services.frontend.http.errors import error_body, install_error_handlers
 from services.frontend.http.guard import Guard
 from services.frontend.http.models import ChatCompletionRequest, CompletionRequest
 from services.frontend.http.tool_responses import ToolChatRenderer
 from services.frontend.http.responses import ChatRenderer, CompletionRenderer, Renderer, collect, sse
 from services.frontend.http.streams import merge, start
+from services.frontend.response_store import ResponseStore
 from services.frontend.types import GenerateRequest, ModelCard
 
 DISCONNECT_POLL_S = 0.25  # how often a non-streamed request checks that its client is still there
 
 
 def build_app(core: FrontendCore, is_ready: Callable[[], bool], api_key: str = "",
-              max_body_bytes: int = 1 << 21) -> Guard:
+              max_body_bytes: int = 1 << 21, response_store: ResponseStore | None = None) -> Guard:
     app = FastAPI(title="pagedserve", summary="OpenAI-compatible API of the pagedserve frontend",
                   docs_url=None, redoc_url=None)
     install_error_handlers(app)
@@ -78,6 +79,9 @@ def build_app(core: FrontendCore, is_ready: Callable[[], bool], api_key: str = "
         renderer = ChatRenderer(**shared) if tool_plan.mode == "none" else ToolChatRenderer(**shared, plan=tool_plan)
         return await _respond(core, [generate_request], renderer, body, body.logprobs, request)
 
+    store = response_store if response_store is not None else ResponseStore()  # (an empty store is falsy)
+    responses_api.add_routes(app, core, store, _unless_disconnected)
+    messages_api.add_routes(app, core, _unless_disconnected)
     return Guard(app, api_key, max_body_bytes)
 
 

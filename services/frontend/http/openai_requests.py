@@ -1,6 +1,8 @@
 """OpenAI request bodies -> the frontend's GenerateRequests (one per prompt)."""
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from services.core.errors import InvalidArgument, check
 from services.core.sampling_params import SamplingParams
 from services.core.structured import Constraint
@@ -26,25 +28,39 @@ def completion_requests(body: CompletionRequest, request_id: str) -> list[Genera
 
 async def chat_request(core: FrontendCore, body: ChatCompletionRequest,
                        request_id: str) -> tuple[GenerateRequest, ToolPlan]:
-    """The messages rendered and tokenized here, so max_tokens can default to what the context leaves."""
     check(body.top_logprobs is None or body.logprobs, "top_logprobs", "needs logprobs: true")
     core.check_model(body.model or "")
     tool_choice = body.tool_choice.model_dump() if hasattr(body.tool_choice, "model_dump") else body.tool_choice
     tool_plan = tools.plan([t.model_dump(exclude_none=True) for t in body.tools or []], tool_choice,
                            body.parallel_tool_calls)
-    messages, template_tools = tools.template_messages([_message(i, m) for i, m in enumerate(body.messages)], tool_plan,
-                                                       core.tokenizer.template_source)
-    prompt_ids = await core.tokenize(Prompt(messages=messages, tools=template_tools))
     field = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
-    max_tokens = getattr(body, field)
+    logprobs = (body.top_logprobs or 0) if body.logprobs else None
+    return await conversation_request(
+        core, [_message(i, m) for i, m in enumerate(body.messages)], tool_plan, request_id,
+        lambda max_tokens: sampling_params(body, max_tokens, logprobs, tool_plan.constraint()), getattr(body, field),
+        body.model or "", body.priority, field), tool_plan
+
+
+async def conversation_request(core: FrontendCore, messages: list[dict], tool_plan: ToolPlan, request_id: str,
+                               params: Callable[[int], SamplingParams], max_tokens: int | None, model: str,
+                               priority: int = 0, max_tokens_field: str = "max_tokens") -> GenerateRequest:
+    """A chat (messages as the chat template takes them, tool calls as OpenAI's) rendered and
+    tokenized here, so max_tokens can default to what the context leaves. Every API's chat-like
+    endpoint (chat completions, responses, messages) comes through here; `max_tokens_field` is the
+    name the client gave max_tokens."""
+    prompt_ids = await conversation_tokens(core, messages, tool_plan)
     card = await core.model_card()
     if max_tokens is None:
         max_tokens = max(card.max_model_len - len(prompt_ids), 1)  # a too-long prompt is refused by the core
-    check_room(card, len(prompt_ids), max_tokens, field)
-    logprobs = (body.top_logprobs or 0) if body.logprobs else None
-    params = sampling_params(body, max_tokens, logprobs, tool_plan.constraint())
-    return GenerateRequest(prompt=Prompt(token_ids=prompt_ids), params=params, request_id=request_id,
-                           model=body.model or "", priority=body.priority), tool_plan
+    check_room(card, len(prompt_ids), max_tokens, max_tokens_field)
+    return GenerateRequest(prompt=Prompt(token_ids=prompt_ids), params=params(max_tokens), request_id=request_id,
+                           model=model, priority=priority)
+
+
+async def conversation_tokens(core: FrontendCore, messages: list[dict], tool_plan: ToolPlan) -> list[int]:
+    """The chat's prompt tokens: its messages and the plan's tools through the model's chat template."""
+    messages, template_tools = tools.template_messages(messages, tool_plan, core.tokenizer.template_source)
+    return await core.tokenize(Prompt(messages=messages, tools=template_tools))
 
 
 def sampling_params(body: SamplingFields, max_tokens: int | None, logprobs: int | None,

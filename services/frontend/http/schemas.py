@@ -170,9 +170,10 @@ def describe(app: FastAPI, served: Callable[[], ModelCard | None] = lambda: None
     app.openapi = openapi
 
 
-REQUEST_MODELS = ("CompletionRequest", "ChatCompletionRequest")  # another API's request model: add it here
+REQUEST_MODELS = ("CompletionRequest", "ChatCompletionRequest",  # another API's request model: add it here
+                  "ResponseRequest", "MessagesRequest", "CountTokensRequest")
 TOKEN_ID_FIELDS = ("prompt", "stop_token_ids")
-LENGTH_FIELDS = ("max_tokens", "max_completion_tokens", "min_tokens")
+LENGTH_FIELDS = ("max_tokens", "max_completion_tokens", "min_tokens", "max_output_tokens")
 
 
 def state_served_limits(schema: dict, card: ModelCard) -> None:
