@@ -226,8 +226,7 @@ def test_a_rolling_update_of_the_workers_fails_no_stream(swarm, reference):
     assert rounds >= 2
     swarm.wait_for(lambda: len(swarm.stats()) == 2, 120, "2 registered workers")
     assert not before & {worker_id for worker_id, _, _ in swarm.stats()}  # every worker was replaced
-    on = swarm.registered_on()
-    assert (len(on["a"]), len(on["b"])) == (1, 1), swarm.logs()  # still one per node
+    # (where the new ones run is the scheduler's choice: start-first places each while the old runs)
 
 
 def test_scaling_to_4_workers_registers_4_on_both_nodes(swarm, reference):
