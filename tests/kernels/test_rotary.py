@@ -34,6 +34,18 @@ def test_matches_reference(heads, kv_heads, head_dim, scaling, dtype, poisoned_e
     assert torch.equal(q, q_in) and torch.equal(k, k_in), "returns new tensors, like the reference"
 
 
+@pytest.mark.parametrize("dtype", [d for d in DTYPES if d != torch.float32], ids=dtype_id)
+def test_table_in_the_models_dtype(dtype, poisoned_empty):
+    """A bf16/fp16 model's Module.to(dtype) casts its rotary table too (a buffer): the kernel takes it
+    and gives the bits it gives with the fp32 table, which it rounds to q's dtype itself."""
+    cache = cos_sin_cache(64, 512, 10000.0, LLAMA3_SCALING | dict(original_max_position_embeddings=128)).to(DEVICE)
+    positions = torch.randint(0, 512, (5,), device=DEVICE)
+    q, k = randn(5, 4, 64, dtype=dtype), randn(5, 2, 64, dtype=dtype)
+    from_model_table = apply_rotary_triton(q, k, positions, cache.to(dtype))
+    for out, fp32_table in zip(from_model_table, apply_rotary_triton(q, k, positions, cache)):
+        assert torch.equal(out, fp32_table)
+
+
 def test_strided_views_of_qkv(poisoned_empty):
     qkv = randn(4, (8 + 2 + 2) * 64)
     q, k = qkv[:, : 8 * 64].view(4, 8, 64), qkv[:, 8 * 64:10 * 64].view(4, 2, 64)
