@@ -43,6 +43,6 @@ def silu_and_mul_triton(x: torch.Tensor) -> torch.Tensor:  # [..., 2I] -> [..., 
         x2 = x2.contiguous()
     out = torch.empty((x2.shape[0], inter), dtype=x.dtype, device=x.device)
     if x2.shape[0] > 0 and inter > 0:
-        Launch(_silu_and_mul_kernel, (x2.shape[0],), (x2, out, x2.stride(0), out.stride(0)),
-               dict(INTER=inter, BLOCK=min(BLOCK_COLS, triton.next_power_of_2(inter)))).launch()
+        Launch(kernel=_silu_and_mul_kernel, grid=(x2.shape[0],), args=(x2, out, x2.stride(0), out.stride(0)),
+               constexprs=dict(INTER=inter, BLOCK=min(BLOCK_COLS, triton.next_power_of_2(inter)))).launch()
     return out.view(*x.shape[:-1], inter)

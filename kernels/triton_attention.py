@@ -139,14 +139,14 @@ def paged_attention_triton(
     group = num_heads // num_kv_heads
     native_dot = not INTERPRET and q.dtype != torch.float32 and q.dtype == k_cache.dtype
     grid = (num_tokens, num_kv_heads)
-    Launch(_paged_attention_kernel, grid, (
+    Launch(kernel=_paged_attention_kernel, grid=grid, args=(
         q, k_cache, v_cache, block_tables, token_seq.to(torch.int64), token_pos.to(torch.int64), out,
         float(scale), block_tables.shape[1],
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_tables.stride(0),
         out.stride(0), out.stride(1),
-    ), dict(
+    ), constexprs=dict(
         GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)),
         HEAD_DIM=head_dim, HEAD_DIM_PAD=max(16, triton.next_power_of_2(head_dim)),
         BLOCK_SIZE=block_size, KEY_TILE=KEY_TILE, NATIVE_DOT=native_dot,

@@ -43,7 +43,7 @@ def round_to(x, DTYPE: tl.constexpr):
     return x.to(DTYPE)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Launch:
     """One kernel launch as a wrapper decided it: the grid, the runtime arguments in the kernel's
     order, and the compile-time constants. `launch()` runs it (or hands it to a recorder)."""

@@ -68,9 +68,10 @@ def rms_norm_triton(
     else:
         res2 = new_res = x2  # placeholders, never read or written
     if x2.shape[0] > 0:
-        Launch(_rms_norm_kernel, (x2.shape[0],), (
+        Launch(kernel=_rms_norm_kernel, grid=(x2.shape[0],), args=(
             x2, res2, weight, out, new_res, float(eps),
             x2.stride(0), res2.stride(0), out.stride(0), new_res.stride(0),
-        ), dict(N=num_cols, BLOCK_N=triton.next_power_of_2(num_cols), HAS_RESIDUAL=residual is not None)).launch()
+        ), constexprs=dict(N=num_cols, BLOCK_N=triton.next_power_of_2(num_cols),
+                           HAS_RESIDUAL=residual is not None)).launch()
     out = out.view(x.shape)
     return out, (new_res.view(x.shape) if residual is not None else None)

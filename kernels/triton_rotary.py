@@ -79,10 +79,10 @@ def apply_rotary_triton(
     if num_tokens == 0:
         return q_out, k_out
     half = head_dim // 2
-    Launch(_rotary_kernel, (num_tokens,), (
+    Launch(kernel=_rotary_kernel, grid=(num_tokens,), args=(
         q, k, positions, cache, q_out, k_out,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), cache.stride(0),
-    ), dict(
+    ), constexprs=dict(
         NUM_HEADS=num_heads, HEADS_PAD=triton.next_power_of_2(num_heads),
         NUM_KV_HEADS=k.shape[1], KV_HEADS_PAD=triton.next_power_of_2(k.shape[1]),
         HALF=half, HALF_PAD=triton.next_power_of_2(half),

@@ -69,7 +69,7 @@ _PTXAS_USED = re.compile(r"Used (\d+) registers")
 _PTXAS_SPILLS = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Job:
     """One kernel variant for one architecture, as triton.compile takes it (picklable)."""
 
@@ -84,7 +84,7 @@ class Job:
     used_by: tuple[str, ...]  # model / dtype / block size combinations that launch it
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Result:
     job: Job
     error: str | None = None
@@ -206,10 +206,10 @@ def compile_job(job: Job) -> Result:
             compiled = triton.compile(ASTSource(fn, job.signature, job.constexprs, job.attrs), target=target,
                                       options=options.__dict__)
     except Exception as error:  # noqa: BLE001 - reported in the table, the run fails
-        return Result(job, error=f"{type(error).__name__}: {error}"[-3000:])
+        return Result(job=job, error=f"{type(error).__name__}: {error}"[-3000:])
     report = log.getvalue()
     used, spills = _PTXAS_USED.search(report), _PTXAS_SPILLS.search(report)
-    return Result(job, registers=int(used.group(1)) if used else -1, shared=compiled.metadata.shared,
+    return Result(job=job, registers=int(used.group(1)) if used else -1, shared=compiled.metadata.shared,
                   spill_stores=int(spills.group(1)) if spills else -1, spill_loads=int(spills.group(2)) if spills else -1,
                   num_warps=compiled.metadata.num_warps, cubin_bytes=len(compiled.asm["cubin"]),
                   ptx_fma=compiled.asm["ptx"].count("fma.rn.f32"), seconds=time.perf_counter() - start)
@@ -281,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="compiler processes")
     parser.add_argument("--out", type=Path, help="also write the report (markdown) here")
     args = parser.parse_args(argv)
-    start = time.perf_counter()
+    start, load_before = time.perf_counter(), os.getloadavg()
     jobs = plan(args.arch, args.subset)
     print(f"{len(jobs)} kernel variants to compile ({', '.join(f'sm_{c}' for c in args.arch)}), "
           f"{args.jobs} processes", flush=True)
@@ -289,7 +289,16 @@ def main(argv: list[str] | None = None) -> int:
     lines = report(results, args.arch, time.perf_counter() - start)
     print("\n".join(lines))
     if args.out:
-        args.out.write_text("\n".join(lines) + "\n")
+        import triton
+
+        header = [f"# Triton kernels compiled ahead of time ({', '.join(f'sm_{c}' for c in args.arch)})", "",
+                  f"`python -m services.tools.gpu_compile {' '.join(argv if argv is not None else sys.argv[1:])}`, "
+                  f"Triton {triton.__version__}, {args.jobs} compiler processes, load average before "
+                  f"{load_before[0]:.1f} and after {os.getloadavg()[0]:.1f} (a shared host: the seconds are wall "
+                  "time under that load).", "",
+                  "Registers and spills: ptxas -v; shared: the bytes Triton asks for at launch; fp32 fma: "
+                  "`fma.rn.f32` in the PTX (contraction is off: only tl.dot on FMA units makes them).", ""]
+        args.out.write_text("\n".join(header + lines) + "\n")
     return 1 if any(problems(r) for r in results) else 0
 
 

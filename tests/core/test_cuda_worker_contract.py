@@ -159,3 +159,23 @@ def test_a_gpu_worker_serves_a_folder_with_a_gguf_from_its_dense_weights(tmp_pat
     (tmp_path / "model.Q4_1.gguf").write_bytes(b"")
     assert resolve_quantization("auto", tmp_path, "cpu") == "gguf"
     assert resolve_quantization("auto", tmp_path, "cuda") == "none"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (bench/gpu_check.sh runs it)")
+def test_swaps_on_a_real_gpu_are_bit_exact_through_the_pinned_pool():
+    device = pick_device("cuda")
+    cache = KVCache(CFG, num_blocks=8, num_cpu_blocks=4, block_size=16, dtype=torch.bfloat16, device=device)
+    assert cache.copy_streams is not None and all(k.is_pinned() and v.is_pinned() for k, v in cache.cpu_layers)
+    for k, v in cache.layers:
+        k.copy_(torch.randn(k.shape, device=device))
+        v.copy_(torch.randn(v.shape, device=device))
+    before = [(k.clone(), v.clone()) for k, v in cache.layers]
+    cache.swap_out([(3, 0), (5, 1)])
+    for k, v in cache.layers:  # queued on the compute stream after the swap-out: it must wait for the copies
+        k[3:6].zero_()
+        v[3:6].zero_()
+    cache.swap_in([(0, 7), (1, 3)])
+    torch.cuda.synchronize()
+    for (k, v), (k0, v0) in zip(cache.layers, before):
+        assert torch.equal(k[7], k0[3]) and torch.equal(v[7], v0[3])
+        assert torch.equal(k[3], k0[5]) and torch.equal(v[3], v0[5])
