@@ -60,9 +60,9 @@ FAMILY_SHAPES = (
 MAKE_MODEL_PRESETS = (("llama", "tiny"), ("qwen3", "tiny"), ("llama", "1b"))  # what gpu_check.sh runs
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # the suite's subset (--subset suite): every kernel, dtype and block size, the head dims 64 and 128,
-# q/k norm, and the default model; fp32 once (its attention takes 20-40 s to compile)
-SUITE_RUNS = (("SmolLM2-135M", torch.float32), ("SmolLM2-135M", torch.bfloat16),
-              ("Qwen3-0.6B", torch.bfloat16), ("Qwen3-0.6B", torch.float16))
+# q/k norm, the default model; (model, dtype, block sizes), fp32 once (its attention compiles slowly)
+SUITE_RUNS = (("SmolLM2-135M", torch.float32, (16,)), ("SmolLM2-135M", torch.bfloat16, ALLOWED_BLOCK_SIZES),
+              ("Qwen3-0.6B", torch.bfloat16, (16,)), ("Qwen3-0.6B", torch.float16, (16,)))
 # the most shared memory one block may use (bytes, with the opt-in carve-out): CUDA's per-arch limits
 MAX_SHARED = {80: 166912, 86: 101376, 89: 101376, 90: 232448}
 _PTXAS_USED = re.compile(r"Used (\d+) registers")
@@ -104,7 +104,7 @@ def model_configs(subset: str | None) -> dict[str, dict]:
 
     configs = {}
     for name, model_type, hidden, heads, kv_heads, head_dim, inter in FAMILY_SHAPES:
-        if subset and name not in dict(SUITE_RUNS):
+        if subset and name not in {run[0] for run in SUITE_RUNS}:
             continue
         configs[name] = dict(model_type=model_type, hidden_size=hidden, num_attention_heads=heads,
                              num_key_value_heads=kv_heads, head_dim=head_dim, intermediate_size=inter,
@@ -177,15 +177,17 @@ def plan(capabilities: list[int], subset: str | None) -> list[Job]:
     """Every distinct kernel variant the worker launches, once per architecture."""
     variants: dict[tuple, Job] = {}
     users: dict[tuple, list[str]] = {}
-    for name, raw in model_configs(subset).items():
-        for dtype in [d for n, d in SUITE_RUNS if n == name] if subset else DTYPES:
-            for block_size in ALLOWED_BLOCK_SIZES:
-                for launch in record_step(raw, dtype, block_size):
-                    for capability in capabilities:
-                        key, job = specialise(launch, capability)
-                        variants.setdefault((capability, key), job)
-                        use = f"{name}/{str(dtype).removeprefix('torch.')}/bs{block_size}"
-                        users.setdefault((capability, key), []).append(use)
+    configs = model_configs(subset)
+    runs = [run for run in SUITE_RUNS if run[0] in configs] if subset else \
+        [(name, dtype, ALLOWED_BLOCK_SIZES) for name in configs for dtype in DTYPES]
+    for name, dtype, block_sizes in runs:
+        for block_size in block_sizes:
+            for launch in record_step(configs[name], dtype, block_size):
+                for capability in capabilities:
+                    key, job = specialise(launch, capability)
+                    variants.setdefault((capability, key), job)
+                    use = f"{name}/{str(dtype).removeprefix('torch.')}/bs{block_size}"
+                    users.setdefault((capability, key), []).append(use)
     return [Job(**{**job.__dict__, "used_by": tuple(dict.fromkeys(users[k]))}) for k, job in variants.items()]
 
 
@@ -277,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m services.tools.gpu_compile", description=__doc__.splitlines()[0])
     parser.add_argument("--arch", type=parse_arch, default=parse_arch("sm_90,sm_80"), help="e.g. sm_90,sm_80")
     parser.add_argument("--subset", choices=["suite"], help="the test suite's subset: %s" % ", ".join(
-        f"{name} {str(dtype).removeprefix('torch.')}" for name, dtype in SUITE_RUNS))
+        f"{name} {str(dtype).removeprefix('torch.')} block sizes {sizes}" for name, dtype, sizes in SUITE_RUNS))
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="compiler processes")
     parser.add_argument("--out", type=Path, help="also write the report (markdown) here")
     args = parser.parse_args(argv)
