@@ -27,8 +27,10 @@ def run_python(args: list[str], timeout: float) -> subprocess.CompletedProcess:
 
 def table_rows(out: str, kernel: str, arch: str) -> list[list[str]]:
     """The data rows of one kernel's table, cells stripped."""
-    section = out.split(f"### {kernel}, {arch}\n", 1)[1].split("\n\n", 2)[1]
-    return [[cell.strip() for cell in line.strip("|").split("|")] for line in section.splitlines()[2:]]
+    section = out.split(f"### {kernel}, {arch}\n", 1)[1].strip("\n").split("\n\n", 1)[0]
+    header, _, *rows = section.splitlines()
+    assert header.startswith("| variant | registers |"), header
+    return [[cell.strip() for cell in line.strip("|").split("|")] for line in rows]
 
 
 @pytest.mark.slow
