@@ -7,6 +7,7 @@ import structlog
 from kernels import cpu_kernels
 from kernels.ops import get_ops
 from services.core.config import CacheConfig, WorkerConfig
+from services.core.errors import InvalidArgument
 from services.core.model_path import resolve_model_path
 from services.core.step import StepDelta, StepResult, WorkerInfo
 from services.worker.kv_cache import KVCache, block_bytes, num_blocks_for
@@ -20,9 +21,21 @@ log = structlog.get_logger("worker")
 
 
 def pick_device(name: str) -> torch.device:
+    """auto: the current GPU if there is one, else the CPU. A GPU becomes this process's current device,
+    named with its index: the Triton kernels launch on the current device, whatever their tensors'."""
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(name)
+    if device.type != "cuda":
+        return device
+    if not torch.cuda.is_available():
+        raise InvalidArgument("device", f"{name}: this process sees no CUDA device")
+    count = torch.cuda.device_count()
+    if device.index is not None and device.index >= count:
+        raise InvalidArgument("device", f"{name}: this process sees {count} CUDA devices (cuda:0..cuda:{count - 1})")
+    if device.index is not None:
+        torch.cuda.set_device(device)
+    return torch.device("cuda", torch.cuda.current_device())
 
 
 class Worker:
@@ -37,7 +50,7 @@ class Worker:
             torch.set_num_threads(config.num_threads)
         ops = get_ops(config.kernel_backend, self.device.type, config.cpu_isa)
         linear = invariant_linear if config.batch_invariant else plain_linear
-        self.quantization = resolve_quantization(config.quantization, self.model_path)
+        self.quantization = resolve_quantization(config.quantization, self.model_path, self.device.type)
         model = load_model(self.model_path, self.dtype, self.device, ops, linear, self.quantization)
         num_blocks = num_blocks_for(arch, cache.block_size, self.dtype, self.device, cache.num_gpu_blocks,
                                     cache.kv_cache_memory_bytes)
