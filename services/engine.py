@@ -22,6 +22,13 @@ class Engine:
         for worker_id, worker in self.workers.items():
             self.scheduler.add_worker(worker_id, worker.info)
 
+    def close(self) -> None:
+        """Stop the follower ranks of tensor/pipeline parallel workers and leave their groups."""
+        for worker in self.workers.values():
+            worker.close()
+            if worker.comm is not None:
+                worker.comm.close()
+
     def step(self) -> list[SeqUpdate]:
         """One scheduling round: every worker runs its delta; returns what changed."""
         updates = []
