@@ -27,6 +27,7 @@ log = structlog.get_logger("worker.group")
 
 STEP, FORGET, STOP = 0, 1, 2  # what rank 0 broadcasts
 TIMEOUT_S = 120  # a collective that waits longer means a rank is gone
+_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # torch 2.13 renamed it
 
 
 def free_address(host: str = "127.0.0.1") -> str:
@@ -57,7 +58,7 @@ class GroupComm:
     # ---- tensor parallel -------------------------------------------------------------------
     def gather_partials_into(self, local: torch.Tensor, out: torch.Tensor) -> None:
         """The row-parallel partials [G_local, T, N] of every tensor rank, in rank order, into out [G, T, N]."""
-        dist.all_gather_into_tensor(out, local, group=self.tp_group)
+        _all_gather(out, local, group=self.tp_group)
 
     def gather_partials(self, local: torch.Tensor) -> torch.Tensor:
         out = torch.empty(local.shape[0] * self.shard.tp_size, *local.shape[1:], dtype=local.dtype)
@@ -68,7 +69,7 @@ class GroupComm:
         """Each token's embedding row from the rank whose vocabulary part holds it (copied, not summed)."""
         tp = self.shard.tp_size
         everything = torch.empty(tp * rows.shape[0], *rows.shape[1:], dtype=rows.dtype)
-        dist.all_gather_into_tensor(everything, rows.contiguous(), group=self.tp_group)
+        _all_gather(everything, rows.contiguous(), group=self.tp_group)
         everything = everything.view(tp, *rows.shape)
         vocab = self._vocab_size
         starts = torch.tensor([r * vocab // tp for r in range(1, tp)], dtype=input_ids.dtype)
@@ -83,7 +84,7 @@ class GroupComm:
         padded = torch.zeros(logits.shape[0], width, dtype=logits.dtype)
         padded[:, :logits.shape[1]] = logits
         everything = torch.empty(tp * padded.shape[0], width, dtype=logits.dtype)
-        dist.all_gather_into_tensor(everything, padded, group=self.tp_group)
+        _all_gather(everything, padded, group=self.tp_group)
         everything = everything.view(tp, *padded.shape)
         return torch.cat([everything[r, :, :w] for r, w in enumerate(widths)], dim=1)
 
