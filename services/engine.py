@@ -26,8 +26,6 @@ class Engine:
         """Stop the follower ranks of tensor/pipeline parallel workers and leave their groups."""
         for worker in self.workers.values():
             worker.close()
-            if worker.comm is not None:
-                worker.comm.close()
 
     def step(self) -> list[SeqUpdate]:
         """One scheduling round: every worker runs its delta; returns what changed."""

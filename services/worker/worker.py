@@ -14,6 +14,7 @@ import structlog
 from kernels import cpu_kernels
 from kernels.ops import get_ops
 from services.core.config import CacheConfig, WorkerConfig
+from services.core.errors import InvalidArgument, Unavailable, UnknownSequence
 from services.core.model_path import resolve_model_path
 from services.core.step import StepDelta, StepResult, WorkerInfo
 from services.worker.kv_cache import KVCache, block_bytes, num_blocks_for
@@ -25,6 +26,11 @@ from services.worker.model_runner import ModelRunner
 from services.worker.parallel import Shard, check_layout
 
 log = structlog.get_logger("worker")
+
+
+class GroupBroken(Unavailable):
+    """A rank of this worker's group failed or is gone: the group cannot step any more (its process
+    exits, the scheduler recomputes its sequences elsewhere, the launcher restarts the group)."""
 
 
 def pick_device(name: str) -> torch.device:
@@ -44,12 +50,14 @@ class Worker:
         self.shard = Shard.of_rank(config.group_rank, tp, pp)
         self.followers: list = []
         self.comm = None
+        self.broken = False  # a rank failed: the group steps no more
         if self.shard.world_size > 1:
             self.comm = self._join_group(config, cache)
         self.dtype = resolve_dtype(config.dtype, arch, self.device)
         torch.manual_seed(config.seed)
-        if config.num_threads:  # several workers on one machine must not oversubscribe its cores
-            torch.set_num_threads(config.num_threads)
+        threads = config.num_threads or (self._group_threads() if self.comm is not None else 0)
+        if threads:  # several workers (or ranks) on one machine must not oversubscribe its cores
+            torch.set_num_threads(threads)
         ops = get_ops(config.kernel_backend, self.device.type, config.cpu_isa)
         linear = invariant_linear if config.batch_invariant else plain_linear
         self.quantization = resolve_quantization(config.quantization, self.model_path)
@@ -95,14 +103,30 @@ class Worker:
                 self.followers.append(process)
         return GroupComm(self.shard, address, config.distributed_backend)
 
-    def step(self, delta: StepDelta) -> StepResult:
-        if self.comm is not None:
-            from services.rpc.internal_codec import delta_to_proto
-            from services.worker.group import STEP
+    def _group_threads(self) -> int:
+        """Ranks started on one machine share its cores (num_threads 0): cores / ranks each."""
+        import os
 
-            delta = dataclasses.replace(delta, async_next_step=False)  # the followers cannot run ahead
+        return max(1, (os.cpu_count() or 1) // self.shard.world_size)
+
+    def step(self, delta: StepDelta) -> StepResult:
+        if self.comm is None:
+            return self.runner.execute(delta)
+        if self.broken:
+            raise GroupBroken("this worker group lost a rank; it is restarting")
+        from services.rpc.internal_codec import delta_to_proto
+        from services.worker.group import STEP
+
+        delta = dataclasses.replace(delta, async_next_step=False)  # the followers cannot run ahead
+        try:
             self.comm.broadcast(STEP, delta_to_proto(delta).SerializeToString())
-        return self.runner.execute(delta)
+            return self.runner.execute(delta)
+        except (InvalidArgument, UnknownSequence):  # every rank refused the same delta: the group is whole
+            raise
+        except Exception as error:
+            self.broken = True
+            log.error("worker_group_broken", rank=0, error=f"{type(error).__name__}: {error}")
+            raise GroupBroken(f"this worker group lost a rank: {type(error).__name__}: {error}") from error
 
     def forget_all(self) -> None:
         """The scheduler dropped this worker: no sequence it holds will be named again."""
@@ -126,6 +150,8 @@ class Worker:
             if process.is_alive():
                 process.kill()
         self.followers.clear()
+        if self.comm is not None:
+            self.comm.close()
 
     def follow(self) -> None:
         """A rank other than 0: run each step rank 0 broadcasts, until it says stop or the group breaks."""
