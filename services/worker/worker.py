@@ -19,7 +19,7 @@ from services.core.model_path import resolve_model_path
 from services.core.step import StepDelta, StepResult, WorkerInfo
 from services.worker.kv_cache import KVCache, block_bytes, num_blocks_for
 from kernels.linear import invariant_linear, plain_linear
-from services.worker.loader import load_model, resolve_dtype, resolve_quantization
+from services.worker.loader import gguf_align, load_model, resolve_dtype, resolve_quantization
 from services.worker.model_config import ModelArchConfig
 from services.worker.grammar import Grammars
 from services.worker.model_runner import ModelRunner
@@ -46,8 +46,10 @@ class Worker:
         self.model_path = resolve_model_path(config.model)
         arch = ModelArchConfig.from_folder(self.model_path)
         tp, pp = config.tensor_parallel_size, config.pipeline_parallel_size
-        check_layout(arch, tp, pp)
-        self.shard = Shard.of_rank(config.group_rank, tp, pp)
+        self.quantization = resolve_quantization(config.quantization, self.model_path)
+        align = gguf_align(self.quantization)
+        check_layout(arch, tp, pp, align)
+        self.shard = Shard.of_rank(config.group_rank, tp, pp, align)
         self.followers: list = []
         self.comm = None
         self.broken = False  # a rank failed: the group steps no more
@@ -60,7 +62,6 @@ class Worker:
             torch.set_num_threads(threads)
         ops = get_ops(config.kernel_backend, self.device.type, config.cpu_isa)
         linear = invariant_linear if config.batch_invariant else plain_linear
-        self.quantization = resolve_quantization(config.quantization, self.model_path)
         if self.comm is not None:
             self.comm.set_vocab_size(arch.vocab_size)
             self.comm.dtype = self.dtype
