@@ -115,12 +115,12 @@ class Worker:
             return self.runner.execute(delta)
         if self.broken:
             raise GroupBroken("this worker group lost a rank; it is restarting")
-        from services.rpc.internal_codec import delta_to_proto
+        from services.rpc.internal_codec import delta_to_bytes
         from services.worker.group import STEP
 
         delta = dataclasses.replace(delta, async_next_step=False)  # the followers cannot run ahead
         try:
-            self.comm.broadcast(STEP, delta_to_proto(delta).SerializeToString())
+            self.comm.broadcast(STEP, delta_to_bytes(delta))
             return self.runner.execute(delta)
         except (InvalidArgument, UnknownSequence):  # every rank refused the same delta: the group is whole
             raise
@@ -156,19 +156,16 @@ class Worker:
 
     def follow(self) -> None:
         """A rank other than 0: run each step rank 0 broadcasts, until it says stop or the group breaks."""
-        from services.rpc.internal_codec import delta_from_proto
+        from services.rpc.internal_codec import delta_from_bytes
         from services.worker.group import FORGET, STEP
-        from pagedserve.internal.v1 import worker_pb2
 
         while True:
             kind, payload = self.comm.receive()
             if kind == FORGET:
                 self.runner.forget_all()
             elif kind == STEP:
-                message = worker_pb2.StepRequest()
-                message.ParseFromString(payload)
                 try:
-                    self.runner.execute(delta_from_proto(message))
+                    self.runner.execute(delta_from_bytes(payload))
                 except (ValueError, LookupError) as error:  # the same refusal rank 0 answers with
                     log.info("follower_step_refused", rank=self.shard.rank, error=str(error))
             else:
