@@ -28,6 +28,10 @@ RECONNECT_OPTIONS = [
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+# The health name that says only "this process answers": SERVING from start to stop, whether or not the
+# service is ready (a worker waiting for its scheduler, a frontend with no worker yet). Kubernetes' gRPC
+# liveness probes ask it (deploy/kubernetes), so a missing scheduler restarts nobody; readiness asks "".
+LIVENESS = "liveness"
 
 
 class GrpcServer:
@@ -54,6 +58,7 @@ class GrpcServer:
         if self.port == 0:
             raise OSError(f"cannot listen on {host}:{port}")
         await self.server.start()
+        await self.health.set(LIVENESS, SERVING)
         return self.port
 
     async def set_serving(self, serving: bool) -> None:
@@ -63,4 +68,5 @@ class GrpcServer:
 
     async def stop(self, grace: float | None) -> None:
         await self.set_serving(False)
+        await self.health.set(LIVENESS, NOT_SERVING)
         await self.server.stop(grace)

@@ -32,6 +32,7 @@ from services.worker.server import start_worker
 
 log = structlog.get_logger("worker")
 PROG = "python -m services.worker"
+STOP_GRACE_S = 5.0  # on SIGTERM, what an in-flight step gets (deploy/kubernetes sizes the pod's grace period on it)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -62,7 +63,7 @@ async def serve(worker_config: WorkerConfig, cache: CacheConfig, service: Worker
         code = 1
     waiter.cancel()
     broken.cancel()
-    await server.stop(grace=5.0)
+    await server.stop(grace=STOP_GRACE_S)
     return code
 
 
