@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import multiprocessing
+import os
 
 import torch
 import structlog
@@ -53,11 +54,12 @@ class Worker:
         self.followers: list = []
         self.comm = None
         self.broken = False  # a rank failed: the group steps no more
+        self.rank_threads = 0  # a group rank 0 started on this machine: each rank's share of the threads
         if self.shard.world_size > 1:
             self.comm = self._join_group(config, cache)
         self.dtype = resolve_dtype(config.dtype, arch, self.device)
         torch.manual_seed(config.seed)
-        threads = config.num_threads or (self._group_threads() if self.comm is not None else 0)
+        threads = self.rank_threads or config.num_threads
         if threads:  # several workers (or ranks) on one machine must not oversubscribe its cores
             torch.set_num_threads(threads)
         ops = get_ops(config.kernel_backend, self.device.type, config.cpu_isa)
@@ -95,20 +97,17 @@ class Worker:
             if config.group_rank != 0:
                 raise ValueError("group_address: a rank other than 0 must be told where rank 0 is")
             address = free_address()
+            # the ranks share this machine's threads (num_threads, or every core): an equal part each
+            self.rank_threads = max(1, (config.num_threads or os.cpu_count() or 1) // self.shard.world_size)
             context = multiprocessing.get_context("spawn")
             for rank in range(1, self.shard.world_size):
-                follower = dataclasses.replace(config, group_rank=rank, group_address=address)
+                follower = dataclasses.replace(config, group_rank=rank, group_address=address,
+                                               num_threads=self.rank_threads)
                 process = context.Process(target=follow, args=(follower, cache), daemon=True,
                                           name=f"pagedserve-rank-{rank}")
                 process.start()
                 self.followers.append(process)
         return GroupComm(self.shard, address, config.distributed_backend)
-
-    def _group_threads(self) -> int:
-        """Ranks started on one machine share its cores (num_threads 0): cores / ranks each."""
-        import os
-
-        return max(1, (os.cpu_count() or 1) // self.shard.world_size)
 
     def step(self, delta: StepDelta) -> StepResult:
         if self.comm is None:
