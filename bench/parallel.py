@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import gc
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -40,8 +39,12 @@ from services.worker.parallel import total_groups  # noqa: E402
 
 
 def reduction_cost(cfg: ModelArchConfig, repeats: int) -> list[list]:
-    """(layer, dtype, batch, today's us, fixed reduction us, ratio) for o_proj and down_proj."""
+    """(layer, dtype, batch, today's us, fixed reduction us, ratio) for o_proj and down_proj, one thread
+    (the kernels' bits do not depend on it; on a shared machine two threads stall at OpenMP's barriers),
+    the fastest of --repeats interleaved rounds (the least disturbed by the host's other load)."""
     groups = total_groups(cfg)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
     shapes = {"o_proj": (cfg.hidden_size, cfg.num_heads * cfg.head_dim),
               "down_proj": (cfg.hidden_size, cfg.intermediate_size)}
     rows = []
@@ -60,8 +63,9 @@ def reduction_cost(cfg: ModelArchConfig, repeats: int) -> list[list]:
                         for _ in range(20):
                             weight(x, None)
                         times[label].append((time.perf_counter() - start) / 20 * 1e6)
-                today, fixed = statistics.median(times["plain"]), statistics.median(times["grouped"])
+                today, fixed = min(times["plain"]), min(times["grouped"])
                 rows.append([name, str(dtype).removeprefix("torch."), batch, today, fixed, fixed / today])
+    torch.set_num_threads(threads)
     return rows
 
 
@@ -119,7 +123,7 @@ def main() -> None:
         "**No speed-up is claimed on this machine**: its 2 cores are split across the ranks, and it was shared "
         "with other developers' jobs while this ran (load average above). The claims are the same bits at every "
         "layout (tests/e2e/test_parallel.py) and about 1/TP of the weights per rank.", "",
-        "## The fixed reduction at TP=1 against today's kernel (one linear layer)", "",
+        "## The fixed reduction at TP=1 against today's kernel (one linear layer, 1 thread, fastest round)", "",
         markdown_table(["layer", "dtype", "batch", "today us", "fixed reduction us", "ratio"], reduction),
         "## Layouts (TPxPP): decode tok/s, rank 0's communication per step, RSS per rank", "",
         markdown_table(["layout", "tok/s batch 1", "tok/s batch 16", "comm ms/step b1", "comm ms/step b16",

@@ -43,6 +43,9 @@ class GroupComm:
 
     def __init__(self, shard: Shard, address: str, backend: str = "gloo", timeout_s: float = TIMEOUT_S):
         self.shard = shard
+        if dist.is_initialized():
+            raise RuntimeError("this process already belongs to a worker group: close the previous one first "
+                               "(LLM.close(), or `with LLM(...) as llm:`)")
         dist.init_process_group(backend, init_method=f"tcp://{address}", rank=shard.rank,
                                 world_size=shard.world_size, timeout=datetime.timedelta(seconds=timeout_s))
         tp, pp = shard.tp_size, shard.pp_size
