@@ -52,11 +52,14 @@ def fold_reference(partials: torch.Tensor, dtype: torch.dtype) -> torch.Tensor: 
     return total.to(dtype)
 
 
-def partials_reference(x: torch.Tensor, groups: list[torch.Tensor]) -> torch.Tensor:
-    """Each dense group weight [N, kg] on its columns of x, in fp32: [G_local, T, N]."""
-    kg = groups[0].shape[1]
-    x = x.float()
-    return torch.stack([torch.nn.functional.linear(x[:, g * kg:(g + 1) * kg], w.float()) for g, w in enumerate(groups)])
+def partials_reference(x: torch.Tensor, groups: list, linear: Callable | None = None) -> torch.Tensor:
+    """Each group weight [N, kg] (dense, or packed for oneDNN) on its columns of x by `linear` (the model's
+    linear function; default the batch-invariant one), widened to fp32: [G_local, T, N]. A group's result
+    is the same whichever rank computes it, so the fold's bits do not depend on the layout here either."""
+    if linear is None:
+        from kernels.linear import invariant_linear as linear
+    kg = x.shape[1] // len(groups)
+    return torch.stack([linear(x[:, g * kg:(g + 1) * kg].contiguous(), w, None).float() for g, w in enumerate(groups)])
 
 
 def split_dense(weight: torch.Tensor, groups: int) -> list[torch.Tensor]:
@@ -92,6 +95,7 @@ class RowParallelWeight:
     total_groups: int
     buffer: torch.Tensor | None = None
     gather: Gather | None = None
+    linear: Callable | None = None  # the model's linear function, for dense groups (the reference path)
 
     @property
     def groups(self) -> int:
@@ -114,7 +118,8 @@ class RowParallelWeight:
         return 0 if isinstance(first, GemmWeight) else first.fmt if isinstance(first, QuantWeight) else None
 
     @classmethod
-    def build(cls, parts: list, total_groups: int, gather: Gather | None = None) -> RowParallelWeight:
+    def build(cls, parts: list, total_groups: int, gather: Gather | None = None,
+              linear: Callable | None = None) -> RowParallelWeight:
         from kernels.linear import GemmWeight
 
         first = parts[0]
@@ -126,7 +131,7 @@ class RowParallelWeight:
             buffer = None
         out_features, kg = first.shape
         return cls(parts=tuple(parts), out_features=out_features, in_features=kg * len(parts),
-                   total_groups=total_groups, buffer=buffer, gather=gather)
+                   total_groups=total_groups, buffer=buffer, gather=gather, linear=linear)
 
     def with_gather(self, gather: Gather | None) -> RowParallelWeight:
         return replace(self, gather=gather)
@@ -147,10 +152,10 @@ class RowParallelWeight:
         if fmt is None or not rows.is_cpu or not cpu_kernels.is_available() or rows.dtype != self.dtype:
             from kernels.linear import GemmWeight
 
-            dense = [p.dequantize() if isinstance(p, QuantWeight) else p for p in self.parts]
-            if any(isinstance(p, GemmWeight) or getattr(p, "is_mkldnn", False) for p in dense):
-                raise TypeError("row_parallel: packed weights need the compiled kernels")
-            return partials_reference(rows, dense)
+            if any(isinstance(p, GemmWeight) for p in self.parts):
+                raise TypeError("row_parallel: weights packed for gemm.c need the compiled kernels")
+            dense = [p.dequantize().to(rows.dtype) if isinstance(p, QuantWeight) else p for p in self.parts]
+            return partials_reference(rows, dense, self.linear)
         rows = rows.contiguous()
         out = torch.empty(self.groups, rows.shape[0], self.out_features, dtype=torch.float32)
         if rows.shape[0]:

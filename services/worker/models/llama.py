@@ -151,7 +151,7 @@ class LlamaForCausalLM(nn.Module):
                     parts = list(value) if isinstance(value, tuple) else split_quant(value, groups)
                 else:
                     parts = [pack(part) for part in split_dense(weight.data, groups)]
-                setattr(module, name, RowParallelWeight.build(parts, self.total_groups, gather))
+                setattr(module, name, RowParallelWeight.build(parts, self.total_groups, gather, self.linear))
         if self.ops.decoder_stack is not None:
             cfg = self.cfg
             layers = [LayerWeights(
