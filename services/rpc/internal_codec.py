@@ -120,6 +120,17 @@ def delta_from_proto(msg: worker_pb2.StepRequest) -> StepDelta:
         async_next_step=msg.async_next_step)
 
 
+def delta_to_bytes(delta: StepDelta) -> bytes:
+    """A step delta as the StepRequest bytes a worker group's rank 0 broadcasts (services/worker/group.py)."""
+    return delta_to_proto(delta).SerializeToString()
+
+
+def delta_from_bytes(data: bytes) -> StepDelta:
+    message = worker_pb2.StepRequest()
+    message.ParseFromString(data)
+    return delta_from_proto(message)
+
+
 def _new_seq_to_proto(seq: NewSequence) -> worker_pb2.NewSequence:
     params = params_to_proto(seq.params)
     params.seed, params.has_seed = seq.seed, True  # the proto carries the request's seed in its params
