@@ -23,7 +23,7 @@ from services.core.errors import InvalidArgument
 
 ENV_PREFIX = "PAGEDSERVE_"
 TRUE = ("1", "true", "yes", "on")
-METAVARS = {"int": "N", "float": "NUM", "str": "TEXT", "Path": "PATH"}
+METAVARS = {"int": "N", "float": "NUM", "str": "TEXT", "Path": "PATH", "SpeculativeConfig": "JSON"}
 
 
 def env_name(flag: str) -> str:
@@ -50,6 +50,22 @@ class Flag:
     @property
     def metavar(self) -> str:
         return METAVARS.get(self.type.__name__, "VALUE")
+
+    @property
+    def parse(self):
+        """Text -> value: the type itself, or its `from_cli` (a setting given as JSON), whose refusal
+        argparse shows as it is."""
+        from_cli = getattr(self.type, "from_cli", None)
+        if from_cli is None:
+            return self.type
+
+        def parse(text: str):
+            try:
+                return from_cli(text)
+            except InvalidArgument as error:
+                raise argparse.ArgumentTypeError(error.message) from None
+        parse.__name__ = self.type.__name__
+        return parse
 
     def default_value(self) -> Any:
         if self.default is not dataclasses.MISSING:
@@ -112,7 +128,7 @@ def _from_env(flag: Flag, env: Mapping[str, str]) -> Any:
     for name in (flag.name, *flag.aliases):
         raw = env.get(env_name(name))
         if raw is not None:
-            return raw.lower() in TRUE if flag.is_switch else flag.type(raw)
+            return raw.lower() in TRUE if flag.is_switch else flag.parse(raw)
     return flag.default_value()
 
 
@@ -124,7 +140,7 @@ def add_config_flags(parser: argparse.ArgumentParser, *classes: type, env: Mappi
             parser.add_argument(flag.name, *flag.aliases, dest=flag.dest, default=default, action=_OldName,
                                 old_names=flag.aliases, help=describe(flag))
         else:
-            parser.add_argument(flag.name, *flag.aliases, dest=flag.dest, default=default, type=flag.type,
+            parser.add_argument(flag.name, *flag.aliases, dest=flag.dest, default=default, type=flag.parse,
                                 help=describe(flag), metavar=flag.metavar)
 
 
