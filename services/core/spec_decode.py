@@ -70,7 +70,7 @@ class Speculator:
         k = min(self.config.num_speculative_tokens, max_drafts)
         state = self._seqs.get(seq_id)
         if state is None:
-            state = self._seqs[seq_id] = _SeqSpec(drafter=self._new_drafter())
+            state = self._seqs[seq_id] = _SeqSpec(drafter=self._new_drafter(seq_id))
         if state.disabled or k < 1:
             return []
         state.drafter.extend(token_ids[state.num_fed:])
@@ -100,7 +100,7 @@ class Speculator:
         if self._global is not None and output_token_ids:
             self._global.add(output_token_ids)
 
-    def _new_drafter(self) -> NgramDrafter | SuffixDrafter:
+    def _new_drafter(self, seq_id: int) -> NgramDrafter | SuffixDrafter:
         c = self.config
         if c.method == "ngram":
             return NgramDrafter(c.prompt_lookup_min, c.prompt_lookup_max)
