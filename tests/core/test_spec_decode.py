@@ -29,12 +29,13 @@ def results(outs) -> list:
     return [[(o.token_ids, o.logprobs, o.finish_reason, o.text) for o in out.outputs] for out in outs]
 
 
-def oracle(llm, reference, corrupt_at=lambda position: position % 5 == 3):
-    """Give the engine a drafter that drafts the speculation-off output, with a wrong token wherever
-    corrupt_at(output position) says (the engine's own bookkeeping of acceptance stays)."""
-    scheduler = llm.scheduler
-    # the engine numbers its requests from 0, as the reference's in their order
-    want = {(str(i), o.index): o.token_ids for i, out in enumerate(reference) for o in out.outputs}
+def oracle(llm, reference, corrupt_at=lambda position: position % 5 == 3, request_ids=None):
+    """Give the engine (an LLM, or a core Scheduler) a drafter that drafts the speculation-off output,
+    with a wrong token wherever corrupt_at(output position) says (the engine's own bookkeeping of
+    acceptance stays). request_ids: the reference's, in order (default: the LLM's, "0", "1", ...)."""
+    scheduler = getattr(llm, "scheduler", llm)
+    request_ids = request_ids or [str(i) for i in range(len(reference))]
+    want = {(request_id, o.index): o.token_ids for request_id, out in zip(request_ids, reference) for o in out.outputs}
 
     class Oracle:
         def __init__(self, seq_id):
