@@ -53,19 +53,9 @@ class Flag:
 
     @property
     def parse(self):
-        """Text -> value: the type itself, or its `from_cli` (a setting given as JSON), whose refusal
-        argparse shows as it is."""
-        from_cli = getattr(self.type, "from_cli", None)
-        if from_cli is None:
-            return self.type
-
-        def parse(text: str):
-            try:
-                return from_cli(text)
-            except InvalidArgument as error:
-                raise argparse.ArgumentTypeError(error.message) from None
-        parse.__name__ = self.type.__name__
-        return parse
+        """Text -> value. A setting whose type is a dataclass (speculative_config, given as JSON) stays
+        text: the dataclass that holds it parses it when built, so a refusal names its flag."""
+        return str if dataclasses.is_dataclass(self.type) else self.type
 
     def default_value(self) -> Any:
         if self.default is not dataclasses.MISSING:

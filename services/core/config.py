@@ -145,11 +145,10 @@ class SpeculativeConfig:
         check(not unknown, "speculative_config", f"unknown key(s) {unknown}; known: {sorted(known)}")
         try:
             return cls(**value)
+        except InvalidArgument as error:  # named by the setting, so the flag's refusal names the flag
+            raise InvalidArgument("speculative_config", f"{error.field}: {error.message}") from None
         except TypeError as error:
             raise InvalidArgument("speculative_config", str(error)) from None
-
-    # the command line's flag: argparse calls this with the flag's text
-    from_cli = of
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)

@@ -84,7 +84,7 @@ def test_speculative_config_is_spelled_as_vllm_spells_it():
     assert SchedulerConfig(speculative_config="").speculative_config is None
     with pytest.raises(InvalidArgument, match=r"speculative_config: unknown key\(s\) \['draft_model'\]"):
         SchedulerConfig(speculative_config={"method": "ngram", "draft_model": "x"})
-    with pytest.raises(InvalidArgument, match="^method: must be one of"):
+    with pytest.raises(InvalidArgument, match="^speculative_config: method: must be one of"):
         SpeculativeConfig.of({"method": "eagle"})
     with pytest.raises(InvalidArgument, match="^speculative_config: not JSON"):
         SpeculativeConfig.of("{method: ngram}")

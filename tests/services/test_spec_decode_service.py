@@ -42,3 +42,17 @@ def test_drafts_verified_over_grpc_with_async_scheduling_and_a_worker_crash(mode
         assert len(stats.spec_decode_num_accepted_tokens_per_pos) == NGRAM["num_speculative_tokens"]
 
     run(main())
+
+
+def test_metrics_carry_the_counters_under_vllm_names():
+    from services.core.stats import SchedulerStats
+    from services.frontend.metrics import FrontendMetrics
+
+    stats = SchedulerStats(spec_decode_num_drafts=3, spec_decode_num_draft_tokens=12,
+                           spec_decode_num_accepted_tokens=7, spec_decode_num_accepted_tokens_per_pos=(3, 2, 1, 1))
+    text = FrontendMetrics("m").render(stats).decode()
+    for line in ('pagedserve:spec_decode_num_drafts_total{model_name="m"} 3.0',
+                 'pagedserve:spec_decode_num_draft_tokens_total{model_name="m"} 12.0',
+                 'pagedserve:spec_decode_num_accepted_tokens_total{model_name="m"} 7.0',
+                 'pagedserve:spec_decode_num_accepted_tokens_per_pos_total{model_name="m",position="1"} 2.0'):
+        assert line in text, line
