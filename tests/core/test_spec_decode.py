@@ -125,6 +125,42 @@ def test_oracle_drafts_give_the_same_tokens_and_logprobs(tiny_llama, prompts, re
     assert all(w.num_free_gpu_blocks == w.num_gpu_blocks for w in stats.workers)
 
 
+def test_a_verify_chunk_of_k_plus_1_tokens_gets_the_decode_steps_logits_to_the_bit(tiny_llama):
+    """What exact verification stands on: a token's logits are the same bits whether it arrives in a
+    decode step or in a k + 1-token verify chunk (the kernels' prefill/decode equality, rule 4)."""
+    import torch
+
+    from services.core.step import CachedSequence, NewSequence, StepDelta
+
+    runner = make_llm(tiny_llama, dtype="float32", num_gpu_blocks=64).engine.workers["worker-0"].runner
+    seen = []
+    compute_logits = runner.model.compute_logits
+    runner.model.compute_logits = lambda hidden: seen.append(compute_logits(hidden)) or seen[-1]
+    prompt, params = random_prompts(1, 512, 30, 30, seed=4)[0], SamplingParams(temperature=0, max_tokens=64)
+
+    def start(seq_id, blocks):
+        new = NewSequence(seq_id=seq_id, prompt_token_ids=prompt, output_token_ids=[], block_ids=blocks,
+                          num_computed_tokens=0, num_scheduled_tokens=len(prompt), params=params, seed=0)
+        return runner.execute(StepDelta(step_id=0, new_seqs=[new])).outputs[0].token_ids[0]
+
+    tokens = [start(0, [0, 1, 2])]
+    decode_rows = []
+    for i in range(K + 1):  # decode steps, one token each
+        cached = CachedSequence(seq_id=0, new_token_ids=[tokens[-1]], new_block_ids=[],
+                                num_computed_tokens=len(prompt) + i, num_scheduled_tokens=1)
+        tokens.append(runner.execute(StepDelta(step_id=1 + i, cached_seqs=[cached])).outputs[0].token_ids[0])
+        decode_rows.append(seen[-1][0])
+    assert start(1, [3, 4, 5]) == tokens[0]
+    cached = CachedSequence(seq_id=1, new_token_ids=[tokens[0]], new_block_ids=[], num_computed_tokens=len(prompt),
+                            num_scheduled_tokens=K + 1, draft_token_ids=tokens[1:K + 1])
+    out = runner.execute(StepDelta(step_id=9, cached_seqs=[cached])).outputs[0]
+    assert out.token_ids == tokens[1:K + 2]  # every draft kept, then the sampler's own token
+    verify_rows = seen[-1]
+    assert verify_rows.shape[0] == K + 1
+    for i in range(K + 1):
+        assert torch.equal(verify_rows[i], decode_rows[i]), f"position {len(prompt) + i}"
+
+
 @pytest.mark.parametrize("method", ["ngram", "suffix"])
 def test_real_drafters_give_the_same_tokens_and_logprobs(tiny_llama, prompts, reference, method):
     config = NGRAM if method == "ngram" else {"method": "suffix", "num_speculative_tokens": K,
@@ -196,3 +232,24 @@ def test_no_drafts_at_batch_sizes_where_it_does_not_pay_and_for_requests_it_does
                    corrupt_at=lambda position: True)
     never.generate(prompts[:1], params, use_tqdm=False)
     assert never.scheduler.stats().spec_decode_num_draft_tokens == 8  # judged after 8, then no more
+
+
+@pytest.mark.slow
+def test_default_model_same_tokens_and_logprobs_with_ngram_drafts():
+    """The real default model (SmolLM2-135M-Instruct, the weights it serves) on a copy-heavy prompt
+    and a chat, greedy and seeded: on equals off, with drafts really accepted."""
+    from services.tools.default_model import ensure_default_model
+
+    folder = ensure_default_model()
+    off = make_llm(folder, num_gpu_blocks=64)
+    code = "def add(first, second):\n    total = first + second\n    return total\n"
+    chat = off.tokenizer.apply_chat_template([{"role": "user", "content": f"Repeat this code:\n{code}"}])
+    prompts = [off.tokenizer.encode(chat + "```python\ndef add(", add_special_tokens=False),
+               off.tokenizer.encode(off.tokenizer.apply_chat_template([{"role": "user", "content": "Count to 9."}]),
+                                    add_special_tokens=False)]
+    params = [SamplingParams(temperature=0, max_tokens=20, logprobs=3),
+              SamplingParams(temperature=0.8, seed=1, max_tokens=20, logprobs=3)]
+    on = make_llm(folder, num_gpu_blocks=64, speculative_config=NGRAM)
+    for p in params:
+        assert results(on.generate(prompts, p, use_tqdm=False)) == results(off.generate(prompts, p, use_tqdm=False))
+    assert on.scheduler.stats().spec_decode_num_accepted_tokens > 0
