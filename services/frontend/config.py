@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from services.core.config import LogConfig, setting
 from services.core.errors import check
 from services.core.structured import GrammarLimits
+from services.frontend.response_store import ResponseStoreLimits
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -25,6 +26,7 @@ class FrontendConfig:
     drain_timeout_s: float = setting(60.0, "on SIGTERM, seconds the open requests get to finish before the "
                                            "process exits")
     grammar: GrammarLimits = field(default_factory=GrammarLimits)  # structured outputs
+    responses: ResponseStoreLimits = field(default_factory=ResponseStoreLimits)  # the Responses API's store
 
     @property
     def model_id(self) -> str:

@@ -3,6 +3,10 @@
 Latencies and token counters are recorded by FrontendCore.generate, the path every
 transport shares, so gRPC and HTTP requests both count. Queue, preemption, KV-cache and
 prefix-cache figures are the scheduler's, read from its GetStats at scrape time.
+
+The same queue, running, KV-cache and prefix-cache figures are also exported, summed over the
+workers, under the names the Gateway API Inference Extension's model-server protocol documents
+(INFERENCE_EXTENSION_NAMES), which its endpoint picker and llm-d read without configuration.
 """
 from __future__ import annotations
 
@@ -100,6 +104,22 @@ class RequestTimer:
             metrics.success.labels(metrics.model_name, reason).inc()
 
 
+# The model-server protocol of the Gateway API Inference Extension (kubernetes-sigs/gateway-api-inference-extension,
+# docs/proposals/003-model-server-protocol/README.md at commit 25557e290ad41bec74d2313182df35d40b2c0cda) names
+# the metrics its endpoint picker scrapes by their vLLM names: TotalQueuedRequests (a gauge)
+# `vllm:num_requests_waiting`, TotalRunningRequests `vllm:num_requests_running`, KVCacheUtilization
+# `vllm:kv_cache_usage_perc` (a fraction, 1 = full). It asks model servers to support prefix-cache reuse but
+# names no metric for it; the prefix-cache counters are vLLM's own names. Each is one series per frontend
+# (the scheduler's figure, all workers together), labelled model_name as vLLM's are.
+INFERENCE_EXTENSION_NAMES = {  # protocol's / vLLM's name -> the pagedserve: name it repeats
+    "vllm:num_requests_waiting": "pagedserve:num_requests_waiting",
+    "vllm:num_requests_running": "pagedserve:num_requests_running",
+    "vllm:kv_cache_usage_perc": "pagedserve:kv_cache_usage_perc",
+    "vllm:prefix_cache_queries": "pagedserve:prefix_cache_queries",
+    "vllm:prefix_cache_hits": "pagedserve:prefix_cache_hits",
+}
+
+
 class SchedulerCollector:
     """Gauges and counters from the scheduler's latest GetStats (set just before each scrape)."""
 
@@ -127,6 +147,7 @@ class SchedulerCollector:
         yield self._family(CounterMetricFamily, "prefix_cache_hits", "Prompt tokens found in the prefix cache.",
                            [([w.worker_id], w.prefix_cache_hits) for w in workers], ["worker"])
         yield from self._spec_decode(stats)
+        yield from self._inference_extension(stats)
 
     def _spec_decode(self, stats: SchedulerStats):
         """Speculative decoding's counters, vLLM's names (services/core/spec_decode.py)."""
@@ -140,6 +161,25 @@ class SchedulerCollector:
                            "Drafted tokens accepted, by their position in the draft.",
                            [([str(pos)], n) for pos, n in enumerate(stats.spec_decode_num_accepted_tokens_per_pos)],
                            ["position"])
+
+    def _inference_extension(self, stats: SchedulerStats):
+        """The same figures under the protocol's names (INFERENCE_EXTENSION_NAMES), all workers together."""
+        workers = stats.workers
+        num_blocks = sum(w.num_gpu_blocks for w in workers)
+        used = sum(w.num_gpu_blocks - w.num_free_gpu_blocks for w in workers)
+        for kind, name, doc, value in (
+                (GaugeMetricFamily, "num_requests_waiting", "TotalQueuedRequests: sequences waiting.", stats.num_waiting),
+                (GaugeMetricFamily, "num_requests_running", "TotalRunningRequests: sequences running.",
+                 stats.num_running),
+                (GaugeMetricFamily, "kv_cache_usage_perc", "KVCacheUtilization: fraction of all workers' KV blocks "
+                                                           "in use (1 = full).", used / max(num_blocks, 1)),
+                (CounterMetricFamily, "prefix_cache_queries", "Prompt tokens looked up in the prefix cache, all "
+                                                             "workers.", sum(w.prefix_cache_queries for w in workers)),
+                (CounterMetricFamily, "prefix_cache_hits", "Prompt tokens found in the prefix cache, all workers.",
+                 sum(w.prefix_cache_hits for w in workers))):
+            family = kind("vllm:" + name, doc, labels=["model_name"])
+            family.add_metric([self.model_name], value)
+            yield family
 
     def _family(self, kind, name: str, doc: str, samples: list[tuple[list[str], float]], labels: tuple = ()):
         family = kind(PREFIX + name, doc, labels=["model_name", *labels])

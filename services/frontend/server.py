@@ -15,6 +15,7 @@ from services.frontend.config import FrontendConfig
 from services.frontend.core import FrontendCore
 from services.frontend.http.app import build_app
 from services.frontend.http.server import HttpServer
+from services.frontend.response_store import ResponseStore
 from services.frontend.scheduler_client import SchedulerClient
 from services.frontend.servicer import GenerationServicer
 from services.rpc.grpc_server import GrpcServer
@@ -34,7 +35,8 @@ class FrontendServer:
         servicer = GenerationServicer(self.core)
         self.grpc = GrpcServer(lambda server: generate_pb2_grpc.add_GenerationServicer_to_server(servicer, server),
                                SERVICE_NAME, config.reflection, config.max_message_bytes)
-        self.http = HttpServer(build_app(self.core, lambda: self.serving, config.api_key, config.max_body_bytes),
+        self.http = HttpServer(build_app(self.core, lambda: self.serving, config.api_key, config.max_body_bytes,
+                                         ResponseStore(config.responses)),
                                config.host, config.http_port) if config.http_port else None
         self.serving = False  # the scheduler has a ready worker (and we are not draining)
         self._watcher: asyncio.Task | None = None

@@ -5,8 +5,8 @@ from typing import Callable
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 
+from services.rpc.reflection import enable_reflection
 from services.rpc.status import DecodeErrors
 
 # A burst of thousands of streams on one connection must not queue in HTTP/2.
@@ -28,6 +28,10 @@ RECONNECT_OPTIONS = [
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+# The health name that says only "this process answers": SERVING from start to stop, whether or not the
+# service is ready (a worker waiting for its scheduler, a frontend with no worker yet). Kubernetes' gRPC
+# liveness probes ask it (deploy/kubernetes), so a missing scheduler restarts nobody; readiness asks "".
+LIVENESS = "liveness"
 
 
 class GrpcServer:
@@ -44,9 +48,7 @@ class GrpcServer:
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         self.service_name = service_name
         if reflection_on:
-            names = (service_name, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-                     reflection.SERVICE_NAME)
-            reflection.enable_server_reflection(names, self.server)
+            enable_reflection(self.server, (service_name, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name))
         self.port = 0
 
     async def start(self, host: str, port: int) -> int:
@@ -54,6 +56,7 @@ class GrpcServer:
         if self.port == 0:
             raise OSError(f"cannot listen on {host}:{port}")
         await self.server.start()
+        await self.health.set(LIVENESS, SERVING)
         return self.port
 
     async def set_serving(self, serving: bool) -> None:
@@ -63,4 +66,5 @@ class GrpcServer:
 
     async def stop(self, grace: float | None) -> None:
         await self.set_serving(False)
+        await self.health.set(LIVENESS, NOT_SERVING)
         await self.server.stop(grace)

@@ -313,7 +313,7 @@ def check_model(path: Path, max_new_tokens: int = 20) -> str:
 # ----------------------------------------------------------------------------- command line
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m services.tools.default_model", description=__doc__.split("\n")[0]
     )
@@ -323,7 +323,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--force", action="store_true", help="convert again even if the folder exists")
     parser.add_argument("--verify", action="store_true", help="also run the chat check on an existing folder")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     try:
         path = ensure_default_model(args.cache_dir, force=args.force)
         if args.verify:

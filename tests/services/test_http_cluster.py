@@ -3,14 +3,18 @@ seeded sampling reproduces, streamed equals whole, logprobs are real, metrics fo
 from __future__ import annotations
 
 import asyncio
+import re
 import threading
 import time
+from pathlib import Path
 
 import openai
 import pytest
+import yaml
 
 from cluster import Cluster
 from services.frontend.config import FrontendConfig
+from services.frontend.metrics import INFERENCE_EXTENSION_NAMES
 from services.frontend.server import FrontendServer
 from services.launch.deployment import free_ports
 from test_http_api import metric, raw
@@ -21,16 +25,16 @@ PROMPT = "The quick brown fox"
 class HttpCluster:
     """Scheduler, one worker and a frontend with HTTP, on one loop in a background thread."""
 
-    def __init__(self, model):
+    def __init__(self, model, **scheduler_config):
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
         self.model = str(model)
-        self.run(self._start(model))  # grpc.aio objects belong to the loop they are made in
+        self.run(self._start(model, scheduler_config))  # grpc.aio objects belong to the loop they are made in
         self.url = f"http://127.0.0.1:{self.frontend.http.port}"
 
-    async def _start(self, model) -> None:
-        self.cluster = await Cluster(model).start(1)
+    async def _start(self, model, scheduler_config: dict) -> None:
+        self.cluster = await Cluster(model, **scheduler_config).start(1)
         self.frontend = FrontendServer(FrontendConfig(
             model=self.model, scheduler_address=f"127.0.0.1:{self.cluster.scheduler.port}", host="127.0.0.1",
             grpc_port=0, http_port=free_ports(1)[0], health_poll_s=0.02), model)
@@ -106,3 +110,44 @@ def test_metrics_follow_the_requests_and_the_scheduler(served, client):
     assert moved("pagedserve:request_queue_time_seconds_count") == 2
     assert 0 <= metric(after, "pagedserve:kv_cache_usage_perc", worker="w0") < 1
     assert metric(after, "pagedserve:num_requests_running") == 0
+
+
+def exported_names(text: str) -> set[str]:
+    """Every sample name on a /metrics page (counters with their _total)."""
+    return {line.split("{")[0].split(" ")[0] for line in text.splitlines() if line and not line.startswith("#")}
+
+
+PER_WORKER = {"pagedserve:kv_cache_usage_perc", "pagedserve:prefix_cache_queries", "pagedserve:prefix_cache_hits"}
+
+
+def test_the_inference_extension_names_repeat_the_pagedserve_figures(served, client):
+    """The Gateway API Inference Extension's model-server protocol names (services/frontend/metrics.py)
+    carry the scheduler's figures, all workers together, beside the pagedserve: ones."""
+    for _ in range(2):  # the second run hits the prefix cache
+        client.completions.create(model=served.model, prompt=[[9, 10, 11, 12] * 8], max_tokens=2, temperature=0,
+                                  extra_body={"ignore_eos": True})
+    text = raw(served.url + "/metrics")[1].decode()
+    exported = exported_names(text)
+    for alias, name in INFERENCE_EXTENSION_NAMES.items():
+        suffix = "_total" if "prefix_cache" in name else ""  # counters
+        assert alias + suffix in exported, alias
+        per_worker = {"worker": "w0"} if name in PER_WORKER else {}  # one worker: its figure is the whole
+        assert metric(text, alias + suffix, model_name=served.model) == metric(text, name + suffix, **per_worker)
+    assert metric(text, "vllm:prefix_cache_hits_total") >= 16
+    assert 0 <= metric(text, "vllm:kv_cache_usage_perc") < 1
+
+
+def test_the_autoscalers_metric_names_are_exported(served):
+    """The HPA (through prometheus-adapter) and KEDA scale the workers on names a frontend exports."""
+    kube = Path(__file__).resolve().parents[2] / "deploy" / "kubernetes"
+    hpa = yaml.safe_load((kube / "base" / "worker-autoscaler.yaml").read_text())
+    [rule] = yaml.safe_load((kube / "prometheus-adapter" / "values.yaml").read_text())["rules"]["external"]
+    scaled = yaml.safe_load((kube / "components" / "keda" / "scaledobject.yaml").read_text())
+    [metric_spec] = hpa["spec"]["metrics"]
+    assert re.sub(rule["name"]["matches"], rule["name"]["as"], "pagedserve:num_requests_waiting") == \
+        metric_spec["external"]["metric"]["name"]
+    used = set(re.findall(r"[a-z_]+:[a-z_]+", rule["seriesQuery"]))
+    for trigger in scaled["spec"]["triggers"]:
+        used |= set(re.findall(r"[a-z_]+:[a-z_]+", trigger["metadata"]["query"]))
+    assert used == {"pagedserve:num_requests_waiting"}
+    assert used <= exported_names(raw(served.url + "/metrics")[1].decode())

@@ -70,6 +70,18 @@ def test_unknown_route_and_bad_json(harness):
     assert_error(*raw(harness.url + "/v1/completions", data=b"{not json"), 400, "invalid_parameter")
 
 
+@pytest.mark.parametrize("method, path, allowed", [("GET", "/v1/completions", "POST"),
+                                                    ("DELETE", "/v1/chat/completions", "POST"),
+                                                    ("POST", "/v1/models", "GET")])
+def test_a_wrong_method_is_405_saying_which_are_allowed(harness, method, path, allowed):
+    """RFC 9110: a 405 carries Allow (it came without one)."""
+    request = urllib.request.Request(harness.url + path, method=method)
+    with pytest.raises(urllib.error.HTTPError) as error:
+        urllib.request.urlopen(request, timeout=10)
+    assert_error(error.value.code, error.value.read(), 405, "method_not_allowed")
+    assert allowed in [m.strip() for m in error.value.headers["allow"].split(",")]
+
+
 def test_body_over_the_limit_is_413_before_parsing(harness):
     big = json.dumps({"prompt": "x" * 5000}).encode()
     assert_error(*raw(harness.url + "/v1/completions", data=big), 413, "request_too_large")
