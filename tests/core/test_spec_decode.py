@@ -236,19 +236,17 @@ def test_no_drafts_at_batch_sizes_where_it_does_not_pay_and_for_requests_it_does
 
 @pytest.mark.slow
 def test_default_model_same_tokens_and_logprobs_with_ngram_drafts():
-    """The real default model (SmolLM2-135M-Instruct, the weights it serves) on a copy-heavy prompt
-    and a chat, greedy and seeded: on equals off, with drafts really accepted."""
+    """The real default model (SmolLM2-135M-Instruct, the weights it serves) on a copy-heavy prompt,
+    greedy and seeded: on equals off, with drafts really accepted."""
     from services.tools.default_model import ensure_default_model
 
     folder = ensure_default_model()
     off = make_llm(folder, num_gpu_blocks=64)
     code = "def add(first, second):\n    total = first + second\n    return total\n"
     chat = off.tokenizer.apply_chat_template([{"role": "user", "content": f"Repeat this code:\n{code}"}])
-    prompts = [off.tokenizer.encode(chat + "```python\ndef add(", add_special_tokens=False),
-               off.tokenizer.encode(off.tokenizer.apply_chat_template([{"role": "user", "content": "Count to 9."}]),
-                                    add_special_tokens=False)]
-    params = [SamplingParams(temperature=0, max_tokens=20, logprobs=3),
-              SamplingParams(temperature=0.8, seed=1, max_tokens=20, logprobs=3)]
+    prompts = [off.tokenizer.encode(chat + "```python\ndef add(", add_special_tokens=False)]
+    params = [SamplingParams(temperature=0, max_tokens=16, logprobs=3),
+              SamplingParams(temperature=0.8, seed=1, max_tokens=16, logprobs=3)]
     on = make_llm(folder, num_gpu_blocks=64, speculative_config=NGRAM)
     for p in params:
         assert results(on.generate(prompts, p, use_tqdm=False)) == results(off.generate(prompts, p, use_tqdm=False))
