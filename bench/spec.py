@@ -193,9 +193,9 @@ def main() -> None:
     folder = model_folder(args.model)
     tokenizer = Tokenizer(folder)
     spec = SpeculativeConfig.of(args.spec)
-    off = LLM(str(folder), num_gpu_blocks=2048)
-    on = LLM(str(folder), num_gpu_blocks=2048, speculative_config=spec)
-    forced = LLM(str(folder), num_gpu_blocks=2048,
+    off = LLM(str(folder), num_gpu_blocks=512)
+    on = LLM(str(folder), num_gpu_blocks=512, speculative_config=spec)
+    forced = LLM(str(folder), num_gpu_blocks=512,
                  speculative_config=SpeculativeConfig.of({**vars(spec), "disable_by_batch_size": 0}))
     greedy = SamplingParams(temperature=0, max_tokens=args.max_tokens)
     greedy_batch = SamplingParams(temperature=0, max_tokens=args.batch_max_tokens)
