@@ -104,7 +104,8 @@ class SpeculativeConfig:
     suffix_min_count: int = setting(1, "suffix: a continuation must have been seen this often")
     suffix_global_max_tokens: int = setting(
         0, "suffix: tokens of past outputs kept in the global tree, oldest dropped first (0: no global tree)")
-    # when it stops paying (measured: bench/spec.py, bench/results/spec.md)
+    # when it stops paying: chosen, not yet backed by bench/spec.py's batch sweep (the run on the shared host was
+    # killed before it; bench/results/spec.md)
     disable_by_batch_size: int = setting(
         8, "no drafts in a step of a worker running this many sequences or more (0: never disabled)")
     min_acceptance_rate: float = setting(
