@@ -29,7 +29,7 @@ DTYPES = ("float32", "bfloat16", "float16", "auto")
 DEVICES = ("auto", "cpu", "cuda")
 KERNEL_BACKENDS = ("auto", "torch", "cpu", "triton")
 CPU_ISAS = ("auto", "avx512", "avx2", "generic")  # the CPU kernels' tiers (kernels.cpu_kernels.TIERS)
-# auto: gguf where the model folder holds a GGUF file (the default model), else none
+# auto: gguf where the model folder holds a GGUF file (the default model) and the device is the CPU, else none
 QUANTIZATIONS = ("auto", "none", "gguf", "int8")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 DEFAULT_MAX_MODEL_LEN = 4096  # the cap when max_model_len comes from the model
@@ -55,6 +55,11 @@ def _check_block_size(block_size: int) -> None:
 
 def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
     check(value in choices, name, f"must be one of {choices}, got {value!r}")
+
+
+def _is_cuda_index(device: str) -> bool:
+    prefix, _, index = device.partition(":")
+    return prefix == "cuda" and index.isascii() and index.isdigit()
 
 
 def split_settings(kwargs: dict[str, Any], *classes: type) -> list[dict[str, Any]]:
@@ -212,25 +217,44 @@ class WorkerConfig:
 
     model: str = setting("default", 'a model folder, a hub id, or "default" (SmolLM2-135M-Instruct)')
     dtype: str = setting("auto", f"one of {DTYPES}; auto: the checkpoint's (fp16 becomes bf16 on the CPU)")
-    device: str = setting("auto", "cpu, cuda or auto (cuda when available)")
+    device: str = setting("auto", "cpu, cuda (the current GPU), cuda:N (the GPU with index N) or auto (cuda when "
+                                  "available)")
     seed: int = setting(0, "the worker's torch seed (sampling draws come from each request's own seed)")
     kernel_backend: str = setting(
         "auto", f"one of {KERNEL_BACKENDS}; auto: triton on cuda, else the compiled CPU kernels if they build, "
                 "else torch")
     batch_invariant: bool = setting(True, "the deterministic mode: a row's bits do not depend on its batch "
                                           "(docs/ARCHITECTURE.md, rule 4)")
-    num_threads: int = setting(0, "CPU threads for the worker's math (0: the library default)")
+    num_threads: int = setting(0, "CPU threads for the worker's math (0: the library default); a worker group that "
+                                  "its rank 0 starts splits them (or every core) equally across its ranks")
     quantization: str = setting(
-        "auto", "the weights: auto (the folder's GGUF if it has one), none, gguf or int8 (per channel, at load)")
+        "auto", "the weights: auto (on the CPU, the folder's GGUF if it has one; else none), none, gguf or int8 (per "
+                "channel, at load); gguf and int8 run on the CPU only")
     cpu_isa: str = setting("auto", f"the CPU kernels' tier, one of {CPU_ISAS}; auto: the best this CPU executes")
+    tensor_parallel_size: int = setting(1, "ranks that split each layer (heads, MLP columns, vocabulary) of one "
+                                           "model copy; the same bits at every size (docs/ARCHITECTURE.md)")
+    pipeline_parallel_size: int = setting(1, "ranks that each hold a contiguous range of the layers")
+    group_rank: int = setting(0, "this process's rank in its worker group (0 registers with the scheduler; "
+                                 "pp_rank * tensor_parallel_size + tp_rank)")
+    group_address: str = setting("", "host:port where rank 0 of the worker group meets the others (empty: a "
+                                     "free port on 127.0.0.1, for a group that one process starts)")
+    distributed_backend: str = setting("gloo", "the worker group's torch.distributed backend (gloo; nccl later)")
 
     def __post_init__(self) -> None:
         check(bool(self.model), "model", "must name a model folder or hub id")
+        check(self.tensor_parallel_size >= 1, "tensor_parallel_size", f"must be >= 1, got {self.tensor_parallel_size}")
+        check(self.pipeline_parallel_size >= 1, "pipeline_parallel_size",
+              f"must be >= 1, got {self.pipeline_parallel_size}")
+        world = self.tensor_parallel_size * self.pipeline_parallel_size
+        check(0 <= self.group_rank < world, "group_rank", f"must be in [0, {world}), got {self.group_rank}")
+        check(self.distributed_backend in ("gloo", "nccl"), "distributed_backend",
+              f"one of ('gloo', 'nccl'), got {self.distributed_backend!r}")
         _check_choice("quantization", self.quantization, QUANTIZATIONS)
         _check_choice("cpu_isa", self.cpu_isa, CPU_ISAS)
         check(self.num_threads >= 0, "num_threads", f"must be >= 0, got {self.num_threads}")
         _check_choice("dtype", self.dtype, DTYPES)
-        _check_choice("device", self.device, DEVICES)
+        check(self.device in DEVICES or _is_cuda_index(self.device), "device",
+              f"must be one of {DEVICES} or cuda:N, got {self.device!r}")
         _check_choice("kernel_backend", self.kernel_backend, KERNEL_BACKENDS)
 
 

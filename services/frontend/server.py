@@ -3,6 +3,7 @@ over one FrontendCore in one event loop; health; draining both on SIGTERM."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from pathlib import Path
 
 import grpc
@@ -29,7 +30,7 @@ class FrontendServer:
 
     def __init__(self, config: FrontendConfig, model_path: Path):
         self.config = config
-        self.scheduler = SchedulerClient(config.scheduler_address)
+        self.scheduler = SchedulerClient(config.scheduler_address, config.scheduler_failover_timeout_s)
         self.core = FrontendCore(Tokenizer(model_path), self.scheduler, config.model_id, config.max_pending,
                                  config.grammar)
         servicer = GenerationServicer(self.core)
@@ -87,4 +88,7 @@ class FrontendServer:
                 log.info("health", serving=now_ready, max_model_len=card and card.max_model_len,
                          vocab_size=card and card.vocab_size)
                 ready = now_ready
-            await asyncio.sleep(self.config.health_poll_s)
+            lost = self.scheduler.pool.lost_event
+            with contextlib.suppress(asyncio.TimeoutError):  # a lost scheduler turns health NOT_SERVING at once
+                await asyncio.wait_for(lost.wait(), self.config.health_poll_s)
+            lost.clear()

@@ -19,6 +19,7 @@ import structlog
 from services.core.errors import InvalidArgument, Unavailable, check
 from services.core.sampling_params import SamplingParams
 from services.core.scheduler import Scheduler
+from services.core.sequence import ContinuedSample
 from services.core.stats import SchedulerStats
 from services.core.step import WorkerInfo
 from services.scheduler.config import SchedulerServiceConfig
@@ -42,8 +43,8 @@ class StepLoop:
 
     # ---- requests --------------------------------------------------------------
     def submit(self, request_id: str, prompt: list[int], params: SamplingParams, priority: int,
-               deliver: Callable[[Delivery], None]) -> UpdateStream:
-        """Admit a request; its updates go to `deliver`."""
+               continued: tuple[ContinuedSample, ...], deliver: Callable[[Delivery], None]) -> UpdateStream:
+        """Admit a request (a continuation when `continued`); its updates go to `deliver`."""
         if self.draining:
             raise Unavailable("the scheduler is shutting down")
         if self.core is None or not self.workers:
@@ -51,7 +52,7 @@ class StepLoop:
             raise Unavailable(f"no worker is registered yet{refused}")
         check(bool(request_id), "request_id", "must not be empty")
         check(request_id not in self.router.streams, "request_id", f"{request_id!r} is already running")
-        stream = self.router.open(self.core.add_request(request_id, prompt, params, priority), deliver)
+        stream = self.router.open(self.core.add_request(request_id, prompt, params, priority, continued), deliver)
         self._wake.set()
         return stream
 

@@ -113,6 +113,8 @@ class ModelRunner:
         sampling = self._sampling(batch)
         masks = self.grammars.start_masks(sampling.constrained) if sampling.constrained else None  # beside the forward
         hidden = self.model(*self._tensors(batch))
+        if hidden is None:  # a later pipeline stage of a worker group: stage 0 samples
+            return result
         self._sample(sampling, hidden, result, masks)
         self._prompt_logprobs(batch, hidden, result)
         return result

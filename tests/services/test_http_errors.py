@@ -100,10 +100,16 @@ def test_scheduler_queue_full_is_429_and_no_worker_is_503(harness, stream):
         assert refused.value.headers["retry-after"] == "1"  # seconds
         error = assert_error(refused.value.code, refused.value.read(), 429, "queue_full")
         assert "queue is full" in error["message"] and error["type"] == "rate_limit_error"
+        # UNAVAILABLE: the request waits for a scheduler that serves, for the failover timeout
         harness.fake.refuse = (grpc.StatusCode.UNAVAILABLE, "no worker is registered yet")
-        assert_error(*raw(harness.url + "/v1/chat/completions", {**CHAT, "stream": stream}), 503, "unavailable")
+        harness.frontend.scheduler.pool.failover_timeout_s = 0.5
+        error = assert_error(*raw(harness.url + "/v1/chat/completions", {**CHAT, "stream": stream}), 503,
+                             "unavailable")
+        assert "failover timeout (0.5 s)" in error["message"] and "no worker is registered yet" in error["message"]
     finally:
         harness.fake.refuse = None
+        harness.frontend.scheduler.pool.failover_timeout_s = 30.0
+        assert harness.wait_for(lambda: raw(harness.url + "/health")[0] == 200)  # NOT_SERVING while it waited
 
 
 def test_health_is_503_until_a_worker_is_ready_and_requests_are_503_meanwhile(harness):

@@ -91,6 +91,9 @@ def local_variants(block_size: int, dtype: str, num_threads: int, tiers: list[st
                 changes="speculative decoding, suffix-tree drafts (4, with a global tree) verified exactly, alone",
                 engine_args={"speculative_config": {"method": "suffix", "num_speculative_tokens": 4,
                                                     "suffix_global_max_tokens": 65536}}),
+        *(Variant(name=f"{kind}-2", group="parallel", changes=f"a worker group: {what} over 2 ranks",
+                  engine_args={f"{kind_arg}_parallel_size": 2})
+          for kind, kind_arg, what in (("tp", "tensor", "each layer split"), ("pp", "pipeline", "the layers split"))),
         Variant(name=other_dtype, group="dtype", changes=f"weights and activations in {other_dtype}", expect=MAY_DIFFER,
                 engine_args={"dtype": other_dtype}),
         *tier_variants(tiers, baseline_tier, kernels),
