@@ -51,7 +51,7 @@ from kernels.norm import rms_norm_ref
 from kernels.rotary import apply_rotary_ref
 
 CSRC = Path(__file__).with_name("csrc")
-SOURCES = [CSRC / name for name in ("paged_attention.c", "elementwise.c", "gemm.c", "decoder.c", "quant_gemm.c")]  # one library
+SOURCES = [CSRC / name for name in ("paged_attention.c", "elementwise.c", "gemm.c", "decoder.c", "quant_gemm.c", "row_parallel.c")]  # one library
 COMMON_FLAGS = ["-O3", "-fopenmp", "-fPIC", "-std=gnu11", "-Wno-psabi"]
 TIERS = ("avx512", "avx2", "generic")  # best first; services.core.config.CPU_ISAS is ("auto", *TIERS)
 TIER_FLAGS = {
@@ -368,7 +368,7 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         "linear": [ptr, i64, ptr, ptr, ptr, i64, i64, i64, i64, i32, i32],
         "gemm_supported": [i32],
         "kernel_tier": [],
-        "decoder_stack": [ptr, ptr, ptr, i64, ptr, ptr, ptr, i64, ptr, ptr, i32],  # kernels/decoder.py
+        "decoder_stack": [ptr, ptr, ptr, ptr, ptr, i64, ptr, ptr, ptr, i64, ptr, ptr, ptr, ptr, i32],  # decoder.py
     }
     for name, argtypes in signatures.items():
         fn = getattr(lib, name)

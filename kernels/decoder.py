@@ -7,21 +7,26 @@ gives the same bits (tests/kernels/test_decoder_stack.py); only the Python goes.
 
 It runs where every linear weight is packed for the own GEMM or quantized (kernels/quant.py,
 each weight's format passed along) and the activations, the norms and the KV cache share one
-dtype (fp32 or bf16); anywhere else the model goes layer by layer.
+dtype (fp32 or bf16); anywhere else the model goes layer by layer. o and down are row-parallel
+(kernels/row_parallel.py): their partial sums are gathered across a worker group's tensor ranks
+by `gather`, a callback from inside the call (None in a single process).
 """
 from __future__ import annotations
 
 import ctypes
 import operator
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
 from kernels import cpu_kernels
 from kernels.linear import GemmWeight
 from kernels.quant import QuantWeight
+from kernels.row_parallel import RowParallelWeight
 
-OUT_OF_MEMORY, BAD_SHAPE = 1, 2  # decoder_stack's status codes (kernels/csrc/kernels.h)
+OUT_OF_MEMORY, BAD_SHAPE, GATHER_FAILED = 1, 2, 3  # decoder_stack's status codes (kernels.h, decoder.c)
+GATHER_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int64, ctypes.c_int64)
 _LAYER_FIELDS = ("input_norm", "post_attn_norm", "qkv", "qkv_bias", "q_norm", "k_norm", "o", "gate_up", "down",
                  "k_cache", "v_cache")
 
@@ -38,7 +43,8 @@ class _Stack(ctypes.Structure):  # DecoderStack in decoder.c
                                                        "inter", "block_size")),
                 ("eps", ctypes.c_float), ("scale", ctypes.c_float), ("is_bf16", ctypes.c_int),
                 ("rotary_is_bf16", ctypes.c_int), ("rotary_cache", ctypes.c_void_p), ("final_norm", ctypes.c_void_p),
-                ("layers", ctypes.POINTER(_Layer))]
+                ("layers", ctypes.POINTER(_Layer)), ("groups", ctypes.c_int64), ("local_groups", ctypes.c_int64),
+                ("gather", GATHER_FN)]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -50,9 +56,9 @@ class LayerWeights:
     qkv_bias: torch.Tensor | None
     q_norm: torch.Tensor | None
     k_norm: torch.Tensor | None
-    o: GemmWeight | QuantWeight
+    o: RowParallelWeight
     gate_up: GemmWeight | QuantWeight  # gate and up stacked: [2 inter, hidden]
-    down: GemmWeight | QuantWeight
+    down: RowParallelWeight
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -62,6 +68,7 @@ class StackShape:
     head_dim: int
     eps: float
     scale: float
+    groups: int = 1  # the model's row-parallel K groups (kernels/row_parallel.py)
 
 
 class DecoderStack:
@@ -69,8 +76,12 @@ class DecoderStack:
     token_pos) -> the last layer's output with the final norm applied, [T, hidden]."""
 
     def __init__(self, layers: list[LayerWeights], final_norm: torch.Tensor, rotary_cache: torch.Tensor,
-                 shape: StackShape):
+                 shape: StackShape, gather: Callable[[torch.Tensor, torch.Tensor], None] | None = None):
         self.layers, self.final_norm, self.shape = layers, final_norm, shape
+        self.gather = gather  # (local partials, all partials): the worker group's gather into the second
+        self._buffers: tuple[torch.Tensor, torch.Tensor] | None = None  # this call's partials, for the callback
+        self._callback = GATHER_FN(self._gather) if gather is not None else GATHER_FN()
+        self._error: BaseException | None = None
         self.rotary_cache = rotary_cache.contiguous()
         self.dtype = final_norm.dtype
         self._cache_key: tuple | None = None
@@ -79,7 +90,7 @@ class DecoderStack:
 
     @classmethod
     def build(cls, layers: list[LayerWeights], final_norm: torch.Tensor, rotary_cache: torch.Tensor,
-              shape: StackShape) -> DecoderStack | None:
+              shape: StackShape, gather: Callable | None = None) -> DecoderStack | None:
         """The stack, or None where decoder.c cannot run these weights (the caller goes layer by layer)."""
         dtype = final_norm.dtype
         if dtype not in (torch.float32, torch.bfloat16) or not cpu_kernels.is_available():
@@ -97,16 +108,22 @@ class DecoderStack:
         for layer in layers:
             names = ("input_norm", "post_attn_norm", "qkv_bias", "q_norm", "k_norm")
             tensors = [getattr(layer, name) for name in names]
-            weights = [layer.qkv, layer.o, layer.gate_up, layer.down]
+            weights = [layer.qkv, layer.gate_up]
             if not all(isinstance(w, (GemmWeight, QuantWeight)) and w.dtype == dtype for w in weights):
                 return None
+            rows = [layer.o, layer.down]
+            if not all(isinstance(w, RowParallelWeight) and w.fmt is not None and w.dtype == dtype for w in rows):
+                return None
+            if any(w.groups != layer.o.groups or w.total_groups != shape.groups for w in rows):
+                return None
+            weights += [p for w in rows for p in w.parts]
             if any(isinstance(w, GemmWeight) for w in weights) and not cpu_kernels.gemm_supported(dtype):
                 return None
             if not all(t.dtype == dtype and t.is_cpu and t.is_contiguous() for t in tensors if t is not None):
                 return None
             if (layer.q_norm is None) != (layer.k_norm is None):
                 return None
-        return cls(layers, final_norm.contiguous(), rotary_cache, shape)
+        return cls(layers, final_norm.contiguous(), rotary_cache, shape, gather)
 
     def runs(self, x: torch.Tensor, kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> bool:
         """Whether this step's tensors suit decoder.c (the same dtype everywhere, contiguous caches on the CPU)."""
@@ -129,22 +146,48 @@ class DecoderStack:
 
     def __call__(self, x: torch.Tensor, kv_caches: list[tuple[torch.Tensor, torch.Tensor]], positions: torch.Tensor,
                  slot_mapping: torch.Tensor, block_tables: torch.Tensor, token_seq: torch.Tensor,
-                 token_pos: torch.Tensor) -> torch.Tensor:
+                 token_pos: torch.Tensor, residual: torch.Tensor | None = None,
+                 final_norm: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(out, None) with the final norm applied, or (x, residual) for the next pipeline stage.
+        residual: the residual stream from the previous stage (None: x is the embedding)."""
         x = x.contiguous()
         out = torch.empty_like(x)
+        res_out = None if final_norm else torch.empty_like(x)
         if x.shape[0] == 0:
-            return out
+            return out, res_out
+        if residual is not None:
+            residual = residual.contiguous()
         stack = self._stack(kv_caches)
         ints = [t.to(torch.int64).contiguous() for t in (positions, slot_mapping, block_tables, token_seq, token_pos)]
         positions, slots, tables, token_seq, token_pos = ints
-        status = cpu_kernels.library().decoder_stack(
-            ctypes.addressof(stack), x.data_ptr(), out.data_ptr(), x.shape[0], positions.data_ptr(), slots.data_ptr(),
-            tables.data_ptr(), tables.shape[1], token_seq.data_ptr(), token_pos.data_ptr(), torch.get_num_threads())
+        num_tokens, hidden = x.shape
+        local_groups = self.layers[0].o.groups
+        local = torch.empty(local_groups, num_tokens, hidden, dtype=torch.float32)
+        everything = torch.empty(self.shape.groups, num_tokens, hidden) if self.gather is not None else local
+        self._buffers, self._error = (local, everything), None
+        try:
+            status = cpu_kernels.library().decoder_stack(
+                ctypes.addressof(stack), x.data_ptr(), _ptr(residual), out.data_ptr(), _ptr(res_out), num_tokens,
+                positions.data_ptr(), slots.data_ptr(), tables.data_ptr(), tables.shape[1], token_seq.data_ptr(),
+                token_pos.data_ptr(), local.data_ptr(), everything.data_ptr(), torch.get_num_threads())
+        finally:
+            self._buffers = None
+        if status == GATHER_FAILED and self._error is not None:
+            raise self._error
         if status == OUT_OF_MEMORY:
             raise MemoryError("decoder_stack: out of memory for the scratch buffers")
         if status != 0:
             raise ValueError(f"decoder_stack: shape not supported (status {status})")
-        return out
+        return out, res_out
+
+    def _gather(self, layer: int, which: int) -> int:
+        """decoder.c's callback: the partials of this call's buffers gathered across the tensor ranks."""
+        try:
+            self.gather(*self._buffers)
+            return 0
+        except BaseException as error:  # noqa: BLE001 - raised again once decoder_stack has returned
+            self._error = error
+            return 1
 
     def _stack(self, kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> _Stack:
         """The C descriptors, rebuilt only when the caches move or change shape (they are allocated
@@ -167,6 +210,8 @@ class DecoderStack:
                 return None
             if isinstance(t, QuantWeight):
                 return t.data.data_ptr()
+            if isinstance(t, RowParallelWeight):
+                return t.buffer.data_ptr()
             return (t.packed if isinstance(t, GemmWeight) else t).data_ptr()
 
         array = (_Layer * len(self.layers))()
@@ -176,7 +221,7 @@ class DecoderStack:
             slot.k_cache, slot.v_cache = k_cache.data_ptr(), v_cache.data_ptr()
             for i, name in enumerate(_LINEARS):  # 0: packed for gemm.c; else quant_gemm.c's format
                 weight = getattr(layer, name)
-                slot.formats[i] = weight.fmt if isinstance(weight, QuantWeight) else 0
+                slot.formats[i] = weight.fmt if isinstance(weight, (QuantWeight, RowParallelWeight)) else 0
         first, shape = self.layers[0], self.shape
         stack = _Stack(
             num_layers=len(self.layers), hidden=first.o.out_features, num_heads=shape.num_heads,
@@ -184,7 +229,8 @@ class DecoderStack:
             block_size=kv_caches[0][0].shape[1], eps=shape.eps, scale=shape.scale,
             is_bf16=int(self.dtype == torch.bfloat16), rotary_is_bf16=int(self.rotary_cache.dtype == torch.bfloat16),
             rotary_cache=self.rotary_cache.data_ptr(), final_norm=self.final_norm.data_ptr(),
-            layers=ctypes.cast(array, ctypes.POINTER(_Layer)))
+            layers=ctypes.cast(array, ctypes.POINTER(_Layer)), groups=shape.groups, local_groups=first.o.groups,
+            gather=self._callback)
         return array, stack
 
 
@@ -198,3 +244,7 @@ def _shapes_fit(layer: LayerWeights, shape: StackShape, hidden: int) -> bool:
     vectors = {"input_norm": hidden, "post_attn_norm": hidden, "qkv_bias": q_size + 2 * kv_size,
                "q_norm": shape.head_dim, "k_norm": shape.head_dim}
     return all(getattr(layer, name) is None or getattr(layer, name).numel() == size for name, size in vectors.items())
+
+
+def _ptr(t: torch.Tensor | None) -> int | None:
+    return t.data_ptr() if t is not None else None

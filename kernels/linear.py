@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from kernels import cpu_kernels
 from kernels.mkl import MKL_ROW_MULTIPLE
 from kernels.quant import QuantWeight
+from kernels.row_parallel import RowParallelWeight
 
 ONEDNN_MIN_ROWS = 2
 CUDA_ROW_TILE = 64
@@ -75,7 +76,7 @@ def onednn_runs(dtype: torch.dtype) -> bool:
 
 def invariant_linear(x: torch.Tensor, weight: torch.Tensor | GemmWeight | QuantWeight,
                      bias: torch.Tensor | None) -> torch.Tensor:
-    if isinstance(weight, (GemmWeight, QuantWeight)):  # both batch-invariant by construction
+    if isinstance(weight, (GemmWeight, QuantWeight, RowParallelWeight)):  # batch-invariant by construction
         return weight(x, bias)
     x = x.contiguous()  # a strided input can take another library path
     if weight.is_mkldnn:
@@ -88,7 +89,7 @@ def invariant_linear(x: torch.Tensor, weight: torch.Tensor | GemmWeight | QuantW
 def plain_linear(x: torch.Tensor, weight: torch.Tensor | GemmWeight | QuantWeight,
                  bias: torch.Tensor | None) -> torch.Tensor:
     """Without invariance: no padding. The own GEMM is invariant anyway, and the fastest here."""
-    if isinstance(weight, (GemmWeight, QuantWeight)):
+    if isinstance(weight, (GemmWeight, QuantWeight, RowParallelWeight)):
         return weight(x, bias)
     if weight.is_mkldnn:
         return _onednn(x.contiguous(), weight, bias)

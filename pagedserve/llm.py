@@ -23,6 +23,16 @@ class LLM:
         self.tokenizer = Tokenizer(self.engine.model_path)
         self._ids = itertools.count()
 
+    def close(self) -> None:
+        """Stop the follower processes of a tensor/pipeline parallel worker group (nothing otherwise)."""
+        self.engine.close()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     @property
     def scheduler(self):
         return self.engine.scheduler

@@ -22,6 +22,11 @@ class Engine:
         for worker_id, worker in self.workers.items():
             self.scheduler.add_worker(worker_id, worker.info)
 
+    def close(self) -> None:
+        """Stop the follower ranks of tensor/pipeline parallel workers and leave their groups."""
+        for worker in self.workers.values():
+            worker.close()
+
     def step(self) -> list[SeqUpdate]:
         """One scheduling round: every worker runs its delta; returns what changed."""
         updates = []

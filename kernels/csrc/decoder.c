@@ -13,6 +13,12 @@
  *   h, res = rms_norm(linear(a, o), post_attn_norm, res)
  *   x = linear(silu_and_mul(linear(h, gate_up)), down)
  * and at the end out = rms_norm(x, final_norm, res).
+ *
+ * o and down are row-parallel (row_parallel.c): the partial sums of the rank's K groups, the
+ * gather (a callback into the worker group's transport; none in a single process), the fold in
+ * the one order. A pipeline stage runs its own range of layers: one after the first takes the
+ * residual stream in (res_in), one before the last gives x and the residual out (res_out) and
+ * skips the final norm.
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -37,7 +43,13 @@ typedef struct {
     const void *rotary_cache;
     const void *final_norm;        /* [hidden] */
     const DecoderLayer *layers;    /* [num_layers] */
+    int64_t groups, local_groups;  /* the row-parallel layers' K groups: the model's, and this rank's */
+    /* the worker group's gather of the partials (local [local_groups, T, hidden] -> all [groups, T, hidden],
+     * buffers the caller passes to decoder_stack); NULL in a single process. Returns 0 on success. */
+    int (*gather)(int64_t layer, int64_t which);
 } DecoderStack;
+
+enum { KERNEL_GATHER_FAILED = 3 };
 
 /* Weight `which` (0 qkv, 1 o, 2 gate_up, 3 down) of layer i, its [n, k], and its format. */
 typedef struct {
@@ -57,21 +69,34 @@ static Weight layer_weight(const DecoderStack *m, int64_t i, int which) {
 /* One linear layer on weight `which` of layer i: gemm.c's packed weight, or quant_gemm.c's rows
  * of blocks. gemm.c warms the first panels of the weight that comes next (the next layer's qkv
  * after down) while it finishes this one, so no call starts from cold memory. */
-static void layer_linear(const DecoderStack *m, int64_t i, int which, const void *x, int64_t ldx, const void *bias,
-                         void *out, int64_t ldo, int64_t num_tokens, int num_threads) {
+typedef struct {
+    float *local, *all; /* [local_groups, T, hidden] and [groups, T, hidden] (the same buffer without a gather) */
+} Partials;
+
+static int layer_linear(const DecoderStack *m, int64_t i, int which, const void *x, int64_t ldx, const void *bias,
+                        void *out, int64_t ldo, int64_t num_tokens, int num_threads, const Partials *partials) {
     const Weight weight = layer_weight(m, i, which);
-    if (weight.format != 0) {
-        quant_linear(x, ldx, weight.w, (int)weight.format, bias, out, ldo, num_tokens, weight.n, weight.k,
-                     m->is_bf16, num_threads);
-        return;
-    }
     NextWeight next = {NULL, 0, 0};
     if (which < 3 || i + 1 < m->num_layers) {
         const Weight after = layer_weight(m, which < 3 ? i : i + 1, (which + 1) % 4);
         if (after.format == 0)
             next = (NextWeight){after.w, after.n, after.k};
     }
+    if (which == 1 || which == 3) { /* row-parallel: o, down */
+        const int64_t kg = weight.k / m->local_groups;
+        int status = row_parallel_partials(x, ldx, weight.w, (int)weight.format, m->local_groups, num_tokens, weight.n,
+                                           kg, m->is_bf16, partials->local, num_threads, &next);
+        if (status == KERNEL_OK && m->gather != NULL && m->gather(i, which) != 0)
+            status = KERNEL_GATHER_FAILED;
+        if (status == KERNEL_OK)
+            fold_partials(partials->all, m->groups, num_tokens, weight.n, out, ldo, m->is_bf16, num_threads);
+        return status;
+    }
+    if (weight.format != 0)
+        return quant_linear(x, ldx, weight.w, (int)weight.format, bias, out, ldo, num_tokens, weight.n, weight.k,
+                            m->is_bf16, num_threads);
     linear_then(x, ldx, weight.w, bias, out, ldo, num_tokens, weight.n, weight.k, m->is_bf16, num_threads, &next);
+    return KERNEL_OK;
 }
 
 /* Aligned scratch rows for every intermediate of a layer, one allocation. */
@@ -100,12 +125,16 @@ static int scratch_alloc(Scratch *s, const DecoderStack *m, int64_t num_tokens) 
     return KERNEL_OK;
 }
 
-/* x [T, hidden] (the embeddings) -> out [T, hidden], the final norm applied. Returns a
- * KERNEL_* status; the shapes are checked first (the kernels' own limits), so nothing is
- * written on KERNEL_BAD_SHAPE. The weights' shapes are the caller's (kernels/decoder.py). */
-int decoder_stack(const DecoderStack *m, const void *x, void *out, int64_t num_tokens, const int64_t *positions,
-                  const int64_t *slots, const int64_t *tables, int64_t max_blocks, const int64_t *token_seq,
-                  const int64_t *token_pos, int num_threads) {
+/* x [T, hidden] (the embeddings, or with res_in the previous stage's x) -> out [T, hidden], the
+ * final norm applied (with res_out: the last layer's x, and its residual stream in res_out).
+ * partials_local / partials_all: fp32 [local_groups, T, hidden] / [groups, T, hidden], the
+ * second the gather's destination (the same buffer without one). Returns a KERNEL_* status; the
+ * shapes are checked first (the kernels' own limits), so nothing is written on KERNEL_BAD_SHAPE.
+ * The weights' shapes are the caller's (kernels/decoder.py). */
+int decoder_stack(const DecoderStack *m, const void *x, const void *res_in, void *out, void *res_out,
+                  int64_t num_tokens, const int64_t *positions, const int64_t *slots, const int64_t *tables,
+                  int64_t max_blocks, const int64_t *token_seq, const int64_t *token_pos, float *partials_local,
+                  float *partials_all, int num_threads) {
     const int64_t hidden = m->hidden, heads = m->num_heads, kv_heads = m->num_kv_heads, dim = m->head_dim;
     const int64_t q_size = heads * dim, kv_size = kv_heads * dim, qkv_size = q_size + 2 * kv_size;
     const int64_t elem = m->is_bf16 ? 2 : 4;
@@ -114,20 +143,25 @@ int decoder_stack(const DecoderStack *m, const void *x, void *out, int64_t num_t
         return KERNEL_OK;
     if (m->num_layers < 1 || kv_heads < 1 || heads > 256 || heads % kv_heads != 0 || dim % 16 != 0 || dim > 256)
         return KERNEL_BAD_SHAPE; /* paged_attention's MAX_HEADS and MAX_CHUNKS */
+    if (m->local_groups < 1 || m->groups < m->local_groups || q_size % m->local_groups || m->inter % m->local_groups)
+        return KERNEL_BAD_SHAPE;
+    const Partials partials = {partials_local, partials_all};
     Scratch s;
     if (scratch_alloc(&s, m, num_tokens) != KERNEL_OK)
         return KERNEL_OUT_OF_MEMORY;
-    memcpy(s.res, x, (size_t)(num_tokens * hidden * elem));
+    memcpy(s.res, res_in != NULL ? res_in : x, (size_t)(num_tokens * hidden * elem));
+    if (res_in != NULL) /* a later pipeline stage: the previous stage's last x */
+        memcpy(s.x, x, (size_t)(num_tokens * hidden * elem));
     int status = KERNEL_OK;
     for (int64_t i = 0; i < m->num_layers && status == KERNEL_OK; i++) {
         const DecoderLayer *layer = &m->layers[i];
-        if (i == 0) /* the embedding is the residual stream */
+        if (i == 0 && res_in == NULL) /* the embedding is the residual stream */
             rms_norm(s.res, hidden, NULL, 0, layer->input_norm, s.h, NULL, num_tokens, hidden, m->eps, bf16,
                      num_threads);
         else
             rms_norm(s.x, hidden, s.res, hidden, layer->input_norm, s.h, s.res, num_tokens, hidden, m->eps, bf16,
                      num_threads);
-        layer_linear(m, i, 0, s.h, hidden, layer->qkv_bias, s.qkv, qkv_size, num_tokens, num_threads);
+        layer_linear(m, i, 0, s.h, hidden, layer->qkv_bias, s.qkv, qkv_size, num_tokens, num_threads, &partials);
         const char *q = s.qkv, *k = q + q_size * elem, *v = k + kv_size * elem;
         int64_t q_stride = qkv_size, k_stride = qkv_size;
         if (layer->q_norm != NULL) { /* per head: rows of head_dim, each token's heads contiguous */
@@ -146,15 +180,23 @@ int decoder_stack(const DecoderStack *m, const void *x, void *out, int64_t num_t
         status = paged_attention(s.q, q_size, bf16, m->scale, layer->k_cache, layer->v_cache, bf16, tables,
                                  max_blocks, token_seq, token_pos, s.attn, num_tokens, (int)heads, (int)kv_heads,
                                  (int)dim, (int)m->block_size, num_threads);
-        layer_linear(m, i, 1, s.attn, q_size, NULL, s.x, hidden, num_tokens, num_threads);
+        if (status != KERNEL_OK)
+            break;
+        status = layer_linear(m, i, 1, s.attn, q_size, NULL, s.x, hidden, num_tokens, num_threads, &partials);
+        if (status != KERNEL_OK)
+            break;
         rms_norm(s.x, hidden, s.res, hidden, layer->post_attn_norm, s.h, s.res, num_tokens, hidden, m->eps, bf16,
                  num_threads);
-        layer_linear(m, i, 2, s.h, hidden, NULL, s.gate_up, 2 * m->inter, num_tokens, num_threads);
+        layer_linear(m, i, 2, s.h, hidden, NULL, s.gate_up, 2 * m->inter, num_tokens, num_threads, &partials);
         silu_and_mul(s.gate_up, 2 * m->inter, s.act, num_tokens, m->inter, bf16, num_threads);
-        layer_linear(m, i, 3, s.act, m->inter, NULL, s.x, hidden, num_tokens, num_threads);
+        status = layer_linear(m, i, 3, s.act, m->inter, NULL, s.x, hidden, num_tokens, num_threads, &partials);
     }
-    if (status == KERNEL_OK)
+    if (status == KERNEL_OK && res_out != NULL) { /* a pipeline stage before the last */
+        memcpy(out, s.x, (size_t)(num_tokens * hidden * elem));
+        memcpy(res_out, s.res, (size_t)(num_tokens * hidden * elem));
+    } else if (status == KERNEL_OK) {
         rms_norm(s.x, hidden, s.res, hidden, m->final_norm, out, s.res, num_tokens, hidden, m->eps, bf16, num_threads);
+    }
     free(s.base);
     return status;
 }

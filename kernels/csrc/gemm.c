@@ -215,7 +215,7 @@ INLINE __m512bh pair(const uint16_t *row, int64_t i, int64_t k_len) {
 }
 
 INLINE void tile_bf16(const int rows, const uint16_t *x, int64_t ldx, const uint16_t *panel, const Warm *warm,
-                      int64_t k_len, const void *bias, void *out, int64_t ldo, int64_t n0, int64_t n) {
+                      int64_t k_len, const void *bias, void *out, int64_t ldo, int64_t n0, int64_t n, int out_bf16) {
     __m512 acc[ROWS][3];
 #pragma GCC unroll 8
     for (int r = 0; r < rows; r++)
@@ -241,7 +241,7 @@ INLINE void tile_bf16(const int rows, const uint16_t *x, int64_t ldx, const uint
             acc[r][2] = _mm512_dpbf16_ps(acc[r][2], a, w2);
         }
     }
-    store_tile(rows, acc, bias, out, ldo, n0, n, 1);
+    store_tile(rows, acc, bias, out, ldo, n0, n, out_bf16);
 }
 #endif
 
@@ -262,7 +262,7 @@ DEFINE_BF16_BITS(wide_bf16_bits, wv, wu, wide_is_nan)
  * the last, partial one: 49152 scalar roundings were 7% of a batch-1 lm_head): acc + bias is
  * the same fp32 add either way, and the rounding the same formula. */
 INLINE void wide_store(const int rows, const int vectors, wv acc[ROWS][MAX_VECTORS], const void *bias, void *out,
-                       int64_t ldo, int64_t col0, int64_t n, int is_bf16) {
+                       int64_t ldo, int64_t col0, int64_t n, int is_bf16, int out_bf16) {
     for (int r = 0; r < rows; r++)
         for (int v = 0; v < vectors && col0 + v * WL < n; v++) {
             const int64_t first = col0 + v * WL;
@@ -280,7 +280,7 @@ INLINE void wide_store(const int rows, const int vectors, wv acc[ROWS][MAX_VECTO
                     }
                     value += b;
                 }
-                if (is_bf16) {
+                if (out_bf16) {
                     const wh half = __builtin_convertvector(wide_bf16_bits(value), wh);
                     memcpy((uint16_t *)out + r * ldo + first, &half, sizeof half);
                 } else {
@@ -293,7 +293,7 @@ INLINE void wide_store(const int rows, const int vectors, wv acc[ROWS][MAX_VECTO
                 const int64_t col = first + c;
                 if (bias != NULL)
                     value += is_bf16 ? bf16_to_float(((const uint16_t *)bias)[col]) : ((const float *)bias)[col];
-                if (is_bf16)
+                if (out_bf16)
                     ((uint16_t *)out)[r * ldo + col] = float_to_bf16(value);
                 else
                     ((float *)out)[r * ldo + col] = value;
@@ -306,7 +306,7 @@ INLINE void wide_store(const int rows, const int vectors, wv acc[ROWS][MAX_VECTO
  * x is always fp32 here: linear() widens bf16 rows once per call (exactly), not once per panel. */
 INLINE void wide_tile(const int rows, const int vectors, const int is_bf16, const void *x, int64_t ldx,
                       const void *panel, int f0, const Warm *warm, int64_t k_len, const void *bias, void *out,
-                      int64_t ldo, int64_t n0, int64_t n) {
+                      int64_t ldo, int64_t n0, int64_t n, int out_bf16) {
     wv acc[ROWS][MAX_VECTORS], w[MAX_VECTORS];
     for (int r = 0; r < rows; r++)
         for (int v = 0; v < vectors; v++)
@@ -354,39 +354,41 @@ INLINE void wide_tile(const int rows, const int vectors, const int is_bf16, cons
             }
         }
     }
-    wide_store(rows, vectors, acc, bias, out, ldo, n0 + f0, n, is_bf16);
+    wide_store(rows, vectors, acc, bias, out, ldo, n0 + f0, n, is_bf16, out_bf16);
 }
 
 /* A panel's features in slices as wide as the tile, the last ones skipped past n; each slice
  * warms its share of the tile's lines of the next panel. */
 INLINE void wide_tiles(const int rows, const int is_bf16, const void *x, int64_t ldx, const void *panel,
                        const Warm *warm, int64_t k_len, const void *bias, void *out, int64_t ldo, int64_t n0,
-                       int64_t n) {
+                       int64_t n, int out_bf16) {
     const int width = (rows == 1 ? ONE_VECTORS : ROW_VECTORS) * WL;
     const int64_t slices = ((n - n0 < PANEL ? n - n0 : PANEL) + width - 1) / width;
     const int64_t steps = k_steps(k_len, is_bf16);
     for (int s = 0; s < slices; s++) {
         const Warm part = warm_share(warm->lines, warm->count, s, slices, steps);
         if (rows == 1)
-            wide_tile(1, ONE_VECTORS, is_bf16, x, ldx, panel, s * width, &part, k_len, bias, out, ldo, n0, n);
+            wide_tile(1, ONE_VECTORS, is_bf16, x, ldx, panel, s * width, &part, k_len, bias, out, ldo, n0, n,
+                      out_bf16);
         else
-            wide_tile(rows, ROW_VECTORS, is_bf16, x, ldx, panel, s * width, &part, k_len, bias, out, ldo, n0, n);
+            wide_tile(rows, ROW_VECTORS, is_bf16, x, ldx, panel, s * width, &part, k_len, bias, out, ldo, n0, n,
+                      out_bf16);
     }
 }
 
 /* One tile: `rows` (1..ROWS) rows of x times one panel. A switch, so that each row count is
  * its own fully unrolled loop with the accumulators in registers. */
 static void tile(int rows, const void *x, int64_t ldx, const void *panel, const Warm *warm, int64_t k_len,
-                 const void *bias, void *out, int64_t ldo, int64_t n0, int64_t n, int is_bf16) {
+                 const void *bias, void *out, int64_t ldo, int64_t n0, int64_t n, int is_bf16, int out_bf16) {
 #if HAVE_AVX512_BF16
-#define TILE_BF16(R) tile_bf16(R, x, ldx, panel, warm, k_len, bias, out, ldo, n0, n)
+#define TILE_BF16(R) tile_bf16(R, x, ldx, panel, warm, k_len, bias, out, ldo, n0, n, out_bf16)
 #else
-#define TILE_BF16(R) wide_tiles(R, 1, x, ldx, panel, warm, k_len, bias, out, ldo, n0, n)
+#define TILE_BF16(R) wide_tiles(R, 1, x, ldx, panel, warm, k_len, bias, out, ldo, n0, n, out_bf16)
 #endif
 #if HAVE_AVX512_F32
 #define TILE_F32(R) tile_f32(R, x, ldx, panel, warm, k_len, bias, out, ldo, n0, n)
 #else
-#define TILE_F32(R) wide_tiles(R, 0, x, ldx, panel, warm, k_len, bias, out, ldo, n0, n)
+#define TILE_F32(R) wide_tiles(R, 0, x, ldx, panel, warm, k_len, bias, out, ldo, n0, n, 0)
 #endif
 #define TILE_CASE(R)                                                                                          \
     case R:                                                                                                   \
@@ -415,7 +417,7 @@ static void tile(int rows, const void *x, int64_t ldx, const void *panel, const 
  * dtype (fp32 or bf16), W packed as above. Threads take whole panels, the same ones for every
  * block of rows, so a panel stays in the L2 of the core that reads it. */
 static void linear_rows(const void *x, int64_t ldx, int64_t x_elem, const void *packed, const void *bias, void *out,
-                        int64_t ldo, int64_t m, int64_t n, int64_t k, int is_bf16, int num_threads,
+                        int64_t ldo, int64_t m, int64_t n, int64_t k, int is_bf16, int out_bf16, int num_threads,
                         const NextWeight *next);
 
 static int64_t panel_bytes(int64_t k, int is_bf16) {
@@ -444,6 +446,16 @@ void linear(const void *x, int64_t ldx, const void *packed, const void *bias, vo
 
 void linear_then(const void *x, int64_t ldx, const void *packed, const void *bias, void *out, int64_t ldo,
                  int64_t m, int64_t n, int64_t k, int is_bf16, int num_threads, const NextWeight *next) {
+    linear_into(x, ldx, packed, bias, out, ldo, m, n, k, is_bf16, is_bf16, num_threads, next);
+}
+
+int64_t gemm_packed_bytes(int64_t n, int64_t k, int is_bf16) {
+    return (n + PANEL - 1) / PANEL * panel_bytes(k, is_bf16);
+}
+
+void linear_into(const void *x, int64_t ldx, const void *packed, const void *bias, void *out, int64_t ldo, int64_t m,
+                 int64_t n, int64_t k, int is_bf16, int out_bf16, int num_threads, const NextWeight *next) {
+    const int64_t out_elem = out_bf16 ? 2 : 4;
 #if !HAVE_AVX512_BF16
     if (is_bf16 && m > 0) { /* the widening tiles take x in fp32: widen it once (exact), WIDE_ROWS rows at a time */
         enum { WIDE_ROWS = 256 };
@@ -455,23 +467,23 @@ void linear_then(const void *x, int64_t ldx, const void *packed, const void *bia
         for (int64_t m0 = 0; m0 < m; m0 += chunk) {
             const int64_t rows = m - m0 < chunk ? m - m0 : chunk;
             widen_rows((const uint16_t *)x + m0 * ldx, ldx, buffer, rows, k);
-            linear_rows(buffer, k, 4, packed, bias, (uint16_t *)out + m0 * ldo, ldo, rows, n, k, 1, num_threads,
-                        m0 + rows == m ? next : NULL);
+            linear_rows(buffer, k, 4, packed, bias, (char *)out + m0 * ldo * out_elem, ldo, rows, n, k, 1, out_bf16,
+                        num_threads, m0 + rows == m ? next : NULL);
         }
         free(wide);
         return;
     }
 #endif
-    linear_rows(x, ldx, is_bf16 ? 2 : 4, packed, bias, out, ldo, m, n, k, is_bf16, num_threads, next);
+    linear_rows(x, ldx, is_bf16 ? 2 : 4, packed, bias, out, ldo, m, n, k, is_bf16, out_bf16, num_threads, next);
 }
 
 /* linear() on x rows of x_elem bytes (bf16 x arrives widened to fp32 where the tiles want it) */
 static void linear_rows(const void *x, int64_t ldx, int64_t x_elem, const void *packed, const void *bias, void *out,
-                        int64_t ldo, int64_t m, int64_t n, int64_t k, int is_bf16, int num_threads,
+                        int64_t ldo, int64_t m, int64_t n, int64_t k, int is_bf16, int out_bf16, int num_threads,
                         const NextWeight *next) {
     const int64_t panels = (n + PANEL - 1) / PANEL;
     const int64_t steps = k_steps(k, is_bf16);
-    const int64_t bytes = panel_bytes(k, is_bf16), elem = is_bf16 ? 2 : 4;
+    const int64_t bytes = panel_bytes(k, is_bf16), elem = out_bf16 ? 2 : 4;
     const int tile_rows = is_bf16 && !HAVE_AVX512_BF16 ? BF16_ROWS : ROWS;
 #pragma omp parallel num_threads(num_threads)
     {
@@ -506,7 +518,7 @@ static void linear_rows(const void *x, int64_t ldx, int64_t x_elem, const void *
                     const int rows = (int)(base + (t < extra));
                     const Warm warm = warm_share(ahead, ahead_bytes / 64, t, tiles, steps);
                     tile(rows, (const char *)x + r * ldx * x_elem, ldx, panel, &warm, k, bias,
-                         (char *)out + r * ldo * elem, ldo, p * PANEL, n, is_bf16);
+                         (char *)out + r * ldo * elem, ldo, p * PANEL, n, is_bf16, out_bf16);
                 }
             }
         }

@@ -32,6 +32,18 @@ typedef struct {
  * NULL): decoder.c's stack, where the next weight is known, so no call starts from cold memory */
 void linear_then(const void *x, int64_t ldx, const void *packed, const void *bias, void *out, int64_t ldo,
                  int64_t m, int64_t n, int64_t k, int is_bf16, int num_threads, const NextWeight *next);
+/* linear_then with out in fp32 (out_bf16 0) or bf16, whatever x's dtype; a bias is in out's dtype */
+void linear_into(const void *x, int64_t ldx, const void *packed, const void *bias, void *out, int64_t ldo, int64_t m,
+                 int64_t n, int64_t k, int is_bf16, int out_bf16, int num_threads, const NextWeight *next);
+int64_t gemm_packed_bytes(int64_t n, int64_t k, int is_bf16);
 int64_t quant_row_bytes(int fmt, int64_t k);
+int quant_linear_into(const void *x, int64_t ldx, const void *w, int fmt, const void *bias, void *out, int64_t ldo,
+                      int64_t m, int64_t n, int64_t k, int is_bf16, int out_bf16, int num_threads);
+/* row_parallel.c: the row-parallel layers' partial sums per K group, and their fold in one order */
+int64_t row_parallel_group_bytes(int fmt, int64_t n, int64_t kg, int is_bf16);
+int row_parallel_partials(const void *x, int64_t ldx, const void *w, int fmt, int64_t groups, int64_t m, int64_t n,
+                          int64_t kg, int is_bf16, float *partials, int num_threads, const NextWeight *next);
+void fold_partials(const float *partials, int64_t groups, int64_t m, int64_t n, void *out, int64_t ldo, int out_bf16,
+                   int num_threads);
 int quant_linear(const void *x, int64_t ldx, const void *w, int fmt, const void *bias, void *out, int64_t ldo,
                  int64_t m, int64_t n, int64_t k, int is_bf16, int num_threads);

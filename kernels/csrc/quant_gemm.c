@@ -268,7 +268,7 @@ INLINE void dequant_tail(const uint8_t *row, int64_t b, int64_t count, vf *lo, v
 /* rows (1..TILE_ROWS) of x (fp32, row stride ldx, padded to whole blocks) times cols
  * (1..TILE_COLS) weight rows from w (row stride row_bytes) -> out[r][c] at n0 + c. */
 INLINE void tile(const int rows, const int cols, const int fmt, const float *x, int64_t ldx, const uint8_t *w,
-                 int64_t row_bytes, int64_t k, const void *bias, void *out, int64_t ldo, int64_t n0, int is_bf16) {
+                 int64_t row_bytes, int64_t k, const void *bias, void *out, int64_t ldo, int64_t n0, int out_bf16) {
 #if SPLIT_ACCUMULATORS
     __m256 acc[TILE_ROWS][TILE_COLS][4];
 #pragma GCC unroll 4
@@ -339,7 +339,7 @@ INLINE void tile(const int rows, const int cols, const int fmt, const float *x, 
         if (fmt == FMT_INT8)
             memcpy(&scale, w + c * row_bytes, 4);
         if (bias != NULL)
-            add = is_bf16 ? bf16_to_float(((const uint16_t *)bias)[n]) : ((const float *)bias)[n];
+            add = out_bf16 ? bf16_to_float(((const uint16_t *)bias)[n]) : ((const float *)bias)[n];
 #pragma GCC unroll 4
         for (int r = 0; r < rows; r++) {
             /* value * scale + add in one rounding on every path (1 and 0 change nothing): left to the
@@ -351,7 +351,7 @@ INLINE void tile(const int rows, const int cols, const int fmt, const float *x, 
 #else
             const float value = fused(fold(lo[r][c] + hi[r][c]), scale, add);
 #endif
-            if (is_bf16) {
+            if (out_bf16) {
                 ((uint16_t *)out)[r * ldo + n] = float_to_bf16(value);
             } else {
                 ((float *)out)[r * ldo + n] = value;
@@ -362,10 +362,10 @@ INLINE void tile(const int rows, const int cols, const int fmt, const float *x, 
 
 /* Each (rows, cols, format) its own fully unrolled loop, the accumulators in registers. */
 static void tile_any(int rows, int cols, int fmt, const float *x, int64_t ldx, const uint8_t *w, int64_t row_bytes,
-                     int64_t k, const void *bias, void *out, int64_t ldo, int64_t n0, int is_bf16) {
+                     int64_t k, const void *bias, void *out, int64_t ldo, int64_t n0, int out_bf16) {
 #define QT(R, C, F)                                                                                           \
     if (rows == R && cols == C && fmt == F) {                                                                 \
-        tile(R, C, F, x, ldx, w, row_bytes, k, bias, out, ldo, n0, is_bf16);                                  \
+        tile(R, C, F, x, ldx, w, row_bytes, k, bias, out, ldo, n0, out_bf16);                                 \
         return;                                                                                               \
     }
 #define QT_FORMATS(R, C) QT(R, C, FMT_Q4_0) QT(R, C, FMT_Q4_1) QT(R, C, FMT_Q8_0) QT(R, C, FMT_INT8)
@@ -406,6 +406,13 @@ static float *widen(const void *x, int64_t ldx, int64_t m, int64_t k, int is_bf1
  * Returns a KERNEL_* status. */
 int quant_linear(const void *x, int64_t ldx, const void *w, int fmt, const void *bias, void *out, int64_t ldo,
                  int64_t m, int64_t n, int64_t k, int is_bf16, int num_threads) {
+    return quant_linear_into(x, ldx, w, fmt, bias, out, ldo, m, n, k, is_bf16, is_bf16, num_threads);
+}
+
+/* quant_linear with out in fp32 (out_bf16 0) or bf16 whatever x's dtype (row_parallel.c's partial
+ * sums are fp32); a bias is in out's dtype */
+int quant_linear_into(const void *x, int64_t ldx, const void *w, int fmt, const void *bias, void *out, int64_t ldo,
+                      int64_t m, int64_t n, int64_t k, int is_bf16, int out_bf16, int num_threads) {
     const int64_t row_bytes = quant_row_bytes(fmt, k);
     if (row_bytes == 0)
         return KERNEL_BAD_SHAPE;
@@ -430,7 +437,7 @@ int quant_linear(const void *x, int64_t ldx, const void *w, int fmt, const void 
             for (int64_t c = c0; c < c1; c += step) {
                 const int cols = c1 - c < step ? (int)(c1 - c) : step;
                 tile_any(rows, cols, fmt, xf + r * ld, ld, weights + c * row_bytes, row_bytes, k, bias,
-                         (char *)out + r * ldo * (is_bf16 ? 2 : 4), ldo, c, is_bf16);
+                         (char *)out + r * ldo * (out_bf16 ? 2 : 4), ldo, c, out_bf16);
             }
         }
     }

@@ -146,9 +146,24 @@ class WorkerConfig:
     quantization: str = setting(
         "auto", "the weights: auto (the folder's GGUF if it has one), none, gguf or int8 (per channel, at load)")
     cpu_isa: str = setting("auto", f"the CPU kernels' tier, one of {CPU_ISAS}; auto: the best this CPU executes")
+    tensor_parallel_size: int = setting(1, "ranks that split each layer (heads, MLP columns, vocabulary) of one "
+                                           "model copy; the same bits at every size (docs/ARCHITECTURE.md)")
+    pipeline_parallel_size: int = setting(1, "ranks that each hold a contiguous range of the layers")
+    group_rank: int = setting(0, "this process's rank in its worker group (0 registers with the scheduler; "
+                                 "pp_rank * tensor_parallel_size + tp_rank)")
+    group_address: str = setting("", "host:port where rank 0 of the worker group meets the others (empty: a "
+                                     "free port on 127.0.0.1, for a group that one process starts)")
+    distributed_backend: str = setting("gloo", "the worker group's torch.distributed backend (gloo; nccl later)")
 
     def __post_init__(self) -> None:
         check(bool(self.model), "model", "must name a model folder or hub id")
+        check(self.tensor_parallel_size >= 1, "tensor_parallel_size", f"must be >= 1, got {self.tensor_parallel_size}")
+        check(self.pipeline_parallel_size >= 1, "pipeline_parallel_size",
+              f"must be >= 1, got {self.pipeline_parallel_size}")
+        world = self.tensor_parallel_size * self.pipeline_parallel_size
+        check(0 <= self.group_rank < world, "group_rank", f"must be in [0, {world}), got {self.group_rank}")
+        check(self.distributed_backend in ("gloo", "nccl"), "distributed_backend",
+              f"one of ('gloo', 'nccl'), got {self.distributed_backend!r}")
         _check_choice("quantization", self.quantization, QUANTIZATIONS)
         _check_choice("cpu_isa", self.cpu_isa, CPU_ISAS)
         check(self.num_threads >= 0, "num_threads", f"must be >= 0, got {self.num_threads}")

@@ -51,12 +51,18 @@ async def serve(worker_config: WorkerConfig, cache: CacheConfig, service: Worker
     for sig in (signal.SIGTERM, signal.SIGINT):
         asyncio.get_running_loop().add_signal_handler(sig, stop.set)
     waiter = asyncio.create_task(stop.wait())
-    await asyncio.wait([waiter, server.registration], return_when=asyncio.FIRST_COMPLETED)
+    broken = asyncio.create_task(server.broken.wait())
+    await asyncio.wait([waiter, server.registration, broken], return_when=asyncio.FIRST_COMPLETED)
     error = server.registration.exception() if server.registration.done() else None
     if error is not None:
         log.error("registration_failed", reason=str(error), refused=isinstance(error, Refused))
     code = 0 if error is None else 2 if isinstance(error, Refused) else 1
+    if broken.done():
+        log.error("worker_group_broken", reason="a rank of this worker's group failed; exiting so that the "
+                                                "whole group restarts")
+        code = 1
     waiter.cancel()
+    broken.cancel()
     await server.stop(grace=STOP_GRACE_S)
     return code
 
@@ -65,6 +71,11 @@ def main(argv: list[str] | None = None) -> None:
     worker, cache, service, logging = build_configs(parse_args(argv))
     configure_logging("worker", logging.log_level)
     orphan.stop_with_launcher(os.environ.get(orphan.LAUNCHER_PID_ENV))
+    if worker.group_rank > 0:  # a follower of a worker group: no gRPC, it runs rank 0's steps
+        from services.worker.worker import follow
+
+        follow(worker, cache)
+        sys.exit(0)
     sys.exit(uvloop.run(serve(worker, cache, service)))
 
 

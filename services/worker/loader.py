@@ -8,8 +8,13 @@ quantization (WorkerConfig.quantization):
   gguf   the GGUF's tensors: Q4_0, Q4_1 and Q8_0 rows of blocks byte for byte, F16/F32 ones as
          dense weights; the embedding and lm_head as the file has them (token_embd, output)
   int8   the safetensors weights, every decoder linear layer and the lm_head quantized per
-         output channel; the embedding lookup stays in the checkpoint's precision (a tied
-         lm_head is quantized from a copy)
+         output channel (the row-parallel o_proj and down_proj per output channel and K group,
+         kernels/row_parallel.py, so that a rank of a worker group quantizes what it holds and every
+         layout has the same scales); the embedding lookup stays in the checkpoint's precision (a
+         tied lm_head is quantized from a copy)
+
+A rank of a tensor x pipeline parallel worker group (services/worker/parallel.py, `shard`) reads
+only its part of each tensor: safetensors' get_slice, the mapped GGUF file's rows and blocks.
 """
 from __future__ import annotations
 
@@ -27,6 +32,8 @@ from services.core.errors import InvalidArgument
 from services.worker.gguf_weights import find_gguf_file, read_tensors
 from services.worker.model_config import ModelArchConfig
 from services.worker.models.llama import LlamaForCausalLM
+from services.worker.parallel import Shard
+from kernels.row_parallel import split_dense
 
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 _LAYER_PARAMS = {  # HF name inside a layer -> (our attribute path, part of a fused weight)
@@ -66,13 +73,16 @@ def resolve_quantization(name: str, folder: Path) -> str:
 
 
 def load_model(folder: Path, dtype: torch.dtype, device: torch.device, ops: Ops,
-               linear: Callable, quantization: str = "none") -> LlamaForCausalLM:
+               linear: Callable, quantization: str = "none", shard: Shard | None = None,
+               comm=None) -> LlamaForCausalLM:
+    """The model, or with `shard` this rank's part of it (comm: the worker group's transport)."""
     cfg = ModelArchConfig.from_folder(folder)
-    model = LlamaForCausalLM(cfg, ops, linear)
+    shard = shard or Shard()
+    model = LlamaForCausalLM(cfg, ops, linear, shard, comm)
     if quantization != "none" and device.type != "cpu":
         raise InvalidArgument("quantization", f"{quantization} runs on the CPU only, not on {device.type}")
     if quantization == "gguf":
-        return _load_gguf(model, cfg, find_gguf_file(folder), dtype, device)
+        return _load_gguf(model, cfg, find_gguf_file(folder), dtype, device, shard)
     parts: dict[str, dict[int, torch.Tensor]] = {}  # fused weights gathered piece by piece
     params = dict(model.named_parameters())
     loaded: set[str] = set()
@@ -82,11 +92,11 @@ def load_model(folder: Path, dtype: torch.dtype, device: torch.device, ops: Ops,
     for file in files:
         with safe_open(file, framework="pt") as reader:
             for name in reader.keys():
-                target = _target(name, cfg)
+                target = _target(name, cfg, shard)
                 if target is None:
                     continue
                 path, part = target
-                tensor = reader.get_tensor(name)
+                tensor = _read(reader, name, shard.slice_for(name, cfg))
                 if part is None:
                     _assign(params, path, tensor)
                     loaded.add(path)
@@ -95,15 +105,21 @@ def load_model(folder: Path, dtype: torch.dtype, device: torch.device, ops: Ops,
     for path, pieces in parts.items():
         _assign(params, path, torch.cat([pieces[i] for i in sorted(pieces)], dim=0))
         loaded.add(path)
-    if cfg.tie_word_embeddings:
+    if cfg.tie_word_embeddings and shard.first_stage:
         loaded.add("lm_head")
     _check_complete(params, loaded)
     if quantization == "int8":
+        groups = model.groups[1] - model.groups[0]
         for path in _decoder_linear_paths(model):
-            _replace(model, path, quant.quantize_int8(params[path].data, dtype))
+            weight = params[path].data
+            if path.endswith(("o_weight", "down_weight")):  # row-parallel: per K group
+                _replace(model, path, tuple(quant.quantize_int8(g, dtype) for g in split_dense(weight, groups)))
+            else:
+                _replace(model, path, quant.quantize_int8(weight, dtype))
         # the lm_head too (a small model's largest weight: 20% of the default model's bytes, which
         # a decode step streams once); a tied embedding keeps its dense rows for the lookup
-        _replace(model, "lm_head", quant.quantize_int8(model.lm_head.data, dtype))
+        if shard.first_stage:
+            _replace(model, "lm_head", quant.quantize_int8(model.lm_head.data, dtype))
     model = model.to(device=device, dtype=dtype)
     model.prepack(prepack)
     return model
@@ -118,10 +134,19 @@ def _check_complete(params: dict, loaded: set[str]) -> None:
 def _decoder_linear_paths(model: LlamaForCausalLM) -> list[str]:
     """The linear weights of the decoder layers (not the lm_head), as parameter paths."""
     return [f"{prefix}.{name}" for prefix, module in model.named_modules() if prefix.startswith("layers.")
-            for name in getattr(module, "linear_weights", ())]
+            for name in (*getattr(module, "linear_weights", ()), *getattr(module, "row_parallel_weights", ()))]
 
 
-def _replace(model: LlamaForCausalLM, path: str, weight: quant.QuantWeight) -> None:
+def _read(reader, name: str, part: tuple[int, int, int] | None) -> torch.Tensor:
+    """A safetensors tensor, or only this rank's rows or columns of it."""
+    if part is None:
+        return reader.get_tensor(name)
+    dim, start, stop = part
+    sliced = reader.get_slice(name)
+    return sliced[start:stop] if dim == 0 else sliced[:, start:stop]
+
+
+def _replace(model: LlamaForCausalLM, path: str, weight: quant.QuantWeight | tuple) -> None:
     """The parameter at `path` becomes a plain attribute holding `weight` (prepack leaves it alone)."""
     prefix, _, name = path.rpartition(".")
     module = model.get_submodule(prefix) if prefix else model
@@ -130,18 +155,20 @@ def _replace(model: LlamaForCausalLM, path: str, weight: quant.QuantWeight) -> N
 
 
 def _load_gguf(model: LlamaForCausalLM, cfg: ModelArchConfig, path: Path, dtype: torch.dtype,
-               device: torch.device) -> LlamaForCausalLM:
+               device: torch.device, shard: Shard) -> LlamaForCausalLM:
     """Dense tensors into the parameters, quantized ones as QuantWeights (fused ones row-stacked)."""
     params = dict(model.named_parameters())
     loaded: set[str] = set()
     quantized: dict[str, quant.QuantWeight] = {}
     parts: dict[str, dict[int, object]] = {}
     for tensor in read_tensors(path, cfg.num_heads, cfg.num_kv_heads):
-        path_part = _GGUF_TOP.get(tensor.hf_name) or _target(tensor.hf_name, cfg)
+        if tensor.hf_name in _GGUF_TOP and not shard.first_stage:
+            continue
+        path_part = _GGUF_TOP.get(tensor.hf_name) or _target(tensor.hf_name, cfg, shard)
         if path_part is None:
             continue
         target, part = path_part
-        value = _gguf_value(tensor, dtype)
+        value = _gguf_value(_gguf_part(tensor, shard.slice_for(tensor.hf_name, cfg)), dtype)
         if part is not None:
             parts.setdefault(target, {})[part] = value
         elif isinstance(value, quant.QuantWeight):
@@ -155,7 +182,7 @@ def _load_gguf(model: LlamaForCausalLM, cfg: ModelArchConfig, path: Path, dtype:
             quantized[target] = stacked
         else:
             _assign(params, target, stacked)
-    if "lm_head" not in loaded:  # tied: the lm_head multiplies by the embedding as the file has it
+    if "lm_head" not in loaded and shard.first_stage:  # tied: the lm_head multiplies by the embedding as the file has it
         loaded.add("lm_head")
         if "embed" in quantized:
             quantized["lm_head"] = quantized["embed"]
@@ -174,6 +201,29 @@ def _load_gguf(model: LlamaForCausalLM, cfg: ModelArchConfig, path: Path, dtype:
 
 _GGUF_TOP = {"model.embed_tokens.weight": ("embed", None), "lm_head.weight": ("lm_head", None)}
 _GGUF_DENSE = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+
+
+def _gguf_part(tensor, part: tuple[int, int, int] | None):
+    """This rank's rows, or columns (whole blocks of a quantized tensor), of a GGUF tensor."""
+    if part is None:
+        return tensor
+    import dataclasses
+
+    dim, start, stop = part
+    shape = list(tensor.shape)
+    shape[dim] = stop - start
+    if dim == 0:
+        return dataclasses.replace(tensor, shape=tuple(shape), data=tensor.data[start:stop])
+    fmt = quant.FORMATS.get(tensor.type_name.lower())
+    if fmt is None:
+        return dataclasses.replace(tensor, shape=tuple(shape), data=tensor.data[:, start:stop])
+    if start % quant.BLOCK or stop % quant.BLOCK:
+        raise InvalidArgument("tensor_parallel_size", (
+            f"{tensor.hf_name}: a rank's columns [{start}, {stop}) are not whole {tensor.type_name} blocks of "
+            f"{quant.BLOCK}; choose a layout whose K groups hold whole blocks"))
+    width = quant.BLOCK_BYTES[fmt]
+    return dataclasses.replace(tensor, shape=tuple(shape),
+                               data=tensor.data[:, start // quant.BLOCK * width:stop // quant.BLOCK * width])
 
 
 def _gguf_value(tensor, dtype: torch.dtype) -> torch.Tensor | quant.QuantWeight:
@@ -205,15 +255,22 @@ def _stack(pieces: list, target: str, dtype: torch.dtype) -> torch.Tensor | quan
                                           f"--quantization none (the converted folder)")
 
 
-def _target(name: str, cfg: ModelArchConfig) -> tuple[str, int | None] | None:
+def _target(name: str, cfg: ModelArchConfig, shard: Shard) -> tuple[str, int | None] | None:
+    """Our parameter path (and part of a fused weight) for a checkpoint tensor; None where this rank
+    holds none of it (the tied lm_head, another stage's layers, the embedding past stage 0)."""
     if name in _TOP_PARAMS:
         if name == "lm_head.weight" and cfg.tie_word_embeddings:
+            return None
+        if name != "model.norm.weight" and not shard.first_stage:
             return None
         return _TOP_PARAMS[name], None
     match = _LAYER.match(name)
     if match and match.group(2) in _LAYER_PARAMS:
         path, part = _LAYER_PARAMS[match.group(2)]
-        return f"layers.{match.group(1)}.{path}", part
+        index = int(match.group(1))
+        if not shard.holds_layer(index, cfg):
+            return None
+        return f"layers.{index - shard.layers(cfg)[0]}.{path}", part
     if name.endswith("rotary_emb.inv_freq"):
         return None
     raise InvalidArgument("model", f"unexpected weight {name!r} for a {cfg.model_type} model")

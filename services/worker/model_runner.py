@@ -101,6 +101,8 @@ class ModelRunner:
         constrained = self.grammars.rows(batch.sample_seqs) if self.grammars is not None else []
         masks = self.grammars.start_masks(constrained) if constrained else None  # built beside the forward pass
         hidden = self.model(*self._tensors(batch))
+        if hidden is None:  # a later pipeline stage of a worker group: stage 0 samples
+            return result
         self._sample(batch, hidden, result, masks)
         self._prompt_logprobs(batch, hidden, result)
         return result

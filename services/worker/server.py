@@ -21,7 +21,9 @@ SERVICE_NAME = worker_pb2.DESCRIPTOR.services_by_name["Worker"].full_name
 class WorkerServer:
     def __init__(self, worker: Worker, config: WorkerServiceConfig, executor: ThreadPoolExecutor | None = None):
         self.worker, self.config = worker, config
-        self.servicer = WorkerServicer(worker, executor)  # executor: the thread that built the worker
+        self.broken = asyncio.Event()  # a worker group lost a rank: the process exits (the launcher restarts it)
+        # executor: the thread that built the worker
+        self.servicer = WorkerServicer(worker, executor, on_broken=self.broken.set)
         self.grpc = GrpcServer(lambda server: worker_pb2_grpc.add_WorkerServicer_to_server(self.servicer, server),
                                SERVICE_NAME, config.reflection)
         self.registration: asyncio.Task | None = None
@@ -52,6 +54,7 @@ class WorkerServer:
             await asyncio.gather(self.registration, return_exceptions=True)
         await self.grpc.stop(grace)
         self.servicer.close()
+        self.worker.close()
         log.info("worker_stopped", worker_id=self.config.worker_id)
 
 

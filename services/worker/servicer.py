@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pagedserve.internal.v1 import worker_pb2_grpc
 from services.rpc import internal_codec
 from services.rpc.status import rpc_errors
-from services.worker.worker import Worker
+from services.worker.worker import GroupBroken, Worker
 
 
 def torch_thread() -> ThreadPoolExecutor:
@@ -20,8 +20,9 @@ def torch_thread() -> ThreadPoolExecutor:
 
 
 class WorkerServicer(worker_pb2_grpc.WorkerServicer):
-    def __init__(self, worker: Worker, executor: ThreadPoolExecutor | None = None):
+    def __init__(self, worker: Worker, executor: ThreadPoolExecutor | None = None, on_broken=None):
         self.worker = worker
+        self.on_broken = on_broken  # called once a worker group lost a rank (the process then exits)
         # One step at a time, off the event loop (torch releases the GIL), so heartbeats keep flowing.
         # Pass the executor that built the worker (see torch_thread): one thread does all torch work.
         self._executor = executor or torch_thread()
@@ -32,7 +33,13 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         step = asyncio.get_running_loop().run_in_executor(self._executor, self.worker.step, delta)
         if delta.async_next_step:  # queued right behind the step: it runs while the result travels back
             self._executor.submit(self.worker.run_async_step)
-        return internal_codec.result_to_proto(await step)
+        try:
+            result = await step
+        except GroupBroken:
+            if self.on_broken is not None:
+                self.on_broken()
+            raise
+        return internal_codec.result_to_proto(result)
 
     @rpc_errors
     async def GetInfo(self, request, context):
@@ -40,7 +47,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
 
     async def forget_all(self) -> None:
         """The scheduler dropped this worker: its mirrored sequences will never be named again."""
-        await asyncio.get_running_loop().run_in_executor(self._executor, self.worker.runner.forget_all)
+        await asyncio.get_running_loop().run_in_executor(self._executor, self.worker.forget_all)
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)

@@ -1,5 +1,12 @@
-"""A worker: the weights, the KV cache and the step. Plain class; the gRPC servicer wraps it."""
+"""A worker: the weights, the KV cache and the step. Plain class; the gRPC servicer wraps it.
+
+With tensor_parallel_size x pipeline_parallel_size > 1 it is one rank of a worker group
+(services/worker/group.py): rank 0 is the worker the scheduler sees, the others `follow` it.
+"""
 from __future__ import annotations
+
+import dataclasses
+import multiprocessing
 
 import torch
 import structlog
@@ -7,6 +14,7 @@ import structlog
 from kernels import cpu_kernels
 from kernels.ops import get_ops
 from services.core.config import CacheConfig, WorkerConfig
+from services.core.errors import InvalidArgument, Unavailable, UnknownSequence
 from services.core.model_path import resolve_model_path
 from services.core.step import StepDelta, StepResult, WorkerInfo
 from services.worker.kv_cache import KVCache, block_bytes, num_blocks_for
@@ -15,8 +23,14 @@ from services.worker.loader import load_model, resolve_dtype, resolve_quantizati
 from services.worker.model_config import ModelArchConfig
 from services.worker.grammar import Grammars
 from services.worker.model_runner import ModelRunner
+from services.worker.parallel import Shard, check_layout
 
 log = structlog.get_logger("worker")
+
+
+class GroupBroken(Unavailable):
+    """A rank of this worker's group failed or is gone: the group cannot step any more (its process
+    exits, the scheduler recomputes its sequences elsewhere, the launcher restarts the group)."""
 
 
 def pick_device(name: str) -> torch.device:
@@ -31,18 +45,34 @@ class Worker:
         self.device = pick_device(config.device)
         self.model_path = resolve_model_path(config.model)
         arch = ModelArchConfig.from_folder(self.model_path)
+        tp, pp = config.tensor_parallel_size, config.pipeline_parallel_size
+        check_layout(arch, tp, pp)
+        self.shard = Shard.of_rank(config.group_rank, tp, pp)
+        self.followers: list = []
+        self.comm = None
+        self.broken = False  # a rank failed: the group steps no more
+        if self.shard.world_size > 1:
+            self.comm = self._join_group(config, cache)
         self.dtype = resolve_dtype(config.dtype, arch, self.device)
         torch.manual_seed(config.seed)
-        if config.num_threads:  # several workers on one machine must not oversubscribe its cores
-            torch.set_num_threads(config.num_threads)
+        threads = config.num_threads or (self._group_threads() if self.comm is not None else 0)
+        if threads:  # several workers (or ranks) on one machine must not oversubscribe its cores
+            torch.set_num_threads(threads)
         ops = get_ops(config.kernel_backend, self.device.type, config.cpu_isa)
         linear = invariant_linear if config.batch_invariant else plain_linear
         self.quantization = resolve_quantization(config.quantization, self.model_path)
-        model = load_model(self.model_path, self.dtype, self.device, ops, linear, self.quantization)
-        num_blocks = num_blocks_for(arch, cache.block_size, self.dtype, self.device, cache.num_gpu_blocks,
+        if self.comm is not None:
+            self.comm.set_vocab_size(arch.vocab_size)
+            self.comm.dtype = self.dtype
+        model = load_model(self.model_path, self.dtype, self.device, ops, linear, self.quantization, self.shard,
+                           self.comm)
+        local = self.shard.local_arch(arch)  # this rank's KV heads and layers
+        num_blocks = num_blocks_for(local, cache.block_size, self.dtype, self.device, cache.num_gpu_blocks,
                                     cache.kv_cache_memory_bytes)
-        num_cpu_blocks = cache.swap_space_bytes // block_bytes(arch, cache.block_size, self.dtype)
-        kv_cache = KVCache(arch, num_blocks, num_cpu_blocks, cache.block_size, self.dtype, self.device)
+        num_cpu_blocks = cache.swap_space_bytes // block_bytes(local, cache.block_size, self.dtype)
+        if self.comm is not None:  # the group's capacity: every rank's cache holds every block id
+            num_blocks, num_cpu_blocks = self.comm.min_over_ranks(num_blocks), self.comm.min_over_ranks(num_cpu_blocks)
+        kv_cache = KVCache(local, num_blocks, num_cpu_blocks, cache.block_size, self.dtype, self.device)
         grammars = Grammars(self.model_path, arch.vocab_size, arch.eos_token_ids)
         self.runner = ModelRunner(model, kv_cache, self.device, config.batch_invariant, grammars)
         self.info = WorkerInfo(
@@ -52,15 +82,113 @@ class Worker:
             device=self.device.type, batch_invariant=config.batch_invariant)
         log.info("worker_ready", model=self.info.model, dtype=self.info.dtype, device=self.info.device,
                  num_gpu_blocks=num_blocks, num_cpu_blocks=num_cpu_blocks, kernels=ops.name,
-                 quantization=self.quantization, cpu_isa=cpu_kernels.active_tier() if ops.name == "cpu" else None)
+                 quantization=self.quantization, cpu_isa=cpu_kernels.active_tier() if ops.name == "cpu" else None,
+                 rank=self.shard.rank, tensor_parallel_size=tp, pipeline_parallel_size=pp)
+
+    def _join_group(self, config: WorkerConfig, cache: CacheConfig):
+        """Meet the other ranks; an in-process group (no address given, rank 0) starts them itself."""
+        from services.worker.group import GroupComm, free_address
+
+        address = config.group_address
+        if not address:
+            if config.group_rank != 0:
+                raise ValueError("group_address: a rank other than 0 must be told where rank 0 is")
+            address = free_address()
+            context = multiprocessing.get_context("spawn")
+            for rank in range(1, self.shard.world_size):
+                follower = dataclasses.replace(config, group_rank=rank, group_address=address)
+                process = context.Process(target=follow, args=(follower, cache), daemon=True,
+                                          name=f"pagedserve-rank-{rank}")
+                process.start()
+                self.followers.append(process)
+        return GroupComm(self.shard, address, config.distributed_backend)
+
+    def _group_threads(self) -> int:
+        """Ranks started on one machine share its cores (num_threads 0): cores / ranks each."""
+        import os
+
+        return max(1, (os.cpu_count() or 1) // self.shard.world_size)
 
     def step(self, delta: StepDelta) -> StepResult:
-        return self.runner.execute(delta)
+        if self.comm is None:
+            return self.runner.execute(delta)
+        if self.broken:
+            raise GroupBroken("this worker group lost a rank; it is restarting")
+        from services.rpc.internal_codec import delta_to_proto
+        from services.worker.group import STEP
+
+        delta = dataclasses.replace(delta, async_next_step=False)  # the followers cannot run ahead
+        try:
+            self.comm.broadcast(STEP, delta_to_proto(delta).SerializeToString())
+            return self.runner.execute(delta)
+        except (InvalidArgument, UnknownSequence):  # every rank refused the same delta: the group is whole
+            raise
+        except Exception as error:
+            self.broken = True
+            log.error("worker_group_broken", rank=0, error=f"{type(error).__name__}: {error}")
+            raise GroupBroken(f"this worker group lost a rank: {type(error).__name__}: {error}") from error
+
+    def forget_all(self) -> None:
+        """The scheduler dropped this worker: no sequence it holds will be named again."""
+        if self.comm is not None:
+            from services.worker.group import FORGET
+
+            self.comm.broadcast(FORGET)
+        self.runner.forget_all()
+
+    def close(self) -> None:
+        """Stop the followers (rank 0 of a group); a no-op for a single process."""
+        if self.comm is not None and self.shard.rank == 0:
+            from services.worker.group import STOP
+
+            try:
+                self.comm.broadcast(STOP)
+            except Exception:  # noqa: BLE001 - a follower already gone: the group is over anyway
+                pass
+        for process in self.followers:
+            process.join(timeout=10)
+            if process.is_alive():
+                process.kill()
+        self.followers.clear()
+        if self.comm is not None:
+            self.comm.close()
+
+    def follow(self) -> None:
+        """A rank other than 0: run each step rank 0 broadcasts, until it says stop or the group breaks."""
+        from services.rpc.internal_codec import delta_from_proto
+        from services.worker.group import FORGET, STEP
+        from pagedserve.internal.v1 import worker_pb2
+
+        while True:
+            kind, payload = self.comm.receive()
+            if kind == FORGET:
+                self.runner.forget_all()
+            elif kind == STEP:
+                message = worker_pb2.StepRequest()
+                message.ParseFromString(payload)
+                try:
+                    self.runner.execute(delta_from_proto(message))
+                except (ValueError, LookupError) as error:  # the same refusal rank 0 answers with
+                    log.info("follower_step_refused", rank=self.shard.rank, error=str(error))
+            else:
+                return
 
     def run_async_step(self) -> None:
         """Run the continuation the last step announced (async scheduling, StepDelta.async_next_step)
         while its result travels. A failure only costs the head start: the next delta then runs as usual."""
+        if self.comm is not None:
+            return  # a group runs no step ahead: its followers see only the deltas
         try:
             self.runner.run_async_step()
         except Exception:  # noqa: BLE001 - never fatal: nothing was committed
             log.exception("async_step_failed")
+
+
+def follow(config: WorkerConfig, cache: CacheConfig) -> None:
+    """A follower rank's process: load the shard, join the group, run rank 0's steps until told to stop.
+    A broken group (rank 0 or another rank gone) ends it with an error: the launcher restarts the group."""
+    worker = Worker(config, cache)
+    try:
+        worker.follow()
+    finally:
+        worker.comm.close()

@@ -3,6 +3,11 @@
 One forward pass runs a flattened batch of tokens with no padding: prefill chunks and
 single decode tokens side by side. Kernels come from an `Ops` bundle (PyTorch references
 on the CPU, Triton on CUDA); linear layers from `linear_fn` (batch-invariant by default).
+
+In a tensor x pipeline parallel worker group (services/worker/parallel.py) each rank builds the
+modules of its shard: its heads, MLP columns, layers and vocabulary rows; `comm` moves the
+row-parallel partial sums, the embeddings, the logits and the stages' activations between ranks.
+o_proj and down_proj are row-parallel (kernels/row_parallel.py) at every layout, one rank included.
 """
 from __future__ import annotations
 
@@ -16,7 +21,9 @@ from kernels.attention import token_layout
 from kernels.decoder import LayerWeights, StackShape
 from kernels.ops import Ops
 from kernels.rotary import cos_sin_cache
+from kernels.row_parallel import RowParallelWeight, reduction_groups, split_dense, split_quant
 from services.worker.model_config import ModelArchConfig
+from services.worker.parallel import Shard
 
 
 @dataclass(kw_only=True)
@@ -32,7 +39,8 @@ class AttentionMetadata:
 
 
 class Attention(nn.Module):
-    linear_weights = ("qkv_weight", "o_weight")  # multiplied by self.linear; see LlamaForCausalLM.prepack
+    linear_weights = ("qkv_weight",)  # multiplied by self.linear; see LlamaForCausalLM.prepack
+    row_parallel_weights = ("o_weight",)  # in K groups (kernels/row_parallel.py)
 
     def __init__(self, cfg: ModelArchConfig, ops: Ops, linear: Callable):
         super().__init__()
@@ -67,7 +75,8 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    linear_weights = ("gate_up_weight", "down_weight")
+    linear_weights = ("gate_up_weight",)
+    row_parallel_weights = ("down_weight",)
 
     def __init__(self, cfg: ModelArchConfig, ops: Ops, linear: Callable):
         super().__init__()
@@ -102,14 +111,23 @@ class DecoderLayer(nn.Module):
 class LlamaForCausalLM(nn.Module):
     linear_weights = ("lm_head",)  # a packed copy when tied: the embedding lookup keeps the dense one
 
-    def __init__(self, cfg: ModelArchConfig, ops: Ops, linear: Callable):
+    def __init__(self, cfg: ModelArchConfig, ops: Ops, linear: Callable, shard: Shard | None = None, comm=None):
+        """cfg: the whole model's; shard: this rank's part (the whole model by default); comm: the worker
+        group's transport (services/worker/group.py), None in a single process."""
         super().__init__()
         self.cfg, self.ops, self.linear = cfg, ops, linear
-        self.embed = nn.Parameter(torch.empty(cfg.vocab_size, cfg.hidden_size), requires_grad=False)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, ops, linear) for _ in range(cfg.num_layers))
+        self.shard, self.comm = shard or Shard(), comm
+        self.local = local = self.shard.local_arch(cfg)
+        self.groups = self.shard.groups(cfg)  # this rank's row-parallel K groups [g0, g1)
+        self.total_groups = reduction_groups(cfg.num_heads, cfg.intermediate_size)
+        v0, v1 = self.shard.vocab(cfg)
+        self.vocab_start = v0
+        self.layers = nn.ModuleList(DecoderLayer(local, ops, linear) for _ in range(local.num_layers))
         self.final_norm = nn.Parameter(torch.empty(cfg.hidden_size), requires_grad=False)
-        self.lm_head = self.embed if cfg.tie_word_embeddings else nn.Parameter(
-            torch.empty(cfg.vocab_size, cfg.hidden_size), requires_grad=False)
+        if self.shard.first_stage:  # the embedding and the lm_head live on stage 0
+            self.embed = nn.Parameter(torch.empty(v1 - v0, cfg.hidden_size), requires_grad=False)
+            self.lm_head = self.embed if cfg.tie_word_embeddings else nn.Parameter(
+                torch.empty(v1 - v0, cfg.hidden_size), requires_grad=False)
         self.stack = None  # kernels.decoder.DecoderStack, set by prepack where the ops have one
         self.register_buffer("rotary_cache", cos_sin_cache(cfg.head_dim, cfg.max_position_embeddings,
                                                            cfg.rope_theta, cfg.rope_scaling), persistent=False)
@@ -118,12 +136,22 @@ class LlamaForCausalLM(nn.Module):
         """Replace every weight that only the linear layers read by pack(weight) (kernels.linear.prepack);
         after this the module is no longer moved with .to(). Then take the ops' one-call decoder stack
         where they have one that runs these weights."""
+        groups = self.groups[1] - self.groups[0]
+        gather = self.comm.gather_partials if self.comm is not None and self.shard.tp_size > 1 else None
         for module in self.modules():
             for name in getattr(module, "linear_weights", ()):
                 if name not in module._parameters:  # quantized at load (kernels/quant.py): already packed
                     continue
                 weight = module._parameters.pop(name)
                 setattr(module, name, pack(weight.data))
+            for name in getattr(module, "row_parallel_weights", ()):
+                weight = module._parameters.pop(name, None)
+                if weight is None:  # quantized at load: as a whole (GGUF) or group by group (int8)
+                    value = getattr(module, name)
+                    parts = list(value) if isinstance(value, tuple) else split_quant(value, groups)
+                else:
+                    parts = [pack(part) for part in split_dense(weight.data, groups)]
+                setattr(module, name, RowParallelWeight.build(parts, self.total_groups, gather))
         if self.ops.decoder_stack is not None:
             cfg = self.cfg
             layers = [LayerWeights(
@@ -132,26 +160,66 @@ class LlamaForCausalLM(nn.Module):
                 k_norm=_data(getattr(layer.attn, "k_norm", None)), o=layer.attn.o_weight,
                 gate_up=layer.mlp.gate_up_weight, down=layer.mlp.down_weight) for layer in self.layers]
             scale = self.layers[0].attn.scale  # the attention's own, not a second formula
-            shape = StackShape(num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
-                               eps=cfg.rms_norm_eps, scale=scale)
-            self.stack = self.ops.decoder_stack(layers, self.final_norm.data, self.rotary_cache, shape)
+            local = self.local
+            shape = StackShape(num_heads=local.num_heads, num_kv_heads=local.num_kv_heads, head_dim=cfg.head_dim,
+                               eps=cfg.rms_norm_eps, scale=scale, groups=self.total_groups)
+            self.stack = self.ops.decoder_stack(layers, self.final_norm.data, self.rotary_cache, shape,
+                                                gather=self.comm.gather_partials_into if gather else None)
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
-                meta: AttentionMetadata) -> torch.Tensor:  # [T] -> [T, hidden], final norm applied
-        x = self.embed[input_ids]
+                meta: AttentionMetadata) -> torch.Tensor | None:  # [T] -> [T, hidden], final norm applied
+        """On stage 0 the last layer's output with the final norm applied; None on the other stages
+        (their output went on to the next stage, the last one's back to stage 0)."""
+        shard, comm = self.shard, self.comm
+        residual = None
+        if shard.first_stage:
+            x = self.embed_tokens(input_ids)
+        else:
+            x, residual = comm.recv_activations(input_ids.shape[0], self.cfg.hidden_size)
+        stages = shard.pp_size > 1
+        x, residual = self.run_layers(x, residual, kv_caches, meta, final_norm=not stages)
+        if not stages:
+            return x
+        if not shard.last_stage:
+            comm.send_activations(x, residual, to_first=False)
+        else:
+            comm.send_activations(x, residual, to_first=True)
+        if not shard.first_stage:
+            return None
+        x, residual = comm.recv_activations(input_ids.shape[0], self.cfg.hidden_size, from_last=True)
+        return self.ops.rms_norm(x, self.final_norm, self.cfg.rms_norm_eps, residual)[0]
+
+    def run_layers(self, x: torch.Tensor, residual: torch.Tensor | None, kv_caches, meta: AttentionMetadata,
+                   final_norm: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """This rank's layers: (x, residual) in, the final norm applied (residual None) or (x, residual) out."""
         if self.stack is not None and self.stack.runs(x, kv_caches):  # the same kernels, one call
             layout = meta.layout if meta.layout is not None else token_layout(meta.seq_lens, meta.query_start_loc)
-            return self.stack(x, kv_caches, meta.positions, meta.slot_mapping, meta.block_tables, *layout)
-        residual = None
+            return self.stack(x, kv_caches, meta.positions, meta.slot_mapping, meta.block_tables, *layout,
+                              residual=residual, final_norm=final_norm)
         for layer, kv_cache in zip(self.layers, kv_caches):
             x, residual = layer(x, residual, kv_cache, meta, self.rotary_cache)
-        return self.ops.rms_norm(x, self.final_norm, self.cfg.rms_norm_eps, residual)[0]
+        if not final_norm:
+            return x, residual
+        return self.ops.rms_norm(x, self.final_norm, self.cfg.rms_norm_eps, residual)[0], None
+
+    def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:  # [T] -> [T, hidden]
+        if self.comm is None or self.shard.tp_size == 1:
+            return self.embed[input_ids]
+        rows = self.embed.shape[0]
+        local = input_ids - self.vocab_start
+        mine = (local >= 0) & (local < rows)
+        x = self.embed[torch.where(mine, local, torch.zeros_like(local))]
+        return self.comm.gather_embeddings(x, input_ids)  # each token's row from the rank that holds it
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [R, hidden] -> [R, V] fp32
-        return self.linear(hidden, self.lm_head, None).float()
+        logits = self.linear(hidden, self.lm_head, None).float()
+        if self.comm is None or self.shard.tp_size == 1:
+            return logits
+        return self.comm.gather_vocab(logits)  # each rank's vocabulary rows are whole chains: a concatenation
 
 
 def _data(param: nn.Parameter | None) -> torch.Tensor | None:
     return param.data if param is not None else None
+

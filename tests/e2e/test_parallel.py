@@ -1,0 +1,75 @@
+"""Tensor and pipeline parallel worker groups give the tokens and logprobs of one process, bit for bit.
+
+Each layout is a real group: LLM(...) is rank 0 and starts the other ranks as processes, which meet
+over torch.distributed (gloo) on loopback. One batch exercises what the promise covers: greedy and
+seeded rows side by side, logprobs, a shared prefix (prefix-cache hits), prompts longer than the
+step's token budget (chunked prefill) and a KV cache too small for everyone (preemption).
+"""
+from __future__ import annotations
+
+import pytest
+
+from services.core.errors import InvalidArgument
+from services.core.sampling_params import SamplingParams
+from tests.conftest import make_llm, random_prompts
+
+pytestmark = pytest.mark.slow
+
+# the tiny model with 4 layers: 4 heads, 2 KV heads (replicated at TP 4), MLP 128 -> 4 reduction groups
+MODEL = dict(arch="llama", size="tiny", num_layers=4)
+ENGINE = dict(max_num_batched_tokens=48, num_gpu_blocks=14, block_size=16, num_threads=1)
+
+
+def _params() -> list[SamplingParams]:
+    common = dict(max_tokens=12, ignore_eos=True, logprobs=2)
+    return [SamplingParams(temperature=0, **common), SamplingParams(temperature=0.8, seed=7, **common),
+            SamplingParams(temperature=1.0, top_p=0.9, seed=11, **common),
+            SamplingParams(temperature=0, prompt_logprobs=1, **common)] * 2
+
+
+def _prompts() -> list[list[int]]:
+    return random_prompts(8, 512, min_len=5, max_len=70, seed=3, shared_prefix=20)
+
+
+def _run(folder, **layout) -> tuple[list, dict]:
+    with make_llm(folder, **ENGINE, **layout) as llm:
+        outputs = llm.generate(_prompts(), _params(), use_tqdm=False)
+        stats = llm.scheduler.stats()
+    return [(o.outputs[0].token_ids, o.outputs[0].logprobs, o.prompt_logprobs) for o in outputs], stats
+
+
+@pytest.fixture(scope="module")
+def folder(model_dir):
+    return model_dir(**MODEL)
+
+
+@pytest.fixture(scope="module")
+def single(folder):
+    return _run(folder)
+
+
+def test_the_batch_preempts_chunks_and_hits_the_prefix_cache(single):
+    outputs, stats = single
+    assert stats.num_preemptions > 0
+    assert sum(w.prefix_cache_hits for w in stats.workers) > 0
+    assert all(len(tokens) == 12 for tokens, _, _ in outputs)
+
+
+@pytest.mark.parametrize("tp, pp", [(2, 1), (4, 1), (1, 2), (2, 2)], ids=lambda v: str(v))
+def test_layouts_give_the_bits_of_one_process(folder, single, tp, pp):
+    outputs, _ = _run(folder, tensor_parallel_size=tp, pipeline_parallel_size=pp)
+    assert outputs == single[0]
+
+
+def test_quantized_weights_give_the_same_bits_at_tp_2(folder):
+    """int8: o_proj and down_proj are quantized per K group, so each rank quantizes what it holds."""
+    want, _ = _run(folder, quantization="int8")
+    got, _ = _run(folder, quantization="int8", tensor_parallel_size=2)
+    assert got == want
+
+
+def test_a_layout_the_model_cannot_take_is_refused_naming_the_constraint(folder):
+    with pytest.raises(InvalidArgument, match="tensor_parallel_size.*3 must divide the model's 4 row-parallel"):
+        make_llm(folder, tensor_parallel_size=3)
+    with pytest.raises(InvalidArgument, match="pipeline_parallel_size.*8 stages for 4 layers"):
+        make_llm(folder, pipeline_parallel_size=8)

@@ -1,0 +1,106 @@
+"""The row-parallel layers' one reduction order: the same bits whichever ranks computed the groups.
+
+A layout with tp ranks gives rank r the groups [r G / tp, (r + 1) G / tp) of the weight's K; its
+partials, gathered in rank order and folded, must equal the one-process result bit for bit, on
+every kernel tier, dense and quantized, fp32 and bf16.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels import cpu_kernels, quant
+from kernels.linear import GemmWeight, prepack
+from kernels.row_parallel import (RowParallelWeight, fold_reference, partials_reference, reduction_groups, split_dense,
+                                  split_quant)
+from tests.kernels.quant_helpers import gguf_blocks
+
+GROUPS = 4
+
+
+def _parts(dense: torch.Tensor, fmt: str, dtype: torch.dtype, groups: int) -> list:
+    """The weight's column groups as the loader makes them (each a weight of its own)."""
+    if fmt == "dense":
+        parts = [prepack(p) for p in split_dense(dense, groups)]
+        if not isinstance(parts[0], GemmWeight):
+            pytest.skip("no C compiler: no compiled GEMM")
+        return parts
+    if fmt == "int8":
+        return [quant.quantize_int8(p, dtype) for p in split_dense(dense, groups)]
+    blocks, _ = gguf_blocks(dense.float().numpy(), fmt)
+    return split_quant(quant.from_blocks(blocks, quant.FORMATS[fmt], dense.shape[1], dtype), groups)
+
+
+def _layout(parts: list, x: torch.Tensor, tp: int) -> torch.Tensor:
+    """What a group of tp ranks computes: each rank its groups on its columns, gathered, folded."""
+    per_rank, kg = len(parts) // tp, x.shape[1] // len(parts)
+    ranks = [RowParallelWeight.build(parts[r * per_rank:(r + 1) * per_rank], len(parts)) for r in range(tp)]
+    partials = torch.cat([w.partials(x[:, r * per_rank * kg:(r + 1) * per_rank * kg]) for r, w in enumerate(ranks)])
+    return ranks[0].fold(partials, x.dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("fmt", ["dense", "int8", "q4_0", "q8_0"])
+def test_every_tensor_parallel_size_gives_the_same_bits(cpu_tier, fmt, dtype):
+    gen = torch.Generator().manual_seed(0)
+    dense = torch.randn(96, 256, generator=gen).to(dtype)
+    parts = _parts(dense, fmt, dtype, GROUPS)
+    for rows in (1, 7, 16):
+        x = torch.randn(rows, 256, generator=gen).to(dtype)
+        whole = RowParallelWeight.build(parts, GROUPS)(x, None)  # one process
+        for tp in (2, 4):
+            assert torch.equal(_layout(parts, x, tp), whole), (fmt, dtype, rows, tp)
+        values = dense.float() if fmt == "dense" else torch.cat([p.dequantize() for p in parts], dim=1)
+        want = x.float() @ values.T
+        assert torch.allclose(whole.float(), want, rtol=2e-2, atol=2e-2 * want.abs().max().item())
+
+
+def test_dense_groups_match_the_plain_product(cpu_tier):
+    """A sanity check of the dense groups against x W^T (the quantized ones: above, against their values)."""
+    gen = torch.Generator().manual_seed(1)
+    dense = torch.randn(64, 128, generator=gen)
+    x = torch.randn(5, 128, generator=gen)
+    got = RowParallelWeight.build(_parts(dense, "dense", torch.float32, GROUPS), GROUPS)(x, None)
+    assert torch.allclose(got, x @ dense.T, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_fold_is_the_references_order(dtype):
+    """The compiled fold adds partial 0, 1, 2, ... in fp32 and rounds once: the reference's bits; another
+    order (the last partial first) gives other bits, so the order is what the test pins."""
+    if not cpu_kernels.is_available():
+        pytest.skip("no C compiler")
+    gen = torch.Generator().manual_seed(2)
+    partials = torch.randn(GROUPS, 33, 80, generator=gen) * torch.tensor([1e4, 1.0, 1e-3, 3.0]).view(-1, 1, 1)
+    weight = RowParallelWeight.build(_parts(torch.randn(80, 64), "dense", torch.float32, GROUPS), GROUPS)
+    assert torch.equal(weight.fold(partials, dtype), fold_reference(partials, dtype))
+    assert not torch.equal(fold_reference(partials.flip(0), torch.float32), fold_reference(partials, torch.float32))
+
+
+def test_one_group_is_the_plain_linear_layer(cpu_tier):
+    """G = 1 (a model whose heads and MLP share no factor) keeps today's bits: one chain, rounded once."""
+    gen = torch.Generator().manual_seed(3)
+    for dtype in (torch.float32, torch.bfloat16):
+        dense = torch.randn(48, 96, generator=gen).to(dtype)
+        x = torch.randn(9, 96, generator=gen).to(dtype)
+        plain = prepack(dense)
+        if not isinstance(plain, GemmWeight):
+            pytest.skip("no C compiler")
+        assert torch.equal(RowParallelWeight.build([plain], 1)(x, None), plain(x, None))
+
+
+def test_the_reference_path_is_layout_invariant_too():
+    """Without the compiled kernels (another device) the PyTorch reference keeps the same contract."""
+    gen = torch.Generator().manual_seed(4)
+    dense = torch.randn(32, 64, generator=gen)
+    x = torch.randn(3, 64, generator=gen)
+    parts = split_dense(dense, GROUPS)
+    whole = fold_reference(partials_reference(x, parts), torch.float32)
+    halves = torch.cat([partials_reference(x[:, :32], parts[:2]), partials_reference(x[:, 32:], parts[2:])])
+    assert torch.equal(fold_reference(halves, torch.float32), whole)
+
+
+@pytest.mark.parametrize("heads, inter, groups", [(9, 1536, 3), (4, 128, 4), (32, 14336, 8), (12, 2560, 4), (7, 96, 1)])
+def test_reduction_groups(heads, inter, groups):
+    """SmolLM2-135M (9 heads, MLP 1536): 3 groups, so TP 1 and 3; the tiny test models: 4; big ones: 8."""
+    assert reduction_groups(heads, inter) == groups
