@@ -140,12 +140,18 @@ def _run(llm, prompts, params, one_at_a_time=False) -> list:
     return run(llm, prompts, params, one_at_a_time)
 
 
+# The tiers whose other kernels (attention, norms, rotary: kernels/cpu_kernels.py) agree in bits: the
+# generic tier on a baseline x86-64 has no FMA, so its attention and norms round differently (its
+# int8-activation linear layers give the same bits: the tests above), and its tokens may differ.
+FMA_TIERS = [tier for tier in cpu_kernels.host_tiers() if tier != "generic"]
+
+
 def _across_tiers(folder, prompts, params, **args) -> list:
-    """Each engine tier's outputs (cpu_isa forced), the first alone and batched."""
+    """Each FMA engine tier's outputs (cpu_isa forced)."""
     from tests.conftest import use_tier
 
     results = []
-    for tier in cpu_kernels.host_tiers():
+    for tier in FMA_TIERS:
         for _ in use_tier(tier):
             results.append((tier, _run(make_llm(folder, cpu_isa=tier, **args), prompts, params)))
     return results
@@ -158,12 +164,14 @@ def gguf_folder(model_dir, tmp_path_factory):
     from tests.kernels.quant_helpers import write_gguf
 
     folder = tmp_path_factory.mktemp("tiny-gguf-int8act") / "model"
-    shutil.copytree(model_dir("llama", "tiny"), folder)
+    # head_dim 32: o_proj's and down_proj's K groups (4 of 32 columns) are whole GGUF blocks
+    shutil.copytree(model_dir("llama", "tiny", head_dim=32), folder)
     write_gguf(folder, folder / "tiny.Q4_1.gguf")
     return folder
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(len(FMA_TIERS) < 2, reason="this CPU runs one FMA tier")
 @pytest.mark.parametrize("quantization,dtype", [("gguf", "float32"), ("int8", "bfloat16")])
 def test_tiny_model_same_tokens_and_logprobs_on_every_tier(gguf_folder, quantization, dtype):
     prompts = random_prompts(6, 512, 1, 90, seed=11)
@@ -182,6 +190,7 @@ def test_tiny_model_same_tokens_and_logprobs_on_every_tier(gguf_folder, quantiza
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(len(FMA_TIERS) < 2, reason="this CPU runs one FMA tier")
 def test_default_model_same_tokens_and_logprobs_on_every_tier():
     from services.tools.default_model import ensure_default_model
 
