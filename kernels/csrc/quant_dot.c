@@ -93,9 +93,12 @@ INLINE f8 fma8(f8 a, f8 b, f8 c) {
 
 INLINE f8 splat8(float v) { return (f8){v, v, v, v, v, v, v, v}; }
 
-INLINE float half_bits_to_float(const uint8_t *p) {
+INLINE float half_bits_to_float(const uint8_t *p) { /* exact on every path */
     uint16_t h;
     memcpy(&h, p, 2);
+#if defined(__F16C__)
+    return _cvtsh_ss(h);
+#endif
     const uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff;
     uint32_t bits;
     if (exp == 0x1f)
