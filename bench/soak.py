@@ -7,11 +7,12 @@
 2. For --duration seconds, --concurrency clients send specs drawn at random over gRPC (Generate
    streamed, GenerateBatch) and HTTP (/v1/completions with SSE or one JSON body); --disconnect of
    them go away mid-answer (or before it), --deadline of them carry a deadline. At --kill-at of
-   the run, worker-0 gets SIGKILL; the launcher restarts it.
+   the run, worker-0 gets SIGKILL, and at --scheduler-kill-at the scheduler does; the launcher
+   restarts each (the frontend carries its open requests over to the new scheduler).
 3. Pass: no failure among the requests that were neither cancelled nor timed out (an error, or
    tokens/text other than the reference's; a deadline that reached a gRPC client as INTERNAL after
    it passed is counted apart, as timed_out_as_internal: gRPC's own best effort, grpc/grpc#2685),
-   the killed worker is back (new pid, the scheduler
+   the killed worker and scheduler are back (new pids, the scheduler
    counts --workers again), and every KV block is free again. Reported too: each service's
    resident memory before and after the run.
 
@@ -144,27 +145,30 @@ async def soak(args, deployment: Deployment, specs: list[Spec], reference: list[
             if why:
                 failures.append({"shot": shot.__dict__, "outcome": outcome.kind, "why": why[:500]})
 
-    killer = asyncio.create_task(kill_worker(deployment, args.duration * args.kill_at))
+    killers = [asyncio.create_task(kill(deployment, "worker-0", args.duration * args.kill_at))]
+    if args.scheduler_kill_at:
+        killers.append(asyncio.create_task(kill(deployment, "scheduler", args.duration * args.scheduler_kill_at)))
     await asyncio.gather(*(client(i) for i in range(args.concurrency)))
-    killed = await killer
+    killed = await asyncio.gather(*killers)
     for c in clients.values():
         await c.close()
-    return {"tally": tally, "failures": failures, "kill": killed}
+    return {"tally": tally, "failures": failures, "kill": killed[0], "scheduler_kill": killed[1:]}
 
 
-async def kill_worker(deployment: Deployment, after_s: float) -> dict:
+async def kill(deployment: Deployment, service: str, after_s: float) -> dict:
+    """SIGKILL `service` after `after_s`; its pid, the launcher's new one and how long it took."""
     await asyncio.sleep(after_s)
-    victim = deployment.pids()["worker-0"]
+    victim = deployment.pids()[service]
     os.kill(victim, signal.SIGKILL)
     killed_at = time.monotonic()
     while True:
         ready = [e for e in list(deployment.events) if e["event"] == "service_ready"
-                 and e["service_name"] == "worker-0" and e["pid"] != victim]
+                 and e["service_name"] == service and e["pid"] != victim]
         if ready or time.monotonic() - killed_at > 120:
             new_pid = ready[0]["pid"] if ready else None
             return {"pid": victim, "new_pid": new_pid,
                     "back_after_s": round(time.monotonic() - killed_at, 1) if ready else None,
-                    "new_pid_resident_mb": resident_mb({"worker-0": new_pid})["worker-0"] if ready else None}
+                    "new_pid_resident_mb": resident_mb({service: new_pid})[service] if ready else None}
         await asyncio.sleep(0.2)
 
 
@@ -223,31 +227,39 @@ def summarize(args, result, elapsed, idle_before, idle_after, memory_before, mem
     by_kind = Counter()
     for (fate, _, kind), n in tally.items():
         by_kind[(fate, kind)] += n
-    kill = result["kill"]
+    kill, scheduler_kill = result["kill"], (result["scheduler_kill"] or [None])[0]
     memory_before = {**memory_before, "worker-0": kill["new_pid_resident_mb"] or float("nan")}  # the new one
+    if scheduler_kill is not None:
+        memory_before["scheduler"] = scheduler_kill["new_pid_resident_mb"] or float("nan")
     growth = {name: round(memory_after.get(name, float("nan")) - mb, 1) for name, mb in memory_before.items()}
     passed = not result["failures"] and kill["new_pid"] is not None and idle_after["idle"] \
+        and (scheduler_kill is None or scheduler_kill["new_pid"] is not None) \
         and idle_after["num_workers"] == args.workers and exit_code == 0
     return {"passed": passed, "duration_s": round(elapsed, 1), "requests": sum(tally.values()),
             "by_fate_and_outcome": {f"{fate}/{kind}": n for (fate, kind), n in sorted(by_kind.items())},
             "by_shot": {"/".join(key): n for key, n in sorted(tally.items())},
             "failures": result["failures"][:20], "num_failures": len(result["failures"]), "worker_kill": kill,
+            "scheduler_kill": scheduler_kill,
             "after_the_run": idle_after, "before_the_run": idle_before, "resident_mb_before": memory_before,
             "resident_mb_after": memory_after, "resident_mb_growth": growth, "launcher_exit": exit_code,
-            "note": "worker-0's 'before' is the restarted process's, when it was back; the others' at the start"}
+            "note": "the 'before' of worker-0 and of the scheduler is the restarted process's, when it was back; "
+                    "the others' at the start"}
 
 
 def report(summary: dict) -> str:
     rows = [[key, n] for key, n in summary["by_fate_and_outcome"].items()]
     memory = [[name, summary["resident_mb_before"][name], summary["resident_mb_after"].get(name),
                summary["resident_mb_growth"][name]] for name in summary["resident_mb_before"]]
-    kill = summary["worker_kill"]
+    kill, scheduler_kill = summary["worker_kill"], summary["scheduler_kill"]
+    scheduler = "" if scheduler_kill is None else \
+        f"the scheduler (pid {scheduler_kill['pid']}) killed, back as pid {scheduler_kill['new_pid']} after " \
+        f"{scheduler_kill['back_after_s']} s; "
     return "\n".join([
         "", "## Verdict", "",
         f"**{'PASS' if summary['passed'] else 'FAIL'}**: {summary['requests']} requests in "
         f"{summary['duration_s']} s, {summary['num_failures']} failures among those neither cancelled nor "
         f"timed out; worker-0 (pid {kill['pid']}) killed, back as pid {kill['new_pid']} after "
-        f"{kill['back_after_s']} s; after the run: {summary['after_the_run']['num_workers']} workers, every KV "
+        f"{kill['back_after_s']} s; {scheduler}after the run: {summary['after_the_run']['num_workers']} workers, every KV "
         f"block free: {summary['after_the_run']['idle']}; launcher exit {summary['launcher_exit']} on SIGTERM.", "",
         markdown_table(["fate/outcome", "requests"], rows),
         markdown_table(["service", "RSS before (MiB)", "after", "growth"], memory),
@@ -267,6 +279,8 @@ def main() -> int:
     parser.add_argument("--disconnect", type=float, default=0.15, help="share of requests whose client goes away")
     parser.add_argument("--deadline", type=float, default=0.15, help="share of requests with a deadline")
     parser.add_argument("--kill-at", type=float, default=0.4, help="kill worker-0 at this fraction of the run")
+    parser.add_argument("--scheduler-kill-at", type=float, default=0.7,
+                        help="kill the scheduler at this fraction of the run (0: not)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", type=Path, default=None, help="write the summary here")
     parser.add_argument("--record", action="store_true", help="write bench/results/soak.{md,json}")
@@ -280,8 +294,8 @@ def main() -> int:
     if args.json:
         args.json.write_text(json.dumps(summary, indent=2) + "\n")
     if args.record:
-        write_results("soak", "Soak: mixed traffic, disconnects, deadlines, a killed worker", load_before, text,
-                      summary)
+        write_results("soak", "Soak: mixed traffic, disconnects, deadlines, a killed worker, a killed scheduler",
+                      load_before, text, summary)
     return 0 if summary["passed"] else 1
 
 

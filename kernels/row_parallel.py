@@ -34,12 +34,14 @@ MAX_GROUPS = 8  # more groups only cost (fp32 partials, folds) once every useful
 Gather = Callable[[torch.Tensor], torch.Tensor]  # local partials [G_local, T, N] -> all [G, T, N], rank order
 
 
-def reduction_groups(num_heads: int, intermediate_size: int) -> int:
-    """G: the largest divisor of gcd(num_heads, intermediate_size) that is at most MAX_GROUPS. A group
-    of o_proj is whole heads and one of down_proj whole MLP columns, so every TP size that divides G
+def reduction_groups(num_heads: int, intermediate_size: int, head_dim: int = 0, align: int = 1) -> int:
+    """G: the largest divisor of gcd(num_heads, intermediate_size) that is at most MAX_GROUPS and keeps
+    each group `align` columns wide (32 for GGUF's blocks: a group holds whole blocks). A group of
+    o_proj is whole heads and one of down_proj whole MLP columns, so every TP size that divides G
     splits both layers at group boundaries (SmolLM2-135M: gcd(9, 1536) = 3, so TP 1 and 3)."""
     common = math.gcd(num_heads, intermediate_size)
-    return max(d for d in range(1, MAX_GROUPS + 1) if common % d == 0)
+    return max(d for d in range(1, MAX_GROUPS + 1) if common % d == 0
+               and (num_heads * head_dim // d) % align == 0 and (intermediate_size // d) % align == 0)
 
 
 def fold_reference(partials: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:  # [G, T, N] fp32 -> [T, N]
@@ -50,11 +52,14 @@ def fold_reference(partials: torch.Tensor, dtype: torch.dtype) -> torch.Tensor: 
     return total.to(dtype)
 
 
-def partials_reference(x: torch.Tensor, groups: list[torch.Tensor]) -> torch.Tensor:
-    """Each dense group weight [N, kg] on its columns of x, in fp32: [G_local, T, N]."""
-    kg = groups[0].shape[1]
-    x = x.float()
-    return torch.stack([torch.nn.functional.linear(x[:, g * kg:(g + 1) * kg], w.float()) for g, w in enumerate(groups)])
+def partials_reference(x: torch.Tensor, groups: list, linear: Callable | None = None) -> torch.Tensor:
+    """Each group weight [N, kg] (dense, or packed for oneDNN) on its columns of x by `linear` (the model's
+    linear function; default the batch-invariant one), widened to fp32: [G_local, T, N]. A group's result
+    is the same whichever rank computes it, so the fold's bits do not depend on the layout here either."""
+    if linear is None:
+        from kernels.linear import invariant_linear as linear
+    kg = x.shape[1] // len(groups)
+    return torch.stack([linear(x[:, g * kg:(g + 1) * kg].contiguous(), w, None).float() for g, w in enumerate(groups)])
 
 
 def split_dense(weight: torch.Tensor, groups: int) -> list[torch.Tensor]:
@@ -90,6 +95,7 @@ class RowParallelWeight:
     total_groups: int
     buffer: torch.Tensor | None = None
     gather: Gather | None = None
+    linear: Callable | None = None  # the model's linear function, for dense groups (the reference path)
 
     @property
     def groups(self) -> int:
@@ -113,7 +119,8 @@ class RowParallelWeight:
         return 0 if isinstance(first, GemmWeight) else first.kernel_fmt if isinstance(first, QuantWeight) else None
 
     @classmethod
-    def build(cls, parts: list, total_groups: int, gather: Gather | None = None) -> RowParallelWeight:
+    def build(cls, parts: list, total_groups: int, gather: Gather | None = None,
+              linear: Callable | None = None) -> RowParallelWeight:
         from kernels.linear import GemmWeight
 
         first = parts[0]
@@ -125,7 +132,7 @@ class RowParallelWeight:
             buffer = None
         out_features, kg = first.shape
         return cls(parts=tuple(parts), out_features=out_features, in_features=kg * len(parts),
-                   total_groups=total_groups, buffer=buffer, gather=gather)
+                   total_groups=total_groups, buffer=buffer, gather=gather, linear=linear)
 
     def with_gather(self, gather: Gather | None) -> RowParallelWeight:
         return replace(self, gather=gather)
@@ -151,10 +158,10 @@ class RowParallelWeight:
                 kg = self.parts[0].in_features
                 return torch.stack([int8_linear_reference(rows[:, g * kg:(g + 1) * kg], p, None)
                                     for g, p in enumerate(self.parts)])
-            dense = [p.dequantize() if isinstance(p, QuantWeight) else p for p in self.parts]
-            if any(isinstance(p, GemmWeight) or getattr(p, "is_mkldnn", False) for p in dense):
-                raise TypeError("row_parallel: packed weights need the compiled kernels")
-            return partials_reference(rows, dense)
+            if any(isinstance(p, GemmWeight) for p in self.parts):
+                raise TypeError("row_parallel: weights packed for gemm.c need the compiled kernels")
+            dense = [p.dequantize().to(rows.dtype) if isinstance(p, QuantWeight) else p for p in self.parts]
+            return partials_reference(rows, dense, self.linear)
         rows = rows.contiguous()
         out = torch.empty(self.groups, rows.shape[0], self.out_features, dtype=torch.float32)
         if rows.shape[0]:

@@ -1,4 +1,5 @@
-"""`LLM(model).generate(prompts, params)`: offline batch generation in one process."""
+"""`LLM(model).generate(prompts, params)` and `LLM(model).chat(messages, params)`: offline batch
+generation in one process."""
 from __future__ import annotations
 
 import itertools
@@ -12,6 +13,7 @@ from services.core.outputs import OutputCollector, RequestOutput
 from services.core.sampling_params import SamplingParams
 from services.core.tokenizer import Tokenizer
 from services.engine import Engine
+from services.frontend import tools as chat_tools
 
 Prompt = str | list[int]
 
@@ -60,6 +62,30 @@ class LLM:
                         self.scheduler.stop_sample(update.request_id, update.sample_index)
                     bar.update(int(collector.output.finished and not was_done))
         return [c.output for c in collectors]
+
+    def chat(self, messages: list[dict] | Seq[list[dict]],
+             sampling_params: SamplingParams | Seq[SamplingParams] | None = None, tools: list[dict] | None = None,
+             use_tqdm: bool = True, add_generation_prompt: bool = True) -> list[RequestOutput]:
+        """One conversation (a list of chat messages) or a list of them, rendered with the model's
+        chat template, as vLLM's LLM.chat does; outputs in input order. `tools` are OpenAI function
+        definitions, shown to the model as the HTTP API shows them (its chat template's `tools`, or
+        the Hermes format); assistant messages may carry OpenAI `tool_calls`, tool messages a
+        `tool_call_id`. The output is text: read tool calls from it with
+        `services.frontend.tools.plan(tools, "auto", None).parse(output.outputs[0].text)`."""
+        conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
+        plan = chat_tools.plan(tools, "auto" if tools else "none", None)
+        texts = []
+        for i, conversation in enumerate(conversations):
+            if not conversation:
+                raise InvalidArgument(f"messages[{i}]", "a conversation needs at least one message")
+            shown, template_tools = chat_tools.template_messages(list(conversation), plan,
+                                                                 self.tokenizer.template_source)
+            texts.append(self.tokenizer.apply_chat_template(shown, add_generation_prompt, template_tools))
+        outputs = self.generate([self.tokenizer.encode(t, add_special_tokens=False) for t in texts],
+                                sampling_params, use_tqdm)
+        for output, text in zip(outputs, texts):
+            output.prompt = text
+        return outputs
 
     def _submit(self, prompt: Prompt, params: SamplingParams, priority: int) -> OutputCollector:
         if isinstance(prompt, str):

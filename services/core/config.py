@@ -144,7 +144,8 @@ class WorkerConfig:
                 "else torch")
     batch_invariant: bool = setting(True, "the deterministic mode: a row's bits do not depend on its batch "
                                           "(docs/ARCHITECTURE.md, rule 4)")
-    num_threads: int = setting(0, "CPU threads for the worker's math (0: the library default)")
+    num_threads: int = setting(0, "CPU threads for the worker's math (0: the library default); a worker group that "
+                                  "its rank 0 starts splits them (or every core) equally across its ranks")
     quantization: str = setting(
         "auto", "the weights: auto (the folder's GGUF if it has one), none, gguf or int8 (per channel, at load)")
     activation_quant: str = setting(

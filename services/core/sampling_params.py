@@ -5,6 +5,7 @@ from dataclasses import dataclass, fields, replace
 
 from services.core.errors import check
 from services.core.structured import Constraint
+from services.core.widths import INT32_MAX, SEED_END, UINT32_MAX, check_int
 
 MAX_LOGPROBS = 20
 MAX_N = 64  # samples per request
@@ -58,7 +59,7 @@ class SamplingParams:
         check(isinstance(self.n, int) and 1 <= self.n <= MAX_N, "n", f"must be in [1, {MAX_N}], got {self.n}")
         check(self.temperature >= 0, "temperature", f"must be >= 0, got {self.temperature}")
         check(self.temperature <= 100, "temperature", f"must be <= 100, got {self.temperature}")
-        check(isinstance(self.top_k, int) and self.top_k >= -1, "top_k", f"must be -1 (off) or >= 0, got {self.top_k}")
+        check_int("top_k", self.top_k, -1, INT32_MAX)  # -1: off
         check(0 < self.top_p <= 1, "top_p", f"must be in (0, 1], got {self.top_p}")
         check(0 <= self.min_p <= 1, "min_p", f"must be in [0, 1], got {self.min_p}")
         check(0 < self.repetition_penalty <= 10, "repetition_penalty",
@@ -68,17 +69,17 @@ class SamplingParams:
         check(-2 <= self.frequency_penalty <= 2, "frequency_penalty",
               f"must be in [-2, 2], got {self.frequency_penalty}")
         for token, bias in self.logit_bias:
-            check(token >= 0, "logit_bias", f"token id must be >= 0, got {token}")
+            check(0 <= token <= UINT32_MAX, "logit_bias", f"token id must be in [0, {UINT32_MAX}], got {token}")
             check(-100 <= bias <= 100, "logit_bias", f"bias must be in [-100, 100], got {bias}")
-        check(self.seed is None or (isinstance(self.seed, int) and 0 <= self.seed < 2**63),
+        check(self.seed is None or (isinstance(self.seed, int) and 0 <= self.seed < SEED_END),
               "seed", f"must be in [0, 2**63), got {self.seed}")
-        check(isinstance(self.max_tokens, int) and self.max_tokens >= 1, "max_tokens",
-              f"must be >= 1, got {self.max_tokens}")
+        check_int("max_tokens", self.max_tokens, 1, UINT32_MAX)
         check(isinstance(self.min_tokens, int) and 0 <= self.min_tokens <= self.max_tokens, "min_tokens",
               f"must be in [0, max_tokens], got {self.min_tokens}")
         check(all(isinstance(s, str) and s for s in self.stop), "stop", "stop strings must be non-empty")
         check(len(self.stop) <= MAX_STOP_STRINGS, "stop", f"at most {MAX_STOP_STRINGS} stop strings")
-        check(all(t >= 0 for t in self.stop_token_ids), "stop_token_ids", "token ids must be >= 0")
+        check(all(0 <= t <= UINT32_MAX for t in self.stop_token_ids), "stop_token_ids",
+              f"token ids must be in [0, {UINT32_MAX}]")
         check(self.structured_outputs is None or isinstance(self.structured_outputs, Constraint),
               "structured_outputs", "must be a Constraint or a dict of vLLM's options")
         check(self.structured_outputs is None or self.min_tokens == 0, "min_tokens",

@@ -18,7 +18,7 @@ from services.core.errors import ResourceExhausted, check
 from services.core.policy import WaitingQueue, policy_key
 from services.core.sampling_params import SamplingParams
 from services.core.seeding import new_request_seed
-from services.core.sequence import Request, Sequence, SeqStatus, SeqUpdate
+from services.core.sequence import ContinuedSample, Request, Sequence, SeqStatus, SeqUpdate
 from services.core.stats import SchedulerStats, WorkerStats
 from services.core.stop import finish_reason
 from services.core.step import CachedSequence, NewSequence, StepDelta, StepResult, WorkerInfo
@@ -109,7 +109,9 @@ class Scheduler:
 
     # ---- requests --------------------------------------------------------------
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                    priority: int = 0) -> Request:
+                    priority: int = 0, continued: tuple[ContinuedSample, ...] = ()) -> Request:
+        """Admit a request; `continued` non-empty: a continuation (ContinuedSample), which runs
+        just the samples it names, each from its own tokens."""
         check(request_id not in self.requests, "request_id", f"{request_id!r} is already running")
         check(len(prompt_token_ids) > 0, "prompt", "must not be empty")
         check(len(prompt_token_ids) < self.config.max_model_len, "prompt",
@@ -120,13 +122,39 @@ class Scheduler:
         free_seats = max(0, len(self.workers) * self.config.max_num_seqs - len(self.running))
         if len(self.waiting) >= self.config.max_waiting_requests + free_seats:
             raise ResourceExhausted(f"{len(self.waiting)} requests are waiting and no seat is free; try again later")
+        check(params.seed is not None or not continued, "seed", "a continuation must carry the request's seed")
         if params.seed is None:
             params = params.with_seed(self._seeds.getrandbits(63) if self._seeds else new_request_seed())
         request = Request(request_id=request_id, prompt_token_ids=list(prompt_token_ids), params=params,
                           arrival=next(self._arrivals), priority=priority)
+        if continued:
+            self._continue(request, continued)
+        else:
+            self._enqueue(self._new_seq(request, 0))
         self.requests[request_id] = request
-        self._enqueue(self._new_seq(request, 0))
         return request
+
+    def _continue(self, request: Request, continued: tuple[ContinuedSample, ...]) -> None:
+        """A continuation's samples, each waiting to be recomputed from prompt + its own tokens
+        (as after a preemption); none is forked: each sample index is named at most once."""
+        params, num_prompt = request.params, len(request.prompt_token_ids)
+        indices = [sample.sample_index for sample in continued]
+        check(len(set(indices)) == len(indices) and all(0 <= i < params.n for i in indices), "continued_samples",
+              f"sample indices must be distinct and in [0, n={params.n}), got {indices}")
+        for sample in continued:
+            check(len(sample.token_ids) < params.max_tokens and num_prompt + len(sample.token_ids) <
+                  self.config.max_model_len, "continued_samples",
+                  f"sample {sample.sample_index} has {len(sample.token_ids)} tokens: no room left under "
+                  f"max_tokens {params.max_tokens} or max_model_len {self.config.max_model_len}")
+            if self.workers:
+                vocab_size = next(iter(self.workers.values())).info.vocab_size
+                check(all(0 <= t < vocab_size for t in sample.token_ids), "continued_samples",
+                      f"token id outside the vocabulary ({vocab_size})")
+        request.forked = True
+        for sample in continued:
+            seq = self._new_seq(request, sample.sample_index)
+            seq.output_token_ids = list(sample.token_ids)
+            self._enqueue(seq)
 
     def _check_against_workers(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
         """Token ids the model has, and a request some worker's KV cache can hold (one that none

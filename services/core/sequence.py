@@ -32,6 +32,18 @@ class Request:
         return self.params.seed
 
 
+@dataclass(frozen=True)
+class ContinuedSample:
+    """One sample of a continuation: a request that another scheduler (one that died) had
+    started, resubmitted by its frontend with the output tokens it already streamed. The sample
+    goes on from them as a recomputed sequence does after a preemption: its next token is drawn
+    at its original position, min_tokens, max_tokens and the penalties count them, and a worker's
+    grammar matcher replays them."""
+
+    sample_index: int
+    token_ids: tuple[int, ...]
+
+
 @dataclass(kw_only=True)
 class Sequence:
     """One sample of a request: prompt + its own output tokens."""

@@ -6,13 +6,19 @@ from dataclasses import dataclass, field
 from services.core.config import LogConfig, setting
 from services.core.errors import check
 from services.core.structured import GrammarLimits
+from services.frontend.response_store import ResponseStoreLimits
 
 
 @dataclass(frozen=True, kw_only=True)
 class FrontendConfig:
     model: str = setting("default", "the tokenizer's model folder (the workers' --model), 'default' or a hub id")
     served_model_name: str = setting("", "the model's id for clients (default: the --model value)")
-    scheduler_address: str = setting("127.0.0.1:50052", "the scheduler's HOST:PORT")
+    scheduler_address: str = setting("127.0.0.1:50052", "the scheduler's HOST:PORT; several, comma-separated: "
+                                                        "one is active, the next takes over when it is lost")
+    scheduler_failover_timeout_s: float = setting(
+        30.0, "seconds the open requests wait for a scheduler after theirs was lost (it restarts, or another "
+              "address takes over) before they fail with UNAVAILABLE; they are then carried over with the "
+              "same tokens", flag="--scheduler-failover-timeout")
     host: str = setting("0.0.0.0", "address to listen on")
     grpc_port: int = setting(50051, "public gRPC port (0: any free port)")
     http_port: int = setting(0, "the OpenAI HTTP API, /health and /metrics port (0: off)")
@@ -25,6 +31,7 @@ class FrontendConfig:
     drain_timeout_s: float = setting(60.0, "on SIGTERM, seconds the open requests get to finish before the "
                                            "process exits")
     grammar: GrammarLimits = field(default_factory=GrammarLimits)  # structured outputs
+    responses: ResponseStoreLimits = field(default_factory=ResponseStoreLimits)  # the Responses API's store
 
     @property
     def model_id(self) -> str:
@@ -32,7 +39,10 @@ class FrontendConfig:
 
     def __post_init__(self) -> None:
         check(bool(self.model), "model", "must not be empty")
-        check(":" in self.scheduler_address, "scheduler_address", f"must be HOST:PORT, got {self.scheduler_address!r}")
+        for address in self.scheduler_address.split(","):
+            check(":" in address, "scheduler_address", f"must be HOST:PORT[,HOST:PORT...], got {self.scheduler_address!r}")
+        check(self.scheduler_failover_timeout_s >= 0, "scheduler_failover_timeout_s",
+              f"must be >= 0, got {self.scheduler_failover_timeout_s}")
         for name in ("grpc_port", "http_port"):
             port = getattr(self, name)
             check(0 <= port < 65536, name, f"must be in [0, 65535], got {port}")

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 import structlog
 
 from services.core.errors import REFUSALS, InvalidArgument, ResourceExhausted, Unavailable, check
+from services.core.widths import INT32_MAX, INT32_MIN, check_int
 from services.core.structured import GrammarLimits
 from services.core.tokenizer import Tokenizer
 from services.frontend.grammar_check import GrammarCheck
@@ -53,7 +54,8 @@ class FrontendCore:
 
     async def model_card(self) -> ModelCard:
         if self.card is None and not await self.refresh():
-            raise Unavailable("no worker has registered with the scheduler yet")
+            raise Unavailable("no worker has registered with the scheduler yet (a worker the scheduler refused, "
+                              "e.g. one it cannot reach at its --advertise-host, logs registration_refused with why)")
         return self.card
 
     def check_model(self, model: str) -> None:
@@ -145,6 +147,7 @@ class FrontendCore:
         if self.draining:
             raise Unavailable("the frontend is shutting down")
         self.check_model(request.model)
+        check_int("priority", request.priority, INT32_MIN, INT32_MAX)
         prompt = request.prompt
         prompt_ids = list(prompt.token_ids) if prompt.token_ids is not None else await self.tokenize(prompt)
         check(len(prompt_ids) > 0, "prompt", "must not be empty")
@@ -153,15 +156,19 @@ class FrontendCore:
               f"has {len(prompt_ids)} tokens; max_model_len {card.max_model_len} leaves no room for output")
         _check_vocab("prompt", prompt_ids, card.vocab_size)
         request.params.check_vocab(card.vocab_size)
-        room = card.max_model_len - len(prompt_ids)
-        check(request.params.max_tokens <= room, "max_tokens",
-              f"{request.params.max_tokens} with a {len(prompt_ids)}-token prompt exceeds max_model_len "
-              f"{card.max_model_len}; at most {room}")
+        check_room(card, len(prompt_ids), request.params.max_tokens)
         if request.params.structured_outputs is not None:
             await self.grammar_check.check(request.params.structured_outputs, card.vocab_size)
         if self.max_pending and self.num_pending >= self.max_pending:
             raise ResourceExhausted(f"{self.num_pending} requests pending, the limit is {self.max_pending}")
         return request.request_id or uuid.uuid4().hex, prompt_ids
+
+
+def check_room(card: ModelCard, num_prompt_tokens: int, max_tokens: int, field: str = "max_tokens") -> None:
+    """The prompt and max_tokens fit in max_model_len; `field`: the name the client gave max_tokens."""
+    room = card.max_model_len - num_prompt_tokens
+    check(max_tokens <= room, field, f"{max_tokens} with a {num_prompt_tokens}-token prompt exceeds max_model_len "
+                                     f"{card.max_model_len}; at most {room}")
 
 
 def _num_chars(prompt: Prompt) -> int:

@@ -10,21 +10,37 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
+from contextlib import aclosing
 from dataclasses import dataclass
 
 import grpc
+import structlog
 
 from pagedserve.internal.v1 import scheduler_pb2, scheduler_pb2_grpc
 from services.rpc import internal_codec
 from services.core.errors import InvalidArgument, ResourceExhausted, Unavailable
 from services.core.sampling_params import SamplingParams
-from services.core.sequence import SeqUpdate
+from services.core.sequence import ContinuedSample, SeqUpdate
 from services.core.stats import SchedulerStats
-from services.rpc.grpc_server import RECONNECT_OPTIONS
+from services.frontend.failover_client import SchedulerLost, SchedulerPool
+from services.frontend.progress import Progress
+
+log = structlog.get_logger("frontend")
 
 _CORE_ERROR = {grpc.StatusCode.RESOURCE_EXHAUSTED: ResourceExhausted, grpc.StatusCode.UNAVAILABLE: Unavailable,
                grpc.StatusCode.DEADLINE_EXCEEDED: Unavailable}
+LOST_CODES = (grpc.StatusCode.UNAVAILABLE,)  # the call's status when the scheduler (or the way to it) went away
+# what gRPC itself (not the scheduler) says when a connection dies under a call, with INTERNAL or
+# UNKNOWN: a scheduler killed mid-step ended calls with INTERNAL "Internal error from Core"
+TRANSPORT_ERRORS = ("Internal error from Core", "Stream removed", "RST_STREAM", "Socket closed")
+
+
+def _lost(code: grpc.StatusCode, details: str | None) -> bool:
+    """Whether a SubmitMany call's status says the scheduler went away (its own errors name an
+    exception type instead: services/rpc/status.py)."""
+    return code in LOST_CODES or (code in (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN)
+                                  and any(phrase in (details or "") for phrase in TRANSPORT_ERRORS))
 
 
 @dataclass
@@ -44,7 +60,8 @@ class SubmitManyCall:
     that hands each RequestNews to its request's queue. A request never touches the call itself: grpc.aio cancels the whole call
     when a task is cancelled while it writes, so a client that went away (its task cancelled,
     over and over under an HTTP server's cancel scope) would fail every other request. When the
-    call breaks, every waiting request gets the error."""
+    call breaks, every waiting request gets the error: SchedulerLost when the scheduler went away
+    (UNAVAILABLE, or the call ended under open requests), which the requests survive."""
 
     def __init__(self, stub: scheduler_pb2_grpc.SchedulerStub):
         self.call = stub.SubmitMany()
@@ -70,10 +87,10 @@ class SubmitManyCall:
             with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):  # the reader has the status
                 await asyncio.wait_for(asyncio.shield(self._reader), 1.0)
             detail = error.details() if isinstance(error, grpc.aio.AioRpcError) else str(error)
-            self._fail(Unavailable(f"scheduler: the SubmitMany call ended ({detail})"))
+            self._fail(SchedulerLost(f"scheduler: the SubmitMany call ended ({detail})"))
 
     async def _read(self) -> None:
-        error: Exception = Unavailable("scheduler: the SubmitMany call ended")
+        error: Exception = SchedulerLost("scheduler: the SubmitMany call ended")
         try:
             async for response in self.call:
                 for news in response.news:
@@ -82,6 +99,8 @@ class SubmitManyCall:
                         queue.put_nowait(news)
         except grpc.aio.AioRpcError as rpc_error:
             error = _core_error(rpc_error.code(), rpc_error.details())
+            if _lost(rpc_error.code(), rpc_error.details()):
+                error = SchedulerLost(str(error))
         except asyncio.CancelledError:
             error = Unavailable("scheduler: the frontend closed the SubmitMany call")
         self._fail(error)
@@ -103,13 +122,22 @@ class SubmitManyCall:
 
 
 class SchedulerClient:
-    def __init__(self, address: str):
-        self.channel = grpc.aio.insecure_channel(address, options=RECONNECT_OPTIONS)
-        self.stub = scheduler_pb2_grpc.SchedulerStub(self.channel)
+    """The active scheduler of `addresses` (SchedulerPool). A request whose scheduler is lost
+    waits for one that serves (at most failover_timeout_s) and is resubmitted there as a
+    continuation (services/frontend/progress.py): its stream sees a pause, not an error."""
+
+    def __init__(self, addresses: str | Sequence[str], failover_timeout_s: float = 30.0):
+        self.pool = SchedulerPool(addresses.split(",") if isinstance(addresses, str) else addresses,
+                                  failover_timeout_s)
         self._submit_many: SubmitManyCall | None = None
+        self._open: dict[str, Progress] = {}
+
+    @property
+    def stub(self) -> scheduler_pb2_grpc.SchedulerStub:
+        return self.pool.stub()
 
     def _call(self) -> SubmitManyCall:
-        """The SubmitMany call, opened again after it broke (the scheduler restarted)."""
+        """The SubmitMany call, opened again after it broke (the scheduler restarted or another took over)."""
         if self._submit_many is None or self._submit_many.broken is not None:
             self._submit_many = SubmitManyCall(self.stub)
         return self._submit_many
@@ -117,15 +145,54 @@ class SchedulerClient:
     async def submit(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                      priority: int) -> AsyncIterator[SubmitStep]:
         """Each step's updates; closing the iterator early (or being cancelled) cancels the
-        request at the scheduler, which aborts it and frees its blocks."""
-        mux = self._call()
+        request at the scheduler, which aborts it and frees its blocks. A lost scheduler is waited
+        for (while the pool searches, a new request waits too, from when it was lost) and the
+        request resubmitted; Unavailable once the failover timeout passes (at once for a new
+        request when the scheduler has been away longer)."""
+        if request_id in self._open:
+            raise InvalidArgument("request_id", f"{request_id!r} is already running")
+        progress = self._open[request_id] = Progress(params)
+        lost_since, attempt = None, 0  # since when this request has had no scheduler, and how many losses
+        try:
+            while not progress.done:
+                if self.pool.searching and lost_since is None:
+                    lost_since = self.pool.lost_since
+                if lost_since is not None:
+                    await self.pool.wait(lost_since, attempt)
+                mux = self._call()
+                resubmit = progress.reported or lost_since is not None
+                sent_params, continued = progress.resubmission() if resubmit else (params, ())
+                try:
+                    async with aclosing(self._run(mux, request_id, prompt_token_ids, sent_params, priority,
+                                                  continued, resubmit)) as steps:
+                        async for step in steps:
+                            progress.apply(step.updates)
+                            lost_since, attempt = None, 0
+                            yield step
+                    return
+                except SchedulerLost as error:
+                    if mux is self._submit_many:  # else an older call's loss, and a new call is open already
+                        self.pool.lost(str(error))
+                    now = asyncio.get_running_loop().time()
+                    lost_since = lost_since or (self.pool.lost_since if self.pool.searching else now)
+                    attempt += 1
+                    log.info("request_waits_for_scheduler", request_id=request_id, reason=str(error),
+                             num_tokens=sum(map(len, progress.token_ids)))
+        finally:
+            self._open.pop(request_id, None)
+
+    async def _run(self, mux: SubmitManyCall, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                   priority: int, continued: tuple[ContinuedSample, ...], resubmit: bool) -> AsyncIterator[SubmitStep]:
+        """One submission of the request on `mux`, until its last news. A resubmission refused as
+        "already running" reached a scheduler that is still aborting it (the call broke, the
+        scheduler lived): it is tried again like a lost one."""
         if request_id in mux.queues:
             raise InvalidArgument("request_id", f"{request_id!r} is already running")
         queue = mux.queues[request_id] = asyncio.Queue()
         finished = False
         try:
-            mux.send(scheduler_pb2.SubmitManyRequest(
-                submit=internal_codec.submit_to_proto(request_id, prompt_token_ids, params, priority)))
+            mux.send(scheduler_pb2.SubmitManyRequest(submit=internal_codec.submit_to_proto(
+                request_id, prompt_token_ids, params, priority, continued)))
             while True:
                 news = await queue.get()
                 if isinstance(news, Exception):
@@ -134,7 +201,11 @@ class SchedulerClient:
                 if news.error_code:
                     finished = True
                     code = _STATUS_BY_VALUE.get(news.error_code, grpc.StatusCode.UNKNOWN)
-                    raise _core_error(code, news.error_message)
+                    error = _core_error(code, news.error_message)
+                    if code in LOST_CODES or (resubmit and isinstance(error, InvalidArgument)
+                                              and error.field == "request_id"):
+                        raise SchedulerLost(str(error))
+                    raise error
                 if news.HasField("response"):
                     yield SubmitStep(internal_codec.updates_from_response(request_id, news.response),
                                      news.response.queue_time_s)
@@ -148,14 +219,22 @@ class SchedulerClient:
                 mux.send(scheduler_pb2.SubmitManyRequest(cancel=request_id))
 
     async def abort(self, request_id: str, sample_index: int = -1) -> None:
-        """End one sample (sample_index >= 0) or the whole request."""
+        """End one sample (sample_index >= 0) or the whole request. A request carried to another
+        scheduler leaves an ended sample out, so a lost scheduler is no error here."""
+        progress = self._open.get(request_id)
+        if progress is not None and sample_index >= 0:
+            progress.end_sample(sample_index)
         try:
             await self.stub.Abort(scheduler_pb2.AbortRequest(request_id=request_id, sample_index=sample_index))
         except grpc.aio.AioRpcError as error:
+            if progress is not None and _lost(error.code(), error.details()):
+                return
             _raise_core_error(error)
 
     async def stats(self, timeout: float | None = None) -> SchedulerStats:
-        """Raises Unavailable when the scheduler does not answer."""
+        """Raises Unavailable when the scheduler does not answer (or a failover is under way)."""
+        if self.pool.searching:
+            raise Unavailable(f"scheduler {self.pool.last_error}; looking for one that serves")
         try:
             response = await self.stub.GetStats(scheduler_pb2.GetStatsRequest(), timeout=timeout)
         except grpc.aio.AioRpcError as error:
@@ -165,7 +244,7 @@ class SchedulerClient:
     async def close(self) -> None:
         if self._submit_many is not None:
             await self._submit_many.close()
-        await self.channel.close()
+        await self.pool.close()
 
 
 def _ended(queue: asyncio.Queue) -> bool:

@@ -3,6 +3,7 @@ over one FrontendCore in one event loop; health; draining both on SIGTERM."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from pathlib import Path
 
 import grpc
@@ -15,6 +16,7 @@ from services.frontend.config import FrontendConfig
 from services.frontend.core import FrontendCore
 from services.frontend.http.app import build_app
 from services.frontend.http.server import HttpServer
+from services.frontend.response_store import ResponseStore
 from services.frontend.scheduler_client import SchedulerClient
 from services.frontend.servicer import GenerationServicer
 from services.rpc.grpc_server import GrpcServer
@@ -28,13 +30,14 @@ class FrontendServer:
 
     def __init__(self, config: FrontendConfig, model_path: Path):
         self.config = config
-        self.scheduler = SchedulerClient(config.scheduler_address)
+        self.scheduler = SchedulerClient(config.scheduler_address, config.scheduler_failover_timeout_s)
         self.core = FrontendCore(Tokenizer(model_path), self.scheduler, config.model_id, config.max_pending,
                                  config.grammar)
         servicer = GenerationServicer(self.core)
         self.grpc = GrpcServer(lambda server: generate_pb2_grpc.add_GenerationServicer_to_server(servicer, server),
                                SERVICE_NAME, config.reflection, config.max_message_bytes)
-        self.http = HttpServer(build_app(self.core, lambda: self.serving, config.api_key, config.max_body_bytes),
+        self.http = HttpServer(build_app(self.core, lambda: self.serving, config.api_key, config.max_body_bytes,
+                                         ResponseStore(config.responses)),
                                config.host, config.http_port) if config.http_port else None
         self.serving = False  # the scheduler has a ready worker (and we are not draining)
         self._watcher: asyncio.Task | None = None
@@ -85,4 +88,7 @@ class FrontendServer:
                 log.info("health", serving=now_ready, max_model_len=card and card.max_model_len,
                          vocab_size=card and card.vocab_size)
                 ready = now_ready
-            await asyncio.sleep(self.config.health_poll_s)
+            lost = self.scheduler.pool.lost_event
+            with contextlib.suppress(asyncio.TimeoutError):  # a lost scheduler turns health NOT_SERVING at once
+                await asyncio.wait_for(lost.wait(), self.config.health_poll_s)
+            lost.clear()

@@ -2,10 +2,11 @@
 
 - `tool_choice` "none" (or no tools): plain chat; the tools are not shown.
 - "auto": the tools reach the chat template (`tools=`); a template that does not use them gets
-  them in a system message in the Hermes format. The output is parsed afterwards (`parse_auto`):
-  Hermes / Qwen2.5 / Qwen3 `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` blocks, or,
-  as a fallback, an output that is nothing but such a JSON object (or a list of them; `parameters`
-  is accepted for `arguments`, as Llama 3.1 emits). Anything else is content.
+  them in a system message in the Hermes format. The output is read as it is generated
+  (services/frontend/tool_stream.py): Hermes / Qwen2.5 / Qwen3 `<tool_call>{"name": ...,
+  "arguments": {...}}</tool_call>` blocks, or, as a fallback, an output that is nothing but such a
+  JSON object (or a list of them; `parameters` is accepted for `arguments`, as Llama 3.1 emits).
+  Anything else is content.
 - "required": the output is constrained by a JSON schema to a list of calls
   `[{"name": one of the tools, "arguments": valid against its parameters}]` (one call unless
   `parallel_tool_calls`), so it always parses and its arguments are always valid.
@@ -20,8 +21,8 @@ from dataclasses import dataclass
 
 from services.core.errors import InvalidArgument, check
 from services.core.structured import Constraint
+from services.frontend.tool_stream import ToolCallStream
 
-TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.S)
 NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 MAX_TOOLS = 128
 HERMES_SYSTEM = (
@@ -67,19 +68,17 @@ class ToolPlan:
             schema["maxItems"] = 1
         return Constraint.json_schema(schema, "tools")
 
+    def stream(self) -> ToolCallStream:
+        """A reader of this request's output, fed as it is generated (services/frontend/tool_stream.py)."""
+        return ToolCallStream(self.mode, {t["function"]["name"] for t in self.tools}, self.name,
+                              lambda name: ToolCall(name, ""))
+
     def parse(self, text: str) -> tuple[str | None, list[ToolCall]]:
-        """(content, tool calls) of a finished output."""
-        if self.mode == "named":
-            return None, [ToolCall(self.name, _compact(text))]
-        if self.mode == "required":
-            try:
-                return None, [ToolCall(c["name"], json.dumps(c["arguments"], ensure_ascii=False))
-                              for c in json.loads(text)]
-            except (ValueError, TypeError, KeyError):  # cut short by max_tokens
-                return text, []
-        if self.mode == "auto":
-            return parse_auto(text, {t["function"]["name"] for t in self.tools})
-        return text, []
+        """(content, tool calls) of a finished output: the same reader fed the whole text."""
+        reader = self.stream()
+        pieces = reader.feed(text) + reader.finish()
+        content = "".join(p.text for p in pieces if p.kind == "content")
+        return (content.strip() or None) if reader.calls else content, reader.calls
 
     def _parameters(self, name: str) -> dict:
         tool = next(t for t in self.tools if t["function"]["name"] == name)
@@ -108,49 +107,6 @@ def plan(tools: list[dict] | None, tool_choice, parallel_tool_calls: bool | None
           "must be none, auto, required or {\"type\": \"function\", \"function\": {\"name\": ...}}")
     check(choice == "none" or tools, "tool_choice", f"{choice!r} needs tools")
     return ToolPlan(tools=tools, mode=choice, parallel=parallel)
-
-
-def parse_auto(text: str, names: set[str]) -> tuple[str | None, list[ToolCall]]:
-    """Hermes/Qwen `<tool_call>` blocks, else an output that is only a call's JSON; else content."""
-    if "<tool_call>" in text:
-        calls = [_call(block, names) for block in TOOL_CALL.findall(text)]
-        if calls and all(calls):
-            content = text[:text.index("<tool_call>")].strip()
-            return content or None, calls
-        return text, []
-    try:
-        value = json.loads(text)
-    except ValueError:
-        return text, []
-    items = value if isinstance(value, list) else [value]
-    calls = [_call_of(item, names) for item in items]
-    return (None, calls) if calls and all(calls) else (text, [])
-
-
-def _call(block: str, names: set[str]) -> ToolCall | None:
-    try:
-        return _call_of(json.loads(block), names)
-    except ValueError:
-        return None
-
-
-def _call_of(item, names: set[str]) -> ToolCall | None:
-    if not isinstance(item, dict) or item.get("name") not in names:
-        return None
-    arguments = item.get("arguments", item.get("parameters", {}))
-    if isinstance(arguments, str):  # some models emit the arguments as JSON text
-        try:
-            arguments = json.loads(arguments)
-        except ValueError:
-            return None
-    return ToolCall(item["name"], json.dumps(arguments, ensure_ascii=False)) if isinstance(arguments, dict) else None
-
-
-def _compact(text: str) -> str:
-    try:
-        return json.dumps(json.loads(text), ensure_ascii=False)
-    except ValueError:
-        return text  # cut short by max_tokens: passed on as it is
 
 
 def template_messages(messages: list[dict], tool_plan: ToolPlan, template: str) -> tuple[list[dict], list | None]:

@@ -21,6 +21,10 @@ class UnknownModel(InvalidArgument):
         super().__init__("model", f"{model!r} is not served here; the served model is {served!r}")
 
 
+class ResponseNotFound(InvalidArgument):
+    """An unknown (or evicted, or expired) stored response (HTTP maps it to 404)."""
+
+
 @dataclass(kw_only=True)
 class Prompt:
     """Exactly one of text, token_ids and messages."""

@@ -8,8 +8,9 @@ Running: a service that exits is logged (one JSON line: service, pid, exit code,
 ran) and started again after a backoff that doubles from 0.5 s up to 30 s and starts over
 once the service has run 60 s. A worker is restarted without limit: while it is away the
 scheduler recomputes its sequences on the other workers, and the new process registers
-itself. The scheduler and the frontend are restarted at most 3 times in a row (a restart loses
-what they hold: the scheduler's requests, the frontend's open streams); one more exit stops
+itself. The scheduler and the frontend are restarted at most 3 times in a row (the frontends
+carry their open requests over to a restarted scheduler; a restarted frontend has lost its open
+streams); one more exit stops
 the deployment and `up` exits with 1. So does a service exiting with status 2 (its flags are
 wrong, or the scheduler refused the worker): a restart cannot help.
 

@@ -5,8 +5,8 @@ from typing import Callable
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 
+from services.rpc.reflection import enable_reflection
 from services.rpc.status import DecodeErrors
 
 # A burst of thousands of streams on one connection must not queue in HTTP/2.
@@ -48,9 +48,7 @@ class GrpcServer:
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         self.service_name = service_name
         if reflection_on:
-            names = (service_name, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-                     reflection.SERVICE_NAME)
-            reflection.enable_server_reflection(names, self.server)
+            enable_reflection(self.server, (service_name, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name))
         self.port = 0
 
     async def start(self, host: str, port: int) -> int:

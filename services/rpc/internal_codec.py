@@ -14,7 +14,7 @@ import dataclasses
 
 from pagedserve.internal.v1 import common_pb2, scheduler_pb2, worker_pb2
 from services.core.sampling_params import SamplingParams
-from services.core.sequence import SeqUpdate
+from services.core.sequence import ContinuedSample, SeqUpdate
 from services.core.stats import SchedulerStats, WorkerStats
 from services.core.structured import Constraint
 from services.core.step import (CachedSequence, Logprobs, NewSequence, SeqOutput, StepDelta, StepResult,
@@ -120,6 +120,17 @@ def delta_from_proto(msg: worker_pb2.StepRequest) -> StepDelta:
         async_next_step=msg.async_next_step)
 
 
+def delta_to_bytes(delta: StepDelta) -> bytes:
+    """A step delta as the StepRequest bytes a worker group's rank 0 broadcasts (services/worker/group.py)."""
+    return delta_to_proto(delta).SerializeToString()
+
+
+def delta_from_bytes(data: bytes) -> StepDelta:
+    message = worker_pb2.StepRequest()
+    message.ParseFromString(data)
+    return delta_from_proto(message)
+
+
 def _new_seq_to_proto(seq: NewSequence) -> worker_pb2.NewSequence:
     params = params_to_proto(seq.params)
     params.seed, params.has_seed = seq.seed, True  # the proto carries the request's seed in its params
@@ -191,14 +202,18 @@ def updates_from_response(request_id: str, msg: scheduler_pb2.SubmitResponse) ->
             for d in msg.deltas]
 
 
-def submit_to_proto(request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                    priority: int = 0) -> scheduler_pb2.SubmitRequest:
-    return scheduler_pb2.SubmitRequest(request_id=request_id, prompt_token_ids=prompt_token_ids,
-                                       params=params_to_proto(params), priority=priority)
+def submit_to_proto(request_id: str, prompt_token_ids: list[int], params: SamplingParams, priority: int = 0,
+                    continued: tuple[ContinuedSample, ...] = ()) -> scheduler_pb2.SubmitRequest:
+    return scheduler_pb2.SubmitRequest(
+        request_id=request_id, prompt_token_ids=prompt_token_ids, params=params_to_proto(params), priority=priority,
+        continued_samples=[scheduler_pb2.ContinuedSample(sample_index=c.sample_index, token_ids=c.token_ids)
+                           for c in continued])
 
 
-def submit_from_proto(msg: scheduler_pb2.SubmitRequest) -> tuple[str, list[int], SamplingParams, int]:
-    return msg.request_id, list(msg.prompt_token_ids), params_from_proto(msg.params), msg.priority
+def submit_from_proto(msg: scheduler_pb2.SubmitRequest
+                      ) -> tuple[str, list[int], SamplingParams, int, tuple[ContinuedSample, ...]]:
+    continued = tuple(ContinuedSample(c.sample_index, tuple(c.token_ids)) for c in msg.continued_samples)
+    return msg.request_id, list(msg.prompt_token_ids), params_from_proto(msg.params), msg.priority, continued
 
 
 # ---- stats (GetStats) ----------------------------------------------------------

@@ -3,8 +3,8 @@
     python -m services.scheduler --host 0.0.0.0 --port 50052 --block-size 16 --max-num-seqs 64 \\
         --max-num-batched-tokens 2048 --max-model-len 0 --scheduling-policy fcfs \\
         --preemption-mode recompute --enable-prefix-caching --enable-chunked-prefill \\
-        --max-waiting-requests 4096 --heartbeat-timeout-s 10 --step-timeout-s 300 --async-scheduling \\
-        [--reflection] --log-level info
+        --max-waiting-requests 4096 --heartbeat-timeout-s 10 --step-timeout-s 300 --worker-probe-timeout-s 3 \\
+        --async-scheduling [--reflection] --log-level info
 
 The flags are those of SchedulerServiceConfig, SchedulerConfig and LogConfig (services/cli.py);
 every flag also reads PAGEDSERVE_<FLAG> from the environment. SIGTERM/SIGINT: health turns

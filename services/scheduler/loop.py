@@ -19,11 +19,12 @@ import structlog
 from services.core.errors import InvalidArgument, Unavailable, check
 from services.core.sampling_params import SamplingParams
 from services.core.scheduler import Scheduler
+from services.core.sequence import ContinuedSample
 from services.core.stats import SchedulerStats
 from services.core.step import WorkerInfo
 from services.scheduler.config import SchedulerServiceConfig
 from services.scheduler.streams import Delivery, UpdateStream, StreamRouter
-from services.scheduler.worker_client import RemoteWorker, WorkerForgot, WorkerLost
+from services.scheduler.worker_client import RemoteWorker, WorkerForgot, WorkerLost, probe_worker
 
 log = structlog.get_logger("scheduler")
 
@@ -37,19 +38,21 @@ class StepLoop:
         self.router = StreamRouter()
         self.num_steps = 0
         self.draining = False
+        self.last_refusal: str | None = None  # why the last worker refused was refused (told to clients)
         self._wake = asyncio.Event()
 
     # ---- requests --------------------------------------------------------------
     def submit(self, request_id: str, prompt: list[int], params: SamplingParams, priority: int,
-               deliver: Callable[[Delivery], None]) -> UpdateStream:
-        """Admit a request; its updates go to `deliver`."""
+               continued: tuple[ContinuedSample, ...], deliver: Callable[[Delivery], None]) -> UpdateStream:
+        """Admit a request (a continuation when `continued`); its updates go to `deliver`."""
         if self.draining:
             raise Unavailable("the scheduler is shutting down")
         if self.core is None or not self.workers:
-            raise Unavailable("no worker is registered yet")
+            refused = f"; the last worker that tried was refused: {self.last_refusal}" if self.last_refusal else ""
+            raise Unavailable(f"no worker is registered yet{refused}")
         check(bool(request_id), "request_id", "must not be empty")
         check(request_id not in self.router.streams, "request_id", f"{request_id!r} is already running")
-        stream = self.router.open(self.core.add_request(request_id, prompt, params, priority), deliver)
+        stream = self.router.open(self.core.add_request(request_id, prompt, params, priority, continued), deliver)
         self._wake.set()
         return stream
 
@@ -80,14 +83,20 @@ class StepLoop:
 
     # ---- workers ---------------------------------------------------------------
     async def register(self, worker_id: str, address: str, info: WorkerInfo) -> str | None:
-        """Add a worker; returns why it was refused, or None. A known id is a restart: dead + new."""
+        """Add a worker once its advertised address answered as that worker (probe_worker); returns
+        why it was refused, or None. A known id is a restart: dead + new."""
         if worker_id in self.workers:
             await self.drop(worker_id, "re-registered after a restart")
         try:
-            self._admit(worker_id, info)
+            reason = await probe_worker(worker_id, address, info, self.config.worker_probe_timeout_s)
+            if reason is None:
+                self._admit(worker_id, info)
         except InvalidArgument as error:
-            log.warning("worker_refused", worker_id=worker_id, address=address, reason=str(error))
-            return str(error)
+            reason = str(error)
+        if reason is not None:
+            log.warning("worker_refused", worker_id=worker_id, address=address, reason=reason)
+            self.last_refusal = reason
+            return reason
         self.workers[worker_id] = RemoteWorker(worker_id, address, info, self.config.step_timeout_s)
         log.info("worker_registered", worker_id=worker_id, address=address, num_gpu_blocks=info.num_gpu_blocks,
                  num_cpu_blocks=info.num_cpu_blocks, device=info.device, dtype=info.dtype)

@@ -29,10 +29,12 @@ class UpdateStream:
         self.started = time.monotonic()
         self.queue_time_s = 0.0  # from admission until the first step that ran it (set once it ran)
         self.scheduled = False
+        # a continuation runs only the samples it names (each a sequence already)
+        self.num_samples = len(request.seqs) if request.forked else request.params.n
 
     @property
     def done(self) -> bool:
-        return len(self.finish_reasons) == self.request.params.n
+        return len(self.finish_reasons) == self.num_samples
 
     def push(self, updates: list[SeqUpdate]) -> None:
         self.deliver(updates)

@@ -1,9 +1,18 @@
-"""The scheduler's handle on one remote worker: a grpc.aio channel and its Step call.
+"""The scheduler's handle on one remote worker: a grpc.aio channel and its Step call; and, before a
+worker is accepted, the probe of the address it advertised (`probe_worker`).
 
 The step loop sees plain StepDelta / StepResult and two errors: WorkerForgot when the worker
 answers FAILED_PRECONDITION (it does not hold a sequence it was sent: worker.proto asks for a
 re-send in full), and WorkerLost for whatever else went wrong on the wire (UNAVAILABLE,
 DEADLINE_EXCEEDED, a cancelled step...).
+
+The probe: a worker registers by telling the scheduler where to reach it (`--advertise-host` and the
+port it listens on). An address the scheduler cannot reach (a container's loopback, a host name only
+the worker resolves, a firewall that drops packets) used to be accepted: the first step failed, the
+worker was dropped, it registered again, and a request sent to it waited meanwhile. So
+`probe_worker` calls the worker's GetInfo at that address first, with a short deadline, and the
+registration is refused with a reason naming the address and the fix unless the answer comes from
+this very worker (the same WorkerInfo). No step is ever sent to a worker that has not passed it.
 """
 from __future__ import annotations
 
@@ -12,11 +21,15 @@ import time
 
 import grpc
 
-from pagedserve.internal.v1 import worker_pb2_grpc
+from pagedserve.internal.v1 import worker_pb2, worker_pb2_grpc
 from services.rpc import internal_codec
 from services.core.step import StepDelta, StepResult, WorkerInfo
+from services.rpc.grpc_server import RECONNECT_OPTIONS
 
 CHANNEL_OPTIONS = [("grpc.max_send_message_length", 64 << 20), ("grpc.max_receive_message_length", 64 << 20)]
+PROBE_RETRY_S = 0.2  # between attempts while the address is UNAVAILABLE (a name not resolvable yet, a refused connection)
+ADVERTISE_FIX = ("start the worker with --advertise-host (PAGEDSERVE_ADVERTISE_HOST) set to a host name or IP "
+                 "address at which the scheduler reaches it, and --host listening on that interface")
 
 
 class WorkerLost(RuntimeError):
@@ -61,3 +74,33 @@ class RemoteWorker:
         if self._call is not None:
             self._call.cancel()
         await self.channel.close()
+
+
+async def probe_worker(worker_id: str, address: str, info: WorkerInfo, timeout_s: float) -> str | None:
+    """Why the scheduler cannot use the worker that registered as `worker_id` at `address`, or None
+    once that address answered GetInfo with the worker's own `info` within `timeout_s`."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    async with grpc.aio.insecure_channel(address, options=RECONNECT_OPTIONS) as channel:
+        stub = worker_pb2_grpc.WorkerStub(channel)
+        while True:
+            remaining = deadline - asyncio.get_running_loop().time()
+            try:
+                answer = await stub.GetInfo(worker_pb2.GetInfoRequest(), timeout=max(remaining, 0.01))
+                break
+            except grpc.RpcError as error:
+                if error.code() != grpc.StatusCode.UNAVAILABLE or remaining <= PROBE_RETRY_S:
+                    return unreachable_reason(worker_id, address, timeout_s,
+                                              f"{error.code().name}: {error.details()}")
+            await asyncio.sleep(PROBE_RETRY_S)
+    got = internal_codec.info_from_proto(answer)
+    if got != info:
+        return (f"the address {address} that worker {worker_id!r} advertised answers as another worker "
+                f"(model {got.model!r} with {got.num_gpu_blocks} KV blocks; this one has {info.model!r} with "
+                f"{info.num_gpu_blocks}); {ADVERTISE_FIX}")
+    return None
+
+
+def unreachable_reason(worker_id: str, address: str, timeout_s: float, detail: str) -> str:
+    """The refusal a worker logs and exits on: the address, what went wrong, and the fix."""
+    return (f"the scheduler cannot reach worker {worker_id!r} at the address it advertised, {address} "
+            f"(tried for {timeout_s:g} s; {detail}); {ADVERTISE_FIX}")

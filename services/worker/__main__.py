@@ -9,7 +9,8 @@
 The flags are those of WorkerConfig, CacheConfig, WorkerServiceConfig and LogConfig
 (services/cli.py); every flag also reads PAGEDSERVE_<FLAG> from the environment. SIGTERM/SIGINT:
 health turns NOT_SERVING, heartbeats stop, in-flight steps get a grace period, then the process
-exits. A refusal by the scheduler (block size or model mismatch) exits with status 2.
+exits. A refusal by the scheduler (block size or model mismatch, or the scheduler cannot reach the
+worker at its advertised address: fix --advertise-host) is logged with its reason and exits with status 2.
 """
 from __future__ import annotations
 
@@ -55,7 +56,8 @@ async def serve(worker_config: WorkerConfig, cache: CacheConfig, service: Worker
     await asyncio.wait([waiter, server.registration, broken], return_when=asyncio.FIRST_COMPLETED)
     error = server.registration.exception() if server.registration.done() else None
     if error is not None:
-        log.error("registration_failed", reason=str(error), refused=isinstance(error, Refused))
+        log.error("registration_refused" if isinstance(error, Refused) else "registration_failed",
+                  worker_id=service.worker_id, reason=str(error))
     code = 0 if error is None else 2 if isinstance(error, Refused) else 1
     if broken.done():
         log.error("worker_group_broken", reason="a rank of this worker's group failed; exiting so that the "

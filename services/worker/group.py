@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import datetime
 import socket
+import time
+from contextlib import contextmanager
 
 import structlog
 import torch
@@ -41,6 +43,9 @@ class GroupComm:
 
     def __init__(self, shard: Shard, address: str, backend: str = "gloo", timeout_s: float = TIMEOUT_S):
         self.shard = shard
+        if dist.is_initialized():
+            raise RuntimeError("this process already belongs to a worker group: close the previous one first "
+                               "(LLM.close(), or `with LLM(...) as llm:`)")
         dist.init_process_group(backend, init_method=f"tcp://{address}", rank=shard.rank,
                                 world_size=shard.world_size, timeout=datetime.timedelta(seconds=timeout_s))
         tp, pp = shard.tp_size, shard.pp_size
@@ -49,7 +54,15 @@ class GroupComm:
             group = dist.new_group(list(range(stage * tp, (stage + 1) * tp)))
             if stage == shard.pp_rank:
                 self.tp_group = group
-        self.comm_seconds = 0.0  # time spent in collectives (bench/parallel.py)
+        self.comm_seconds = 0.0  # time spent in the model's collectives and sends (bench/parallel.py)
+
+    @contextmanager
+    def _timed(self):
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.comm_seconds += time.perf_counter() - start
 
     def close(self) -> None:
         if dist.is_initialized():
@@ -58,7 +71,8 @@ class GroupComm:
     # ---- tensor parallel -------------------------------------------------------------------
     def gather_partials_into(self, local: torch.Tensor, out: torch.Tensor) -> None:
         """The row-parallel partials [G_local, T, N] of every tensor rank, in rank order, into out [G, T, N]."""
-        _all_gather(out, local, group=self.tp_group)
+        with self._timed():
+            _all_gather(out, local, group=self.tp_group)
 
     def gather_partials(self, local: torch.Tensor) -> torch.Tensor:
         out = torch.empty(local.shape[0] * self.shard.tp_size, *local.shape[1:], dtype=local.dtype)
@@ -69,7 +83,8 @@ class GroupComm:
         """Each token's embedding row from the rank whose vocabulary part holds it (copied, not summed)."""
         tp = self.shard.tp_size
         everything = torch.empty(tp * rows.shape[0], *rows.shape[1:], dtype=rows.dtype)
-        _all_gather(everything, rows.contiguous(), group=self.tp_group)
+        with self._timed():
+            _all_gather(everything, rows.contiguous(), group=self.tp_group)
         everything = everything.view(tp, *rows.shape)
         vocab = self._vocab_size
         starts = torch.tensor([r * vocab // tp for r in range(1, tp)], dtype=input_ids.dtype)
@@ -84,7 +99,8 @@ class GroupComm:
         padded = torch.zeros(logits.shape[0], width, dtype=logits.dtype)
         padded[:, :logits.shape[1]] = logits
         everything = torch.empty(tp * padded.shape[0], width, dtype=logits.dtype)
-        _all_gather(everything, padded, group=self.tp_group)
+        with self._timed():
+            _all_gather(everything, padded, group=self.tp_group)
         everything = everything.view(tp, *padded.shape)
         return torch.cat([everything[r, :, :w] for r, w in enumerate(widths)], dim=1)
 
@@ -96,13 +112,15 @@ class GroupComm:
         """(x, residual) to the same tensor rank of the next stage (of stage 0 from the last)."""
         stage = 0 if to_first else self.shard.pp_rank + 1
         peer = stage * self.shard.tp_size + self.shard.tp_rank
-        dist.send(torch.stack([x, residual]).contiguous(), peer)
+        with self._timed():
+            dist.send(torch.stack([x, residual]).contiguous(), peer)
 
     def recv_activations(self, num_tokens: int, hidden: int, from_last: bool = False) -> tuple[torch.Tensor, ...]:
         stage = self.shard.pp_size - 1 if from_last else self.shard.pp_rank - 1
         peer = stage * self.shard.tp_size + self.shard.tp_rank
         both = torch.empty(2, num_tokens, hidden, dtype=self.dtype)
-        dist.recv(both, peer)
+        with self._timed():
+            dist.recv(both, peer)
         return both[0], both[1]
 
     # ---- rank 0 -> every rank ----------------------------------------------------------------

@@ -105,7 +105,7 @@ def load_model(folder: Path, dtype: torch.dtype, device: torch.device, ops: Ops,
     activation_quant int8: every quantized weight multiplies int8 activations (kernels/csrc/quant_dot.c)."""
     int8_activations = activation_quant == "int8"
     cfg = ModelArchConfig.from_folder(folder)
-    shard = shard or Shard()
+    shard = shard or Shard(align=gguf_align(quantization))
     model = LlamaForCausalLM(cfg, ops, linear, shard, comm)
     if quantization != "none" and device.type != "cpu":
         raise InvalidArgument("quantization", f"{quantization} runs on the CPU only, not on {device.type}")
@@ -153,6 +153,11 @@ def load_model(folder: Path, dtype: torch.dtype, device: torch.device, ops: Ops,
     model = model.to(device=device, dtype=dtype)
     model.prepack(prepack)
     return model
+
+
+def gguf_align(quantization: str) -> int:
+    """The K group width multiple the weights need: GGUF's blocks of 32, else none."""
+    return quant.BLOCK if quantization == "gguf" else 1
 
 
 def _check_complete(params: dict, loaded: set[str]) -> None:

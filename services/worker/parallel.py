@@ -22,9 +22,15 @@ from services.core.errors import InvalidArgument
 from services.worker.model_config import ModelArchConfig
 
 
-def check_layout(cfg: ModelArchConfig, tp: int, pp: int) -> None:
-    """InvalidArgument naming the constraint where this model cannot be split so."""
-    groups = reduction_groups(cfg.num_heads, cfg.intermediate_size)
+def total_groups(cfg: ModelArchConfig, align: int = 1) -> int:
+    """The model's row-parallel K groups (kernels/row_parallel.py), each `align` columns wide."""
+    return reduction_groups(cfg.num_heads, cfg.intermediate_size, cfg.head_dim, align)
+
+
+def check_layout(cfg: ModelArchConfig, tp: int, pp: int, align: int = 1) -> None:
+    """InvalidArgument naming the constraint where this model cannot be split so (align: 32 for GGUF
+    blocks, whose groups must hold whole blocks)."""
+    groups = total_groups(cfg, align)
     if tp < 1:
         raise InvalidArgument("tensor_parallel_size", f"must be at least 1, got {tp}")
     if pp < 1:
@@ -32,7 +38,8 @@ def check_layout(cfg: ModelArchConfig, tp: int, pp: int) -> None:
     if groups % tp:
         raise InvalidArgument("tensor_parallel_size", (
             f"{tp} must divide the model's {groups} row-parallel reduction groups (the largest divisor of "
-            f"gcd(num_attention_heads {cfg.num_heads}, intermediate_size {cfg.intermediate_size}) up to 8); "
+            f"gcd(num_attention_heads {cfg.num_heads}, intermediate_size {cfg.intermediate_size}) up to 8"
+            f"{f' whose groups are whole blocks of {align} columns' if align > 1 else ''}); "
             f"this model allows {[d for d in range(1, groups + 1) if groups % d == 0]}"))
     if cfg.num_kv_heads % tp and tp % cfg.num_kv_heads:
         raise InvalidArgument("tensor_parallel_size", (
@@ -48,10 +55,11 @@ class Shard:
     tp_size: int = 1
     pp_rank: int = 0
     pp_size: int = 1
+    align: int = 1  # K group width multiple: 32 where the weights are GGUF blocks
 
     @classmethod
-    def of_rank(cls, rank: int, tp_size: int, pp_size: int) -> Shard:
-        return cls(tp_rank=rank % tp_size, tp_size=tp_size, pp_rank=rank // tp_size, pp_size=pp_size)
+    def of_rank(cls, rank: int, tp_size: int, pp_size: int, align: int = 1) -> Shard:
+        return cls(tp_rank=rank % tp_size, tp_size=tp_size, pp_rank=rank // tp_size, pp_size=pp_size, align=align)
 
     @property
     def rank(self) -> int:
@@ -91,7 +99,7 @@ class Shard:
 
     def groups(self, cfg: ModelArchConfig) -> tuple[int, int]:
         """This rank's row-parallel groups [g0, g1) of the model's G."""
-        return self.part(reduction_groups(cfg.num_heads, cfg.intermediate_size))
+        return self.part(total_groups(cfg, self.align))
 
     def local_arch(self, cfg: ModelArchConfig) -> ModelArchConfig:
         """The shapes this rank's modules have: its heads, KV heads, MLP columns and layers."""

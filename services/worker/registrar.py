@@ -1,7 +1,10 @@
 """A worker's side of membership: RegisterWorker (with backoff), then Heartbeat every interval.
 
 Told it is unknown (the scheduler restarted or dropped it), the worker forgets its mirrored
-sequences and registers again. A refusal (block size or model mismatch) is final.
+sequences and registers again. A refusal is final: the block size or the model does not match, or
+the scheduler could not reach the worker at the address it advertised (`probe_worker` in
+services/scheduler/worker_client.py); the worker logs the reason and exits with status 2
+(services/worker/__main__.py), since registering again with the same flags cannot help.
 """
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ from pagedserve.internal.v1 import scheduler_pb2, scheduler_pb2_grpc
 from services.rpc import internal_codec
 from services.core.step import WorkerInfo
 from services.rpc.grpc_server import RECONNECT_OPTIONS
+from services.scheduler.config import REGISTER_TIMEOUT_S
 
 log = structlog.get_logger("worker")
 MAX_BACKOFF_S = 5.0
@@ -47,7 +51,7 @@ class Registrar:
         backoff = 0.1
         while True:
             try:
-                response = await stub.RegisterWorker(self.request, timeout=10)
+                response = await stub.RegisterWorker(self.request, timeout=REGISTER_TIMEOUT_S)
                 break
             except grpc.RpcError as error:
                 log.info("register_retry", scheduler=self.scheduler_address, code=error.code().name,

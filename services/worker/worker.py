@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import multiprocessing
+import os
 
 import torch
 import structlog
@@ -19,7 +20,8 @@ from services.core.model_path import resolve_model_path
 from services.core.step import StepDelta, StepResult, WorkerInfo
 from services.worker.kv_cache import KVCache, block_bytes, num_blocks_for
 from kernels.linear import invariant_linear, plain_linear
-from services.worker.loader import load_model, resolve_activation_quant, resolve_dtype, resolve_quantization
+from services.worker.loader import (gguf_align, load_model, resolve_activation_quant, resolve_dtype,
+                                   resolve_quantization)
 from services.worker.model_config import ModelArchConfig
 from services.worker.grammar import Grammars
 from services.worker.model_runner import ModelRunner
@@ -46,21 +48,23 @@ class Worker:
         self.model_path = resolve_model_path(config.model)
         arch = ModelArchConfig.from_folder(self.model_path)
         tp, pp = config.tensor_parallel_size, config.pipeline_parallel_size
-        check_layout(arch, tp, pp)
-        self.shard = Shard.of_rank(config.group_rank, tp, pp)
+        self.quantization = resolve_quantization(config.quantization, self.model_path)
+        align = gguf_align(self.quantization)
+        check_layout(arch, tp, pp, align)
+        self.shard = Shard.of_rank(config.group_rank, tp, pp, align)
         self.followers: list = []
         self.comm = None
         self.broken = False  # a rank failed: the group steps no more
+        self.rank_threads = 0  # a group rank 0 started on this machine: each rank's share of the threads
         if self.shard.world_size > 1:
             self.comm = self._join_group(config, cache)
         self.dtype = resolve_dtype(config.dtype, arch, self.device)
         torch.manual_seed(config.seed)
-        threads = config.num_threads or (self._group_threads() if self.comm is not None else 0)
+        threads = self.rank_threads or config.num_threads
         if threads:  # several workers (or ranks) on one machine must not oversubscribe its cores
             torch.set_num_threads(threads)
         ops = get_ops(config.kernel_backend, self.device.type, config.cpu_isa)
         linear = invariant_linear if config.batch_invariant else plain_linear
-        self.quantization = resolve_quantization(config.quantization, self.model_path)
         if self.comm is not None:
             self.comm.set_vocab_size(arch.vocab_size)
             self.comm.dtype = self.dtype
@@ -95,32 +99,29 @@ class Worker:
             if config.group_rank != 0:
                 raise ValueError("group_address: a rank other than 0 must be told where rank 0 is")
             address = free_address()
+            # the ranks share this machine's threads (num_threads, or every core): an equal part each
+            self.rank_threads = max(1, (config.num_threads or os.cpu_count() or 1) // self.shard.world_size)
             context = multiprocessing.get_context("spawn")
             for rank in range(1, self.shard.world_size):
-                follower = dataclasses.replace(config, group_rank=rank, group_address=address)
+                follower = dataclasses.replace(config, group_rank=rank, group_address=address,
+                                               num_threads=self.rank_threads)
                 process = context.Process(target=follow, args=(follower, cache), daemon=True,
                                           name=f"pagedserve-rank-{rank}")
                 process.start()
                 self.followers.append(process)
         return GroupComm(self.shard, address, config.distributed_backend)
 
-    def _group_threads(self) -> int:
-        """Ranks started on one machine share its cores (num_threads 0): cores / ranks each."""
-        import os
-
-        return max(1, (os.cpu_count() or 1) // self.shard.world_size)
-
     def step(self, delta: StepDelta) -> StepResult:
         if self.comm is None:
             return self.runner.execute(delta)
         if self.broken:
             raise GroupBroken("this worker group lost a rank; it is restarting")
-        from services.rpc.internal_codec import delta_to_proto
+        from services.rpc.internal_codec import delta_to_bytes
         from services.worker.group import STEP
 
         delta = dataclasses.replace(delta, async_next_step=False)  # the followers cannot run ahead
         try:
-            self.comm.broadcast(STEP, delta_to_proto(delta).SerializeToString())
+            self.comm.broadcast(STEP, delta_to_bytes(delta))
             return self.runner.execute(delta)
         except (InvalidArgument, UnknownSequence):  # every rank refused the same delta: the group is whole
             raise
@@ -156,19 +157,16 @@ class Worker:
 
     def follow(self) -> None:
         """A rank other than 0: run each step rank 0 broadcasts, until it says stop or the group breaks."""
-        from services.rpc.internal_codec import delta_from_proto
+        from services.rpc.internal_codec import delta_from_bytes
         from services.worker.group import FORGET, STEP
-        from pagedserve.internal.v1 import worker_pb2
 
         while True:
             kind, payload = self.comm.receive()
             if kind == FORGET:
                 self.runner.forget_all()
             elif kind == STEP:
-                message = worker_pb2.StepRequest()
-                message.ParseFromString(payload)
                 try:
-                    self.runner.execute(delta_from_proto(message))
+                    self.runner.execute(delta_from_bytes(payload))
                 except (ValueError, LookupError) as error:  # the same refusal rank 0 answers with
                     log.info("follower_step_refused", rank=self.shard.rank, error=str(error))
             else:

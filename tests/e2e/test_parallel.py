@@ -73,3 +73,19 @@ def test_a_layout_the_model_cannot_take_is_refused_naming_the_constraint(folder)
         make_llm(folder, tensor_parallel_size=3)
     with pytest.raises(InvalidArgument, match="pipeline_parallel_size.*8 stages for 4 layers"):
         make_llm(folder, pipeline_parallel_size=8)
+
+
+def test_the_default_model_at_tp_3_and_pp_2_gives_the_bits_of_one_process():
+    """SmolLM2-135M (9 heads, 3 KV heads, 30 layers, its GGUF's blocks): 3 reduction groups, so TP 3."""
+    from services.tools.default_model import ensure_default_model
+
+    model = ensure_default_model()
+    prompts = ["The capital of France is", "def fibonacci(n):"]
+    params = [SamplingParams(temperature=0, max_tokens=6, logprobs=1),
+              SamplingParams(temperature=0.8, seed=3, max_tokens=6, logprobs=1)]
+    runs = []
+    for layout in ({}, {"tensor_parallel_size": 3}, {"pipeline_parallel_size": 2}):
+        with make_llm(model, kv_cache_memory_bytes=32 << 20, **layout) as llm:
+            runs.append([(o.outputs[0].token_ids, o.outputs[0].logprobs)
+                         for o in llm.generate(prompts, params, use_tqdm=False)])
+    assert runs[1] == runs[0] and runs[2] == runs[0]

@@ -1,5 +1,6 @@
 """bench/soak.py for a minute through `python -m services up`: mixed gRPC and HTTP traffic, 15% client
-disconnects, 15% deadlines, a worker killed with SIGKILL and restarted by the launcher."""
+disconnects, 15% deadlines, a worker and then the scheduler killed with SIGKILL and restarted by the
+launcher (the frontend carries its open requests over to the new scheduler)."""
 from __future__ import annotations
 
 import json
@@ -16,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not REAL_SERVICES, reason="services not there")]
 
 
-def test_a_one_minute_soak_with_disconnects_deadlines_and_a_killed_worker_loses_nothing(tmp_path):
+def test_a_one_minute_soak_with_disconnects_deadlines_a_killed_worker_and_scheduler_loses_nothing(tmp_path):
     summary_path = tmp_path / "soak.json"
     run = subprocess.run([sys.executable, "bench/soak.py", "--duration", "60", "--json", str(summary_path)],
                          cwd=ROOT, capture_output=True, text=True, timeout=600)
@@ -30,6 +31,8 @@ def test_a_one_minute_soak_with_disconnects_deadlines_and_a_killed_worker_loses_
                              "deadline/timed_out", "deadline/timed_out_as_internal", "deadline/completed"}
     kill = summary["worker_kill"]
     assert kill["new_pid"] not in (None, kill["pid"])  # restarted by the launcher
+    scheduler_kill = summary["scheduler_kill"]
+    assert scheduler_kill["new_pid"] not in (None, scheduler_kill["pid"])
     after = summary["after_the_run"]
     assert after["num_workers"] == 2 and after["idle"], after  # it re-registered; every KV block is free
     assert summary["launcher_exit"] == 0

@@ -10,6 +10,7 @@ import torch
 
 from kernels.linear import invariant_linear
 from kernels.ops import get_ops
+from kernels.row_parallel import RowParallelWeight
 from kernels.quant import QuantWeight
 from services.core.errors import InvalidArgument
 from services.worker.loader import load_model, resolve_quantization
@@ -81,7 +82,8 @@ def test_int8_is_close_to_the_checkpoint(model_dir):
     folder = model_dir("llama", "tiny")
     ops = get_ops("cpu", "cpu")
     quantized = load_model(folder, torch.float32, CPU, ops, invariant_linear, "int8")
-    assert isinstance(quantized.layers[1].mlp.down_weight, QuantWeight)
+    down = quantized.layers[1].mlp.down_weight  # row-parallel: int8 per output channel and K group
+    assert isinstance(down, RowParallelWeight) and all(isinstance(p, QuantWeight) for p in down.parts)
     assert isinstance(quantized.lm_head, QuantWeight)  # streamed once per step: quantized too
     assert not isinstance(quantized.embed, QuantWeight)  # the lookup keeps the checkpoint's dtype
     dense = load_model(folder, torch.float32, CPU, ops, invariant_linear, "none")

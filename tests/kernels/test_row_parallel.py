@@ -104,3 +104,11 @@ def test_the_reference_path_is_layout_invariant_too():
 def test_reduction_groups(heads, inter, groups):
     """SmolLM2-135M (9 heads, MLP 1536): 3 groups, so TP 1 and 3; the tiny test models: 4; big ones: 8."""
     assert reduction_groups(heads, inter) == groups
+
+
+def test_gguf_groups_hold_whole_blocks():
+    """The tiny model's o_proj is 64 wide: 4 groups of 16 for dense weights, 2 of 32 for GGUF blocks; the
+    default model's (576 and 1536 wide) keep 3 groups of whole blocks."""
+    assert reduction_groups(4, 128, head_dim=16) == 4
+    assert reduction_groups(4, 128, head_dim=16, align=32) == 2
+    assert reduction_groups(9, 1536, head_dim=64, align=32) == 3

@@ -38,11 +38,13 @@ class FakeScheduler(scheduler_pb2_grpc.SchedulerServicer):
         self.vocab_size, self.max_model_len, self.step_s = vocab_size, max_model_len, step_s
         self.num_workers = 1
         self.refuse: tuple[grpc.StatusCode, str] | None = None  # refuse every submitted request with this status
+        self.refuse_next: list[tuple[grpc.StatusCode, str]] = []  # refuse the next submitted requests, one each
         self.submitted: list[scheduler_pb2.SubmitRequest] = []
         self.aborts: list[tuple[str, int]] = []
         self.cancelled: list[str] = []
         self.num_calls = 0  # SubmitMany calls the frontend opened
-        self.drop_calls = False  # end every open SubmitMany call with UNAVAILABLE at its next message
+        self.drop_calls = False  # end every open SubmitMany call with drop_status at its next message
+        self.drop_status = (grpc.StatusCode.UNAVAILABLE, "the scheduler is restarting")
 
     async def SubmitMany(self, request_iterator, context):
         self.num_calls += 1
@@ -67,8 +69,8 @@ class FakeScheduler(scheduler_pb2_grpc.SchedulerServicer):
                         running[message.cancel].cancel()
                     continue
                 request = message.submit
-                if self.refuse:
-                    code, details = self.refuse
+                if self.refuse or self.refuse_next:
+                    code, details = self.refuse or self.refuse_next.pop(0)
                     out.put_nowait(scheduler_pb2.RequestNews(request_id=request.request_id, done=True,
                                                              error_code=code.value[0], error_message=details))
                     continue
@@ -83,7 +85,7 @@ class FakeScheduler(scheduler_pb2_grpc.SchedulerServicer):
                     news.append(out.get_nowait())
                 if self.drop_calls:
                     self.drop_calls = False
-                    await context.abort(grpc.StatusCode.UNAVAILABLE, "the scheduler is restarting")
+                    await context.abort(*self.drop_status)
                 yield scheduler_pb2.SubmitManyResponse(news=news)
         finally:
             reader.cancel()
@@ -91,14 +93,17 @@ class FakeScheduler(scheduler_pb2_grpc.SchedulerServicer):
                 task.cancel()
 
     async def _steps(self, request):
+        """One token a step per sample; a continuation's samples (only those) from their next position."""
         params, prompt, ended = request.params, list(request.prompt_token_ids), set()
-        for position in range(params.max_tokens):
-            deltas = [self._delta(request, i, position, ended) for i in range(params.n) if i not in ended]
+        starts = {c.sample_index: len(c.token_ids) for c in request.continued_samples} or dict.fromkeys(range(params.n), 0)
+        for step in range(params.max_tokens):
+            deltas = [self._delta(request, i, start + step, ended) for i, start in starts.items()
+                      if i not in ended and start + step < params.max_tokens]
             if not deltas:
                 return
             response = scheduler_pb2.SubmitResponse(deltas=deltas, num_prompt_tokens=len(prompt),
                                                     seed=params.seed if params.has_seed else FAKE_SEED)
-            if position == 0 and params.prompt_logprobs >= 0:
+            if step == 0 and not request.continued_samples and params.prompt_logprobs >= 0:
                 response.prompt_logprobs.extend(
                     [common_pb2.OptionalLogprobs(has_value=False)] +
                     [common_pb2.OptionalLogprobs(has_value=True, value=fake_logprobs(t, params.prompt_logprobs))
@@ -130,22 +135,29 @@ class FakeScheduler(scheduler_pb2_grpc.SchedulerServicer):
 
 
 class Harness:
-    """The fake scheduler and a FrontendServer on one event loop in a background thread."""
+    """The fake scheduler (or several: the frontend's --scheduler-address list, `fakes`) and a
+    FrontendServer on one event loop in a background thread."""
 
-    def __init__(self, model_path, vocab_size: int, **config):
+    def __init__(self, model_path, vocab_size: int, num_schedulers: int = 1, **config):
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
-        self.fake = FakeScheduler(vocab_size)
+        self.fakes = [FakeScheduler(vocab_size) for _ in range(num_schedulers)]
+        self.fake = self.fakes[0]
         self.run(self._start(model_path, config))
 
     async def _start(self, model_path, config) -> None:
-        self.fake_server = grpc.aio.server()
-        scheduler_pb2_grpc.add_SchedulerServicer_to_server(self.fake, self.fake_server)
-        port = self.fake_server.add_insecure_port("127.0.0.1:0")
-        await self.fake_server.start()
+        self.fake_servers, addresses = [], []
+        for fake in self.fakes:
+            server = grpc.aio.server()
+            scheduler_pb2_grpc.add_SchedulerServicer_to_server(fake, server)
+            addresses.append(f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}")
+            await server.start()
+            self.fake_servers.append(server)
+        self.fake_server = self.fake_servers[0]
+        self.scheduler_addresses = addresses
         self.frontend = FrontendServer(FrontendConfig(
-            model=MODEL_ID, scheduler_address=f"127.0.0.1:{port}", host="127.0.0.1", grpc_port=0,
+            model=MODEL_ID, scheduler_address=",".join(addresses), host="127.0.0.1", grpc_port=0,
             health_poll_s=0.02, **config), model_path)
         await self.frontend.start()
         self.address = f"127.0.0.1:{self.frontend.port}"
@@ -168,6 +180,7 @@ class Harness:
     def close(self) -> None:
         if not self.frontend.core.draining:
             self.run(self.frontend.drain())
-        self.run(self.fake_server.stop(0))
+        for server in self.fake_servers:
+            self.run(server.stop(0))
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(5)

@@ -136,7 +136,8 @@ def test_breaking_out_of_a_sync_stream_cancels_the_call(harness):
 
 def test_concurrent_requests_share_one_scheduler_call_and_a_broken_one_is_replaced(harness):
     """Every request travels on one SubmitMany call (one message a step for all of them); when
-    the scheduler drops that call, the requests on it fail and the next one opens a new call."""
+    the scheduler drops that call, the requests on it are carried over to a new call as
+    continuations (the tokens already streamed, the same seed) and finish as if nothing happened."""
     async def run_four():
         async with AsyncClient(harness.address) as client:
             return await asyncio.gather(*(client.complete(f"echo {i}", max_tokens=5) for i in range(4)))
@@ -146,12 +147,16 @@ def test_concurrent_requests_share_one_scheduler_call_and_a_broken_one_is_replac
     assert harness.fake.num_calls == 1
 
     with Client(harness.address) as client:
-        stream = client.stream("a long echo", max_tokens=60)
+        want = client.generate("a long echo", max_tokens=60, n=2, logprobs=1)
+        stream = client.stream("a long echo", max_tokens=60, n=2, logprobs=1)
         next(iter(stream))
         harness.fake.drop_calls = True
-        with pytest.raises(GenerationError) as error:
-            list(stream)
-        assert error.value.code == grpc.StatusCode.UNAVAILABLE
+        list(stream)
+        assert stream.result.samples == want.samples and stream.result.seed == want.seed
         assert len(client.generate("echo again", max_tokens=3).token_ids) == 3
     assert harness.fake.num_calls == 2
+    continuation = harness.fake.submitted[-2]
+    assert continuation.params.has_seed and continuation.params.seed == want.seed
+    assert [c.sample_index for c in continuation.continued_samples] == [0, 1]
+    assert all(0 < len(c.token_ids) < 60 for c in continuation.continued_samples)
     assert harness.wait_for(lambda: harness.frontend.core.num_pending == 0)

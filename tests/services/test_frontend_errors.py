@@ -151,3 +151,27 @@ def test_reflection_is_on_by_default_and_can_be_turned_off(harness, tiny_llama):
         assert reflected_services(without.address) == ["UNIMPLEMENTED"]
     finally:
         without.close()
+
+
+def test_reflection_answers_under_v1_as_newer_grpcurl_asks_first(harness):
+    """grpc.reflection.v1 was UNIMPLEMENTED (only v1alpha was served). Its messages are v1alpha's
+    under another package, so a v1 call is made here with v1alpha's message classes."""
+    from google.protobuf import descriptor_pb2
+    from grpc_reflection.v1alpha import reflection_pb2 as messages
+
+    with grpc.insecure_channel(harness.address) as channel:
+        call = channel.stream_stream("/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
+                                     request_serializer=messages.ServerReflectionRequest.SerializeToString,
+                                     response_deserializer=messages.ServerReflectionResponse.FromString)
+        answers = list(call(iter([
+            messages.ServerReflectionRequest(list_services=""),
+            messages.ServerReflectionRequest(file_containing_symbol="pagedserve.v1.Generation"),
+            messages.ServerReflectionRequest(file_containing_symbol="grpc.reflection.v1.ServerReflection")]),
+            timeout=10))
+    services = {s.name for s in answers[0].list_services_response.service}
+    assert {"pagedserve.v1.Generation", "grpc.reflection.v1.ServerReflection",
+            "grpc.reflection.v1alpha.ServerReflection"} <= services
+    for answer, package in zip(answers[1:], ("pagedserve.v1", "grpc.reflection.v1")):
+        files = [descriptor_pb2.FileDescriptorProto.FromString(f)
+                 for f in answer.file_descriptor_response.file_descriptor_proto]
+        assert package in {f.package for f in files}, answer

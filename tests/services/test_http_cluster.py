@@ -25,16 +25,16 @@ PROMPT = "The quick brown fox"
 class HttpCluster:
     """Scheduler, one worker and a frontend with HTTP, on one loop in a background thread."""
 
-    def __init__(self, model):
+    def __init__(self, model, **scheduler_config):
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
         self.model = str(model)
-        self.run(self._start(model))  # grpc.aio objects belong to the loop they are made in
+        self.run(self._start(model, scheduler_config))  # grpc.aio objects belong to the loop they are made in
         self.url = f"http://127.0.0.1:{self.frontend.http.port}"
 
-    async def _start(self, model) -> None:
-        self.cluster = await Cluster(model).start(1)
+    async def _start(self, model, scheduler_config: dict) -> None:
+        self.cluster = await Cluster(model, **scheduler_config).start(1)
         self.frontend = FrontendServer(FrontendConfig(
             model=self.model, scheduler_address=f"127.0.0.1:{self.cluster.scheduler.port}", host="127.0.0.1",
             grpc_port=0, http_port=free_ports(1)[0], health_poll_s=0.02), model)

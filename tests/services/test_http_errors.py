@@ -70,6 +70,18 @@ def test_unknown_route_and_bad_json(harness):
     assert_error(*raw(harness.url + "/v1/completions", data=b"{not json"), 400, "invalid_parameter")
 
 
+@pytest.mark.parametrize("method, path, allowed", [("GET", "/v1/completions", "POST"),
+                                                    ("DELETE", "/v1/chat/completions", "POST"),
+                                                    ("POST", "/v1/models", "GET")])
+def test_a_wrong_method_is_405_saying_which_are_allowed(harness, method, path, allowed):
+    """RFC 9110: a 405 carries Allow (it came without one)."""
+    request = urllib.request.Request(harness.url + path, method=method)
+    with pytest.raises(urllib.error.HTTPError) as error:
+        urllib.request.urlopen(request, timeout=10)
+    assert_error(error.value.code, error.value.read(), 405, "method_not_allowed")
+    assert allowed in [m.strip() for m in error.value.headers["allow"].split(",")]
+
+
 def test_body_over_the_limit_is_413_before_parsing(harness):
     big = json.dumps({"prompt": "x" * 5000}).encode()
     assert_error(*raw(harness.url + "/v1/completions", data=big), 413, "request_too_large")
@@ -88,10 +100,16 @@ def test_scheduler_queue_full_is_429_and_no_worker_is_503(harness, stream):
         assert refused.value.headers["retry-after"] == "1"  # seconds
         error = assert_error(refused.value.code, refused.value.read(), 429, "queue_full")
         assert "queue is full" in error["message"] and error["type"] == "rate_limit_error"
+        # UNAVAILABLE: the request waits for a scheduler that serves, for the failover timeout
         harness.fake.refuse = (grpc.StatusCode.UNAVAILABLE, "no worker is registered yet")
-        assert_error(*raw(harness.url + "/v1/chat/completions", {**CHAT, "stream": stream}), 503, "unavailable")
+        harness.frontend.scheduler.pool.failover_timeout_s = 0.5
+        error = assert_error(*raw(harness.url + "/v1/chat/completions", {**CHAT, "stream": stream}), 503,
+                             "unavailable")
+        assert "failover timeout (0.5 s)" in error["message"] and "no worker is registered yet" in error["message"]
     finally:
         harness.fake.refuse = None
+        harness.frontend.scheduler.pool.failover_timeout_s = 30.0
+        assert harness.wait_for(lambda: raw(harness.url + "/health")[0] == 200)  # NOT_SERVING while it waited
 
 
 def test_health_is_503_until_a_worker_is_ready_and_requests_are_503_meanwhile(harness):

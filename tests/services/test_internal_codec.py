@@ -6,7 +6,7 @@ import pytest
 from services.rpc import internal_codec
 from services.core.errors import InvalidArgument
 from services.core.sampling_params import SamplingParams
-from services.core.sequence import SeqUpdate
+from services.core.sequence import ContinuedSample, SeqUpdate
 from services.core.step import (CachedSequence, Logprobs, NewSequence, SeqOutput, StepDelta, StepResult,
                                 WorkerInfo)
 
@@ -84,7 +84,10 @@ def test_seq_updates_round_trip_through_a_submit_response():
 
 def test_submit_request_round_trip():
     msg = internal_codec.submit_to_proto("req-1", [1, 2, 3], PARAMS, priority=-4)
-    assert internal_codec.submit_from_proto(msg) == ("req-1", [1, 2, 3], PARAMS, -4)
+    assert internal_codec.submit_from_proto(msg) == ("req-1", [1, 2, 3], PARAMS, -4, ())
+    continued = (ContinuedSample(1, (7, 8)), ContinuedSample(0, ()))
+    msg = internal_codec.submit_to_proto("req-1", [1, 2, 3], PARAMS, priority=0, continued=continued)
+    assert internal_codec.submit_from_proto(msg) == ("req-1", [1, 2, 3], PARAMS, 0, continued)
 
 
 def test_stats_travel_typed_with_every_field_by_its_one_name():

@@ -144,8 +144,11 @@ def test_streamed_tool_calls_parse_with_the_sdk_stream_helper(served, client):
     assert (call.function.name, call.function.arguments) == (expected.function.name, expected.function.arguments)
     assert final.choices[0].finish_reason == "tool_calls"
     chunks = list(client.chat.completions.create(**kwargs, stream=True))
-    deltas = [c.choices[0].delta.tool_calls for c in chunks if c.choices and c.choices[0].delta.tool_calls]
-    assert deltas and all(d.index == 0 for delta in deltas for d in delta)
+    deltas = [d for c in chunks if c.choices and c.choices[0].delta.tool_calls for d in c.choices[0].delta.tool_calls]
+    assert deltas and all(d.index == 0 for d in deltas)
+    assert deltas[0].id.startswith("call_") and deltas[0].function.name == expected.function.name
+    pieces = [d.function.arguments for d in deltas if d.function.arguments]
+    assert len(pieces) > 1 and "".join(pieces) == expected.function.arguments  # as generated, piece by piece
 
 
 def test_the_public_grpc_api_takes_the_constraint_oneof(served):

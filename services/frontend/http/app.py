@@ -13,24 +13,25 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from services.core.errors import REFUSALS, Unavailable
 from services.frontend.core import STATS_TIMEOUT_S, FrontendCore
-from services.frontend.http import openai_requests, schemas
+from services.frontend.http import messages_api, openai_requests, responses_api, schemas
 from services.frontend.http.errors import error_body, install_error_handlers
 from services.frontend.http.guard import Guard
 from services.frontend.http.models import ChatCompletionRequest, CompletionRequest
 from services.frontend.http.tool_responses import ToolChatRenderer
 from services.frontend.http.responses import ChatRenderer, CompletionRenderer, Renderer, collect, sse
 from services.frontend.http.streams import merge, start
+from services.frontend.response_store import ResponseStore
 from services.frontend.types import GenerateRequest, ModelCard
 
 DISCONNECT_POLL_S = 0.25  # how often a non-streamed request checks that its client is still there
 
 
 def build_app(core: FrontendCore, is_ready: Callable[[], bool], api_key: str = "",
-              max_body_bytes: int = 1 << 21) -> Guard:
+              max_body_bytes: int = 1 << 21, response_store: ResponseStore | None = None) -> Guard:
     app = FastAPI(title="pagedserve", summary="OpenAI-compatible API of the pagedserve frontend",
                   docs_url=None, redoc_url=None)
     install_error_handlers(app)
-    schemas.describe(app)
+    schemas.describe(app, lambda: core.card)
 
     @app.get("/health", response_model=None, responses={
         200: {"model": schemas.Health, "description": "Ready."},
@@ -78,6 +79,9 @@ def build_app(core: FrontendCore, is_ready: Callable[[], bool], api_key: str = "
         renderer = ChatRenderer(**shared) if tool_plan.mode == "none" else ToolChatRenderer(**shared, plan=tool_plan)
         return await _respond(core, [generate_request], renderer, body, body.logprobs, request)
 
+    store = response_store if response_store is not None else ResponseStore()  # (an empty store is falsy)
+    responses_api.add_routes(app, core, store, _unless_disconnected)
+    messages_api.add_routes(app, core, _unless_disconnected)
     return Guard(app, api_key, max_body_bytes)
 
 
@@ -94,8 +98,12 @@ async def _fingerprint(core: FrontendCore) -> str:
 
 async def _respond(core: FrontendCore, requests: list[GenerateRequest], renderer: Renderer, body,
                    logprobs: bool, request: Request) -> Response:
-    """Start every prompt's generation first, so a refusal is an error status, not a broken stream."""
-    streams = await start([core.generate(r) for r in requests])
+    """Start every prompt's generation first, so a refusal is an error status, not a broken stream.
+    A request waits for its first event while it is queued, so the disconnect watch starts before:
+    a client that leaves a queued request, streamed or not, aborts it at once."""
+    streams = await _unless_disconnected(request, start([core.generate(r) for r in requests]))
+    if streams is None:
+        return Response(status_code=499)
     events = merge(streams)
     if not body.stream:
         try:
@@ -108,7 +116,7 @@ async def _respond(core: FrontendCore, requests: list[GenerateRequest], renderer
                              media_type="text/event-stream", headers={"cache-control": "no-cache"})
 
 
-async def _unless_disconnected(request: Request, work) -> dict | None:
+async def _unless_disconnected(request: Request, work):
     """The work's result, or None once the client has gone away (the work is then cancelled).
     A streamed response notices a disconnect when it writes; a non-streamed one must look."""
     task = asyncio.ensure_future(work)

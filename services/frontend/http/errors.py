@@ -4,11 +4,15 @@
 |--------|----------------------------------------|------------------------|--------------------|
 | 400    | a parameter is invalid (param names it)| invalid_request_error  | invalid_parameter  |
 | 401    | missing or wrong API key               | invalid_request_error  | invalid_api_key    |
-| 404    | unknown model (param "model") or route | invalid_request_error  | model_not_found / not_found |
+| 404    | unknown model (param "model"), route or stored response | invalid_request_error | model_not_found / not_found |
+| 405    | a route's wrong method; with Allow     | invalid_request_error  | method_not_allowed |
 | 413    | body over the configured limit         | invalid_request_error  | request_too_large  |
 | 429    | queue full (RESOURCE_EXHAUSTED); with Retry-After | rate_limit_error | queue_full      |
 | 503    | no worker ready, or shutting down      | service_unavailable    | unavailable        |
 | 500    | a bug                                  | internal_error         | internal_error     |
+
+Under /v1/messages (the Anthropic Messages API) the same errors come in Anthropic's shape:
+{"type": "error", "error": {"type": ANTHROPIC_TYPES[status], "message"}}.
 """
 from __future__ import annotations
 
@@ -21,11 +25,26 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
 from services.core.errors import InvalidArgument, ResourceExhausted, Unavailable
-from services.frontend.types import UnknownModel
+from services.frontend.types import ResponseNotFound, UnknownModel
 
 log = structlog.get_logger("http")
 PYDANTIC_TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict"}  # union members in an error's loc
 RETRY_AFTER_S = 1  # a full queue drains in about a step; the client should come back soon
+
+
+ANTHROPIC_PATHS = ("/v1/messages",)
+ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                   404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",
+                   503: "overloaded_error"}
+
+
+def anthropic_error_body(status: int, message: str) -> bytes:
+    return json.dumps({"type": "error", "error": {"type": ANTHROPIC_TYPES.get(status, "api_error"),
+                                                  "message": message}}).encode()
+
+
+def in_anthropic_shape(path: str) -> bool:
+    return path.startswith(ANTHROPIC_PATHS)
 
 
 def error_body(message: str, type_: str, code: str | None, param: str | None = None) -> bytes:
@@ -37,14 +56,34 @@ def error_response(status: int, message: str, type_: str, code: str | None, para
 
 
 def install_error_handlers(app: FastAPI) -> None:
-    app.add_exception_handler(InvalidArgument, _invalid_argument)
-    app.add_exception_handler(RequestValidationError, _validation_error)
-    app.add_exception_handler(ResourceExhausted, _resource_exhausted)
-    app.add_exception_handler(Unavailable, lambda request, error: error_response(
-        503, str(error), "service_unavailable", "unavailable"))
-    app.add_exception_handler(HTTPException, lambda request, error: error_response(
-        error.status_code, str(error.detail), "invalid_request_error", "not_found" if error.status_code == 404 else None))
-    app.add_exception_handler(Exception, _internal_error)
+    handlers = {InvalidArgument: _invalid_argument, RequestValidationError: _validation_error,
+                ResourceExhausted: _resource_exhausted,
+                Unavailable: lambda request, error: error_response(503, str(error), "service_unavailable", "unavailable"),
+                HTTPException: _http_exception,
+                Exception: _internal_error}
+    for kind, handler in handlers.items():
+        app.add_exception_handler(kind, _in_the_callers_shape(handler))
+
+
+def _in_the_callers_shape(handler):
+    """OpenAI's error shape, or Anthropic's under its paths (same status, headers and message)."""
+    def handle(request: Request, error: Exception) -> JSONResponse:
+        response = handler(request, error)
+        if not in_anthropic_shape(request.url.path):
+            return response
+        message = json.loads(response.body)["error"]["message"]
+        headers = {k: v for k, v in response.headers.items() if k in ("retry-after", "allow")}
+        return JSONResponse(json.loads(anthropic_error_body(response.status_code, message)),
+                            status_code=response.status_code, headers=headers)
+    return handle
+
+
+def _http_exception(request: Request, error: HTTPException) -> JSONResponse:
+    """Starlette's own errors (404 no route, 405 wrong method), keeping their headers: a 405's Allow."""
+    code = {404: "not_found", 405: "method_not_allowed"}.get(error.status_code)
+    response = error_response(error.status_code, str(error.detail), "invalid_request_error", code)
+    response.headers.update(error.headers or {})
+    return response
 
 
 def _resource_exhausted(request: Request, error: ResourceExhausted) -> JSONResponse:
@@ -56,6 +95,8 @@ def _resource_exhausted(request: Request, error: ResourceExhausted) -> JSONRespo
 def _invalid_argument(request: Request, error: InvalidArgument) -> JSONResponse:
     if isinstance(error, UnknownModel):
         return error_response(404, str(error), "invalid_request_error", "model_not_found", "model")
+    if isinstance(error, ResponseNotFound):
+        return error_response(404, str(error), "invalid_request_error", "not_found")
     return error_response(400, str(error), "invalid_request_error", "invalid_parameter", error.field)
 
 

@@ -1,4 +1,5 @@
-"""The ASGI layer in front of every route: API key, body-size limit, one log line per request.
+"""The ASGI layer in front of every route: API key (Authorization: Bearer, or x-api-key), body-size
+limit, one log line per request. Refusals under /v1/messages are in Anthropic's error shape.
 
 Both checks run before FastAPI reads or parses anything: a wrong key is refused from the
 headers alone, and a body is read in full (up to the limit) before it is parsed.
@@ -10,7 +11,7 @@ import time
 
 import structlog
 
-from services.frontend.http.errors import error_body
+from services.frontend.http.errors import anthropic_error_body, error_body, in_anthropic_shape
 
 log = structlog.get_logger("http")
 OPEN_PATHS = ("/health",)  # no API key needed
@@ -39,22 +40,27 @@ class Guard:
                      request_id=scope.get("state", {}).get("request_id"), seconds=round(time.monotonic() - started, 4))
 
     async def _guarded(self, scope, receive, send) -> None:
+        anthropic = in_anthropic_shape(scope["path"])
         if self.api_key and scope["path"] not in OPEN_PATHS and not self._authorized(scope):
-            return await _refuse(send, 401, error_body("Incorrect or missing API key (Authorization: Bearer KEY)",
-                                                       "invalid_request_error", "invalid_api_key"))
+            message = "Incorrect or missing API key (Authorization: Bearer KEY, or x-api-key: KEY)"
+            return await _refuse(send, 401, anthropic_error_body(401, message) if anthropic else
+                                 error_body(message, "invalid_request_error", "invalid_api_key"))
         if scope["method"] in ("POST", "PUT", "PATCH"):
             body = await self._read_body(scope, receive)
             if body is None:
-                return await _refuse(send, 413, error_body(
-                    f"the request body is over the limit of {self.max_body_bytes} bytes",
-                    "invalid_request_error", "request_too_large"))
+                message = f"the request body is over the limit of {self.max_body_bytes} bytes"
+                return await _refuse(send, 413, anthropic_error_body(413, message) if anthropic else
+                                     error_body(message, "invalid_request_error", "request_too_large"))
             receive = _replay(body, receive)
         await self.app(scope, receive, send)
 
     def _authorized(self, scope) -> bool:
-        header = dict(scope["headers"]).get(b"authorization", b"")
-        scheme, _, token = header.partition(b" ")
-        return scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self.api_key)
+        """Authorization: Bearer KEY (OpenAI's clients), or x-api-key: KEY (Anthropic's)."""
+        headers = dict(scope["headers"])
+        scheme, _, token = headers.get(b"authorization", b"").partition(b" ")
+        if scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self.api_key):
+            return True
+        return hmac.compare_digest(headers.get(b"x-api-key", b"").strip(), self.api_key)
 
     async def _read_body(self, scope, receive) -> bytes | None:
         """The whole body, or None as soon as it is known to be over the limit."""

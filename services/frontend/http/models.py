@@ -6,16 +6,21 @@ again for every transport; test_openapi checks that the two agree), written out 
 schema states them. Unknown fields are refused rather than ignored, so a field this server
 does not implement (a `chat_template`, `functions`) is a 400 naming it. Every text must be valid
 Unicode (JSON can carry a lone surrogate such as "\\ud800"; no tokenizer can take it), and an
-integer may come as a whole-number float (`4.0`), as OpenAI accepts it.
+integer may come as a whole-number float (`4.0`), as OpenAI accepts it. Every integer is bounded
+by the width that carries it further (services/core/widths.py: top_k is an int32, token ids and
+max_tokens uint32...), so a number too wide for the wire is a 400 naming it, never a 500. Another
+API's request models (e.g. /v1/responses, /v1/messages) reuse these types: Int, TokenId, Text.
 """
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Literal, Union
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag
 
 from services.core.sampling_params import MAX_LOGPROBS, MAX_N, MAX_STOP_STRINGS
-from services.frontend.types import CHAT_ROLES, MAX_CHAT_MESSAGES
+from services.core.widths import INT32_MAX, INT32_MIN, SEED_END, UINT32_MAX
+from services.frontend.tools import MAX_TOOLS
+from services.frontend.types import MAX_CHAT_MESSAGES
 
 MAX_PROMPTS = 64  # prompts in one completions request
 
@@ -40,7 +45,8 @@ def Int(**bounds):  # noqa: N802 - a type
 
 
 Text = Annotated[str, AfterValidator(_valid_unicode)]
-TokenId = Int(ge=0)
+PromptText = Annotated[Text, Field(min_length=1)]  # an empty prompt is a 400
+TokenId = Int(ge=0, le=UINT32_MAX)
 StopString = Annotated[Text, Field(min_length=1)]
 
 from services.frontend.http.structured_models import NamedToolChoice, ResponseFormat, StructuredOutputs, Tool, ToolCallIn
@@ -54,8 +60,31 @@ class StreamOptions(Strict):
     include_usage: bool = Field(False, description="Send a last chunk with `usage` and no choices.")
 
 
+# Rules between fields, stated in the schema (JSON Schema's if/then); the server checks each itself.
+CONSTRAINED = {"anyOf": [
+    {"required": ["structured_outputs"], "properties": {"structured_outputs": {"type": "object"}}},
+    {"required": ["response_format"], "properties": {"response_format": {
+        "type": "object", "required": ["type"], "properties": {"type": {"enum": ["json_object", "json_schema"]}}}}}]}
+SAMPLING_RULES = [
+    {"if": CONSTRAINED, "then": {"properties": {"min_tokens": {"enum": [0, None]}}}},
+    {"if": {"required": ["structured_outputs"], "properties": {"structured_outputs": {"type": "object"}}},
+     "then": {"properties": {"response_format": {"anyOf": [
+         {"type": "null"}, {"type": "object", "properties": {"type": {"const": "text"}}}]}}}}]
+CHAT_RULES = [
+    {"if": {"required": ["top_logprobs"], "properties": {"top_logprobs": {"type": "integer"}}},
+     "then": {"required": ["logprobs"], "properties": {"logprobs": {"const": True}}}},
+    {"if": {"required": ["tool_choice"], "properties": {"tool_choice": {"not": {"enum": ["none", None]}}}},
+     "then": {"required": ["tools"], "properties": {"tools": {"type": "array", "minItems": 1}}}},
+    {"if": {"required": ["tool_choice"], "properties": {"tool_choice": {"type": "object"}}},
+     "then": {"properties": {"min_tokens": {"enum": [0, None]}}}},
+    {"if": {"required": ["tool_choice"], "properties": {"tool_choice": {"const": "required"}}},
+     "then": {"properties": {"min_tokens": {"enum": [0, None]}}}}]
+
+
 class SamplingFields(Strict):
     """What completions and chat share. None means the server's default."""
+
+    model_config = ConfigDict(json_schema_extra={"allOf": SAMPLING_RULES})
 
     model: Text | None = Field(None, description="The served model's id; omitted: the served model.")
     n: Int(ge=1, le=MAX_N) | None = Field(None, description="Samples per prompt.")
@@ -63,24 +92,26 @@ class SamplingFields(Strict):
     top_p: float | None = Field(None, gt=0, le=1)
     stop: StopString | Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)] | None = \
         Field(None, description="Stop strings, cut from the text.")
-    seed: Int(ge=0, lt=2**63) | None = Field(None, description="Same seed, same tokens (the deterministic mode).")
+    seed: Int(ge=0, lt=SEED_END) | None = Field(None, description="Same seed, same tokens (the deterministic mode).")
     presence_penalty: float | None = Field(None, ge=-2, le=2)
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
-    logit_bias: dict[Annotated[str, Field(pattern=r"^[0-9]+$")], Annotated[float, Field(ge=-100, le=100)]] | None = \
+    logit_bias: Annotated[dict[Annotated[str, Field(pattern=r"^[0-9]{1,10}$")],
+                               Annotated[float, Field(ge=-100, le=100)]],
+                          Field(json_schema_extra={"additionalProperties": False})] | None = \
         Field(None, description="Token id (as a string) -> bias.")
     user: Text | None = Field(None, description="The caller's id, logged.")
     stream: bool = False
     stream_options: StreamOptions | None = None
     # vLLM's extensions
-    top_k: Int(ge=-1) | None = Field(None, description="-1: off.")
+    top_k: Int(ge=-1, le=INT32_MAX) | None = Field(None, description="-1: off.")
     min_p: float | None = Field(None, ge=0, le=1)
     repetition_penalty: float | None = Field(None, gt=0, le=10)
-    min_tokens: Int(ge=0) | None = Field(None, description="At most max_tokens.")
+    min_tokens: Int(ge=0, le=UINT32_MAX) | None = Field(None, description="At most max_tokens.")
     ignore_eos: bool | None = None
     stop_token_ids: list[TokenId] | None = None
     include_stop_str_in_output: bool | None = None
     skip_special_tokens: bool | None = None
-    priority: Int(ge=-2**31, lt=2**31) = Field(0, description="Lower runs first under the priority policy.")
+    priority: Int(ge=INT32_MIN, le=INT32_MAX) = Field(0, description="Lower runs first under the priority policy.")
     response_format: ResponseFormat | None = Field(None, description="text, json_object or json_schema.")
     structured_outputs: StructuredOutputs | None = Field(None, description="vLLM's constraints (one of them).")
 
@@ -89,10 +120,11 @@ TokenIds = Annotated[list[TokenId], Field(min_length=1)]
 
 
 class CompletionRequest(SamplingFields):
-    prompt: Text | TokenIds | Annotated[list[Text], Field(min_length=1, max_length=MAX_PROMPTS)] \
+    prompt: PromptText | TokenIds | Annotated[list[PromptText], Field(min_length=1, max_length=MAX_PROMPTS)] \
         | Annotated[list[TokenIds], Field(min_length=1, max_length=MAX_PROMPTS)] = Field(
             description="A text, token ids, a list of texts, or a list of token-id lists.")
-    max_tokens: Int(ge=1) | None = Field(16, description="Tokens to generate per sample.")
+    max_tokens: Int(ge=1, le=UINT32_MAX) | None = Field(16, description=(
+        "Tokens to generate per sample; the prompt's tokens and these must fit in max_model_len (else a 400)."))
     logprobs: Int(ge=0, le=MAX_LOGPROBS) | None = Field(
         None, description="Log probabilities of the sampled and this many top tokens.")
 
@@ -102,23 +134,66 @@ class TextPart(Strict):
     text: Text
 
 
-class ChatMessage(Strict):
-    role: Literal[CHAT_ROLES] = Field(description="Who said it.")
-    content: Text | list[TextPart] | None = Field(None, description="May be null on an assistant message with tool_calls.")
+Content = Text | list[TextPart]
+
+
+class TextMessage(Strict):
+    role: Literal["system", "developer", "user"] = Field(description="Who said it.")
+    content: Content
     name: Text | None = None
-    tool_calls: list[ToolCallIn] | None = Field(None, description="An assistant message's tool calls.")
-    tool_call_id: Text | None = Field(None, description="A tool message: the call it answers.")
+
+
+class AssistantMessage(Strict):
+    """An earlier answer: its content, its tool calls, or both."""
+
+    model_config = ConfigDict(json_schema_extra={"anyOf": [
+        {"required": ["content"], "properties": {"content": {"not": {"type": "null"}}}},
+        {"required": ["tool_calls"], "properties": {"tool_calls": {"type": "array", "minItems": 1}}}]})
+    role: Literal["assistant"]
+    content: Content | None = Field(None, description="May be null when tool_calls has calls.")
+    name: Text | None = None
+    tool_calls: list[ToolCallIn] | None = Field(None, description="Its tool calls.")
+
+
+class ToolMessage(Strict):
+    role: Literal["tool"]
+    content: Content
+    tool_call_id: Text = Field(description="The call it answers.")
+    name: Text | None = None
+
+
+MESSAGE_TAGS = {"assistant": "assistant-message", "tool": "tool-message"}  # not identifiers: no part of a param
+
+
+def _message_tag(message) -> str:
+    """Which model reads a message, by its role (an unknown role: TextMessage, which names it)."""
+    role = message.get("role") if isinstance(message, dict) else getattr(message, "role", None)
+    return MESSAGE_TAGS.get(role, "text-message")
+
+
+ChatMessage = Annotated[Union[Annotated[TextMessage, Tag("text-message")],
+                              Annotated[AssistantMessage, Tag("assistant-message")],
+                              Annotated[ToolMessage, Tag("tool-message")]], Discriminator(_message_tag)]
 
 
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_CHAT_MESSAGES,
                                         description="Rendered with the model's own chat template.")
-    max_completion_tokens: Int(ge=1) | None = Field(None, description="Default: what the context leaves.")
-    max_tokens: Int(ge=1) | None = Field(None, description="Deprecated name of max_completion_tokens.")
+    max_completion_tokens: Int(ge=1, le=UINT32_MAX) | None = Field(None, description=(
+        "An upper bound on the tokens generated per choice. Omitted (with max_tokens): up to what the context "
+        "leaves, max_model_len less the prompt's tokens, so a chat may generate up to the whole context. "
+        "More than that is a 400."))
+    max_tokens: Int(ge=1, le=UINT32_MAX) | None = Field(None, description=(
+        "Deprecated name of max_completion_tokens (which wins when both are given). Omitted: up to what the "
+        "context leaves."))
     logprobs: bool = False
     top_logprobs: Int(ge=0, le=MAX_LOGPROBS) | None = Field(
         None, description="With logprobs: this many top tokens per position.")
-    tools: list[Tool] | None = Field(None, description="Functions the model may call.")
+    tools: list[Tool] | None = Field(None, max_length=MAX_TOOLS,
+                                     description="Functions the model may call (their names unique).")
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = Field(
-        None, description="Default: auto with tools, none without.")
+        None, description="Default: auto with tools, none without. auto, required or a named function need "
+                          "tools, and a named one must be one of them.")
     parallel_tool_calls: bool | None = Field(None, description="Allow more than one call (default true).")
+
+    model_config = ConfigDict(json_schema_extra={"allOf": SAMPLING_RULES + CHAT_RULES})

@@ -1,12 +1,14 @@
 """OpenAI request bodies -> the frontend's GenerateRequests (one per prompt)."""
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from services.core.errors import InvalidArgument, check
 from services.core.sampling_params import SamplingParams
 from services.core.structured import Constraint
 from services.frontend import tools
 from services.frontend.tools import ToolPlan
-from services.frontend.core import FrontendCore
+from services.frontend.core import FrontendCore, check_room
 from services.frontend.http.models import MAX_PROMPTS, ChatCompletionRequest, CompletionRequest, SamplingFields
 from services.frontend.types import GenerateRequest, Prompt
 
@@ -26,23 +28,39 @@ def completion_requests(body: CompletionRequest, request_id: str) -> list[Genera
 
 async def chat_request(core: FrontendCore, body: ChatCompletionRequest,
                        request_id: str) -> tuple[GenerateRequest, ToolPlan]:
-    """The messages rendered and tokenized here, so max_tokens can default to what the context leaves."""
     check(body.top_logprobs is None or body.logprobs, "top_logprobs", "needs logprobs: true")
     core.check_model(body.model or "")
     tool_choice = body.tool_choice.model_dump() if hasattr(body.tool_choice, "model_dump") else body.tool_choice
     tool_plan = tools.plan([t.model_dump(exclude_none=True) for t in body.tools or []], tool_choice,
                            body.parallel_tool_calls)
-    messages, template_tools = tools.template_messages([_message(i, m) for i, m in enumerate(body.messages)], tool_plan,
-                                                       core.tokenizer.template_source)
-    prompt_ids = await core.tokenize(Prompt(messages=messages, tools=template_tools))
-    max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-    if max_tokens is None:
-        card = await core.model_card()
-        max_tokens = max(card.max_model_len - len(prompt_ids), 1)  # a too-long prompt is refused by the core
+    field = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
-    params = sampling_params(body, max_tokens, logprobs, tool_plan.constraint())
-    return GenerateRequest(prompt=Prompt(token_ids=prompt_ids), params=params, request_id=request_id,
-                           model=body.model or "", priority=body.priority), tool_plan
+    return await conversation_request(
+        core, [_message(i, m) for i, m in enumerate(body.messages)], tool_plan, request_id,
+        lambda max_tokens: sampling_params(body, max_tokens, logprobs, tool_plan.constraint()), getattr(body, field),
+        body.model or "", body.priority, field), tool_plan
+
+
+async def conversation_request(core: FrontendCore, messages: list[dict], tool_plan: ToolPlan, request_id: str,
+                               params: Callable[[int], SamplingParams], max_tokens: int | None, model: str,
+                               priority: int = 0, max_tokens_field: str = "max_tokens") -> GenerateRequest:
+    """A chat (messages as the chat template takes them, tool calls as OpenAI's) rendered and
+    tokenized here, so max_tokens can default to what the context leaves. Every API's chat-like
+    endpoint (chat completions, responses, messages) comes through here; `max_tokens_field` is the
+    name the client gave max_tokens."""
+    prompt_ids = await conversation_tokens(core, messages, tool_plan)
+    card = await core.model_card()
+    if max_tokens is None:
+        max_tokens = max(card.max_model_len - len(prompt_ids), 1)  # a too-long prompt is refused by the core
+    check_room(card, len(prompt_ids), max_tokens, max_tokens_field)
+    return GenerateRequest(prompt=Prompt(token_ids=prompt_ids), params=params(max_tokens), request_id=request_id,
+                           model=model, priority=priority)
+
+
+async def conversation_tokens(core: FrontendCore, messages: list[dict], tool_plan: ToolPlan) -> list[int]:
+    """The chat's prompt tokens: its messages and the plan's tools through the model's chat template."""
+    messages, template_tools = tools.template_messages(messages, tool_plan, core.tokenizer.template_source)
+    return await core.tokenize(Prompt(messages=messages, tools=template_tools))
 
 
 def sampling_params(body: SamplingFields, max_tokens: int | None, logprobs: int | None,
@@ -76,17 +94,17 @@ def _constraint(body: SamplingFields) -> Constraint | None:
 
 def _message(i: int, m) -> dict:
     """A request message as the chat template gets it (tool calls and ids as plain values)."""
+    tool_calls, tool_call_id = getattr(m, "tool_calls", None), getattr(m, "tool_call_id", None)
     message = {"role": m.role, "content": _text(m.content) if m.content is not None else ""}
     if m.content is None:
-        check(m.role == "assistant" and m.tool_calls, f"messages[{i}].content",
+        check(m.role == "assistant" and tool_calls, f"messages[{i}].content",
               "is required (it may be null only on an assistant message with tool_calls)")
     if m.name:
         message["name"] = m.name
-    if m.tool_calls:
-        message["tool_calls"] = [c.model_dump() for c in m.tool_calls]
-    if m.tool_call_id is not None:
-        message["tool_call_id"] = m.tool_call_id
-    check(m.role != "tool" or m.tool_call_id is not None, f"messages[{i}].tool_call_id", "a tool message needs one")
+    if tool_calls:
+        message["tool_calls"] = [c.model_dump() for c in tool_calls]
+    if tool_call_id is not None:
+        message["tool_call_id"] = tool_call_id
     return message
 
 

@@ -3,14 +3,21 @@ as dicts (the hot path), and test_openapi checks every response against these.
 
 `describe(app)` makes the schema true to the server: the 200s have their real shapes (JSON, or
 server-sent events when `stream` is true), errors are the 4xx/5xx the server answers, in
-OpenAI's error shape, and FastAPI's 422 (which this server never answers) is gone.
+OpenAI's error shape, and FastAPI's 422 (which this server never answers) is gone. Once a worker
+has registered, it also states what the served model decides (its id, vocabulary and context), so
+that every request the schema allows is one the server serves (test_openapi, positive mode), but
+for the few limits no JSON Schema can state (a prompt's length in tokens, min_tokens <= max_tokens,
+unique tool names, JSON text or a grammar that compiles), which the descriptions say in words.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Literal
 
 from fastapi import FastAPI
 from pydantic import BaseModel
+
+from services.frontend.types import ModelCard
 
 
 class ErrorDetail(BaseModel):
@@ -139,18 +146,85 @@ def completion_responses(body: type[BaseModel]) -> dict:
                   "content": SSE}, **GENERATE_ERRORS}
 
 
-def describe(app: FastAPI) -> None:
+def describe(app: FastAPI, served: Callable[[], ModelCard | None] = lambda: None) -> None:
     """Drop the 422 responses and validation-error schemas FastAPI adds: a body that does not
-    validate is a 400 in OpenAI's error shape here."""
+    validate is a 400 in OpenAI's error shape here. Once a worker has registered, `served()` gives
+    the served model, and the schema states its limits too (state_served_limits)."""
     generate = app.openapi
+    built_for: list = [object()]
 
     def openapi() -> dict:
-        if app.openapi_schema is None:
+        card = served()
+        if app.openapi_schema is None or built_for[0] != card:
+            app.openapi_schema = None
             schema = generate()
             for path in schema["paths"].values():
                 for operation in path.values():
                     operation["responses"].pop("422", None)
             for name in ("HTTPValidationError", "ValidationError"):
                 schema.get("components", {}).get("schemas", {}).pop(name, None)
+            if card is not None:
+                state_served_limits(schema, card)
+            built_for[0] = card
         return app.openapi_schema
     app.openapi = openapi
+
+
+REQUEST_MODELS = ("CompletionRequest", "ChatCompletionRequest",  # another API's request model: add it here
+                  "ResponseRequest", "MessagesRequest", "CountTokensRequest")
+TOKEN_ID_FIELDS = ("prompt", "stop_token_ids")
+LENGTH_FIELDS = ("max_tokens", "max_completion_tokens", "min_tokens", "max_output_tokens")
+
+
+def state_served_limits(schema: dict, card: ModelCard) -> None:
+    """What only the served model decides: its id (the only `model` served), its vocabulary (every
+    token id, logit_bias's keys) and its context (no max_tokens can exceed max_model_len - 1)."""
+    components = schema["components"]["schemas"]
+    for name in REQUEST_MODELS:
+        properties = components[name]["properties"]
+        if "model" in properties:
+            _set_string(properties["model"], {"enum": [card.id, ""]})  # "": the served model
+        for field in TOKEN_ID_FIELDS:
+            if field in properties:
+                _set_integer(properties[field], {"maximum": card.vocab_size - 1})
+        for field in LENGTH_FIELDS:
+            if field in properties:
+                _set_integer(properties[field], {"maximum": card.max_model_len - 1})
+        for member in properties.get("logit_bias", {}).get("anyOf", []):
+            if "patternProperties" in member:
+                member["patternProperties"] = {number_below(card.vocab_size): next(
+                    iter(member["patternProperties"].values()))}
+    for parameter in schema["paths"]["/v1/models/{model_id}"]["get"]["parameters"]:
+        _set_string(parameter["schema"], {"enum": [card.id]})
+
+
+def _set_integer(spec: dict, bounds: dict) -> None:
+    """Every integer in spec (through anyOf members and array items) gets bounds."""
+    if spec.get("type") == "integer":
+        spec.update(bounds)
+    for member in spec.get("anyOf", []):
+        _set_integer(member, bounds)
+    if "items" in spec:
+        _set_integer(spec["items"], bounds)
+
+
+def _set_string(spec: dict, bounds: dict) -> None:
+    if spec.get("type") == "string":
+        spec.update(bounds)
+    for member in spec.get("anyOf", []):
+        _set_string(member, bounds)
+
+
+def number_below(n: int) -> str:
+    """A regular expression for the decimal numbers in [0, n) (leading zeros allowed, as int() reads them)."""
+    top = str(n - 1)
+    alternatives = [f"[1-9][0-9]{{{length - 1}}}" for length in range(2, len(top))]
+    if len(top) > 1:
+        alternatives.insert(0, "[0-9]")
+    for i, digit in enumerate(top):
+        low = 1 if i == 0 and len(top) > 1 else 0
+        if int(digit) > low:
+            alternatives.append(f"{top[:i]}[{low}-{int(digit) - 1}]" + (f"[0-9]{{{len(top) - i - 1}}}"
+                                                                           if i < len(top) - 1 else ""))
+    alternatives.append(top)
+    return f"^0*({'|'.join(alternatives)})$"

@@ -5,9 +5,11 @@ GrammarCheck; tools and tool_choice are checked by services/frontend/tools.py.
 """
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from services.core.structured import MAX_CHOICES
 
 
 class _Strict(BaseModel):
@@ -24,17 +26,29 @@ class JsonSchemaFormat(_Strict):
 class ResponseFormat(_Strict):
     """OpenAI's response_format."""
 
+    model_config = ConfigDict(json_schema_extra={
+        "if": {"properties": {"type": {"const": "json_schema"}}},
+        "then": {"required": ["json_schema"], "properties": {"json_schema": {"not": {"type": "null"}}}}})
+
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchemaFormat | None = None
 
 
+OPTIONS = ("json", "regex", "choice", "grammar", "json_object")
+
+
 class StructuredOutputs(_Strict):
-    """vLLM's structured_outputs: exactly one of these."""
+    """vLLM's structured_outputs: exactly one of these (json_object false counts as not given)."""
+
+    model_config = ConfigDict(json_schema_extra={"oneOf": [
+        {"required": [name], "properties": {name: {"not": {"enum": [None, False]}}}} for name in OPTIONS]})
 
     json_: dict[str, Any] | str | None = Field(None, alias="json", description="A JSON schema the output follows.")
-    regex: str | None = Field(None, description="A regular expression (Rust syntax) the whole output matches.")
-    choice: list[str] | None = Field(None, description="The output is exactly one of these strings.")
-    grammar: str | None = Field(None, description="A Lark grammar (llguidance's dialect), rule `start`.")
+    regex: str | None = Field(None, min_length=1,
+                              description="A regular expression (Rust syntax) the whole output matches.")
+    choice: list[Annotated[str, Field(min_length=1)]] | None = Field(
+        None, min_length=1, max_length=MAX_CHOICES, description="The output is exactly one of these strings.")
+    grammar: str | None = Field(None, min_length=1, description="A Lark grammar (llguidance's dialect), rule `start`.")
     json_object: bool | None = Field(None, description="Any JSON object.")
 
     def options(self) -> dict:
@@ -43,7 +57,7 @@ class StructuredOutputs(_Strict):
 
 
 class FunctionDef(_Strict):
-    name: str
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")
     description: str | None = None
     parameters: dict[str, Any] | None = Field(None, description="A JSON schema of the arguments object.")
     strict: bool | None = None

@@ -1,17 +1,17 @@
 """Chat responses of a request with tools: `message.tool_calls` and finish_reason "tool_calls".
 
-Non-streamed, the whole output is parsed (services/frontend/tools.py). Streamed, a sample's text
-is held back while it may still be a tool call (with tool_choice auto: until it starts with
-something other than `<tool_call>`, `{` or `[`; it is then streamed as content); a sample that
-is a call is sent when it ends, as one delta with `tool_calls` entries carrying `index`, `id`,
-`type` and the whole `function` (name and arguments), which the OpenAI SDK's stream helpers
-accumulate like any other split.
+Non-streamed, the whole output is read (ToolPlan.parse). Streamed, each sample's text goes through
+the same reader as it arrives (services/frontend/tool_stream.py): content is sent as soon as it is
+known not to be a call, a call's first delta carries `index`, `id`, `type` and `function.name`
+(arguments ""), and its arguments follow piece by piece in `function.arguments`, as OpenAI streams
+them; joined, they are the non-streamed call's arguments.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from services.frontend.http.responses import ChatRenderer, Choice
+from services.frontend.tool_stream import Piece, ToolCallStream
 from services.frontend.tools import ToolPlan
 from services.frontend.types import SampleEvent
 
@@ -19,8 +19,7 @@ from services.frontend.types import SampleEvent
 @dataclass
 class ToolChatRenderer(ChatRenderer):
     plan: ToolPlan = None
-    _held: dict[int, str] = field(default_factory=dict)  # choice index -> text held back
-    _streaming: set[int] = field(default_factory=set)  # choices known to be plain content
+    _readers: dict[int, ToolCallStream] = field(default_factory=dict)  # choice index -> its reader
 
     def choice(self, index: int, choice: Choice, logprobs: bool) -> dict:
         body = super().choice(index, choice, logprobs)
@@ -32,29 +31,31 @@ class ToolChatRenderer(ChatRenderer):
         return body
 
     def chunk_choice(self, index: int, sample: SampleEvent, offset: int) -> dict | None:
-        if index in self._streaming:
-            return super().chunk_choice(index, sample, offset)
-        text = self._held.get(index, "") + sample.text
-        if self.plan.mode == "auto" and _plainly_content(text):
-            self._streaming.add(index)
-            self._held.pop(index, None)
-            return {**super().chunk_choice(index, sample, offset), "delta": {"content": text}}
-        if sample.finish_reason is None:
-            self._held[index] = text
-            return None
-        self._held.pop(index, None)
-        content, calls = self.plan.parse(text)
+        reader = self._readers.setdefault(index, self.plan.stream())
+        pieces = reader.feed(sample.text)
         chunk = super().chunk_choice(index, sample, offset)
-        if not calls:
-            return {**chunk, "delta": {"content": text} if text else {}}
-        delta = {"tool_calls": [c.to_openai(i) for i, c in enumerate(calls)]}
-        if content:
-            delta["content"] = content
-        finish = "tool_calls" if sample.finish_reason == "stop" else sample.finish_reason
-        return {**chunk, "delta": delta, "finish_reason": finish}
+        if sample.finish_reason is not None:
+            pieces += reader.finish()
+            if reader.calls and sample.finish_reason == "stop":
+                chunk["finish_reason"] = "tool_calls"
+        chunk["delta"] = openai_delta(pieces, reader)
+        return chunk if chunk["delta"] or chunk["finish_reason"] or chunk["logprobs"] else None
 
 
-def _plainly_content(text: str) -> bool:
-    head = text.lstrip()
-    return bool(head) and not head.startswith(("{", "[")) and not "<tool_call>".startswith(head[:11]) \
-        and not head.startswith("<tool_call>")
+def openai_delta(pieces: list[Piece], reader: ToolCallStream) -> dict:
+    """A chat chunk's delta from the reader's pieces: content, then tool_calls entries."""
+    delta: dict = {}
+    entries: dict[int, dict] = {}
+    for piece in pieces:
+        if piece.kind == "content":
+            delta["content"] = delta.get("content", "") + piece.text
+        elif piece.kind == "call":
+            call = reader.calls[piece.index]
+            entries[piece.index] = {"index": piece.index, "id": call.id, "type": "function",
+                                    "function": {"name": call.name, "arguments": ""}}
+        else:
+            entry = entries.setdefault(piece.index, {"index": piece.index, "function": {"arguments": ""}})
+            entry["function"]["arguments"] += piece.text
+    if entries:
+        delta["tool_calls"] = list(entries.values())
+    return delta

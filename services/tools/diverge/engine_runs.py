@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from services.core.errors import InvalidArgument
 from services.core.sampling_params import SamplingParams
 from pagedserve import LLM
 from services.tools.diverge.cases import NEIGHBOUR_MAX_PROMPT, Case, neighbours
@@ -59,11 +60,17 @@ class EngineRuns:
             torch.set_num_threads(self.num_threads)
 
     def _alone(self, variant: Variant, cases: list[Case]) -> Run:
-        llm = self.llm(**variant.engine_args)
+        try:
+            llm = self.llm(**variant.engine_args)
+        except InvalidArgument as error:
+            if variant.group != "parallel":
+                raise
+            return Run(note=f"not run: {error}", exercised=False)  # a layout this model cannot take
         run = Run()
-        for case in cases:
-            run.samples[case.id] = samples_of(llm.generate([list(case.prompt_token_ids)], [case.params],
-                                                           use_tqdm=False)[0])
+        with llm:  # a worker group's follower ranks stop here
+            for case in cases:
+                run.samples[case.id] = samples_of(llm.generate([list(case.prompt_token_ids)], [case.params],
+                                                               use_tqdm=False)[0])
         chunk = variant.engine_args.get("max_num_batched_tokens")
         if chunk is not None:
             longer = sum(len(c.prompt_token_ids) > chunk for c in cases)

@@ -82,6 +82,9 @@ def local_variants(block_size: int, dtype: str, num_threads: int, tiers: list[st
           for n in BLOCK_SIZES if n != block_size),
         *(Variant(name=f"threads-{n}", group="threads", changes=f"{n} CPU threads", engine_args={"num_threads": n})
           for n in threads),
+        *(Variant(name=f"{kind}-2", group="parallel", changes=f"a worker group: {what} over 2 ranks",
+                  engine_args={f"{kind_arg}_parallel_size": 2})
+          for kind, kind_arg, what in (("tp", "tensor", "each layer split"), ("pp", "pipeline", "the layers split"))),
         Variant(name=other_dtype, group="dtype", changes=f"weights and activations in {other_dtype}", expect=MAY_DIFFER,
                 engine_args={"dtype": other_dtype}),
         *tier_variants(tiers, baseline_tier, kernels),

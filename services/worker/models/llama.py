@@ -21,9 +21,9 @@ from kernels.attention import token_layout
 from kernels.decoder import LayerWeights, StackShape
 from kernels.ops import Ops
 from kernels.rotary import cos_sin_cache
-from kernels.row_parallel import RowParallelWeight, reduction_groups, split_dense, split_quant
+from kernels.row_parallel import RowParallelWeight, split_dense, split_quant
 from services.worker.model_config import ModelArchConfig
-from services.worker.parallel import Shard
+from services.worker.parallel import Shard, total_groups
 
 
 @dataclass(kw_only=True)
@@ -119,7 +119,7 @@ class LlamaForCausalLM(nn.Module):
         self.shard, self.comm = shard or Shard(), comm
         self.local = local = self.shard.local_arch(cfg)
         self.groups = self.shard.groups(cfg)  # this rank's row-parallel K groups [g0, g1)
-        self.total_groups = reduction_groups(cfg.num_heads, cfg.intermediate_size)
+        self.total_groups = total_groups(cfg, self.shard.align)
         v0, v1 = self.shard.vocab(cfg)
         self.vocab_start = v0
         self.layers = nn.ModuleList(DecoderLayer(local, ops, linear) for _ in range(local.num_layers))
@@ -151,7 +151,7 @@ class LlamaForCausalLM(nn.Module):
                     parts = list(value) if isinstance(value, tuple) else split_quant(value, groups)
                 else:
                     parts = [pack(part) for part in split_dense(weight.data, groups)]
-                setattr(module, name, RowParallelWeight.build(parts, self.total_groups, gather))
+                setattr(module, name, RowParallelWeight.build(parts, self.total_groups, gather, self.linear))
         if self.ops.decoder_stack is not None:
             cfg = self.cfg
             layers = [LayerWeights(

@@ -1,0 +1,312 @@
+"""The OpenAI Responses API: POST /v1/responses, GET and DELETE /v1/responses/{id}.
+
+A request becomes a chat (instructions, then a stored previous response's conversation, then the
+input items) and goes the chat completions way (openai_requests.conversation_request: the chat
+template, tool plan, grammar). Its output is read by the tool-call reader as it is generated and
+turned into output items and events by one builder, streamed or not, so a streamed response ends
+with exactly the non-streamed one. Stored responses live in a ResponseStore (in memory, bounded).
+"""
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from services.core.errors import REFUSALS, InvalidArgument, check
+from services.core.sampling_params import SamplingParams
+from services.core.structured import Constraint
+from services.frontend import tools
+from services.frontend.core import FrontendCore
+from services.frontend.http import responses_schemas as schemas
+from services.frontend.http.openai_requests import conversation_request
+from services.frontend.http.responses_models import ResponseRequest
+from services.frontend.http.streams import merge, start
+from services.frontend.response_store import ResponseStore
+from services.frontend.tool_stream import Piece, ToolCallStream
+from services.frontend.types import GenerateEvent, ResponseNotFound, SampleEvent, Summary
+
+
+def add_routes(app: FastAPI, core: FrontendCore, store: ResponseStore, unless_disconnected) -> None:
+    @app.post("/v1/responses", response_model=None, responses=schemas.create_responses())
+    async def create_response(body: ResponseRequest, request: Request) -> Response:
+        response_id = request.state.request_id = f"resp_{uuid.uuid4().hex}"
+        core.check_model(body.model or "")
+        history = _history(store, body.previous_response_id)
+        messages = history + _input_messages(body.input)
+        plan = _tool_plan(body)
+        generate_request = await conversation_request(
+            core, _instructions(body.instructions) + messages, plan, response_id,
+            lambda max_tokens: _sampling_params(body, max_tokens, plan.constraint()), body.max_output_tokens,
+            body.model or "", max_tokens_field="max_output_tokens")
+        builder = ResponseBuilder(response_id, _echo(body, core.model_id), plan.stream())
+        [started] = await start([core.generate(generate_request)])
+        events = merge([started])
+
+        async def keep(final: dict) -> None:
+            if body.store and final["status"] != "failed":
+                store.put(response_id, final, messages + [builder.assistant_message()])
+
+        if not body.stream:
+            try:
+                final = await unless_disconnected(request, _collect(builder, events))
+            finally:
+                await events.aclose()
+            if final is None:
+                return Response(status_code=499)
+            await keep(final)
+            return JSONResponse(final)
+        return StreamingResponse(_sse(builder, events, keep), media_type="text/event-stream",
+                                 headers={"cache-control": "no-cache"})
+
+    @app.get("/v1/responses/{response_id}", response_model=schemas.ResponseObject,
+             responses=schemas.errors(401, 404))
+    async def get_response(response_id: str) -> dict:
+        """A stored response (until it is evicted or its TTL passes)."""
+        return _stored(store, response_id).body
+
+    @app.delete("/v1/responses/{response_id}", response_model=schemas.Deleted, responses=schemas.errors(401, 404))
+    async def delete_response(response_id: str) -> dict:
+        _stored(store, response_id)
+        store.delete(response_id)
+        return {"id": response_id, "object": "response.deleted", "deleted": True}
+
+
+def _stored(store: ResponseStore, response_id: str):
+    entry = store.get(response_id)
+    if entry is None:
+        raise ResponseNotFound("response_id", f"no stored response with id {response_id!r} (it may have expired "
+                                              "or been evicted)")
+    return entry
+
+
+def _history(store: ResponseStore, previous_response_id: str | None) -> list[dict]:
+    if previous_response_id is None:
+        return []
+    entry = store.get(previous_response_id)
+    check(entry is not None, "previous_response_id",
+          f"no stored response with id {previous_response_id!r} (it may have expired or been evicted)")
+    return list(entry.messages)
+
+
+def _instructions(instructions: str | None) -> list[dict]:
+    return [{"role": "system", "content": instructions}] if instructions else []
+
+
+def _input_messages(items: str | list) -> list[dict]:
+    """The input items as chat messages; consecutive function_calls are one assistant message."""
+    if isinstance(items, str):
+        return [{"role": "user", "content": items}]
+    messages: list[dict] = []
+    for i, item in enumerate(items):
+        if item.type == "message":
+            text = item.content if isinstance(item.content, str) else "".join(p.text for p in item.content)
+            messages.append({"role": item.role, "content": text})
+        elif item.type == "function_call":
+            try:
+                json.loads(item.arguments)
+            except ValueError:
+                raise InvalidArgument(f"input[{i}].arguments", "must be JSON text") from None
+            call = {"id": item.call_id, "type": "function",
+                    "function": {"name": item.name, "arguments": item.arguments}}
+            last = messages[-1] if messages else None
+            if last is not None and last["role"] == "assistant":
+                last.setdefault("tool_calls", []).append(call)
+            else:
+                messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
+        else:
+            messages.append({"role": "tool", "tool_call_id": item.call_id, "content": item.output})
+    check(bool(messages), "input", "must not be empty")
+    return messages
+
+
+def _tool_plan(body: ResponseRequest) -> tools.ToolPlan:
+    definitions = [{"type": "function", "function": t.model_dump(exclude_none=True, exclude={"type"})}
+                   for t in body.tools or []]
+    choice = body.tool_choice
+    if choice is not None and not isinstance(choice, str):
+        choice = {"type": "function", "function": {"name": choice.name}}
+    try:
+        return tools.plan(definitions, choice, body.parallel_tool_calls)
+    except InvalidArgument as error:  # chat's field names -> this API's
+        raise InvalidArgument(error.field.replace(".function.", "."), error.message) from None
+
+
+def _sampling_params(body: ResponseRequest, max_tokens: int, tool_constraint: Constraint | None) -> SamplingParams:
+    constraint = _format_constraint(body)
+    check(constraint is None or tool_constraint is None, "tool_choice",
+          "a required or named tool choice cannot be combined with text.format json_object or json_schema")
+    kwargs = {name: value for name in ("temperature", "top_p", "seed") if (value := getattr(body, name)) is not None}
+    return SamplingParams(**kwargs, max_tokens=max_tokens, stop=body.stop or (),
+                          structured_outputs=constraint or tool_constraint)
+
+
+def _format_constraint(body: ResponseRequest) -> Constraint | None:
+    fmt = body.text.format if body.text is not None else None
+    if fmt is None or fmt.type == "text":
+        return None
+    if fmt.type == "json_object":
+        return Constraint("json_object", "", "text.format")
+    check(fmt.name is not None, "text.format.name", "is required with type json_schema")
+    return Constraint.json_schema(fmt.schema_ if fmt.schema_ is not None else {}, "text.format.schema")
+
+
+def _echo(body: ResponseRequest, model_id: str) -> dict:
+    """The request's settings as the response object repeats them."""
+    fmt = body.text.format if body.text is not None and body.text.format is not None else None
+    return {"model": model_id, "instructions": body.instructions, "max_output_tokens": body.max_output_tokens,
+            "previous_response_id": body.previous_response_id, "temperature": body.temperature,
+            "top_p": body.top_p, "parallel_tool_calls": body.parallel_tool_calls is not False,
+            "tool_choice": body.tool_choice if isinstance(body.tool_choice, str) or body.tool_choice is None
+            else body.tool_choice.model_dump(), "tools": [t.model_dump(exclude_none=True) for t in body.tools or []],
+            "text": {"format": fmt.model_dump(by_alias=True, exclude_none=True) if fmt else {"type": "text"}},
+            "store": body.store, "metadata": body.metadata or {}, "user": body.user, "truncation": "disabled"}
+
+
+class ResponseBuilder:
+    """One response's output items and events, from its sample's text as it arrives."""
+
+    def __init__(self, response_id: str, echo: dict, reader: ToolCallStream):
+        self.id, self.echo, self.reader = response_id, echo, reader
+        self.created_at = int(time.time())
+        self.output: list[dict] = []
+        self.open: dict | None = None  # the item being generated
+        self.sequence_number = 0
+        self.truncated = False
+
+    def event(self, type_: str, **fields) -> dict:
+        self.sequence_number += 1
+        return {"type": type_, "sequence_number": self.sequence_number - 1, **fields}
+
+    def body(self, status: str, usage: dict | None = None, error: dict | None = None) -> dict:
+        return {"id": self.id, "object": "response", "created_at": self.created_at, "status": status, "error": error,
+                "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
+                **self.echo, "output": [dict(i) for i in self.output] if status != "in_progress" else [],
+                "usage": usage}
+
+    def begin(self) -> list[dict]:
+        return [self.event("response.created", response=self.body("in_progress")),
+                self.event("response.in_progress", response=self.body("in_progress"))]
+
+    def feed(self, sample: SampleEvent) -> list[dict]:
+        events = self._pieces(self.reader.feed(sample.text))
+        if sample.finish_reason is not None:
+            self.truncated = sample.finish_reason == "length"
+            events += self._pieces(self.reader.finish())
+        return events
+
+    def end(self, summary: Summary | None) -> list[dict]:
+        if not self.output:
+            events = self._open_message()
+        else:
+            events = []
+        events += self._close()
+        status = "incomplete" if self.truncated else "completed"
+        return events + [self.event(f"response.{status}", response=self.body(status, _usage(summary)))]
+
+    def fail(self, message: str) -> dict:
+        return self.event("response.failed", response=self.body("failed", error={"code": "server_error",
+                                                                                  "message": message}))
+
+    def assistant_message(self) -> dict:
+        """The output as the chat message a continuation (previous_response_id) sees."""
+        text = "".join(c["text"] for item in self.output if item["type"] == "message" for c in item["content"])
+        message = {"role": "assistant", "content": text}
+        calls = [{"id": i["call_id"], "type": "function", "function": {"name": i["name"], "arguments": i["arguments"]}}
+                 for i in self.output if i["type"] == "function_call"]
+        return {**message, "tool_calls": calls} if calls else message
+
+    def _pieces(self, pieces: list[Piece]) -> list[dict]:
+        events = []
+        for piece in pieces:
+            if piece.kind == "content":
+                if self.open is None or self.open["type"] != "message":
+                    events += self._close() + self._open_message()
+                self.open["content"][0]["text"] += piece.text
+                events.append(self.event("response.output_text.delta", item_id=self.open["id"],
+                                         output_index=len(self.output) - 1, content_index=0, delta=piece.text,
+                                         logprobs=[]))
+            elif piece.kind == "call":
+                events += self._close()
+                call = self.reader.calls[piece.index]
+                events += self._add({"type": "function_call", "id": f"fc_{uuid.uuid4().hex}", "call_id": call.id,
+                                     "name": call.name, "arguments": "", "status": "in_progress"})
+            else:
+                self.open["arguments"] += piece.text
+                events.append(self.event("response.function_call_arguments.delta", item_id=self.open["id"],
+                                         output_index=len(self.output) - 1, delta=piece.text))
+        return events
+
+    def _add(self, item: dict) -> list[dict]:
+        self.output.append(item)
+        self.open = item
+        return [self.event("response.output_item.added", output_index=len(self.output) - 1, item=dict(item))]
+
+    def _open_message(self) -> list[dict]:
+        events = self._add({"type": "message", "id": f"msg_{uuid.uuid4().hex}", "status": "in_progress",
+                            "role": "assistant", "content": []})
+        self.open["content"].append({"type": "output_text", "text": "", "annotations": [], "logprobs": []})
+        return events + [self.event("response.content_part.added", item_id=self.open["id"],
+                                    output_index=len(self.output) - 1, content_index=0,
+                                    part={"type": "output_text", "text": "", "annotations": [], "logprobs": []})]
+
+    def _close(self) -> list[dict]:
+        item, self.open = self.open, None
+        if item is None:
+            return []
+        index, events = len(self.output) - 1, []
+        item["status"] = "incomplete" if self.truncated else "completed"
+        if item["type"] == "message":
+            part = item["content"][0]
+            events += [self.event("response.output_text.done", item_id=item["id"], output_index=index,
+                                  content_index=0, text=part["text"], logprobs=[]),
+                       self.event("response.content_part.done", item_id=item["id"], output_index=index,
+                                  content_index=0, part=dict(part))]
+        else:
+            events.append(self.event("response.function_call_arguments.done", item_id=item["id"],
+                                     output_index=index, name=item["name"], arguments=item["arguments"]))
+        return events + [self.event("response.output_item.done", output_index=index, item=json.loads(json.dumps(item)))]
+
+
+def _usage(summary: Summary | None) -> dict:
+    prompt = summary.num_prompt_tokens if summary else 0
+    completion = summary.num_completion_tokens if summary else 0
+    return {"input_tokens": prompt, "input_tokens_details": {"cached_tokens": summary.num_cached_tokens if summary
+                                                             else 0},
+            "output_tokens": completion, "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": prompt + completion}
+
+
+async def _run(builder: ResponseBuilder, events: AsyncIterator[tuple[int, GenerateEvent]]) -> AsyncIterator[dict]:
+    yield builder.begin()
+    summary = None
+    async for _, event in events:
+        for sample in event.samples:
+            yield builder.feed(sample)
+        summary = event.summary or summary
+    yield builder.end(summary)
+
+
+async def _collect(builder: ResponseBuilder, events) -> dict:
+    final = None
+    async for batch in _run(builder, events):
+        final = batch[-1]["response"] if batch and batch[-1]["type"] in ("response.completed",
+                                                                           "response.incomplete") else final
+    return final
+
+
+async def _sse(builder: ResponseBuilder, events, keep) -> AsyncIterator[str]:
+    try:
+        async for batch in _run(builder, events):
+            for event in batch:
+                if event["type"] in ("response.completed", "response.incomplete"):
+                    await keep(event["response"])
+                yield f"event: {event['type']}\ndata: {json.dumps(event, ensure_ascii=False)}\n\n"
+    except REFUSALS as error:
+        event = builder.fail(str(error))
+        yield f"event: {event['type']}\ndata: {json.dumps(event, ensure_ascii=False)}\n\n"
+    finally:
+        await events.aclose()
