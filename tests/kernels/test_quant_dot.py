@@ -198,8 +198,8 @@ def test_default_model_same_tokens_and_logprobs_on_every_tier():
     folder = ensure_default_model()
     tokenizer = Tokenizer(folder)
     prompts = [tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": c}]))
-               for c in ("What is the capital of France?", "Write a haiku about the sea.")]
-    params = [greedy(10, logprobs=2) for _ in prompts]
+               for c in ("What is the capital of France?",)]
+    params = [greedy(8, logprobs=2) for _ in prompts]
     results = _across_tiers(folder, prompts, params, activation_quant="int8")
     first_tier, first = results[0]
     for tier, outputs in results[1:]:
