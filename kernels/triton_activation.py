@@ -5,7 +5,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.triton_common import DTYPES, round_to
+from kernels.triton_common import DTYPES, Launch, round_to
 BLOCK_COLS = 1024  # columns per loop step; no reduction, so the step size changes no bits
 
 
@@ -43,8 +43,6 @@ def silu_and_mul_triton(x: torch.Tensor) -> torch.Tensor:  # [..., 2I] -> [..., 
         x2 = x2.contiguous()
     out = torch.empty((x2.shape[0], inter), dtype=x.dtype, device=x.device)
     if x2.shape[0] > 0 and inter > 0:
-        _silu_and_mul_kernel[(x2.shape[0],)](
-            x2, out, x2.stride(0), out.stride(0),
-            INTER=inter, BLOCK=min(BLOCK_COLS, triton.next_power_of_2(inter)),
-        )
+        Launch(kernel=_silu_and_mul_kernel, grid=(x2.shape[0],), args=(x2, out, x2.stride(0), out.stride(0)),
+               constexprs=dict(INTER=inter, BLOCK=min(BLOCK_COLS, triton.next_power_of_2(inter)))).launch()
     return out.view(*x.shape[:-1], inter)

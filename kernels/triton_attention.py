@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 from kernels.attention import KEY_TILE, token_layout
-from kernels.triton_common import DTYPES, INTERPRET, round_to
+from kernels.triton_common import DTYPES, INTERPRET, Launch, round_to
 
 
 @triton.jit
@@ -56,7 +56,10 @@ def _attend_tile(
     return acc, new_max, denom
 
 
-@triton.jit
+# max_blocks and stride_bt follow the batch's longest sequence: not specialised (Triton would
+# otherwise compile other code when they equal 1 or are multiples of 16), so one binary serves
+# every batch (tests/kernels/test_launch_grid.py)
+@triton.jit(do_not_specialize=["max_blocks", "stride_bt"])
 def _paged_attention_kernel(
     q_ptr,  # [T, H, D]
     k_cache_ptr,  # [num_blocks, block_size, KVH, D]
@@ -136,15 +139,16 @@ def paged_attention_triton(
     group = num_heads // num_kv_heads
     native_dot = not INTERPRET and q.dtype != torch.float32 and q.dtype == k_cache.dtype
     grid = (num_tokens, num_kv_heads)
-    _paged_attention_kernel[grid](
+    Launch(kernel=_paged_attention_kernel, grid=grid, args=(
         q, k_cache, v_cache, block_tables, token_seq.to(torch.int64), token_pos.to(torch.int64), out,
         float(scale), block_tables.shape[1],
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_tables.stride(0),
         out.stride(0), out.stride(1),
+    ), constexprs=dict(
         GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)),
         HEAD_DIM=head_dim, HEAD_DIM_PAD=max(16, triton.next_power_of_2(head_dim)),
         BLOCK_SIZE=block_size, KEY_TILE=KEY_TILE, NATIVE_DOT=native_dot,
-    )
+    )).launch()
     return out

@@ -5,7 +5,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.triton_common import DTYPES, round_to
+from kernels.triton_common import DTYPES, Launch, round_to
 
 
 @triton.jit
@@ -61,10 +61,11 @@ def write_kv_triton(
     assert slot_mapping.shape == (num_tokens,) and not slot_mapping.dtype.is_floating_point
     if num_tokens == 0:
         return
-    _write_kv_kernel[(num_tokens,)](
+    Launch(kernel=_write_kv_kernel, grid=(num_tokens,), args=(
         k, v, k_cache, v_cache, slot_mapping,
         k.stride(0), k.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+    ), constexprs=dict(
         BLOCK_SIZE=k_cache.shape[1], NUM_HEADS=num_kv_heads, HEADS_PAD=triton.next_power_of_2(num_kv_heads),
         HEAD_DIM=head_dim, HEAD_DIM_PAD=triton.next_power_of_2(head_dim),
-    )
+    )).launch()

@@ -5,7 +5,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.triton_common import DTYPES, round_to
+from kernels.triton_common import DTYPES, Launch, round_to
 MAX_ROW = 65536  # one program holds a whole row: no split reduction
 
 
@@ -68,10 +68,10 @@ def rms_norm_triton(
     else:
         res2 = new_res = x2  # placeholders, never read or written
     if x2.shape[0] > 0:
-        _rms_norm_kernel[(x2.shape[0],)](
+        Launch(kernel=_rms_norm_kernel, grid=(x2.shape[0],), args=(
             x2, res2, weight, out, new_res, float(eps),
             x2.stride(0), res2.stride(0), out.stride(0), new_res.stride(0),
-            N=num_cols, BLOCK_N=triton.next_power_of_2(num_cols), HAS_RESIDUAL=residual is not None,
-        )
+        ), constexprs=dict(N=num_cols, BLOCK_N=triton.next_power_of_2(num_cols),
+                           HAS_RESIDUAL=residual is not None)).launch()
     out = out.view(x.shape)
     return out, (new_res.view(x.shape) if residual is not None else None)

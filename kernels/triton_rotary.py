@@ -9,7 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.triton_common import DTYPES, round_to
+from kernels.triton_common import DTYPES, Launch, round_to
 
 
 @triton.jit
@@ -39,7 +39,7 @@ def _rotary_kernel(
     q_ptr,  # [T, H, D]
     k_ptr,  # [T, KVH, D]
     positions_ptr,  # [T] int
-    cache_ptr,  # [max_positions, D] fp32: cos in the first half, sin in the second
+    cache_ptr,  # [max_positions, D] fp32 or q's dtype: cos in the first half, sin in the second
     q_out_ptr,  # [T, H, D] contiguous
     k_out_ptr,  # [T, KVH, D] contiguous
     stride_qt, stride_qh, stride_kt, stride_kh, stride_cache,
@@ -70,18 +70,21 @@ def apply_rotary_triton(
     assert k.dim() == 3 and k.shape[0] == num_tokens and k.shape[2] == head_dim, f"k {tuple(k.shape)} vs q"
     assert head_dim % 2 == 0 and cache.dim() == 2 and cache.shape[1] == head_dim, "cache: [max_positions, D]"
     assert q.dtype in DTYPES and k.dtype == q.dtype, f"q/k dtypes {q.dtype}, {k.dtype}"
-    assert cache.dtype == torch.float32 and cache.stride(-1) == 1
+    # fp32 from cos_sin_cache, or already in q's dtype: Module.to(dtype) casts the model's buffers too,
+    # and rounding the table once at load gives the bits the kernel's own rounding gives
+    assert cache.dtype in (torch.float32, q.dtype) and cache.stride(-1) == 1, f"cache dtype {cache.dtype}"
     assert q.stride(-1) == 1 and k.stride(-1) == 1, "head_dim must be the contiguous dimension"
     assert positions.shape == (num_tokens,) and not positions.dtype.is_floating_point
     q_out, k_out = torch.empty(q.shape, dtype=q.dtype, device=q.device), torch.empty(k.shape, dtype=k.dtype, device=k.device)
     if num_tokens == 0:
         return q_out, k_out
     half = head_dim // 2
-    _rotary_kernel[(num_tokens,)](
+    Launch(kernel=_rotary_kernel, grid=(num_tokens,), args=(
         q, k, positions, cache, q_out, k_out,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), cache.stride(0),
+    ), constexprs=dict(
         NUM_HEADS=num_heads, HEADS_PAD=triton.next_power_of_2(num_heads),
         NUM_KV_HEADS=k.shape[1], KV_HEADS_PAD=triton.next_power_of_2(k.shape[1]),
         HALF=half, HALF_PAD=triton.next_power_of_2(half),
-    )
+    )).launch()
     return q_out, k_out

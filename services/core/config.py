@@ -27,7 +27,7 @@ DTYPES = ("float32", "bfloat16", "float16", "auto")
 DEVICES = ("auto", "cpu", "cuda")
 KERNEL_BACKENDS = ("auto", "torch", "cpu", "triton")
 CPU_ISAS = ("auto", "avx512", "avx2", "generic")  # the CPU kernels' tiers (kernels.cpu_kernels.TIERS)
-# auto: gguf where the model folder holds a GGUF file (the default model), else none
+# auto: gguf where the model folder holds a GGUF file (the default model) and the device is the CPU, else none
 QUANTIZATIONS = ("auto", "none", "gguf", "int8")
 ACTIVATION_QUANTS = ("auto", "none", "int8")
 AUTO_ACTIVATION_QUANT = "none"  # what auto means, measured in bench/results/activation_quality.md  # quantized weights' activations (kernels/csrc/quant_dot.c)
@@ -54,6 +54,11 @@ def _check_block_size(block_size: int) -> None:
 
 def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
     check(value in choices, name, f"must be one of {choices}, got {value!r}")
+
+
+def _is_cuda_index(device: str) -> bool:
+    prefix, _, index = device.partition(":")
+    return prefix == "cuda" and index.isascii() and index.isdigit()
 
 
 def split_settings(kwargs: dict[str, Any], *classes: type) -> list[dict[str, Any]]:
@@ -137,7 +142,8 @@ class WorkerConfig:
 
     model: str = setting("default", 'a model folder, a hub id, or "default" (SmolLM2-135M-Instruct)')
     dtype: str = setting("auto", f"one of {DTYPES}; auto: the checkpoint's (fp16 becomes bf16 on the CPU)")
-    device: str = setting("auto", "cpu, cuda or auto (cuda when available)")
+    device: str = setting("auto", "cpu, cuda (the current GPU), cuda:N (the GPU with index N) or auto (cuda when "
+                                  "available)")
     seed: int = setting(0, "the worker's torch seed (sampling draws come from each request's own seed)")
     kernel_backend: str = setting(
         "auto", f"one of {KERNEL_BACKENDS}; auto: triton on cuda, else the compiled CPU kernels if they build, "
@@ -147,11 +153,12 @@ class WorkerConfig:
     num_threads: int = setting(0, "CPU threads for the worker's math (0: the library default); a worker group that "
                                   "its rank 0 starts splits them (or every core) equally across its ranks")
     quantization: str = setting(
-        "auto", "the weights: auto (the folder's GGUF if it has one), none, gguf or int8 (per channel, at load)")
+        "auto", "the weights: auto (on the CPU, the folder's GGUF if it has one; else none), none, gguf or int8 (per "
+                "channel, at load); gguf and int8 run on the CPU only")
     activation_quant: str = setting(
         "auto", "the activations a quantized weight multiplies: none (the model's dtype), int8 (rounded per row in "
                 "blocks of 32, integer dot products; the same bits on every CPU tier); auto: "
-                + AUTO_ACTIVATION_QUANT + " (README, 'Quantized weights')")
+                + AUTO_ACTIVATION_QUANT + " (README, 'Int8 activations')")
     cpu_isa: str = setting("auto", f"the CPU kernels' tier, one of {CPU_ISAS}; auto: the best this CPU executes")
     tensor_parallel_size: int = setting(1, "ranks that split each layer (heads, MLP columns, vocabulary) of one "
                                            "model copy; the same bits at every size (docs/ARCHITECTURE.md)")
@@ -176,7 +183,8 @@ class WorkerConfig:
         _check_choice("activation_quant", self.activation_quant, ACTIVATION_QUANTS)
         check(self.num_threads >= 0, "num_threads", f"must be >= 0, got {self.num_threads}")
         _check_choice("dtype", self.dtype, DTYPES)
-        _check_choice("device", self.device, DEVICES)
+        check(self.device in DEVICES or _is_cuda_index(self.device), "device",
+              f"must be one of {DEVICES} or cuda:N, got {self.device!r}")
         _check_choice("kernel_backend", self.kernel_backend, KERNEL_BACKENDS)
 
 

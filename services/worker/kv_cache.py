@@ -1,4 +1,13 @@
-"""The worker's paged KV cache and its CPU swap pool. Block ids come from the scheduler."""
+"""The worker's paged KV cache and its CPU swap pool. Block ids come from the scheduler.
+
+On CUDA the swap pool is pinned host memory and swaps run as asynchronous block copies on two
+copy streams (device -> host, host -> device). Each copy stream first waits for the work queued on
+the compute stream (the last kernels that wrote or read the blocks), and the compute stream waits
+for the copies before the step's kernels: the scheduler may hand a block freed by a swap-out to
+another sequence in the same step. So the host thread never blocks on a swap, and the copies run
+on the copy engines, but they do not overlap the step's own kernels (that would need the scheduler
+to keep swapped blocks out of the step).
+"""
 from __future__ import annotations
 
 import torch
@@ -37,18 +46,41 @@ class KVCache:
         # [num_blocks, block_size, KVH, D] per layer, K and V
         self.layers = [(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
                        for _ in range(cfg.num_layers)]
-        pin = device.type == "cuda"
-        self.cpu_layers = [(torch.zeros(cpu_shape, dtype=dtype, pin_memory=pin),
-                            torch.zeros(cpu_shape, dtype=dtype, pin_memory=pin)) for _ in range(cfg.num_layers)]
+        on_gpu = device.type == "cuda"
+        self.cpu_layers = [(torch.zeros(cpu_shape, dtype=dtype, pin_memory=on_gpu),
+                            torch.zeros(cpu_shape, dtype=dtype, pin_memory=on_gpu)) for _ in range(cfg.num_layers)]
+        # (swap-out, swap-in) copy streams on CUDA, when there is a swap space
+        self.copy_streams = (torch.cuda.Stream(device), torch.cuda.Stream(device)) if on_gpu and num_cpu_blocks else None
 
     def swap_out(self, pairs: list[tuple[int, int]]) -> None:  # (device block, cpu block)
-        self._move(pairs, self.layers, self.cpu_layers)
+        if self.copy_streams is None:
+            self._move(pairs, self.layers, self.cpu_layers)
+        else:
+            self._copy_on(self.copy_streams[0], pairs, self.layers, self.cpu_layers)
 
     def swap_in(self, pairs: list[tuple[int, int]]) -> None:  # (cpu block, device block)
-        self._move(pairs, self.cpu_layers, self.layers)
+        if self.copy_streams is None:
+            self._move(pairs, self.cpu_layers, self.layers)
+        else:
+            self._copy_on(self.copy_streams[1], pairs, self.cpu_layers, self.layers)
 
     def copy(self, pairs: list[tuple[int, int]]) -> None:  # (src, dst) device blocks
         self._move(pairs, self.layers, self.layers)
+
+    @staticmethod
+    def _copy_on(stream, pairs, sources, targets) -> None:
+        """Bit-exact block copies between the device and the pinned pool, all layers, queued on `stream`
+        after the compute stream's work so far; the compute stream then waits for them."""
+        if not pairs:
+            return
+        compute = torch.cuda.current_stream(stream.device)
+        stream.wait_stream(compute)
+        with torch.cuda.stream(stream):
+            for source_layer, target_layer in zip(sources, targets):
+                for source, target in zip(source_layer, target_layer):  # K, then V
+                    for src, dst in pairs:  # [block_size, KVH, D], contiguous on both sides
+                        target[dst].copy_(source[src], non_blocking=True)
+        compute.wait_stream(stream)
 
     @staticmethod
     def _move(pairs, sources, targets) -> None:

@@ -68,10 +68,11 @@ def resolve_dtype(name: str, cfg: ModelArchConfig, device: torch.device) -> torc
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
 
 
-def resolve_quantization(name: str, folder: Path) -> str:
-    """auto: gguf where the folder holds a GGUF file, else none."""
+def resolve_quantization(name: str, folder: Path, device_type: str = "cpu") -> str:
+    """auto: gguf where the folder holds a GGUF file and the worker runs on the CPU (the quantized
+    kernels are CPU kernels), else none."""
     if name == "auto":
-        return "gguf" if find_gguf_file(folder) is not None else "none"
+        return "gguf" if device_type == "cpu" and find_gguf_file(folder) is not None else "none"
     if name == "gguf" and find_gguf_file(folder) is None:
         raise InvalidArgument("quantization", f"gguf: {folder} holds no *.gguf file")
     return name

@@ -36,9 +36,21 @@ class GroupBroken(Unavailable):
 
 
 def pick_device(name: str) -> torch.device:
+    """auto: the current GPU if there is one, else the CPU. A GPU becomes this process's current device,
+    named with its index: the Triton kernels launch on the current device, whatever their tensors'."""
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(name)
+    if device.type != "cuda":
+        return device
+    if not torch.cuda.is_available():
+        raise InvalidArgument("device", f"{name}: this process sees no CUDA device")
+    count = torch.cuda.device_count()
+    if device.index is not None and device.index >= count:
+        raise InvalidArgument("device", f"{name}: this process sees {count} CUDA devices (cuda:0..cuda:{count - 1})")
+    if device.index is not None:
+        torch.cuda.set_device(device)
+    return torch.device("cuda", torch.cuda.current_device())
 
 
 class Worker:
@@ -48,7 +60,7 @@ class Worker:
         self.model_path = resolve_model_path(config.model)
         arch = ModelArchConfig.from_folder(self.model_path)
         tp, pp = config.tensor_parallel_size, config.pipeline_parallel_size
-        self.quantization = resolve_quantization(config.quantization, self.model_path)
+        self.quantization = resolve_quantization(config.quantization, self.model_path, self.device.type)
         align = gguf_align(self.quantization)
         check_layout(arch, tp, pp, align)
         self.shard = Shard.of_rank(config.group_rank, tp, pp, align)

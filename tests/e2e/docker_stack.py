@@ -14,6 +14,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -232,3 +233,72 @@ def listening_ports(pid: int) -> set[int]:
             if fields[3] == "0A" and fields[9] in inodes:  # LISTEN
                 ports.add(int(fields[1].rsplit(":", 1)[1], 16))
     return ports
+
+
+# ---- streams through a deployed frontend -----------------------------------------------------
+
+PROMPTS = ("Once upon a time", "The three primary colors are", "def fibonacci(n):", "Paris is a city")
+REFERENCE_TOKENS = 64
+
+
+def params(i: int, max_tokens: int) -> dict:
+    """Greedy and seeded sampling alike; no early EOS, so every stream runs its full length (a
+    shorter run's tokens are a prefix of a longer one's: draws are keyed by position)."""
+    sampling = dict(temperature=0.0) if i % 2 == 0 else dict(temperature=0.8, top_p=0.9, seed=500 + i)
+    return dict(max_tokens=max_tokens, ignore_eos=True, **sampling)
+
+
+class Streams:
+    """`prompts` streamed at once through the frontend at `address`, each in a thread; the
+    `params(i, max_tokens)` sampling for the i-th. `wait_started` returns once every one has a token."""
+
+    def __init__(self, address: str, max_tokens: int, prompts: tuple[str, ...] = PROMPTS):
+        self.address, self.max_tokens, self.prompts = address, max_tokens, prompts
+        self.tokens: list[list[int]] = [[] for _ in prompts]
+        self.finish: list[str | None] = [None] * len(prompts)
+        self.errors: list[Exception] = []
+        self._first = [threading.Event() for _ in prompts]
+        self._threads = [threading.Thread(target=self._one, args=(i,), daemon=True) for i in range(len(prompts))]
+        for thread in self._threads:
+            thread.start()
+
+    def _one(self, i: int) -> None:
+        from pagedserve import Client
+
+        try:
+            with Client(self.address) as client:
+                for delta in client.stream(self.prompts[i], **params(i, self.max_tokens)):
+                    self.tokens[i] += delta.token_ids
+                    self.finish[i] = delta.finish_reason or self.finish[i]
+                    self._first[i].set()
+        except Exception as error:  # noqa: BLE001 - reported by the test
+            self.errors.append(error)
+            self._first[i].set()
+
+    def wait_started(self, timeout: float = 300) -> None:
+        for event in self._first:
+            assert event.wait(timeout), "a stream got no token"
+
+    def join(self, timeout: float = 600) -> tuple[list[list[int]], list[str | None]]:
+        for thread in self._threads:
+            thread.join(timeout)
+        assert not self.errors, self.errors
+        return self.tokens, self.finish
+
+
+class Reference:
+    """The prompts' tokens streamed at once from the undisturbed deployment, and how long a step
+    took: the later tests size their streams in seconds, as fast or slow as the machine is."""
+
+    def __init__(self, address: str, prompts: tuple[str, ...] = PROMPTS):
+        start = time.monotonic()
+        self.address, self.prompts = address, prompts
+        self.tokens, finish = Streams(address, REFERENCE_TOKENS, prompts).join()
+        assert finish == ["length"] * len(prompts)
+        self.step_s = (time.monotonic() - start) / REFERENCE_TOKENS
+
+    def length_for(self, seconds: float, least: int) -> int:
+        return max(least, min(REFERENCE_TOKENS, round(seconds / self.step_s)))
+
+    def prefix(self, length: int) -> list[list[int]]:
+        return [tokens[:length] for tokens in self.tokens]

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import threading
 import time
 import urllib.request
 
@@ -20,24 +19,15 @@ import grpc
 import pytest
 
 from pagedserve.internal.v1 import scheduler_pb2, scheduler_pb2_grpc
-from pagedserve import Client
 from services.launch.deployment import free_ports
-from tests.e2e.docker_stack import Engine, Stack, Unavailable, compose_command, ensure_image, listening_ports, run
+from tests.e2e.docker_stack import (PROMPTS, Engine, Reference, Stack, Streams, Unavailable, compose_command,
+                                    ensure_image, listening_ports, run)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
 
 MODEL_DIR = "/models/SmolLM2-135M-Instruct"
-PROMPTS = ["Once upon a time", "The three primary colors are", "def fibonacci(n):", "Paris is a city"]
-REFERENCE_TOKENS = 64
 STARTUP_S = 900  # model-init's conversion and the first kernel build, on a loaded 2-core machine
 GRACE_S = 15  # the compose files' stop_grace_period
-
-
-def params(i: int, max_tokens: int) -> dict:
-    """Greedy and seeded sampling alike; no early EOS, so every stream runs its full length (a
-    shorter run's tokens are a prefix of a longer one's: draws are keyed by position)."""
-    sampling = dict(temperature=0.0) if i % 2 == 0 else dict(temperature=0.8, top_p=0.9, seed=500 + i)
-    return dict(max_tokens=max_tokens, ignore_eos=True, **sampling)
 
 
 @pytest.fixture(scope="module")
@@ -101,61 +91,9 @@ def chat(stack: Stack, question: str) -> str:
         return json.load(response)["choices"][0]["message"]["content"]
 
 
-class Streams:
-    """The PROMPTS streamed at once, each in a thread; `started` is set once every one has a token."""
-
-    def __init__(self, stack: Stack, max_tokens: int):
-        self.max_tokens = max_tokens
-        self.tokens: list[list[int]] = [[] for _ in PROMPTS]
-        self.finish: list[str | None] = [None] * len(PROMPTS)
-        self.errors: list[Exception] = []
-        self._first = [threading.Event() for _ in PROMPTS]
-        self._threads = [threading.Thread(target=self._one, args=(stack, i), daemon=True) for i in range(len(PROMPTS))]
-        for thread in self._threads:
-            thread.start()
-
-    def _one(self, stack: Stack, i: int) -> None:
-        try:
-            with Client(stack.frontend) as client:
-                for delta in client.stream(PROMPTS[i], **params(i, self.max_tokens)):
-                    self.tokens[i] += delta.token_ids
-                    self.finish[i] = delta.finish_reason or self.finish[i]
-                    self._first[i].set()
-        except Exception as error:  # noqa: BLE001 - reported by the test
-            self.errors.append(error)
-            self._first[i].set()
-
-    def wait_started(self, timeout: float = 300) -> None:
-        for event in self._first:
-            assert event.wait(timeout), "a stream got no token"
-
-    def join(self, timeout: float = 600) -> tuple[list[list[int]], list[str | None]]:
-        for thread in self._threads:
-            thread.join(timeout)
-        assert not self.errors, self.errors
-        return self.tokens, self.finish
-
-
-class Reference:
-    """The PROMPTS' tokens streamed at once from the undisturbed stack (one worker), and how long
-    a step took: the later tests size their streams in seconds, as fast or slow as the machine is."""
-
-    def __init__(self, stack: Stack):
-        start = time.monotonic()
-        self.tokens, finish = Streams(stack, REFERENCE_TOKENS).join()
-        assert finish == ["length"] * len(PROMPTS)
-        self.step_s = (time.monotonic() - start) / REFERENCE_TOKENS
-
-    def length_for(self, seconds: float, least: int) -> int:
-        return max(least, min(REFERENCE_TOKENS, round(seconds / self.step_s)))
-
-    def prefix(self, length: int) -> list[list[int]]:
-        return [tokens[:length] for tokens in self.tokens]
-
-
 @pytest.fixture(scope="module")
 def reference(stack):
-    return Reference(stack)
+    return Reference(stack.frontend)
 
 
 def log_events(stack: Stack, service: str) -> list[dict]:
@@ -192,7 +130,7 @@ def test_a_worker_crash_mid_stream_loses_no_token_and_the_worker_comes_back(stac
     wait_for(lambda: len(stats(stack).workers) == 3, STARTUP_S, stack, "3 registered workers")
     before = {w.worker_id: w for w in stats(stack).workers}
     length = reference.length_for(10.0, least=24)  # about 10 s: the crash lands mid-stream
-    streams = Streams(stack, length)
+    streams = Streams(stack.frontend, length)
     streams.wait_started()
     busy = next(w for w in stats(stack).workers if w.num_running > 0)
     port = int(busy.address.rsplit(":", 1)[1])
@@ -212,7 +150,7 @@ def test_a_worker_crash_mid_stream_loses_no_token_and_the_worker_comes_back(stac
 
 def test_stop_drains_open_streams_within_the_grace_period(stack, reference):
     length = reference.length_for(GRACE_S / 4, least=8)  # open at SIGTERM, done well within the grace period
-    streams = Streams(stack, length)
+    streams = Streams(stack.frontend, length)
     streams.wait_started()
     started = time.monotonic()
     stack.compose("stop", timeout=300)

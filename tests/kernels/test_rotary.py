@@ -8,13 +8,9 @@ from kernels.triton_rotary import apply_rotary_triton
 
 LLAMA3_SCALING = dict(rope_type="llama3", factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0,
                       original_max_position_embeddings=8192)
-# The kernel rounds where the reference rounds, so bf16/fp16 should agree to the bit
-# barring a fused multiply-add on the GPU; one ulp of slack.
-TOLERANCE = {
-    torch.float32: dict(atol=1e-6, rtol=1e-6),
-    torch.bfloat16: dict(atol=1.6e-2, rtol=8e-3),
-    torch.float16: dict(atol=2e-3, rtol=1e-3),
-}
+# Bit for bit, in every dtype: the kernel rounds where the reference rounds, and with contraction off
+# (kernels.triton_common.FP_FUSION) a GPU fuses no multiply into the add after it either.
+EXACT = dict(atol=0, rtol=0)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
@@ -29,9 +25,21 @@ def test_matches_reference(heads, kv_heads, head_dim, scaling, dtype, poisoned_e
     q_out, k_out = apply_rotary_triton(q, k, positions, cache)
     q_ref, k_ref = apply_rotary_ref(q, k, positions, cache)
     assert q_out.dtype == dtype and q_out.shape == q.shape and k_out.shape == k.shape
-    torch.testing.assert_close(q_out, q_ref, **TOLERANCE[dtype])
-    torch.testing.assert_close(k_out, k_ref, **TOLERANCE[dtype])
+    torch.testing.assert_close(q_out, q_ref, **EXACT)
+    torch.testing.assert_close(k_out, k_ref, **EXACT)
     assert torch.equal(q, q_in) and torch.equal(k, k_in), "returns new tensors, like the reference"
+
+
+@pytest.mark.parametrize("dtype", [d for d in DTYPES if d != torch.float32], ids=dtype_id)
+def test_table_in_the_models_dtype(dtype, poisoned_empty):
+    """A bf16/fp16 model's Module.to(dtype) casts its rotary table too (a buffer): the kernel takes it
+    and gives the bits it gives with the fp32 table, which it rounds to q's dtype itself."""
+    cache = cos_sin_cache(64, 512, 10000.0, LLAMA3_SCALING | dict(original_max_position_embeddings=128)).to(DEVICE)
+    positions = torch.randint(0, 512, (5,), device=DEVICE)
+    q, k = randn(5, 4, 64, dtype=dtype), randn(5, 2, 64, dtype=dtype)
+    from_model_table = apply_rotary_triton(q, k, positions, cache.to(dtype))
+    for out, fp32_table in zip(from_model_table, apply_rotary_triton(q, k, positions, cache)):
+        assert torch.equal(out, fp32_table)
 
 
 def test_strided_views_of_qkv(poisoned_empty):
@@ -40,7 +48,7 @@ def test_strided_views_of_qkv(poisoned_empty):
     cache = cos_sin_cache(64, 128, 10000.0).to(DEVICE)
     positions = torch.tensor([0, 1, 77, 127], device=DEVICE)
     for out, ref in zip(apply_rotary_triton(q, k, positions, cache), apply_rotary_ref(q, k, positions, cache)):
-        torch.testing.assert_close(out, ref, **TOLERANCE[torch.float32])
+        torch.testing.assert_close(out, ref, **EXACT)
 
 
 def test_reference_is_a_complex_rotation():

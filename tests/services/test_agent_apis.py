@@ -10,7 +10,7 @@ import anthropic
 import jsonschema
 import pytest
 
-from conftest import make_llm
+from tests.conftest import make_llm
 from services.core.sampling_params import SamplingParams
 from test_http_api import raw
 from test_http_cluster import client, served  # noqa: F401 - the module's fixtures: a real cluster over HTTP
