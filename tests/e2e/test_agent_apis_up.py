@@ -8,13 +8,14 @@ checks: tests/services/test_agent_apis.py."""
 from __future__ import annotations
 
 import json
-
 import urllib.error
 import urllib.request
+from typing import Literal
 
 import anthropic
 import jsonschema
 import openai
+import pydantic
 import pytest
 
 from services.launch.deployment import free_ports
@@ -48,6 +49,13 @@ def post(url: str, body: dict, headers: dict) -> tuple[int, dict]:
             return response.status, json.loads(response.read())
     except urllib.error.HTTPError as error:
         return error.code, json.loads(error.read())
+
+
+class Sky(pydantic.BaseModel):
+    """What the SDKs' parse helpers turn into a json_schema (enums and booleans: a random model ends them)."""
+    sky: Literal["sunny", "cloudy", "rain"]
+    windy: bool
+    unit: Literal["C", "F"]
 
 
 class Deployment:
@@ -159,6 +167,18 @@ def test_responses_json_schema_is_valid_at_temperature_1_over_several_seeds(depl
                                          extra_body={"seed": seed})
         assert result.status == "completed", result
         jsonschema.validate(json.loads(result.output_text), FORECAST)
+    # the SDK's own structured-output helpers: a pydantic model in, a parsed object out
+    parsed = client.responses.parse(model=deployed.model, input=QUESTION, text_format=Sky, max_output_tokens=60,
+                                    temperature=1.0, store=False, extra_body={"seed": 1})
+    assert isinstance(parsed.output_parsed, Sky)
+
+
+def test_messages_json_schema_through_the_sdks_parse_helper(deployed, claude):
+    for seed in range(3):
+        parsed = claude.messages.parse(model=deployed.model, max_tokens=60, output_format=Sky,
+                                       messages=[{"role": "user", "content": QUESTION}],
+                                       extra_body={"seed": seed, "temperature": 1.0})
+        assert parsed.stop_reason == "end_turn" and isinstance(parsed.parsed_output, Sky)
 
 
 def test_messages_create_and_stream_agree(deployed, claude):
@@ -176,6 +196,11 @@ def test_messages_create_and_stream_agree(deployed, claude):
     assert events[:2] == ["message_start", "content_block_start"]
     assert set(events[2:-3]) == {"content_block_delta"}
     assert events[-3:] == ["content_block_stop", "message_delta", "message_stop"]
+    # settings the SDK sends that ask for what the server does anyway change nothing
+    same = claude.messages.create(**kwargs, thinking={"type": "disabled"}, service_tier="standard_only")
+    assert same.content[0].text == whole.content[0].text
+    with pytest.raises(anthropic.BadRequestError, match="thinking.type"):
+        claude.messages.create(**kwargs, thinking={"type": "enabled", "budget_tokens": 1024})
 
 
 def test_messages_tool_use_and_tool_result_loop_and_count_tokens(deployed, claude):
