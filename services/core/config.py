@@ -29,6 +29,8 @@ KERNEL_BACKENDS = ("auto", "torch", "cpu", "triton")
 CPU_ISAS = ("auto", "avx512", "avx2", "generic")  # the CPU kernels' tiers (kernels.cpu_kernels.TIERS)
 # auto: gguf where the model folder holds a GGUF file (the default model) and the device is the CPU, else none
 QUANTIZATIONS = ("auto", "none", "gguf", "int8")
+ACTIVATION_QUANTS = ("auto", "none", "int8")
+AUTO_ACTIVATION_QUANT = "none"  # what auto means, measured in bench/results/activation_quality.md  # quantized weights' activations (kernels/csrc/quant_dot.c)
 LOG_LEVELS = ("debug", "info", "warning", "error")
 DEFAULT_MAX_MODEL_LEN = 4096  # the cap when max_model_len comes from the model
 
@@ -153,6 +155,10 @@ class WorkerConfig:
     quantization: str = setting(
         "auto", "the weights: auto (on the CPU, the folder's GGUF if it has one; else none), none, gguf or int8 (per "
                 "channel, at load); gguf and int8 run on the CPU only")
+    activation_quant: str = setting(
+        "auto", "the activations a quantized weight multiplies: none (the model's dtype), int8 (rounded per row in "
+                "blocks of 32, integer dot products; the same bits on every CPU tier); auto: "
+                + AUTO_ACTIVATION_QUANT + " (README, 'Int8 activations')")
     cpu_isa: str = setting("auto", f"the CPU kernels' tier, one of {CPU_ISAS}; auto: the best this CPU executes")
     tensor_parallel_size: int = setting(1, "ranks that split each layer (heads, MLP columns, vocabulary) of one "
                                            "model copy; the same bits at every size (docs/ARCHITECTURE.md)")
@@ -174,6 +180,7 @@ class WorkerConfig:
               f"one of ('gloo', 'nccl'), got {self.distributed_backend!r}")
         _check_choice("quantization", self.quantization, QUANTIZATIONS)
         _check_choice("cpu_isa", self.cpu_isa, CPU_ISAS)
+        _check_choice("activation_quant", self.activation_quant, ACTIVATION_QUANTS)
         check(self.num_threads >= 0, "num_threads", f"must be >= 0, got {self.num_threads}")
         _check_choice("dtype", self.dtype, DTYPES)
         check(self.device in DEVICES or _is_cuda_index(self.device), "device",
