@@ -17,6 +17,11 @@ Sections:
             the first --single-requests requests; and the most tok/s fp32 arithmetic allows on
             this workload here (fp32_ceiling: its linear layers' FLOPs at the machine's best fp32
             matmul rate, the same threads)
+  actquant  the default model's GGUF (fp32), fp32 activations (--activation-quant none) against int8
+            activations (int8, kernels/csrc/quant_dot.c), interleaved: batch-1 decode tok/s and the
+            prefill of one --prefill-len (512) token prompt in tok/s; the CPU tier named. llama-bench's
+            tg and pp512 on the same file join as (l) where --llama-cpp-dir is given (not yet run: a
+            quiet machine's job)
   parity    greedy tokens of the engine on the GGUF (fp32) against llama-server's on the same
             file, per chat prompt: token-equal, or where they first differ and how close our
             top two were there (a near-tie: llama.cpp rounds activations to 8 bits, we don't)
@@ -57,6 +62,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--decode-steps", type=int, default=48)
     parser.add_argument("--single-requests", type=int, default=4)
     parser.add_argument("--parity-tokens", type=int, default=32)
+    parser.add_argument("--prefill-len", type=int, default=512)
     parser.add_argument("--out", default="quant")
     return parser.parse_args()
 
@@ -112,6 +118,43 @@ def section_decode(folder: Path, args, llama_bench) -> dict:
         skipped["(l) llama.cpp llama-bench, same file"] = llama_bench[1]
     return {"values": interleave(contenders, args.rounds), "skipped": skipped, "baseline": "(l) llama.cpp "
             "llama-bench, same file"}
+
+
+def prefill_rate(llm, length: int, tag: str) -> float:
+    """Tokens/s of one prompt of `length` tokens taken in one step (nothing cached), then finished."""
+    from pagedserve import SamplingParams
+    rng = random.Random(1)
+    prompt = [rng.randrange(16, 49000) for _ in range(length)]
+    llm.scheduler.add_request(f"{tag}-{time.monotonic_ns()}", prompt,
+                              SamplingParams(temperature=0, max_tokens=1, ignore_eos=True))
+    start = time.perf_counter()
+    llm.engine.step()
+    rate = length / (time.perf_counter() - start)
+    while llm.scheduler.has_unfinished():
+        llm.engine.step()
+    return rate
+
+
+def section_actquant(folder: Path, args, llama_bench) -> dict:
+    from kernels import cpu_kernels
+    kw = dict(quantization="gguf", dtype="float32", num_threads=args.threads,
+              max_num_batched_tokens=max(2048, args.prefill_len))
+    fp32 = engine(folder, activation_quant="none", **kw)
+    int8 = engine(folder, activation_quant="int8", **kw)
+    decode = {"(a) GGUF Q4_1, fp32 activations": lambda: decode_rate(fp32, args.decode_steps, "a"),
+              "(i) GGUF Q4_1, int8 activations": lambda: decode_rate(int8, args.decode_steps, "i")}
+    prefill = {"(a) GGUF Q4_1, fp32 activations": lambda: prefill_rate(fp32, args.prefill_len, "a"),
+               "(i) GGUF Q4_1, int8 activations": lambda: prefill_rate(int8, args.prefill_len, "i")}
+    skipped = {}
+    if llama_bench[0] is not None:
+        decode["(l) llama.cpp llama-bench tg, same file"] = lambda: llamacpp.bench_decode(
+            llama_bench[0], gguf_file(folder), args.threads, args.decode_steps)
+    else:
+        skipped["(l) llama.cpp llama-bench, same file"] = llama_bench[1]
+    values = interleave({**{f"decode {k}": v for k, v in decode.items()},
+                         **{f"prefill {args.prefill_len} {k}": v for k, v in prefill.items()}}, args.rounds)
+    return {"values": values, "skipped": skipped, "baseline": "decode (a) GGUF Q4_1, fp32 activations",
+            "tier": cpu_kernels.active_tier()}
 
 
 def greedy_tokens(llm, prompts: list[list[int]], max_tokens: int, logprobs: int | None = None):
@@ -269,12 +312,16 @@ def report(results: dict, args, load_before: str) -> Path:
     headers = ["contender", "tok/s (median)", "each round", "vs baseline"]
     titles = {"decode": "Batch-1 decode, default model from its Q4_1 GGUF (baseline: llama-bench)",
               "int8": "Batch-1 decode, int8 against bf16 weights (baseline: bf16)",
+              "actquant": "int8 against fp32 activations on the GGUF (decode and prefill tok/s; ratios against "
+                          "fp32 activations' decode: compare (i) with (a) within a phase)",
               "serve": "Concurrent ShareGPT requests (baseline: llama-cpp-python one at a time, else llama-server 1 slot)"}
     for key, title in titles.items():
         if key in results:
             parts.append(f"### {title}\n\n" + markdown_table(headers, rows_for(results[key])))
             if key == "serve":
                 parts.append(_ceiling_text(results[key]))
+            if key == "actquant":
+                parts.append(f"CPU kernel tier: {results[key]['tier']}.\n")
     if "int8" in results:
         lines = [f"- {c!r}: " + _compare_text(r) for c, r in zip(CHATS, results["int8"]["greedy_vs_fp32"])]
         parts.append("### int8 (fp32 activations) greedy tokens against fp32 weights\n\n" + "\n".join(lines))
@@ -327,6 +374,8 @@ def main() -> None:
             results[name] = section_decode(folder, args, bench_bin)
         elif name == "int8":
             results[name] = section_int8(folder, args)
+        elif name == "actquant":
+            results[name] = section_actquant(folder, args, bench_bin)
         elif name == "serve":
             results[name] = section_serve(folder, args, server_bin)
         elif name == "parity":

@@ -51,7 +51,7 @@ from kernels.norm import rms_norm_ref
 from kernels.rotary import apply_rotary_ref
 
 CSRC = Path(__file__).with_name("csrc")
-SOURCES = [CSRC / name for name in ("paged_attention.c", "elementwise.c", "gemm.c", "decoder.c", "quant_gemm.c", "row_parallel.c")]  # one library
+SOURCES = [CSRC / name for name in ("paged_attention.c", "elementwise.c", "gemm.c", "decoder.c", "quant_gemm.c", "quant_dot.c", "row_parallel.c")]  # one library
 COMMON_FLAGS = ["-O3", "-fopenmp", "-fPIC", "-std=gnu11", "-Wno-psabi"]
 TIERS = ("avx512", "avx2", "generic")  # best first; services.core.config.CPU_ISAS is ("auto", *TIERS)
 TIER_FLAGS = {
@@ -60,6 +60,8 @@ TIER_FLAGS = {
     "generic": [],  # the compiler's baseline target
     # tests only: the AVX-512 tier as built on an AVX-512 CPU without AVX-512 BF16
     "avx512-nobf16": ["-march=native", "-mno-avx512bf16"],
+    # tests only: AVX-512 without VNNI (quant_dot.c's vpmaddubsw path on an AVX-512 CPU)
+    "avx512-novnni": ["-march=native", "-mno-avx512vnni", "-mno-avx512bf16"],
 }
 # what each x86 tier needs from /proc/cpuinfo (x86-64-v3; v4 adds AVX-512 F/BW/CD/DQ/VL)
 _X86_V3 = {"avx", "avx2", "fma", "bmi1", "bmi2", "f16c", "movbe", "abm", "xsave"}

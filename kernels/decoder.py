@@ -221,7 +221,8 @@ class DecoderStack:
             slot.k_cache, slot.v_cache = k_cache.data_ptr(), v_cache.data_ptr()
             for i, name in enumerate(_LINEARS):  # 0: packed for gemm.c; else quant_gemm.c's format
                 weight = getattr(layer, name)
-                slot.formats[i] = weight.fmt if isinstance(weight, (QuantWeight, RowParallelWeight)) else 0
+                slot.formats[i] = (weight.kernel_fmt if isinstance(weight, QuantWeight) else weight.fmt
+                                   if isinstance(weight, RowParallelWeight) else 0)
         first, shape = self.layers[0], self.shape
         stack = _Stack(
             num_layers=len(self.layers), hidden=first.o.out_features, num_heads=shape.num_heads,

@@ -21,7 +21,7 @@ invariant path. `weight[ids]` dequantizes just those rows (the embedding lookup)
 from __future__ import annotations
 
 import ctypes
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -32,6 +32,7 @@ NAMES = {code: name for name, code in FORMATS.items()}
 BLOCK = 32
 BLOCK_BYTES = {Q4_0: 18, Q4_1: 20, Q8_0: 34}
 OK, OUT_OF_MEMORY, BAD_SHAPE = 0, 1, 2  # kernels/csrc/kernels.h
+ACT_INT8 = 0x100  # kernels.h's QUANT_ACT_INT8: a format code with this bit takes int8 activations
 
 
 def row_bytes(fmt: int, in_features: int) -> int:
@@ -51,6 +52,7 @@ class QuantWeight:
     out_features: int
     in_features: int
     dtype: torch.dtype
+    int8_activations: bool = False  # activations rounded to int8 per block of 32 (kernels/csrc/quant_dot.c)
 
     def __post_init__(self) -> None:
         want = (self.out_features, row_bytes(self.fmt, self.in_features))
@@ -66,6 +68,11 @@ class QuantWeight:
     def format(self) -> str:
         return NAMES[self.fmt]
 
+    @property
+    def kernel_fmt(self) -> int:
+        """The format code the C kernels take: fmt, with ACT_INT8 set for int8 activations."""
+        return self.fmt | ACT_INT8 if self.int8_activations else self.fmt
+
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         return quant_linear(x, self, bias)
 
@@ -79,8 +86,10 @@ class QuantWeight:
         return dequantize_rows(self.data, self.fmt, self.in_features)
 
     def with_dtype(self, dtype: torch.dtype) -> QuantWeight:
-        return QuantWeight(data=self.data, fmt=self.fmt, out_features=self.out_features, in_features=self.in_features,
-                           dtype=dtype)
+        return replace(self, dtype=dtype)
+
+    def with_activations(self, int8: bool) -> QuantWeight:
+        return replace(self, int8_activations=int8)
 
 
 def from_blocks(blocks: np.ndarray | torch.Tensor, fmt: int, in_features: int, dtype: torch.dtype) -> QuantWeight:
@@ -129,6 +138,9 @@ def quant_linear(x: torch.Tensor, weight: QuantWeight, bias: torch.Tensor | None
     if bias is not None and bias.numel() != weight.out_features:
         raise ValueError(f"quant_linear: bias has {bias.numel()} elements, the weight gives {weight.out_features}")
     lib = _library() if x.is_cpu and x.dtype in (torch.float32, torch.bfloat16) else None
+    if lib is None and weight.int8_activations:  # the reference gives the kernels' bits
+        return int8_linear_reference(x.reshape(-1, weight.in_features), weight, bias).to(x.dtype).view(
+            *x.shape[:-1], weight.out_features)
     if lib is None:
         from kernels.linear import invariant_linear  # dense fallback: dequantized on each call
 
@@ -144,7 +156,7 @@ def run_kernel(lib: ctypes.CDLL, x: torch.Tensor, weight: QuantWeight, bias: tor
     out = torch.empty(rows.shape[0], weight.out_features, dtype=x.dtype)
     if bias is not None:
         bias = bias.to(x.dtype).contiguous()
-    status = lib.quant_linear(rows.data_ptr(), stride, weight.data.data_ptr(), weight.fmt,
+    status = lib.quant_linear(rows.data_ptr(), stride, weight.data.data_ptr(), weight.kernel_fmt,
                               bias.data_ptr() if bias is not None else None, out.data_ptr(), weight.out_features,
                               rows.shape[0], weight.out_features, weight.in_features, int(x.dtype == torch.bfloat16),
                               torch.get_num_threads())
@@ -177,3 +189,86 @@ def declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         lib.quant_row_bytes.restype = i64
         _declared.add(id(lib))
     return lib
+
+
+# ---- int8 activations: the reference of kernels/csrc/quant_dot.c, bit for bit -----------------
+TINY = np.float32(2.0 ** -120)  # a block whose largest |x| is below this is all zeros
+
+
+def quantize_activations_reference(x: torch.Tensor) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """x [M, K] (any float dtype, widened to fp32) -> q int8 [M, B, 32], d fp32 [M, B], sum int32 [M, B],
+    sx fp32 [M, B] (d * sum): quant_dot.c's rounding rule (its header), per block of 32 from each
+    row's first element, the last block padded with zeros."""
+    values = x.detach().float().cpu().numpy()
+    rows, k = values.shape
+    blocks = -(-k // BLOCK)
+    padded = np.zeros((rows, blocks * BLOCK), dtype=np.float32)
+    padded[:, :k] = values
+    padded = padded.reshape(rows, blocks, BLOCK)
+    amax_bits = (padded.view(np.uint32) & np.uint32(0x7FFFFFFF)).max(axis=-1)
+    amax = amax_bits.view(np.float32)
+    nonfinite, tiny = amax_bits >= 0x7F800000, amax < TINY
+    zero = nonfinite | tiny
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        inv = np.where(zero, np.float32(0), np.float32(127) / np.where(zero, np.float32(1), amax))
+        q = np.rint(padded * inv[..., None]).astype(np.int32)  # half to even, as the kernels round
+        q[zero] = 0
+        d = np.where(nonfinite, np.float32(np.nan), np.where(tiny, np.float32(0), amax / np.float32(127)))
+    d = d.astype(np.float32)
+    total = q.sum(axis=-1).astype(np.int32)
+    sx = np.where(zero, np.float32(0), d * total.astype(np.float32)).astype(np.float32)
+    return q.astype(np.int8), d, total, sx
+
+
+def fma32(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """fp32 a * b + c rounded once (what fmaf and the FMA instructions give): the product is exact in
+    fp64, the sum is rounded to odd in fp64 (TwoSum, then the odd neighbour when inexact), and
+    rounding that to fp32 is the correctly rounded result."""
+    product = np.asarray(a, dtype=np.float64) * np.asarray(b, dtype=np.float64)
+    addend = np.asarray(c, dtype=np.float64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        total = product + addend
+        back = total - product
+        error = (product - (total - back)) + (addend - back)
+        even = (total.view(np.int64) & 1) == 0
+        toward = np.where(error > 0, np.inf, -np.inf)
+        total = np.where((error != 0) & even & np.isfinite(total), np.nextafter(total, toward), total)
+    return total.astype(np.float32)
+
+
+def _integer_blocks(weight: QuantWeight) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None, np.ndarray | None]:
+    """The weight's integers [N, B, 32] (int32) and its per-block d, m [N, B] (GGUF) or row scale [N] (INT8)."""
+    data = weight.data.numpy()
+    n, k = weight.out_features, weight.in_features
+    if weight.fmt == INT8:
+        blocks = -(-k // BLOCK)
+        values = np.zeros((n, blocks * BLOCK), dtype=np.int32)
+        values[:, :k] = data[:, 4:].view(np.int8)
+        return values.reshape(n, blocks, BLOCK), None, None, data[:, :4].copy().view(np.float32)[:, 0]
+    raw = data.reshape(n, k // BLOCK, BLOCK_BYTES[weight.fmt])
+    d = raw[..., :2].copy().view(np.float16).astype(np.float32)[..., 0]
+    if weight.fmt == Q8_0:
+        return raw[..., 2:].copy().view(np.int8).astype(np.int32), d, None, None
+    qs = raw[..., 4:] if weight.fmt == Q4_1 else raw[..., 2:]
+    u = np.concatenate([qs & 0x0F, qs >> 4], axis=-1).astype(np.int32)
+    if weight.fmt == Q4_0:
+        return u - 8, d, None, None
+    return u, d, raw[..., 2:4].copy().view(np.float16).astype(np.float32)[..., 0], None
+
+
+def int8_linear_reference(x: torch.Tensor, weight: QuantWeight, bias: torch.Tensor | None) -> torch.Tensor:
+    """x [M, K] W^T + bias with int8 activations -> fp32 [M, N], the bits of quant_dot.c (round to
+    bf16 with .to() for a bf16 result): one fp32 chain per output over the blocks, in block order."""
+    q, dx, _, sx = quantize_activations_reference(x)
+    w, dw, mw, scale = _integer_blocks(weight)
+    rows, n = q.shape[0], weight.out_features
+    acc = np.zeros((rows, n), dtype=np.float32)
+    for b in range(q.shape[1]):
+        isum = (q[:, b, :].astype(np.int64) @ w[:, b, :].astype(np.int64).T).astype(np.float32)  # exact
+        step = dx[:, b, None] * np.ones((1, n), np.float32) if dw is None else dx[:, b, None] * dw[None, :, b]
+        acc = fma32(step.astype(np.float32), isum, acc)
+        if mw is not None:
+            acc = fma32(mw[None, :, b], sx[:, b, None], acc)
+    add = np.zeros(n, np.float32) if bias is None else bias.detach().float().numpy()
+    ones = np.ones(n, np.float32) if scale is None else scale
+    return torch.from_numpy(fma32(acc, ones[None, :], add[None, :]))

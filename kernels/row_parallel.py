@@ -79,7 +79,7 @@ def split_quant(weight: QuantWeight, groups: int) -> list[QuantWeight]:
             width = row_bytes(weight.fmt, kg)
             part = data[:, g * width:(g + 1) * width]
         parts.append(QuantWeight(data=part.contiguous(), fmt=weight.fmt, out_features=weight.out_features,
-                                 in_features=kg, dtype=weight.dtype))
+                                 in_features=kg, dtype=weight.dtype, int8_activations=weight.int8_activations))
     return parts
 
 
@@ -111,11 +111,12 @@ class RowParallelWeight:
 
     @property
     def fmt(self) -> int | None:
-        """0: packed for gemm.c; a quant format; None: dense (the reference path)."""
+        """0: packed for gemm.c; a quant format (as the C kernels take it: QuantWeight.kernel_fmt); None:
+        dense (the reference path)."""
         from kernels.linear import GemmWeight
 
         first = self.parts[0]
-        return 0 if isinstance(first, GemmWeight) else first.fmt if isinstance(first, QuantWeight) else None
+        return 0 if isinstance(first, GemmWeight) else first.kernel_fmt if isinstance(first, QuantWeight) else None
 
     @classmethod
     def build(cls, parts: list, total_groups: int, gather: Gather | None = None,
@@ -151,7 +152,12 @@ class RowParallelWeight:
         fmt = self.fmt
         if fmt is None or not rows.is_cpu or not cpu_kernels.is_available() or rows.dtype != self.dtype:
             from kernels.linear import GemmWeight
+            from kernels.quant import int8_linear_reference
 
+            if all(isinstance(p, QuantWeight) and p.int8_activations for p in self.parts):  # the kernels' bits
+                kg = self.parts[0].in_features
+                return torch.stack([int8_linear_reference(rows[:, g * kg:(g + 1) * kg], p, None)
+                                    for g, p in enumerate(self.parts)])
             if any(isinstance(p, GemmWeight) for p in self.parts):
                 raise TypeError("row_parallel: weights packed for gemm.c need the compiled kernels")
             dense = [p.dequantize().to(rows.dtype) if isinstance(p, QuantWeight) else p for p in self.parts]

@@ -19,6 +19,9 @@ Prompt = str | list[int]
 
 
 class LLM:
+    """Every engine argument by vLLM's name, e.g. LLM(model, speculative_config={"method": "ngram",
+    "num_speculative_tokens": 4}) (services/core/config.py EngineArgs)."""
+
     def __init__(self, model: str | None = None, num_workers: int = 1, **engine_args):
         self.args = EngineArgs.from_kwargs(model or "default", **engine_args)
         self.engine = Engine(self.args, num_workers)

@@ -23,7 +23,7 @@ from services.core.errors import InvalidArgument
 
 ENV_PREFIX = "PAGEDSERVE_"
 TRUE = ("1", "true", "yes", "on")
-METAVARS = {"int": "N", "float": "NUM", "str": "TEXT", "Path": "PATH"}
+METAVARS = {"int": "N", "float": "NUM", "str": "TEXT", "Path": "PATH", "SpeculativeConfig": "JSON"}
 
 
 def env_name(flag: str) -> str:
@@ -50,6 +50,12 @@ class Flag:
     @property
     def metavar(self) -> str:
         return METAVARS.get(self.type.__name__, "VALUE")
+
+    @property
+    def parse(self):
+        """Text -> value. A setting whose type is a dataclass (speculative_config, given as JSON) stays
+        text: the dataclass that holds it parses it when built, so a refusal names its flag."""
+        return str if dataclasses.is_dataclass(self.type) else self.type
 
     def default_value(self) -> Any:
         if self.default is not dataclasses.MISSING:
@@ -112,7 +118,7 @@ def _from_env(flag: Flag, env: Mapping[str, str]) -> Any:
     for name in (flag.name, *flag.aliases):
         raw = env.get(env_name(name))
         if raw is not None:
-            return raw.lower() in TRUE if flag.is_switch else flag.type(raw)
+            return raw.lower() in TRUE if flag.is_switch else flag.parse(raw)
     return flag.default_value()
 
 
@@ -124,7 +130,7 @@ def add_config_flags(parser: argparse.ArgumentParser, *classes: type, env: Mappi
             parser.add_argument(flag.name, *flag.aliases, dest=flag.dest, default=default, action=_OldName,
                                 old_names=flag.aliases, help=describe(flag))
         else:
-            parser.add_argument(flag.name, *flag.aliases, dest=flag.dest, default=default, type=flag.type,
+            parser.add_argument(flag.name, *flag.aliases, dest=flag.dest, default=default, type=flag.parse,
                                 help=describe(flag), metavar=flag.metavar)
 
 

@@ -4,6 +4,9 @@
 #include <stdint.h>
 
 enum { KERNEL_OK = 0, KERNEL_OUT_OF_MEMORY = 1, KERNEL_BAD_SHAPE = 2 };
+/* a quantized weight's format code (quant_gemm.c) with this bit set: the activations are rounded to
+ * int8 per block of 32 and each block is an integer dot product (quant_dot.c) */
+enum { QUANT_ACT_INT8 = 0x100 };
 
 int paged_attention(const void *q, int64_t q_stride, int io_bf16, float scale, const void *k_cache,
                     const void *v_cache, int is_bf16, const int64_t *block_tables, int64_t max_blocks,
@@ -47,3 +50,6 @@ void fold_partials(const float *partials, int64_t groups, int64_t m, int64_t n, 
                    int num_threads);
 int quant_linear(const void *x, int64_t ldx, const void *w, int fmt, const void *bias, void *out, int64_t ldo,
                  int64_t m, int64_t n, int64_t k, int is_bf16, int num_threads);
+/* quant_dot.c: quant_linear_into's path for a format with QUANT_ACT_INT8 (passed without the bit) */
+int quant_linear_int8(const void *x, int64_t ldx, const void *w, int fmt, const void *bias, void *out, int64_t ldo,
+                      int64_t m, int64_t n, int64_t k, int is_bf16, int out_bf16, int num_threads);

@@ -160,6 +160,19 @@ class BlockManager:
         self._tables.setdefault(seq_id, []).extend(new_block_ids)
         return new_block_ids
 
+    def trim(self, seq_id: int, num_total_tokens: int) -> int:
+        """Give back the device blocks past those covering num_total_tokens slots (the slots of
+        drafted tokens that were rejected), tail first; returns how many. Those blocks were
+        allocated past the computed tokens, so none is shared or cached. ValueError if the
+        sequence is swapped out."""
+        table = self._device_table(seq_id)
+        keep = max(self.num_blocks_needed(num_total_tokens), 1)
+        dropped = table[keep:]
+        if dropped:
+            del table[keep:]
+            self._pool.release(dropped[::-1])
+        return len(dropped)
+
     def free(self, seq_id: int) -> None:
         """Release all the sequence's device blocks (ref-1; ref 0 -> free pool, tail first)
         and forget the sequence. Also releases CPU blocks if it is swapped out. No-op for

@@ -11,10 +11,12 @@ reads the environment: each service's `main` does, through its flags.
     SchedulerConfig  the scheduler's policy, budgets and limits
     WorkerConfig     the model a worker loads and the kernels it runs
     LogConfig        every service's log level
+    SpeculativeConfig  speculative decoding (vLLM's `speculative_config`), held by SchedulerConfig
 """
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -29,8 +31,11 @@ KERNEL_BACKENDS = ("auto", "torch", "cpu", "triton")
 CPU_ISAS = ("auto", "avx512", "avx2", "generic")  # the CPU kernels' tiers (kernels.cpu_kernels.TIERS)
 # auto: gguf where the model folder holds a GGUF file (the default model) and the device is the CPU, else none
 QUANTIZATIONS = ("auto", "none", "gguf", "int8")
+ACTIVATION_QUANTS = ("auto", "none", "int8")
+AUTO_ACTIVATION_QUANT = "none"  # what auto means, measured in bench/results/activation_quality.md  # quantized weights' activations (kernels/csrc/quant_dot.c)
 LOG_LEVELS = ("debug", "info", "warning", "error")
 DEFAULT_MAX_MODEL_LEN = 4096  # the cap when max_model_len comes from the model
+SPECULATIVE_METHODS = ("ngram", "suffix")
 
 
 def setting(default: Any = dataclasses.MISSING, help: str = "", *, flag: str | None = None,
@@ -89,6 +94,75 @@ class CacheConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class SpeculativeConfig:
+    """Speculative decoding with drafts that need no model, verified exactly (services/core/spec_decode.py):
+    a drafted token is kept only where it equals the token the sampler draws at its place, so the
+    output is the same, bit for bit, with it on or off. vLLM's names where vLLM has the idea.
+
+    Given as JSON on the command line (--speculative-config '{"method": "ngram", ...}'), or as a dict
+    or a SpeculativeConfig to LLM(speculative_config=...)."""
+
+    method: str = setting("ngram", f"one of {SPECULATIVE_METHODS}")
+    num_speculative_tokens: int = setting(4, "tokens drafted per step (k); the verify pass runs k + 1")
+    prompt_lookup_max: int = setting(4, "ngram: the longest suffix of the context looked up")
+    prompt_lookup_min: int = setting(2, "ngram: the shortest")
+    # suffix decoding (Arctic's): a tree over the request's prompt and output, and one over past outputs
+    suffix_max_depth: int = setting(24, "suffix: the longest context suffix matched in the trees")
+    suffix_min_count: int = setting(1, "suffix: a continuation must have been seen this often")
+    suffix_global_max_tokens: int = setting(
+        0, "suffix: tokens of past outputs kept in the global tree, oldest dropped first (0: no global tree)")
+    # when it stops paying: chosen, not yet backed by bench/spec.py's batch sweep (the run on the shared host was
+    # killed before it; bench/results/spec.md)
+    disable_by_batch_size: int = setting(
+        8, "no drafts in a step of a worker running this many sequences or more (0: never disabled)")
+    min_acceptance_rate: float = setting(
+        0.2, "a request stops drafting once, after min_draft_tokens drafted tokens, fewer than this share "
+             "were accepted")
+    min_draft_tokens: int = setting(32, "drafted tokens of a request before its acceptance is judged")
+
+    def __post_init__(self) -> None:
+        _check_choice("method", self.method, SPECULATIVE_METHODS)
+        check(1 <= self.num_speculative_tokens <= 32, "num_speculative_tokens",
+              f"must be in 1..32, got {self.num_speculative_tokens}")
+        check(1 <= self.prompt_lookup_min <= self.prompt_lookup_max, "prompt_lookup_min",
+              f"need 1 <= prompt_lookup_min <= prompt_lookup_max, got {self.prompt_lookup_min}, "
+              f"{self.prompt_lookup_max}")
+        check(self.suffix_max_depth >= 1, "suffix_max_depth", "must be >= 1")
+        check(self.suffix_min_count >= 1, "suffix_min_count", "must be >= 1")
+        check(self.suffix_global_max_tokens >= 0, "suffix_global_max_tokens", "must be >= 0")
+        check(self.disable_by_batch_size >= 0, "disable_by_batch_size", "must be >= 0")
+        check(0.0 <= self.min_acceptance_rate <= 1.0, "min_acceptance_rate", "must be in [0, 1]")
+        check(self.min_draft_tokens >= 1, "min_draft_tokens", "must be >= 1")
+
+    @classmethod
+    def of(cls, value: SpeculativeConfig | dict | str | None) -> SpeculativeConfig | None:
+        """From what a user gives: None, a dict, a JSON text (the flag's) or one of these.
+        Unknown keys are refused naming them; an empty text or "null" is None."""
+        if value is None or isinstance(value, cls):
+            return value
+        if isinstance(value, str):
+            if value.strip() in ("", "null", "none", "None"):
+                return None
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as error:
+                raise InvalidArgument("speculative_config", f"not JSON: {error}") from None
+        check(isinstance(value, dict), "speculative_config", "must be a JSON object, e.g. {\"method\": \"ngram\"}")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(value) - known)
+        check(not unknown, "speculative_config", f"unknown key(s) {unknown}; known: {sorted(known)}")
+        try:
+            return cls(**value)
+        except InvalidArgument as error:  # named by the setting, so the flag's refusal names the flag
+            raise InvalidArgument("speculative_config", f"{error.field}: {error.message}") from None
+        except TypeError as error:
+            raise InvalidArgument("speculative_config", str(error)) from None
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+
+@dataclass(frozen=True, kw_only=True)
 class SchedulerConfig:
     """The scheduler's policy, budgets and limits (per worker where it says so)."""
 
@@ -107,8 +181,13 @@ class SchedulerConfig:
         True, "plan each worker's next decode step while it runs this one, so it runs it while the result "
               "travels (services/core/async_scheduling.py); the old name --overlap-steps still works",
         aliases=("--overlap-steps",))
+    speculative_config: SpeculativeConfig | None = setting(
+        None, 'speculative decoding as JSON, vLLM\'s spelling: {"method": "ngram", "num_speculative_tokens": 4, '
+              '"prompt_lookup_max": 4, "prompt_lookup_min": 2} or {"method": "suffix", ...}; drafts are verified '
+              'exactly, so the output is the same with it on or off (default: off)')
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "speculative_config", SpeculativeConfig.of(self.speculative_config))
         if self.max_model_len == 0:  # the command line's "from the model"
             object.__setattr__(self, "max_model_len", None)
         _check_block_size(self.block_size)
@@ -153,6 +232,10 @@ class WorkerConfig:
     quantization: str = setting(
         "auto", "the weights: auto (on the CPU, the folder's GGUF if it has one; else none), none, gguf or int8 (per "
                 "channel, at load); gguf and int8 run on the CPU only")
+    activation_quant: str = setting(
+        "auto", "the activations a quantized weight multiplies: none (the model's dtype), int8 (rounded per row in "
+                "blocks of 32, integer dot products; the same bits on every CPU tier); auto: "
+                + AUTO_ACTIVATION_QUANT + " (README, 'Int8 activations')")
     cpu_isa: str = setting("auto", f"the CPU kernels' tier, one of {CPU_ISAS}; auto: the best this CPU executes")
     tensor_parallel_size: int = setting(1, "ranks that split each layer (heads, MLP columns, vocabulary) of one "
                                            "model copy; the same bits at every size (docs/ARCHITECTURE.md)")
@@ -174,6 +257,7 @@ class WorkerConfig:
               f"one of ('gloo', 'nccl'), got {self.distributed_backend!r}")
         _check_choice("quantization", self.quantization, QUANTIZATIONS)
         _check_choice("cpu_isa", self.cpu_isa, CPU_ISAS)
+        _check_choice("activation_quant", self.activation_quant, ACTIVATION_QUANTS)
         check(self.num_threads >= 0, "num_threads", f"must be >= 0, got {self.num_threads}")
         _check_choice("dtype", self.dtype, DTYPES)
         check(self.device in DEVICES or _is_cuda_index(self.device), "device",

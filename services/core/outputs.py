@@ -53,15 +53,19 @@ class OutputCollector:
             self.output.prompt_logprobs = update.prompt_logprobs
         if out.finish_reason is not None:
             return False
-        out.token_ids += update.new_token_ids
-        if update.new_logprobs and out.logprobs is not None:
-            out.logprobs += update.new_logprobs
         stopped = False
-        if detok is not None:
-            delta = detok.add(update.new_token_ids)
-            out.text += delta.text
-            if delta.stop is not None:
-                out.finish_reason, out.stop_reason, stopped = "stop", delta.stop, True
+        # token by token: an update of several tokens (speculative decoding) reads as that many
+        # steps would, and a stop string ends the sample at its token, the later ones dropped
+        for i, token in enumerate(update.new_token_ids):
+            out.token_ids.append(token)
+            if update.new_logprobs and out.logprobs is not None:
+                out.logprobs.append(update.new_logprobs[i])
+            if detok is not None:
+                delta = detok.add([token])
+                out.text += delta.text
+                if delta.stop is not None:
+                    out.finish_reason, out.stop_reason, stopped = "stop", delta.stop, True
+                    break
         if update.finish_reason and out.finish_reason is None:
             out.finish_reason, out.stop_reason = update.finish_reason, update.stop_reason
             if detok is not None:

@@ -19,6 +19,7 @@ from services.core.policy import WaitingQueue, policy_key
 from services.core.sampling_params import SamplingParams
 from services.core.seeding import new_request_seed
 from services.core.sequence import ContinuedSample, Request, Sequence, SeqStatus, SeqUpdate
+from services.core.spec_decode import Speculator
 from services.core.stats import SchedulerStats, WorkerStats
 from services.core.stop import finish_reason
 from services.core.step import CachedSequence, NewSequence, StepDelta, StepResult, WorkerInfo
@@ -41,8 +42,9 @@ class _Plan:
 
     worker_id: str
     delta: StepDelta
-    scheduled: list[tuple[Sequence, int]] = field(default_factory=list)
+    scheduled: list[tuple[Sequence, int]] = field(default_factory=list)  # (seq, tokens run, drafts included)
     num_tokens: int = 0
+    drafts: dict[int, list[int]] = field(default_factory=dict)  # seq_id -> its drafted tokens (speculation)
 
 
 class Scheduler:
@@ -62,6 +64,8 @@ class Scheduler:
         self._inflight: dict[str, _Plan] = {}
         # seeds for requests that bring none: reproducible from the engine seed, like vLLM's
         self._seeds = random.Random(config.seed) if config.seed is not None else None
+        # speculative decoding: drafts verified exactly (services/core/spec_decode.py)
+        self.speculator = Speculator(config.speculative_config) if config.speculative_config else None
 
     # ---- workers ---------------------------------------------------------------
     def add_worker(self, worker_id: str, info: WorkerInfo) -> None:
@@ -238,11 +242,15 @@ class Scheduler:
         for worker_id, plan in plans.items():
             queue = sorted((s for s in self.running.values() if s.worker_id == worker_id), key=self._key)
             blocks = self.workers[worker_id].blocks
+            speculate = self.speculator is not None and self.speculator.pays_at(len(queue))
             while queue:
                 seq = queue.pop(0)
                 num_new = self._num_new_tokens(seq, plan)
                 if num_new == 0:
                     continue
+                drafts = self._drafts(seq, num_new, plan) if speculate else []
+                if drafts and not blocks.can_allocate(seq.seq_id, seq.num_computed_tokens + num_new + len(drafts)):
+                    drafts = []  # drafts never preempt anyone
                 while not blocks.can_allocate(seq.seq_id, seq.num_computed_tokens + num_new):
                     victim = queue.pop() if queue else seq  # lowest priority goes first
                     self._preempt(victim, plan)
@@ -250,8 +258,22 @@ class Scheduler:
                     if victim is seq:
                         break
                 else:
-                    self._allocate(seq, num_new, plan)
+                    self._allocate(seq, num_new, plan, drafts)
         return preempted
+
+    def _drafts(self, seq: Sequence, num_new: int, plan: _Plan) -> list[int]:
+        """Tokens drafted to verify after seq's last one: only for a sequence in decode that the
+        worker holds (and whose parallel samples are forked), within the token budget and what the
+        sequence may still generate."""
+        request = seq.request
+        if num_new != 1 or seq.num_computed_tokens + 1 != seq.num_tokens or seq.num_tokens_on_worker == 0:
+            return []
+        if request.params.n > 1 and not request.forked:
+            return []
+        room = min(request.params.max_tokens - len(seq.output_token_ids),
+                   self.config.max_model_len - seq.num_tokens,
+                   self.config.max_num_batched_tokens - plan.num_tokens) - 1  # the sampler's own token
+        return self.speculator.propose(seq.seq_id, seq.token_ids, room) if room > 0 else []
 
     def _schedule_swapped(self, plans: dict[str, _Plan]) -> None:
         for seq in sorted(self.swapped.values(), key=self._key):
@@ -302,12 +324,16 @@ class Scheduler:
         num_running = sum(1 for s in self.running.values() if s.worker_id == plan.worker_id)
         return num_running < self.config.max_num_seqs
 
-    def _allocate(self, seq: Sequence, num_new: int, plan: _Plan) -> None:
+    def _allocate(self, seq: Sequence, num_new: int, plan: _Plan, drafts: list[int] = ()) -> None:
+        """Slots for num_new tokens and the drafts after them (given back on rejection: _apply_verified)."""
+        num_new += len(drafts)
         blocks = self.workers[seq.worker_id].blocks
         if blocks.allocate_slots(seq.seq_id, seq.num_computed_tokens + num_new) is None:
             raise AssertionError("allocate_slots failed after can_allocate")
         plan.scheduled.append((seq, num_new))
         plan.num_tokens += num_new
+        if drafts:
+            plan.drafts[seq.seq_id] = list(drafts)
 
     def _preempt(self, seq: Sequence, plan: _Plan) -> None:
         self.num_preemptions += 1
@@ -342,7 +368,8 @@ class Scheduler:
                 plan.delta.cached_seqs.append(CachedSequence(
                     seq_id=seq.seq_id, new_token_ids=seq.output_token_ids[seq.num_tokens_on_worker - num_prompt:],
                     new_block_ids=table[seq.num_blocks_on_worker:], num_computed_tokens=seq.num_computed_tokens,
-                    num_scheduled_tokens=num_new))
+                    num_scheduled_tokens=num_new, draft_token_ids=plan.drafts.get(seq.seq_id, []),
+                    num_kept_blocks=seq.num_blocks_on_worker))
             seq.num_tokens_on_worker, seq.num_blocks_on_worker = seq.num_tokens, len(table)
 
     # ---- results ---------------------------------------------------------------
@@ -355,11 +382,14 @@ class Scheduler:
             if seq.is_finished or seq.worker_id != worker_id or seq.status is not SeqStatus.RUNNING:
                 continue
             self._add_prompt_logprobs(seq, result.prompt_logprobs.get(seq.seq_id))
-            seq.num_computed_tokens += num_new
+            seq.num_computed_tokens += num_new - len(plan.drafts.get(seq.seq_id, ()))
             blocks.cache_full_blocks(seq.seq_id, seq.token_ids, seq.num_computed_tokens)
         for output in result.outputs:
             seq = self.seqs.get(output.seq_id)
             if seq is None or seq.is_finished:
+                continue
+            if seq.seq_id in plan.drafts:
+                updates.append(self._apply_verified(seq, plan.drafts[seq.seq_id], output, blocks))
                 continue
             children = self._fork(seq, output.token_ids[1:], output.logprobs, worker_id)
             for s, token, lp in [(seq, output.token_ids[0], output.logprobs[0] if output.logprobs else None)] + children:
@@ -395,22 +425,49 @@ class Scheduler:
         return children
 
     def _append(self, seq: Sequence, token: int, logprob) -> SeqUpdate:
-        params = seq.request.params
-        seq.output_token_ids.append(token)
-        if logprob is not None:
-            seq.logprobs.append(logprob)
-        finish = finish_reason(params, token, len(seq.output_token_ids), self._eos(seq), seq.num_tokens,
-                               self.config.max_model_len)
-        if finish is not None:
-            seq.stop_reason = finish.stop_token_id
-            self._finish(seq, finish.reason)
-        return self._update_of(seq, [token], [logprob] if logprob is not None else None)
+        return self._append_tokens(seq, [token], [logprob])
+
+    def _append_tokens(self, seq: Sequence, tokens: list[int], logprobs: list) -> SeqUpdate:
+        """Append tokens in order under the stop rule; those after the one that ends seq are dropped."""
+        params, appended = seq.request.params, 0
+        for token, logprob in zip(tokens, logprobs):
+            seq.output_token_ids.append(token)
+            if logprob is not None:
+                seq.logprobs.append(logprob)
+            appended += 1
+            finish = finish_reason(params, token, len(seq.output_token_ids), self._eos(seq), seq.num_tokens,
+                                   self.config.max_model_len)
+            if finish is not None:
+                seq.stop_reason = finish.stop_token_id
+                self._finish(seq, finish.reason)
+                break
+        kept_logprobs = [lp for lp in logprobs[:appended] if lp is not None]
+        return self._update_of(seq, tokens[:appended], kept_logprobs or None)
+
+    def _apply_verified(self, seq: Sequence, drafts: list[int], output, blocks: BlockManager) -> SeqUpdate:
+        """A verify pass's result: the drafts it kept, then the sampler's own token. The kept drafts'
+        K/V are computed; the slots of the rejected ones are given back (whole blocks past the
+        sequence's tokens), and the worker told so by the next delta (num_kept_blocks)."""
+        tokens = output.token_ids
+        num_accepted = len(tokens) - 1
+        if not 0 <= num_accepted <= len(drafts) or tokens[:num_accepted] != drafts[:num_accepted]:
+            raise AssertionError(f"sequence {seq.seq_id}: the worker kept {tokens[:-1]} of the drafts {drafts}")
+        self.speculator.record(seq.seq_id, len(drafts), num_accepted)
+        seq.num_computed_tokens += num_accepted
+        blocks.cache_full_blocks(seq.seq_id, seq.token_ids + tokens[:num_accepted], seq.num_computed_tokens)
+        update = self._append_tokens(seq, tokens, output.logprobs or [None] * len(tokens))
+        if not seq.is_finished:
+            blocks.trim(seq.seq_id, seq.num_tokens)
+            seq.num_blocks_on_worker = min(seq.num_blocks_on_worker, len(blocks.block_table(seq.seq_id)))
+        return update
 
     def _eos(self, seq: Sequence) -> tuple[int, ...]:
         slot = self.workers.get(seq.worker_id)
         return slot.info.eos_token_ids if slot else ()
 
     def _finish(self, seq: Sequence, reason: str) -> None:
+        if self.speculator is not None:
+            self.speculator.forget(seq.seq_id, seq.output_token_ids if reason != "abort" else None)
         seq.status, seq.finish_reason = SeqStatus.FINISHED, reason
         self.running.pop(seq.seq_id, None)
         self.swapped.pop(seq.seq_id, None)
@@ -455,6 +512,8 @@ class Scheduler:
         running = Counter(seq.worker_id for seq in self.running.values())
         workers = tuple(WorkerStats(worker_id=worker_id, num_running=running[worker_id], **vars(slot.blocks.stats))
                         for worker_id, slot in sorted(self.workers.items()))
+        spec = self.speculator.stats if self.speculator is not None else None
         return SchedulerStats(num_waiting=len(self.waiting), num_running=len(self.running),
                               num_swapped=len(self.swapped), num_preemptions=self.num_preemptions, workers=workers,
-                              max_model_len=self.config.max_model_len)
+                              max_model_len=self.config.max_model_len,
+                              **(spec.as_stats() if spec is not None else {}))

@@ -42,6 +42,11 @@ class SchedulerStats:
     vocab_size: int = 0  # of the served model (0 until a worker registered)
     model: str = ""  # the model folder the workers loaded
     batch_invariant: bool = False  # the workers' deterministic mode
+    # speculative decoding (services/core/spec_decode.py), vLLM's counters, since the scheduler started
+    spec_decode_num_drafts: int = 0  # sequence-steps that verified drafts
+    spec_decode_num_draft_tokens: int = 0  # tokens drafted
+    spec_decode_num_accepted_tokens: int = 0  # drafted tokens kept
+    spec_decode_num_accepted_tokens_per_pos: tuple[int, ...] = ()  # [i]: kept at draft position i
 
     @property
     def num_workers(self) -> int:

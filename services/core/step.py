@@ -38,9 +38,15 @@ class CachedSequence:
 
     seq_id: int
     new_token_ids: list[int]  # tokens appended by the scheduler since the last step
-    new_block_ids: list[int]  # blocks appended to the table
+    new_block_ids: list[int]  # blocks appended to the table (after num_kept_blocks)
     num_computed_tokens: int
-    num_scheduled_tokens: int
+    num_scheduled_tokens: int  # drafts included
+    # speculative decoding (services/core/spec_decode.py): tokens to verify after the sequence's last
+    # one, run in this step; the output is the drafts kept and then the sampler's own token
+    draft_token_ids: list[int] = field(default_factory=list)
+    # the table keeps this many blocks before new_block_ids are appended (blocks of rejected drafts
+    # were given back); None: all it holds
+    num_kept_blocks: int | None = None
 
 
 @dataclass(kw_only=True)
@@ -80,7 +86,9 @@ class SeqOutput:
     """What a step produced for one sequence that reached the end of its tokens."""
 
     seq_id: int
-    token_ids: list[int]  # one sampled token; num_samples of them at a fork
+    # one sampled token; num_samples of them at a fork; after drafts, the drafts kept and then the
+    # sampler's own token at the first one rejected (or after the last)
+    token_ids: list[int]
     logprobs: list[Logprobs] | None = None  # one per token id, when asked
 
 

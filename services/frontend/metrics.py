@@ -146,7 +146,21 @@ class SchedulerCollector:
                            [([w.worker_id], w.prefix_cache_queries) for w in workers], ["worker"])
         yield self._family(CounterMetricFamily, "prefix_cache_hits", "Prompt tokens found in the prefix cache.",
                            [([w.worker_id], w.prefix_cache_hits) for w in workers], ["worker"])
+        yield from self._spec_decode(stats)
         yield from self._inference_extension(stats)
+
+    def _spec_decode(self, stats: SchedulerStats):
+        """Speculative decoding's counters, vLLM's names (services/core/spec_decode.py)."""
+        for name, doc, value in (
+                ("spec_decode_num_drafts", "Sequence-steps that verified drafted tokens.", stats.spec_decode_num_drafts),
+                ("spec_decode_num_draft_tokens", "Drafted tokens.", stats.spec_decode_num_draft_tokens),
+                ("spec_decode_num_accepted_tokens", "Drafted tokens accepted (equal to the sampler's own).",
+                 stats.spec_decode_num_accepted_tokens)):
+            yield self._family(CounterMetricFamily, name, doc, [([], value)])
+        yield self._family(CounterMetricFamily, "spec_decode_num_accepted_tokens_per_pos",
+                           "Drafted tokens accepted, by their position in the draft.",
+                           [([str(pos)], n) for pos, n in enumerate(stats.spec_decode_num_accepted_tokens_per_pos)],
+                           ["position"])
 
     def _inference_extension(self, stats: SchedulerStats):
         """The same figures under the protocol's names (INFERENCE_EXTENSION_NAMES), all workers together."""

@@ -102,7 +102,8 @@ def delta_to_proto(delta: StepDelta) -> worker_pb2.StepRequest:
         step_id=delta.step_id, new_seqs=[_new_seq_to_proto(s) for s in delta.new_seqs],
         cached_seqs=[worker_pb2.CachedSequence(
             seq_id=s.seq_id, new_token_ids=s.new_token_ids, new_block_ids=s.new_block_ids,
-            num_computed_tokens=s.num_computed_tokens, num_scheduled_tokens=s.num_scheduled_tokens)
+            num_computed_tokens=s.num_computed_tokens, num_scheduled_tokens=s.num_scheduled_tokens,
+            draft_token_ids=s.draft_token_ids, num_kept_blocks=s.num_kept_blocks)
             for s in delta.cached_seqs],
         finished_seq_ids=delta.finished_seq_ids, blocks_to_swap_out=_pairs_to_proto(delta.blocks_to_swap_out),
         blocks_to_swap_in=_pairs_to_proto(delta.blocks_to_swap_in), blocks_to_copy=_pairs_to_proto(delta.blocks_to_copy),
@@ -114,7 +115,10 @@ def delta_from_proto(msg: worker_pb2.StepRequest) -> StepDelta:
         step_id=msg.step_id, new_seqs=[_new_seq_from_proto(s) for s in msg.new_seqs],
         cached_seqs=[CachedSequence(seq_id=s.seq_id, new_token_ids=list(s.new_token_ids),
                                     new_block_ids=list(s.new_block_ids), num_computed_tokens=s.num_computed_tokens,
-                                    num_scheduled_tokens=s.num_scheduled_tokens) for s in msg.cached_seqs],
+                                    num_scheduled_tokens=s.num_scheduled_tokens,
+                                    draft_token_ids=list(s.draft_token_ids),
+                                    num_kept_blocks=s.num_kept_blocks if s.HasField("num_kept_blocks") else None)
+                    for s in msg.cached_seqs],
         finished_seq_ids=list(msg.finished_seq_ids), blocks_to_swap_out=_pairs_from_proto(msg.blocks_to_swap_out),
         blocks_to_swap_in=_pairs_from_proto(msg.blocks_to_swap_in), blocks_to_copy=_pairs_from_proto(msg.blocks_to_copy),
         async_next_step=msg.async_next_step)
@@ -227,7 +231,12 @@ def stats_to_proto(stats: SchedulerStats) -> scheduler_pb2.GetStatsResponse:
 
 def stats_from_proto(msg: scheduler_pb2.GetStatsResponse) -> SchedulerStats:
     workers = tuple(WorkerStats(**{f: getattr(w, f) for f in _WORKER_FIELDS}) for w in msg.workers)
-    return SchedulerStats(workers=workers, **{f: getattr(msg, f) for f in _SCALAR_FIELDS})
+    return SchedulerStats(workers=workers, **{f: _plain(getattr(msg, f)) for f in _SCALAR_FIELDS})
+
+
+def _plain(value):
+    """A repeated field as a tuple (the dataclass is frozen and compared by value)."""
+    return value if isinstance(value, (int, float, str, bool)) else tuple(value)
 
 
 _SCALAR_FIELDS = tuple(f.name for f in dataclasses.fields(SchedulerStats) if f.name != "workers")

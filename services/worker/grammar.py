@@ -53,6 +53,15 @@ class SequenceGrammar:
                 return
             self.consumed += new
 
+    def num_valid(self, tokens: list[int], drafts: list[int]) -> int:
+        """How many of `drafts`, after the output `tokens`, the grammar allows in a row (speculative
+        decoding: the rest cannot be accepted). The matcher is left at `tokens`; the masks of the
+        verify rows move it along the drafts, and the next step's sync rolls it back."""
+        self.sync(tokens)
+        if self.failed or self.matcher is None:
+            return 0
+        return self.matcher.validate_tokens(drafts)
+
     def fill(self, bitmask: torch.Tensor, row: int, eos_token_ids: tuple[int, ...]) -> None:
         """Write the allowed next tokens into bitmask[row] (int32 words, bit t % 32 of word t // 32)."""
         if not self.failed:
@@ -110,16 +119,6 @@ class Grammars:
         # compiles run here, beside the forward pass (llguidance drops the GIL while it builds)
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="grammar")
         self._mask_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="grammar-mask")
-
-    @staticmethod
-    def rows(sample_seqs) -> list[tuple[int, SequenceGrammar, list[int]]]:
-        """The constrained logits rows of a step's sampling sequences (a fork: one row per child)."""
-        rows, num_rows = [], 0
-        for state, _ in sample_seqs:
-            if state.grammar is not None:
-                rows += [(num_rows + k, state.grammar, state.output_token_ids) for k in range(state.num_samples)]
-            num_rows += state.num_samples
-        return rows
 
     def start(self, constraint: Constraint, seq_id: int) -> SequenceGrammar:
         """A new sequence's grammar; compiling starts now and is awaited at its first sample."""

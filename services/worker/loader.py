@@ -13,6 +13,10 @@ quantization (WorkerConfig.quantization):
          layout has the same scales); the embedding lookup stays in the checkpoint's precision (a
          tied lm_head is quantized from a copy)
 
+activation_quant (WorkerConfig.activation_quant, resolved by `resolve_activation_quant`): int8 makes
+every quantized weight (GGUF or int8, the lm_head included) multiply activations rounded to int8
+per block of 32 (kernels/csrc/quant_dot.c: integer dot products, the same bits on every CPU tier).
+
 A rank of a tensor x pipeline parallel worker group (services/worker/parallel.py, `shard`) reads
 only its part of each tensor: safetensors' get_slice, the mapped GGUF file's rows and blocks.
 """
@@ -28,6 +32,7 @@ from safetensors import safe_open
 from kernels import quant
 from kernels.linear import prepack
 from kernels.ops import Ops
+from services.core.config import AUTO_ACTIVATION_QUANT
 from services.core.errors import InvalidArgument
 from services.worker.gguf_weights import find_gguf_file, read_tensors
 from services.worker.model_config import ModelArchConfig
@@ -73,17 +78,40 @@ def resolve_quantization(name: str, folder: Path, device_type: str = "cpu") -> s
     return name
 
 
+def resolve_activation_quant(name: str, quantization: str) -> str:
+    """auto: AUTO_ACTIVATION_QUANT for quantized weights; none where the weights are not quantized
+    (int8 activations only exist for quantized weights: asking for them without is refused)."""
+    if quantization == "none":
+        if name == "int8":
+            raise InvalidArgument("activation_quant", "int8 activations need quantized weights (quantization gguf "
+                                                      "or int8)")
+        return "none"
+    return AUTO_ACTIVATION_QUANT if name == "auto" else name
+
+
+def _int8_activations(model: LlamaForCausalLM) -> None:
+    """Every quantized weight of the model (fused, row-parallel groups, the lm_head) takes int8 activations."""
+    for module in model.modules():
+        for name, value in list(vars(module).items()):
+            if isinstance(value, quant.QuantWeight):
+                setattr(module, name, value.with_activations(True))
+            elif isinstance(value, tuple) and value and all(isinstance(v, quant.QuantWeight) for v in value):
+                setattr(module, name, tuple(v.with_activations(True) for v in value))
+
+
 def load_model(folder: Path, dtype: torch.dtype, device: torch.device, ops: Ops,
                linear: Callable, quantization: str = "none", shard: Shard | None = None,
-               comm=None) -> LlamaForCausalLM:
-    """The model, or with `shard` this rank's part of it (comm: the worker group's transport)."""
+               comm=None, activation_quant: str = "none") -> LlamaForCausalLM:
+    """The model, or with `shard` this rank's part of it (comm: the worker group's transport);
+    activation_quant int8: every quantized weight multiplies int8 activations (kernels/csrc/quant_dot.c)."""
+    int8_activations = activation_quant == "int8"
     cfg = ModelArchConfig.from_folder(folder)
     shard = shard or Shard(align=gguf_align(quantization))
     model = LlamaForCausalLM(cfg, ops, linear, shard, comm)
     if quantization != "none" and device.type != "cpu":
         raise InvalidArgument("quantization", f"{quantization} runs on the CPU only, not on {device.type}")
     if quantization == "gguf":
-        return _load_gguf(model, cfg, find_gguf_file(folder), dtype, device, shard)
+        return _load_gguf(model, cfg, find_gguf_file(folder), dtype, device, shard, int8_activations)
     parts: dict[str, dict[int, torch.Tensor]] = {}  # fused weights gathered piece by piece
     params = dict(model.named_parameters())
     loaded: set[str] = set()
@@ -121,6 +149,8 @@ def load_model(folder: Path, dtype: torch.dtype, device: torch.device, ops: Ops,
         # a decode step streams once); a tied embedding keeps its dense rows for the lookup
         if shard.first_stage:
             _replace(model, "lm_head", quant.quantize_int8(model.lm_head.data, dtype))
+    if int8_activations:
+        _int8_activations(model)
     model = model.to(device=device, dtype=dtype)
     model.prepack(prepack)
     return model
@@ -161,7 +191,7 @@ def _replace(model: LlamaForCausalLM, path: str, weight: quant.QuantWeight | tup
 
 
 def _load_gguf(model: LlamaForCausalLM, cfg: ModelArchConfig, path: Path, dtype: torch.dtype,
-               device: torch.device, shard: Shard) -> LlamaForCausalLM:
+               device: torch.device, shard: Shard, int8_activations: bool) -> LlamaForCausalLM:
     """Dense tensors into the parameters, quantized ones as QuantWeights (fused ones row-stacked)."""
     params = dict(model.named_parameters())
     loaded: set[str] = set()
@@ -200,6 +230,8 @@ def _load_gguf(model: LlamaForCausalLM, cfg: ModelArchConfig, path: Path, dtype:
                                            f"expected {expected}")
     for target, weight in quantized.items():
         _replace(model, target, weight)
+    if int8_activations:
+        _int8_activations(model)
     model = model.to(device=device, dtype=dtype)
     model.prepack(prepack)
     return model

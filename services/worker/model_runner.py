@@ -33,6 +33,7 @@ class SeqState:
     sample_index: int
     num_samples: int = 1
     grammar: SequenceGrammar | None = None  # structured outputs: the matcher of its output tokens
+    draft_token_ids: list[int] = field(default_factory=list)  # this step's drafts to verify (speculation)
 
     @property
     def num_tokens(self) -> int:
@@ -57,6 +58,17 @@ class _Batch:
     tables: list[list[int]] = field(default_factory=list)
     sample_seqs: list[tuple[SeqState, int]] = field(default_factory=list)  # (seq, row in hidden)
     prompt_rows: list[tuple[SeqState, int, int]] = field(default_factory=list)  # (seq, first row, first pos)
+
+
+@dataclass(kw_only=True)
+class _Sampling:
+    """What a step samples, one logits row each: a sequence's next token, a fork's first tokens
+    (a row per child), or a verify pass (a row per drafted position and one after the last)."""
+
+    rows: list[SamplingRow] = field(default_factory=list)
+    hidden_rows: list[int] = field(default_factory=list)  # each logits row's row in hidden
+    constrained: list[tuple[int, SequenceGrammar, list[int]]] = field(default_factory=list)  # (row, grammar, tokens)
+    spans: list[tuple[SeqState, int, int, list[int]]] = field(default_factory=list)  # (seq, first, rows, drafts)
 
 
 class ModelRunner:
@@ -98,12 +110,12 @@ class ModelRunner:
         if not scheduled:
             return result
         batch = self._prepare(scheduled)
-        constrained = self.grammars.rows(batch.sample_seqs) if self.grammars is not None else []
-        masks = self.grammars.start_masks(constrained) if constrained else None  # built beside the forward pass
+        sampling = self._sampling(batch)
+        masks = self.grammars.start_masks(sampling.constrained) if sampling.constrained else None  # beside the forward
         hidden = self.model(*self._tensors(batch))
         if hidden is None:  # a later pipeline stage of a worker group: stage 0 samples
             return result
-        self._sample(batch, hidden, result, masks)
+        self._sample(sampling, hidden, result, masks)
         self._prompt_logprobs(batch, hidden, result)
         return result
 
@@ -127,8 +139,11 @@ class ModelRunner:
             raise UnknownSequence(f"worker does not hold sequence {cached.seq_id}; re-send it in full")
         self._check_blocks(cached.seq_id, cached.new_block_ids)
         state.output_token_ids.extend(cached.new_token_ids)
+        if cached.num_kept_blocks is not None:  # blocks of rejected drafts given back
+            del state.block_ids[cached.num_kept_blocks:]
         state.block_ids.extend(cached.new_block_ids)
         state.num_computed_tokens = cached.num_computed_tokens
+        state.draft_token_ids = list(cached.draft_token_ids)
         return state, cached.num_scheduled_tokens
 
     def _check_blocks(self, seq_id: int, block_ids: list[int]) -> None:
@@ -143,12 +158,16 @@ class ModelRunner:
     def _prepare(self, scheduled: list[tuple[SeqState, int]]) -> _Batch:
         batch, bs = _Batch(), self.block_size
         for state, num_new in scheduled:
+            drafts = state.draft_token_ids  # run after the sequence's tokens, in the same pass
             start, end = state.num_computed_tokens, state.num_computed_tokens + num_new
-            if num_new < 1 or end > state.num_tokens or -(-end // bs) > len(state.block_ids):
+            real_end = end - len(drafts)
+            if real_end <= start or real_end > state.num_tokens or (drafts and real_end != state.num_tokens) \
+                    or -(-end // bs) > len(state.block_ids):
                 raise InvalidArgument("step", f"sequence {state.seq_id}: cannot run tokens {start}..{end} "
-                                              f"of {state.num_tokens} with {len(state.block_ids)} blocks")
+                                              f"({len(drafts)} drafted) of {state.num_tokens} with "
+                                              f"{len(state.block_ids)} blocks")
             first_row = len(batch.input_ids)
-            batch.input_ids += state.token_ids(start, end)
+            batch.input_ids += state.token_ids(start, real_end) + drafts
             batch.positions += range(start, end)
             batch.token_seqs += [len(batch.tables)] * num_new
             batch.slots += [state.block_ids[p // bs] * bs + p % bs for p in range(start, end)]
@@ -157,9 +176,9 @@ class ModelRunner:
             batch.tables.append(state.block_ids)
             if state.params.prompt_logprobs is not None and start < len(state.prompt_token_ids):
                 batch.prompt_rows.append((state, first_row, start))
-            state.num_computed_tokens = end
-            if end == state.num_tokens:
-                batch.sample_seqs.append((state, len(batch.input_ids) - 1))
+            state.num_computed_tokens = real_end
+            if real_end == state.num_tokens:
+                batch.sample_seqs.append((state, len(batch.input_ids) - 1 - len(drafts)))
         return batch
 
     def _tensors(self, batch: _Batch):
@@ -178,28 +197,54 @@ class ModelRunner:
         return input_ids, self.kv_cache.layers, meta
 
     # ---- sampling --------------------------------------------------------------
-    def _sample(self, batch: _Batch, hidden: torch.Tensor, result: StepResult, masks=None) -> None:
-        if not batch.sample_seqs:
+    def _sampling(self, batch: _Batch) -> _Sampling:
+        """The logits rows to sample, planned before the forward pass (the grammar masks are built
+        beside it). A verify row samples as a decode step at its position would: the same position
+        (so the same uniform), and the drafts before it as output tokens (penalties, min_tokens,
+        the grammar's state). Drafts the grammar refuses are cut first: they could not be accepted."""
+        plan = _Sampling()
+        for state, row in batch.sample_seqs:
+            first, drafts = len(plan.rows), state.draft_token_ids
+            if drafts and state.grammar is not None:
+                drafts = drafts[:state.grammar.num_valid(state.output_token_ids, drafts)]
+            if drafts:
+                rows = [(state.sample_index, row + i, state.output_token_ids + drafts[:i], state.num_tokens + i)
+                        for i in range(len(drafts) + 1)]
+            else:  # a fork samples each child's first token here
+                rows = [(state.sample_index + k, row, state.output_token_ids, state.num_tokens)
+                        for k in range(state.num_samples)]
+            for sample_index, hidden_row, tokens, position in rows:
+                if state.grammar is not None:
+                    plan.constrained.append((len(plan.rows), state.grammar, tokens))
+                plan.rows.append(SamplingRow(params=state.params, seed=state.seed, sample_index=sample_index,
+                                             position=position, prompt_token_ids=state.prompt_token_ids,
+                                             output_token_ids=tokens))
+                plan.hidden_rows.append(hidden_row)
+            plan.spans.append((state, first, len(rows), drafts))
+        return plan
+
+    def _sample(self, plan: _Sampling, hidden: torch.Tensor, result: StepResult, masks=None) -> None:
+        if not plan.rows:
             return
-        rows, logit_rows = [], []
-        for i, (state, row) in enumerate(batch.sample_seqs):
-            for k in range(state.num_samples):  # a fork samples each child's first token here
-                rows.append(SamplingRow(params=state.params, seed=state.seed, sample_index=state.sample_index + k,
-                                        position=state.num_tokens, prompt_token_ids=state.prompt_token_ids,
-                                        output_token_ids=state.output_token_ids))
-                logit_rows.append(i)
-        hidden_rows = [row for _, row in batch.sample_seqs]
-        if hidden_rows != list(range(hidden.shape[0])):  # decode: every row samples, no gather
-            hidden = hidden[torch.tensor(hidden_rows, device=self.device)]
+        distinct = list(dict.fromkeys(plan.hidden_rows))  # ascending; a fork repeats its row
+        if distinct != list(range(hidden.shape[0])):  # decode: every row samples, no gather
+            hidden = hidden[torch.tensor(distinct, device=self.device)]
         logits = self.model.compute_logits(hidden)
-        if len(logit_rows) != len(hidden_rows):  # forks: a row's logits once per child (a [R, V] copy)
-            logits = logits[torch.tensor(logit_rows, device=self.device)]
+        if len(distinct) != len(plan.hidden_rows):  # forks: a row's logits once per child (a [R, V] copy)
+            at = {row: i for i, row in enumerate(distinct)}
+            logits = logits[torch.tensor([at[row] for row in plan.hidden_rows], device=self.device)]
         if masks is not None:
             self.grammars.apply(logits, masks)  # structured outputs
-        sampled = iter(sample(logits, rows, self.eos_token_ids))
-        for state, _ in batch.sample_seqs:
-            picks = [next(sampled) for _ in range(state.num_samples)]
+        sampled = sample(logits, plan.rows, self.eos_token_ids)
+        for state, first, num_rows, drafts in plan.spans:
+            picks = sampled[first:first + num_rows]
+            if drafts:  # keep the drafts the sampler drew too, then its own token
+                num_accepted = 0
+                while num_accepted < len(drafts) and picks[num_accepted][0] == drafts[num_accepted]:
+                    num_accepted += 1
+                picks = picks[:num_accepted + 1]
             state.num_samples = 1  # the fork (if any) happened: from now on one token a step
+            state.draft_token_ids = []
             logprobs = [lp for _, lp in picks] if state.params.logprobs is not None else None
             result.outputs.append(SeqOutput(state.seq_id, [tok for tok, _ in picks], logprobs))
 

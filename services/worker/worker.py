@@ -20,7 +20,8 @@ from services.core.model_path import resolve_model_path
 from services.core.step import StepDelta, StepResult, WorkerInfo
 from services.worker.kv_cache import KVCache, block_bytes, num_blocks_for
 from kernels.linear import invariant_linear, plain_linear
-from services.worker.loader import gguf_align, load_model, resolve_dtype, resolve_quantization
+from services.worker.loader import (gguf_align, load_model, resolve_activation_quant, resolve_dtype,
+                                   resolve_quantization)
 from services.worker.model_config import ModelArchConfig
 from services.worker.grammar import Grammars
 from services.worker.model_runner import ModelRunner
@@ -79,8 +80,9 @@ class Worker:
         if self.comm is not None:
             self.comm.set_vocab_size(arch.vocab_size)
             self.comm.dtype = self.dtype
+        self.activation_quant = resolve_activation_quant(config.activation_quant, self.quantization)
         model = load_model(self.model_path, self.dtype, self.device, ops, linear, self.quantization, self.shard,
-                           self.comm)
+                           self.comm, self.activation_quant)
         local = self.shard.local_arch(arch)  # this rank's KV heads and layers
         num_blocks = num_blocks_for(local, cache.block_size, self.dtype, self.device, cache.num_gpu_blocks,
                                     cache.kv_cache_memory_bytes)
@@ -97,7 +99,7 @@ class Worker:
             device=self.device.type, batch_invariant=config.batch_invariant)
         log.info("worker_ready", model=self.info.model, dtype=self.info.dtype, device=self.info.device,
                  num_gpu_blocks=num_blocks, num_cpu_blocks=num_cpu_blocks, kernels=ops.name,
-                 quantization=self.quantization, cpu_isa=cpu_kernels.active_tier() if ops.name == "cpu" else None,
+                 quantization=self.quantization, activation_quant=self.activation_quant, cpu_isa=cpu_kernels.active_tier() if ops.name == "cpu" else None,
                  rank=self.shard.rank, tensor_parallel_size=tp, pipeline_parallel_size=pp)
 
     def _join_group(self, config: WorkerConfig, cache: CacheConfig):

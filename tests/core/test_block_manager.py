@@ -351,6 +351,31 @@ class BlockManagerMachine(RuleBasedStateMachine):
         self.num_computed[self.next_seq_id] = num_tokens
         self.next_seq_id += 1
 
+    @precondition(lambda self: self.on_device())
+    @rule(data=st.data(), drafts=st.lists(st.integers(0, 1), min_size=1, max_size=5))
+    def verify_drafts(self, data, drafts):
+        """Speculative decoding: slots for drafted tokens after the last one, their K/V written by
+        the verify pass; then the accepted drafts and the sampler's own token are the sequence's,
+        and the blocks past its tokens (rejected drafts only) are given back."""
+        seq_id = data.draw(st.sampled_from(self.on_device()))
+        tokens, table = list(self.tokens[seq_id]), self.manager.block_table(seq_id)
+        if self.manager.allocate_slots(seq_id, len(tokens) + len(drafts)) is None:
+            return  # no room: the scheduler drafts nothing then
+        self.tokens[seq_id] = tokens + drafts
+        self.compute(seq_id)  # every drafted position is written, never into a shared block
+        num_accepted = data.draw(st.integers(0, len(drafts)))
+        self.tokens[seq_id] = tokens + drafts[:num_accepted] + [data.draw(st.integers(0, 1))]
+        self.num_computed[seq_id] = len(tokens) + num_accepted
+        grown = self.manager.block_table(seq_id)
+        num_freed, num_free = self.manager.trim(seq_id, len(self.tokens[seq_id])), self.manager.num_free_blocks
+        kept = self.manager.block_table(seq_id)
+        assert kept == grown[:len(kept)] and kept[:len(table)] == table[:len(kept)]
+        # all accepted: the sampler's token lies past the slots, and the next step's allocation grows the table
+        assert len(kept) == min(len(grown), self.manager.num_blocks_needed(len(self.tokens[seq_id])))
+        assert num_freed == len(grown) - len(kept)
+        assert all(self.manager.ref_count(b) == 0 for b in grown[len(kept):])
+        assert self.manager.trim(seq_id, len(self.tokens[seq_id])) == 0 and self.manager.num_free_blocks == num_free
+
     @precondition(lambda self: self.tokens)
     @rule(data=st.data())
     def free(self, data):

@@ -86,6 +86,8 @@ def test_the_old_name_of_async_scheduling_still_works(monkeypatch, capsys):
     ("worker", ["--cpu-isa", "neon"], "--cpu-isa"),
     ("frontend", ["--grammar-compile-timeout-s", "0"], "--grammar-compile-timeout-s"),
     ("frontend", ["--log-level", "loud"], "--log-level"),
+    ("scheduler", ["--speculative-config", '{"method": "eagle"}'], "--speculative-config"),
+    ("scheduler", ["--speculative-config", "{nope"], "--speculative-config"),
 ])
 def test_a_refused_setting_exits_2_naming_its_flag(service, argv, flag, capsys):
     with pytest.raises(SystemExit) as exit:
@@ -113,6 +115,18 @@ def up_argvs(argv: list[str]) -> dict[str, list[str]]:
     args = parser.parse_args(["up", "--workers", "1", *argv])
     deployment = Deployment(model="m", worker_ports=(1,), engine_flags=engine_flags(args))
     return service_commands(deployment)
+
+
+def test_speculative_config_is_json_on_the_scheduler_and_up_passes_it_through(monkeypatch):
+    text = '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 5, "prompt_lookup_min": 2}'
+    config = build("scheduler", ["--speculative-config", text])[0].scheduler.speculative_config
+    assert (config.method, config.num_speculative_tokens, config.prompt_lookup_max) == ("ngram", 3, 5)
+    assert build("scheduler", [])[0].scheduler.speculative_config is None
+    monkeypatch.setenv("PAGEDSERVE_SPECULATIVE_CONFIG", '{"method": "suffix"}')
+    assert build("scheduler", [])[0].scheduler.speculative_config.method == "suffix"
+    scheduler = up_argvs(["--speculative-config", text])["scheduler"]
+    assert scheduler[scheduler.index("--speculative-config") + 1] == text
+    assert routes()["--speculative-config"].services == ("scheduler",)
 
 
 def test_up_passes_a_flag_only_to_its_services_and_the_old_name_by_the_new():

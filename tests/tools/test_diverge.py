@@ -55,7 +55,7 @@ def test_every_variant_that_should_be_invariant_is_identical(full_run):
     invariant = [v for v in report["variants"] if v["expect"] == EXPECT_IDENTICAL]
     assert {v["name"] for v in invariant} >= {"batch-8", "batch-64", "position", "preempt-recompute", "preempt-swap",
                                              "chunk-8", "chunk-13", "prefix-hit", "block-8", "block-32", "tp-2",
-                                             "pp-2"}
+                                             "pp-2", "spec-ngram", "spec-suffix"}
     for v in invariant:
         assert not v["error"], v
         assert {k: c["status"] for k, c in v["cells"].items()} == {p["id"]: IDENTICAL for p in PROMPTS}, v["name"]

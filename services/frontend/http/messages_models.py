@@ -1,6 +1,7 @@
 """The Anthropic Messages API's request bodies (POST /v1/messages and /v1/messages/count_tokens)
 as pydantic models: FastAPI validates with these and builds /openapi.json from them. Unknown
-fields (an image block, `thinking`) are refused, a 400 in Anthropic's error shape naming them."""
+fields and what this server cannot do (an image block, a thinking block, thinking enabled) are
+refused, a 400 in Anthropic's error shape naming them."""
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
@@ -95,6 +96,11 @@ class Metadata(Strict):
     user_id: Text | None = None
 
 
+class Thinking(Strict):
+    type: Literal["disabled"] = Field(description="Only disabled: the model gives no separate thinking "
+                                                  "(enabled or adaptive is refused, a 400 naming thinking.type).")
+
+
 # Rules between fields, stated in the schema as chat's are (models.py CHAT_RULES); the server checks each.
 NEEDS_TOOLS = {"if": {"required": ["tool_choice"], "properties": {"tool_choice": {
     "type": "object", "properties": {"type": {"not": {"const": "none"}}}}}},
@@ -113,6 +119,7 @@ class CountTokensRequest(Strict):
     system: Text | list[TextBlock] | None = None
     tools: Annotated[list[AnthropicTool], Field(max_length=128)] | None = None
     tool_choice: ToolChoice | None = None
+    thinking: Thinking | None = None
 
 
 class MessagesRequest(CountTokensRequest):
@@ -128,3 +135,4 @@ class MessagesRequest(CountTokensRequest):
     seed: Int(ge=0, lt=SEED_END) | None = Field(None, description="An extension: same seed, same tokens.")
     output_config: OutputConfig | None = None
     cache_control: CacheControl | None = Field(None, description="Accepted; the prefix cache is automatic.")
+    service_tier: Literal["auto", "standard_only"] | None = Field(None, description="Accepted; there is one tier.")

@@ -162,7 +162,8 @@ def _echo(body: ResponseRequest, model_id: str) -> dict:
             "top_p": body.top_p, "parallel_tool_calls": body.parallel_tool_calls is not False,
             "tool_choice": body.tool_choice if isinstance(body.tool_choice, str) or body.tool_choice is None
             else body.tool_choice.model_dump(), "tools": [t.model_dump(exclude_none=True) for t in body.tools or []],
-            "text": {"format": fmt.model_dump(by_alias=True, exclude_none=True) if fmt else {"type": "text"}},
+            "text": {"format": fmt.model_dump(by_alias=True, exclude_none=True) if fmt else {"type": "text"},
+                     **({"verbosity": body.text.verbosity} if body.text is not None and body.text.verbosity else {})},
             "store": body.store, "metadata": body.metadata or {}, "user": body.user, "truncation": "disabled"}
 
 

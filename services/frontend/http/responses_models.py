@@ -79,6 +79,7 @@ class TextFormat(Strict):
 
 class TextOptions(Strict):
     format: TextFormat | None = None
+    verbosity: Literal["low", "medium", "high"] | None = Field(None, description="Accepted; not used.")
 
 
 class Reasoning(Strict):

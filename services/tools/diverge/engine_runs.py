@@ -71,6 +71,7 @@ class EngineRuns:
             for case in cases:
                 run.samples[case.id] = samples_of(llm.generate([list(case.prompt_token_ids)], [case.params],
                                                                use_tqdm=False)[0])
+            _note_speculation(llm, run)
         chunk = variant.engine_args.get("max_num_batched_tokens")
         if chunk is not None:
             longer = sum(len(c.prompt_token_ids) > chunk for c in cases)
@@ -91,6 +92,7 @@ class EngineRuns:
                 [(list(c.prompt_token_ids), c.params, c.id) for c in group]
             rng.shuffle(batch)
             self._generate(llm, batch[::-1] if variant.reverse else batch, run)
+        _note_speculation(llm, run)
         return run
 
     def _preempted(self, variant: Variant, cases: list[Case]) -> Run:
@@ -155,3 +157,11 @@ def _track_requests(llm: LLM) -> list:
 
     llm.scheduler.add_request = add_and_keep
     return admitted
+
+
+def _note_speculation(llm: LLM, run: Run) -> None:
+    """A speculative variant's note: how many drafted tokens were accepted (exercised: some were)."""
+    stats = llm.scheduler.stats()
+    if llm.scheduler.speculator is not None:
+        drafted, accepted = stats.spec_decode_num_draft_tokens, stats.spec_decode_num_accepted_tokens
+        run.note, run.exercised = f"{accepted}/{drafted} drafted tokens accepted", accepted > 0

@@ -82,6 +82,15 @@ def local_variants(block_size: int, dtype: str, num_threads: int, tiers: list[st
           for n in BLOCK_SIZES if n != block_size),
         *(Variant(name=f"threads-{n}", group="threads", changes=f"{n} CPU threads", engine_args={"num_threads": n})
           for n in threads),
+        Variant(name="spec-ngram", group="speculative",
+                changes="speculative decoding, n-gram drafts (4) verified exactly, in a batch of 8",
+                engine_args={"speculative_config": {"method": "ngram", "num_speculative_tokens": 4,
+                                                    "prompt_lookup_max": 4, "prompt_lookup_min": 1}},
+                layout=BATCH, batch_size=PREEMPTION_BATCH),
+        Variant(name="spec-suffix", group="speculative",
+                changes="speculative decoding, suffix-tree drafts (4, with a global tree) verified exactly, alone",
+                engine_args={"speculative_config": {"method": "suffix", "num_speculative_tokens": 4,
+                                                    "suffix_global_max_tokens": 65536}}),
         *(Variant(name=f"{kind}-2", group="parallel", changes=f"a worker group: {what} over 2 ranks",
                   engine_args={f"{kind_arg}_parallel_size": 2})
           for kind, kind_arg, what in (("tp", "tensor", "each layer split"), ("pp", "pipeline", "the layers split"))),

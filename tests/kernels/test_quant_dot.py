@@ -1,0 +1,206 @@
+"""Quantized weights with int8 activations (kernels/csrc/quant_dot.c): the numpy reference's bits on
+every tier this CPU builds (AVX-512 VNNI, AVX-512 without VNNI, AVX2, generic), whatever the batch,
+the row's place in it or the thread count; the row-parallel K groups; and the served models: the
+same tokens and logprobs on every tier an engine can be forced to."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from kernels import cpu_kernels, quant
+from kernels.row_parallel import RowParallelWeight, fold_reference, split_quant
+from services.core.config import WorkerConfig
+from services.core.errors import InvalidArgument
+from services.worker.loader import resolve_activation_quant
+from tests.conftest import greedy, make_llm, random_prompts
+from tests.kernels.quant_helpers import host_tiers
+from tests.kernels.test_quant import make_weight
+
+FORMATS = ["q4_0", "q4_1", "q8_0", "int8"]
+DTYPES = [torch.float32, torch.bfloat16]
+
+
+def _tiers() -> list[str]:
+    tiers = host_tiers()
+    if "avx512" in tiers:  # the vpmaddubsw path on an AVX-512 CPU, as one without VNNI builds it
+        tiers.insert(1, "avx512-novnni")
+    return tiers
+
+
+@pytest.fixture(scope="module")
+def libs():
+    """Every tier's build (the reference is computed once per case, then each tier is compared)."""
+    return {tier: quant.declare(cpu_kernels.tier_library(tier)) for tier in _tiers()}
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.int16 if t.dtype == torch.bfloat16 else torch.int32)
+
+
+def _hard_rows(m: int, k: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
+    """Activations with the blocks that test the rounding rule: zeros, tiny, huge, exact ties."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, k, generator=gen) * torch.rand(m, 1, generator=gen) * 8
+    x[0, :min(k, 32)] = 0  # a zero block
+    if k >= 64:
+        x[0, 32:64] = 1e-38  # below 2^-120: quantized to zeros
+    if m > 1 and k >= 32:
+        x[1, :32] = torch.arange(32) - 15.5  # amax 16.5: many x * 127 / amax land near halves
+        x[1, -1] = 3e4
+    return x.to(dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("shape", [(6, 70, 576), (1, 9, 64), (13, 33, 1536)], ids=str)
+def test_every_tier_gives_the_references_bits(libs, fmt, dtype, shape):
+    m, n, k = shape
+    weight, values = make_weight(fmt, n, k, dtype)
+    weight = weight.with_activations(True)
+    x, bias = _hard_rows(m, k, dtype, seed=n), torch.randn(n).to(dtype)
+    want = quant.int8_linear_reference(x, weight, bias).to(dtype)
+    for tier, lib in libs.items():
+        got = quant.run_kernel(lib, x, weight, bias)
+        assert torch.equal(_bits(got), _bits(want)), tier
+    exact = x.float() @ values.T + bias.float()  # and it is the product, to int8 activations' error
+    assert (got.float() - exact).norm() < 0.03 * exact.norm()
+
+
+@pytest.mark.parametrize("in_features", [45, 31])
+def test_int8_weights_of_any_width(libs, in_features):
+    weight, _ = make_weight("int8", 17, in_features, torch.float32)
+    weight = weight.with_activations(True)
+    x = _hard_rows(3, in_features, torch.float32, seed=in_features)
+    want = quant.int8_linear_reference(x, weight, None)
+    for tier, lib in libs.items():
+        assert torch.equal(quant.run_kernel(lib, x, weight, None), want), tier
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("tier", _tiers())
+def test_a_rows_bits_do_not_depend_on_the_batch_or_threads(libs, fmt, tier):
+    lib = libs[tier]
+    weight, _ = make_weight(fmt, 100, 576, torch.float32, seed=3)
+    weight = weight.with_activations(True)
+    x = _hard_rows(11, 576, torch.float32, seed=5)
+    whole = quant.run_kernel(lib, x, weight, None)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        for i in range(x.shape[0]):
+            assert torch.equal(quant.run_kernel(lib, x[i:i + 1], weight, None)[0], whole[i])
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(quant.run_kernel(lib, x[3:9], weight, None), whole[3:9])
+
+
+def test_the_rounding_rule():
+    x = torch.tensor([[127.0, -63.5, 0.5, -0.5, 1.5, 2.5] + [0.0] * 26, [float("inf")] + [1.0] * 31])
+    q, d, total, sx = quant.quantize_activations_reference(x)
+    assert q[0, 0, :6].tolist() == [127, -64, 0, 0, 2, 2]  # x * 127 / amax rounded half to even
+    assert d[0, 0] == np.float32(1.0) and total[0, 0] == 67 and sx[0, 0] == np.float32(67)
+    assert np.isnan(d[1, 0]) and not q[1].any()  # a non-finite block: its outputs are NaN
+
+
+def test_fma32_rounds_once():
+    a, b = np.float32(1 + 2 ** -12), np.float32(1 - 2 ** -12)  # a b = 1 - 2^-24: not an fp32 value
+    assert quant.fma32(a, b, np.float32(-1)) == np.float32(-(2 ** -24))  # a * b + c would give 0
+    rng = np.random.default_rng(0)
+    a, b, c = (rng.standard_normal(10000).astype(np.float32) for _ in range(3))
+    want = [float(np.float32(x)) for x in (np.longdouble(a) * b + c)]  # 64-bit mantissa: then one rounding
+    assert np.array_equal(quant.fma32(a, b, c), np.array(want, np.float32)) or np.finfo(np.longdouble).nmant < 63
+
+
+@pytest.mark.parametrize("fmt", ["q4_1", "int8"])
+def test_row_parallel_groups_fold_the_groups_chains(fmt):
+    weight, _ = make_weight(fmt, 40, 576, torch.float32, seed=9)
+    parts = split_quant(weight.with_activations(True), 3)
+    rows = _hard_rows(5, 576, torch.float32, seed=2)
+    got = RowParallelWeight.build(parts, 3)(rows, None)
+    want = fold_reference(torch.stack([quant.int8_linear_reference(rows[:, g * 192:(g + 1) * 192], p, None)
+                                       for g, p in enumerate(parts)]), torch.float32)
+    assert torch.equal(got, want)
+
+
+def test_the_setting():
+    assert WorkerConfig().activation_quant == "auto"
+    with pytest.raises(InvalidArgument, match="activation_quant"):
+        WorkerConfig(activation_quant="int4")
+    assert resolve_activation_quant("auto", "none") == "none"
+    assert resolve_activation_quant("int8", "gguf") == "int8"
+    with pytest.raises(InvalidArgument, match="activation_quant"):
+        resolve_activation_quant("int8", "none")
+
+
+# ---- served models ----------------------------------------------------------------------------
+def _run(llm, prompts, params, one_at_a_time=False) -> list:
+    from tests.core.test_batch_invariance import run
+
+    return run(llm, prompts, params, one_at_a_time)
+
+
+# The tiers whose other kernels (attention, norms, rotary: kernels/cpu_kernels.py) agree in bits: the
+# generic tier on a baseline x86-64 has no FMA, so its attention and norms round differently (its
+# int8-activation linear layers give the same bits: the tests above), and its tokens may differ.
+FMA_TIERS = [tier for tier in cpu_kernels.host_tiers() if tier != "generic"]
+
+
+def _across_tiers(folder, prompts, params, **args) -> list:
+    """Each FMA engine tier's outputs (cpu_isa forced)."""
+    from tests.conftest import use_tier
+
+    results = []
+    for tier in FMA_TIERS:
+        for _ in use_tier(tier):
+            results.append((tier, _run(make_llm(folder, cpu_isa=tier, **args), prompts, params)))
+    return results
+
+
+@pytest.fixture(scope="module")
+def gguf_folder(model_dir, tmp_path_factory):
+    import shutil
+
+    from tests.kernels.quant_helpers import write_gguf
+
+    folder = tmp_path_factory.mktemp("tiny-gguf-int8act") / "model"
+    # head_dim 32: o_proj's and down_proj's K groups (4 of 32 columns) are whole GGUF blocks
+    shutil.copytree(model_dir("llama", "tiny", head_dim=32), folder)
+    write_gguf(folder, folder / "tiny.Q4_1.gguf")
+    return folder
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(len(FMA_TIERS) < 2, reason="this CPU runs one FMA tier")
+@pytest.mark.parametrize("quantization,dtype", [("gguf", "float32"), ("int8", "bfloat16")], ids=str)
+def test_tiny_model_same_tokens_and_logprobs_on_every_tier(gguf_folder, quantization, dtype):
+    prompts = random_prompts(6, 512, 1, 90, seed=11)
+    params = [greedy(12, logprobs=3) for _ in prompts]
+    args = dict(dtype=dtype, quantization=quantization, activation_quant="int8")
+    results = _across_tiers(gguf_folder, prompts, params, **args)
+    first_tier, first = results[0]
+    for tier, outputs in results[1:]:
+        assert outputs == first, f"{tier} differs from {first_tier}"
+    tier = cpu_kernels.host_tiers()[0]
+    alone = _run(make_llm(gguf_folder, cpu_isa=tier, max_num_batched_tokens=40, **args), prompts, params,
+                 one_at_a_time=True)
+    assert alone == first  # one at a time, in chunks of 40: the same bits as batched
+    fp_activations = _run(make_llm(gguf_folder, **{**args, "activation_quant": "none"}), prompts, params)
+    assert fp_activations != first  # the switch is live
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(len(FMA_TIERS) < 2, reason="this CPU runs one FMA tier")
+def test_default_model_same_tokens_and_logprobs_on_every_tier():
+    from services.core.tokenizer import Tokenizer
+    from services.tools.default_model import ensure_default_model
+
+    folder = ensure_default_model()
+    tokenizer = Tokenizer(folder)
+    prompts = [tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": c}]))
+               for c in ("What is the capital of France?",)]
+    params = [greedy(8, logprobs=2) for _ in prompts]
+    results = _across_tiers(folder, prompts, params, activation_quant="int8")
+    first_tier, first = results[0]
+    for tier, outputs in results[1:]:
+        assert outputs == first, f"{tier} differs from {first_tier}"

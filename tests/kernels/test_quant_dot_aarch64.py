@@ -1,0 +1,55 @@
+"""The int8-activation kernels (kernels/csrc/quant_dot.c) built for aarch64 and run under qemu-user give
+this host's bits (the build with the dot-product extension: sdot, NEON FMAs). Needs Debian's gcc-aarch64-linux-gnu and qemu-user (.ci/run installs them)."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+import torch
+
+from kernels import cpu_kernels, quant
+from tests.kernels.test_quant import make_weight
+
+CROSS_CC, QEMU = "aarch64-linux-gnu-gcc", "qemu-aarch64"
+HARNESS = cpu_kernels.Path(__file__).with_name("csrc") / "quant_dot_check.c"
+
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(
+    shutil.which(CROSS_CC) is None or shutil.which(QEMU) is None,
+    reason=f"needs {CROSS_CC} and {QEMU} (apt-get install gcc-aarch64-linux-gnu qemu-user)")]
+
+
+def _bytes(t: torch.Tensor) -> bytes:
+    t = t.contiguous()
+    return (t.view(torch.int16) if t.dtype == torch.bfloat16 else t).numpy().tobytes()
+
+
+# with the dot-product extension (sdot); the baseline build's plain integer loops are the host's
+# generic tier's, which tests/kernels/test_quant_dot.py compares with the reference
+@pytest.mark.parametrize("march", ["armv8.2-a+dotprod"])
+def test_aarch64_gives_the_hosts_bits(tmp_path, march):
+    exe = tmp_path / "quant_dot_check"
+    sources = [cpu_kernels.CSRC / "quant_gemm.c", cpu_kernels.CSRC / "quant_dot.c", HARNESS]  # what quant_linear needs
+    cpu_kernels.compile_sources(CROSS_CC, ["-static", f"-march={march}", f"-I{cpu_kernels.CSRC}"], str(exe), sources,
+                                ("-lm",))
+    blob, expected = b"", []
+    for i, (fmt, dtype, (m, n, k)) in enumerate([(f, d, s) for f in ("q4_0", "q4_1", "q8_0", "int8")
+                                                 for d in (torch.float32, torch.bfloat16)
+                                                 for s in ((3, 20, 576), (1, 9, 64))] + [("int8", torch.float32,
+                                                                                         (2, 11, 45))]):
+        weight, _ = make_weight(fmt, n, k, dtype, seed=i)
+        weight = weight.with_activations(True)
+        gen = torch.Generator().manual_seed(i)
+        x = (torch.randn(m, k, generator=gen) * 4).to(dtype)
+        bias = torch.randn(n, generator=gen).to(dtype)
+        host = quant.run_kernel(quant.declare(cpu_kernels.library()), x, weight, bias)
+        assert torch.equal(host, quant.int8_linear_reference(x, weight, bias).to(dtype))
+        header = np.array([m, n, k, weight.fmt, int(dtype == torch.bfloat16), 1, weight.data.numel()], np.int64)
+        blob += header.tobytes() + _bytes(x) + weight.data.numpy().tobytes() + _bytes(bias)
+        expected.append(_bytes(host))
+    (tmp_path / "in.bin").write_bytes(blob)
+    done = subprocess.run([QEMU, str(exe), str(tmp_path / "in.bin"), str(tmp_path / "out.bin")],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "out.bin").read_bytes() == b"".join(expected)

@@ -1,0 +1,58 @@
+"""Speculative decoding through the services: drafts verified on a worker over gRPC, under async
+scheduling and a worker crash (its sequences replayed on the other), give the in-process tokens
+and logprobs of a run without speculation."""
+from __future__ import annotations
+
+import asyncio
+
+from services.core.sampling_params import SamplingParams
+from tests.conftest import random_prompts
+from tests.core.test_spec_decode import NGRAM, oracle
+from tests.services.cluster import Cluster, run
+from tests.services.test_scheduler_service import VOCAB, assert_same, mixed_params, reference
+
+
+def test_drafts_verified_over_grpc_with_async_scheduling_and_a_worker_crash(model_dir):
+    model = model_dir("llama", "tiny")
+    prompts = [p * 2 for p in random_prompts(8, VOCAB, 10, 30, seed=6)]
+    params = [mixed_params(i, max_tokens=32) for i in range(8)]
+    want = reference(model, prompts, params)
+    request_ids = [f"s{i}" for i in range(len(prompts))]
+
+    async def main():
+        cluster = await Cluster(model, speculative_config=NGRAM, async_scheduling=True).start(num_workers=2)
+        oracle(cluster.scheduler.loop.core, want, request_ids=request_ids)
+        killed = asyncio.Event()
+
+        async def kill_once(generation):
+            if generation.num_messages == 4 and not killed.is_set():
+                killed.set()
+                await cluster.workers.pop("w0").stop(None)  # abrupt: in-flight calls are cancelled
+
+        try:
+            got = await asyncio.gather(*(cluster.generate(request_id, p, sp, on_message=kill_once)
+                                         for request_id, p, sp in zip(request_ids, prompts, params)))
+            stats = await cluster.stats()
+        finally:
+            await cluster.close()
+        assert killed.is_set() and [w.worker_id for w in stats.workers] == ["w1"]
+        for g, w in zip(got, want):
+            assert_same(g, w)  # same ids and logprobs, and no token streamed twice
+        assert stats.spec_decode_num_accepted_tokens > 0 and stats.spec_decode_num_drafts > 0
+        assert len(stats.spec_decode_num_accepted_tokens_per_pos) == NGRAM["num_speculative_tokens"]
+
+    run(main())
+
+
+def test_metrics_carry_the_counters_under_vllm_names():
+    from services.core.stats import SchedulerStats
+    from services.frontend.metrics import FrontendMetrics
+
+    stats = SchedulerStats(spec_decode_num_drafts=3, spec_decode_num_draft_tokens=12,
+                           spec_decode_num_accepted_tokens=7, spec_decode_num_accepted_tokens_per_pos=(3, 2, 1, 1))
+    text = FrontendMetrics("m").render(stats).decode()
+    for line in ('pagedserve:spec_decode_num_drafts_total{model_name="m"} 3.0',
+                 'pagedserve:spec_decode_num_draft_tokens_total{model_name="m"} 12.0',
+                 'pagedserve:spec_decode_num_accepted_tokens_total{model_name="m"} 7.0',
+                 'pagedserve:spec_decode_num_accepted_tokens_per_pos_total{model_name="m",position="1"} 2.0'):
+        assert line in text, line
