@@ -8,8 +8,9 @@ The test process stands outside the swarm and reaches the frontend at node A's a
 ports), the scheduler through `docker exec` on node A (it publishes nothing).
 
 One stack for the module, in order: deploy (2 workers, one per node), a rolling update of the
-workers while streams run, scale to 4, a worker container on node B killed mid-stream, then node B
-drained while streams run. Every stream's tokens are compared with the undisturbed ones.
+workers while streams run, scale to 4, a worker container on node B killed mid-stream, the
+scheduler's container killed mid-stream, then node B drained while streams run. Every stream's
+tokens are compared with the undisturbed ones.
 """
 from __future__ import annotations
 
@@ -84,8 +85,13 @@ class Swarm:
     def service(self, *args: str, timeout: float = STARTUP_S) -> None:
         self.a.docker("service", *args, timeout=timeout)
 
-    def scheduler_events(self, name: str) -> list[dict]:
-        logged = self.a.docker("service", "logs", "--raw", f"{STACK}_scheduler", timeout=60)
+    def running(self, service: str) -> list[tuple[Node, str]]:
+        """(node, container) for each running container of `service`, on either node."""
+        return [(node, container) for node in self.nodes for container in self.containers(node, service)]
+
+    def events(self, name: str, service: str = "scheduler") -> list[dict]:
+        """The `service`'s logged events called `name`, of every task it had (a killed one's too)."""
+        logged = self.a.docker("service", "logs", "--raw", f"{STACK}_{service}", timeout=60)
         lines = (logged.stdout + logged.stderr).splitlines()  # the CLI keeps the container's two streams apart
         return [e for e in (json.loads(line) for line in lines if line.startswith("{")) if e.get("event") == name]
 
@@ -93,7 +99,7 @@ class Swarm:
         """What a failed test prints: the services' last lines, the scheduler's membership events,
         every task's state and error."""
         out = [json.dumps(e) for name in ("worker_registered", "worker_dropped", "worker_refused")
-               for e in self.scheduler_events(name)]
+               for e in self.events(name)]
         for service in ("scheduler", "worker", "frontend"):
             result = self.a.docker("service", "logs", "--tail", "15", f"{STACK}_{service}", timeout=60, check=False)
             out.append(f"--- {service}\n{result.stdout[-3000:]}{result.stderr[-1500:]}")
@@ -249,11 +255,36 @@ def test_a_worker_container_killed_on_node_b_mid_stream_loses_no_token_and_swarm
     swarm.b.docker("kill", victim)  # SIGKILL
     tokens, finish = streams.join()
     assert tokens == reference.prefix(length) and finish == ["length"] * len(PROMPTS)
-    dropped = [e for e in swarm.scheduler_events("worker_dropped") if e["worker_id"] == victim_id]
+    dropped = [e for e in swarm.events("worker_dropped") if e["worker_id"] == victim_id]
     assert dropped and dropped[-1]["num_recomputed"] > 0  # its sequences were recomputed elsewhere
     swarm.wait_for(lambda: len(swarm.stats()) == 4 and victim_id not in {w for w, _, _ in swarm.stats()},
                    STARTUP_S, "Swarm to replace the killed worker")
     assert victim not in swarm.containers(swarm.a, "worker") + swarm.containers(swarm.b, "worker")
+
+
+def test_the_scheduler_container_killed_mid_stream_fails_no_stream_and_swarm_restarts_it(swarm, reference):
+    """SIGKILL of the scheduler task's container: Swarm starts a new one (the stack's restart
+    policy), the workers register with it, and the frontend carries every open stream over to it
+    as a continuation (README, "When the scheduler dies"): each ends with the undisturbed tokens."""
+    workers = {worker_id for worker_id, _, _ in swarm.stats()}
+    length = reference.length_for(10.0, least=24)  # about 10 s: the kill lands mid-stream
+    streams = Streams(swarm.frontend, length, PROMPTS)
+    streams.wait_started()
+    ((node, victim),) = swarm.running("scheduler")  # on whichever node Swarm placed it
+    node.docker("kill", victim)  # SIGKILL
+    killed = time.monotonic()
+    # every stream was open when its scheduler died: each is carried over to the new one
+    assert streams.finish == [None] * len(PROMPTS)
+    try:
+        tokens, finish = streams.join()
+    except AssertionError as error:  # a stream failed: what the services logged says why
+        raise AssertionError(f"{error}\n{swarm.logs()}") from None
+    print(f"\nthe streams ended {time.monotonic() - killed:.1f}s after the scheduler was killed")
+    assert tokens == reference.prefix(length) and finish == ["length"] * len(PROMPTS)
+    (restarted,) = [container for _, container in swarm.running("scheduler")]
+    assert restarted != victim
+    swarm.wait_for(lambda: {worker_id for worker_id, _, _ in swarm.stats()} == workers, 120,
+                   "the same workers to register with the restarted scheduler")
 
 
 def test_draining_node_b_mid_stream_moves_its_workers_to_node_a_and_fails_no_stream(swarm, reference):
