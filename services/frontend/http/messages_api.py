@@ -25,7 +25,7 @@ from services.frontend.http import messages_schemas as schemas
 from services.frontend.http.errors import anthropic_error_body
 from services.frontend.http.messages_models import CountTokensRequest, MessagesRequest
 from services.frontend.http.openai_requests import conversation_request, conversation_tokens
-from services.frontend.http.streams import merge, start
+from services.frontend.http.streams import build, merge, start
 from services.frontend.tool_stream import Piece, ToolCallStream
 from services.frontend.types import SampleEvent, Summary
 
@@ -201,25 +201,15 @@ def _block(block: dict) -> dict:
             "input": arguments if isinstance(arguments, dict) else {}}
 
 
-async def _run(builder: MessageBuilder, events) -> AsyncIterator[list[dict]]:
-    yield builder.begin()
-    summary = None
-    async for _, event in events:
-        for sample in event.samples:
-            yield builder.feed(sample)
-        summary = event.summary or summary
-    yield builder.end(summary)
-
-
 async def _collect(builder: MessageBuilder, events) -> dict:
-    async for _ in _run(builder, events):
+    async for _ in build(builder, events):
         pass
     return builder.final
 
 
 async def _sse(builder: MessageBuilder, events) -> AsyncIterator[str]:
     try:
-        async for batch in _run(builder, events):
+        async for batch in build(builder, events):
             for event in batch:
                 yield f"event: {event['type']}\ndata: {json.dumps(event, ensure_ascii=False)}\n\n"
     except REFUSALS as error:

@@ -24,10 +24,10 @@ from services.frontend.core import FrontendCore
 from services.frontend.http import responses_schemas as schemas
 from services.frontend.http.openai_requests import conversation_request
 from services.frontend.http.responses_models import ResponseRequest
-from services.frontend.http.streams import merge, start
+from services.frontend.http.streams import build, merge, start
 from services.frontend.response_store import ResponseStore
 from services.frontend.tool_stream import Piece, ToolCallStream
-from services.frontend.types import GenerateEvent, ResponseNotFound, SampleEvent, Summary
+from services.frontend.types import ResponseNotFound, SampleEvent, Summary
 
 
 def add_routes(app: FastAPI, core: FrontendCore, store: ResponseStore, unless_disconnected) -> None:
@@ -281,19 +281,9 @@ def _usage(summary: Summary | None) -> dict:
             "total_tokens": prompt + completion}
 
 
-async def _run(builder: ResponseBuilder, events: AsyncIterator[tuple[int, GenerateEvent]]) -> AsyncIterator[dict]:
-    yield builder.begin()
-    summary = None
-    async for _, event in events:
-        for sample in event.samples:
-            yield builder.feed(sample)
-        summary = event.summary or summary
-    yield builder.end(summary)
-
-
 async def _collect(builder: ResponseBuilder, events) -> dict:
     final = None
-    async for batch in _run(builder, events):
+    async for batch in build(builder, events):
         final = batch[-1]["response"] if batch and batch[-1]["type"] in ("response.completed",
                                                                            "response.incomplete") else final
     return final
@@ -301,7 +291,7 @@ async def _collect(builder: ResponseBuilder, events) -> dict:
 
 async def _sse(builder: ResponseBuilder, events, keep) -> AsyncIterator[str]:
     try:
-        async for batch in _run(builder, events):
+        async for batch in build(builder, events):
             for event in batch:
                 if event["type"] in ("response.completed", "response.incomplete"):
                     await keep(event["response"])

@@ -50,3 +50,15 @@ async def merge(started: list[Started]) -> AsyncIterator[tuple[int, GenerateEven
         await asyncio.gather(*tasks, return_exceptions=True)
         for _, rest in started:
             await rest.aclose()
+
+
+async def build(builder, events: AsyncIterator[tuple[int, GenerateEvent]]) -> AsyncIterator:
+    """What a response builder (the Responses and Messages APIs') makes of merged events: its
+    opening, what each sample adds, and its close with the last summary seen."""
+    yield builder.begin()
+    summary = None
+    async for _, event in events:
+        for sample in event.samples:
+            yield builder.feed(sample)
+        summary = event.summary or summary
+    yield builder.end(summary)
