@@ -88,8 +88,14 @@ def test_cancelling_the_call_aborts_every_running_request(harness):
                 stream.cancel()
                 break
 
-    asyncio.run(leave_early())
-    assert harness.wait_for(lambda: {"gone-0", "gone-1", "gone-2"} <= set(harness.fake.cancelled))
+    # slow steps, so that no request can finish its 100 tokens before the cancel arrives, however
+    # late the loaded machine starts the third one (at 2 ms a step all three once ended first)
+    step_s, harness.fake.step_s = harness.fake.step_s, 0.1
+    try:
+        asyncio.run(leave_early())
+        assert harness.wait_for(lambda: {"gone-0", "gone-1", "gone-2"} <= set(harness.fake.cancelled))
+    finally:
+        harness.fake.step_s = step_s
     assert harness.wait_for(lambda: harness.frontend.core.num_pending == 0)
 
 
