@@ -123,8 +123,10 @@ def as_tensors(tops: list[list[tuple[int, float]]]):
 
 
 def engine_mode(folder: Path, quantization: str, activation_quant: str, prompts, reference, ref_logps, args,
-                params) -> tuple[dict, list, object]:
-    """One engine mode: (figures, its greedy outputs with top-2 logprobs, its model for later probes)."""
+                params, peers: dict) -> tuple[dict, list, object]:
+    """One engine mode: (figures, its greedy outputs with top-2 logprobs, its model for later probes).
+    peers: {llama.cpp label: its teacher-forced tops}; the figures get, per peer, the teacher-forced
+    KL(mode || peer) over the peer's top-k + rest and the share of positions whose argmax agree."""
     import torch
 
     from kernels.linear import invariant_linear
@@ -137,18 +139,26 @@ def engine_mode(folder: Path, quantization: str, activation_quant: str, prompts,
     del llm
     model = load_model(folder, torch.float32, torch.device("cpu"), get_ops("cpu", "cpu"), invariant_linear,
                        quantization, activation_quant=activation_quant)
-    tops, full = [], []
-    for p, r, ref_logp in zip(prompts, reference, ref_logps):
+    tops, full, against = [], [], {label: ([], []) for label in peers}
+    for index, (p, r, ref_logp) in enumerate(zip(prompts, reference, ref_logps)):
         logp = torch.log_softmax(full_logits(model, p + r)[len(p) - 1:-1], -1)
         full.append((ref_logp.exp() * (ref_logp - logp)).sum(-1).mean().item())
         values, ids = logp.topk(args.top_k, -1)
         tops.append((ids, values))
+        for label, (kls, agree) in against.items():
+            peer_ids, peer_logps = peers[label][index]
+            kls.append(bucket_kl(logp, peer_ids, peer_logps).mean().item())
+            agree.append((peer_ids[:, 0] == ids[:, 0]).double().mean().item())
     figures = quality([o.token_ids for o in outputs], reference, ref_logps, tops, full, args)
+    figures["against_llama_cpp"] = {label: {"mean_topk_kl_nats": statistics.mean(kls),
+                                            "argmax_agreement": statistics.mean(agree)}
+                                    for label, (kls, agree) in against.items()}
     return figures, outputs, model
 
 
 def llama_mode(server, prompts, reference, ref_logps, args) -> tuple[dict, list[list[int]], list]:
-    """llama-server: free-running greedy tokens (with its top-k at each step) and teacher-forced tops."""
+    """llama-server: (figures, free-running greedy tokens, its top-k at each of their steps,
+    teacher-forced tops)."""
     tokens, free_tops, forced = [], [], []
     for p, r in zip(prompts, reference):
         got, steps = [], []
@@ -160,7 +170,7 @@ def llama_mode(server, prompts, reference, ref_logps, args) -> tuple[dict, list[
         free_tops.append(steps)
         forced.append(as_tensors([server.next_token_top(p + r[:i], args.top_k) for i in range(len(r))]))
         print(f"   llama.cpp prompt {len(tokens)}/{len(prompts)}: common prefix {common_prefix(got, r)}", flush=True)
-    return quality(tokens, reference, ref_logps, forced, None, args), tokens, free_tops
+    return quality(tokens, reference, ref_logps, forced, None, args), tokens, free_tops, forced
 
 
 def gap(top: list[tuple[int, float]]) -> float | None:
@@ -213,30 +223,28 @@ def main() -> None:
     del llm
     dense = load_model(folder, torch.float32, torch.device("cpu"), get_ops("cpu", "cpu"), invariant_linear, "none")
     ref_logps = [torch.log_softmax(full_logits(dense, p + r)[len(p) - 1:-1], -1) for p, r in zip(prompts, reference)]
-    results, outputs, models = {}, {}, {"fp32 dense": dense}
+    results, peers, skipped = {}, {}, None
+    server_bin, skipped = llamacpp.binary(args.llama_cpp_dir, "llama-server")
+    for variant in ["llama.cpp (llama-server)=", *args.llama_variant] if server_bin else []:
+        label, flags = variant.split("=", 1)
+        label = label if label.startswith("llama.cpp") else f"llama.cpp, {label} ({flags})"
+        print(f"== {label}", flush=True)
+        with llamacpp.Server(server_bin, find_gguf_file(folder), args.threads, slots=1,
+                             extra_args=tuple(flags.split())) as server:
+            results[label], *peers[label] = llama_mode(server, prompts, reference, ref_logps, args)
+        print(results[label], flush=True)
+    outputs, models = {}, {"fp32 dense": dense}
     for key in args.modes.split(","):
         name, quantization, activation_quant = MODES[key]
         print(f"== {name}", flush=True)
         results[name], outputs[key], model = engine_mode(folder, quantization, activation_quant, prompts, reference,
-                                                         ref_logps, args, params)
+                                                         ref_logps, args, params,
+                                                         {label: forced for label, (_, _, forced) in peers.items()})
         if key in PARITY_MODES:
             models[name] = model
         print(results[name], flush=True)
-    server_bin, why = llamacpp.binary(args.llama_cpp_dir, "llama-server")
-    parities, skipped = {}, None
-    if server_bin is None:
-        skipped = why
-    else:
-        gguf = find_gguf_file(folder)
-        for variant in ["llama.cpp (llama-server)=", *args.llama_variant]:
-            label, flags = variant.split("=", 1)
-            label = label if label.startswith("llama.cpp") else f"llama.cpp, {label} ({flags})"
-            print(f"== {label}", flush=True)
-            with llamacpp.Server(server_bin, gguf, args.threads, slots=1, extra_args=tuple(flags.split())) as server:
-                results[label], tokens, tops = llama_mode(server, prompts, reference, ref_logps, args)
-            print(results[label], flush=True)
-            parities[label] = [parity(MODES[key][0], outputs[key], tokens, tops, prompts, models, args)
-                               for key in PARITY_MODES if key in outputs]
+    parities = {label: [parity(MODES[key][0], outputs[key], tokens, tops, prompts, models, args)
+                        for key in PARITY_MODES if key in outputs] for label, (tokens, tops, _) in peers.items()}
     print(write_results(args.out, "int8 activations and llama.cpp: quality against fp32 weights, and parity",
                         load_before, report(results, parities, skipped, args),
                         {"modes": results, "parity": parities, "llama_cpp_skipped": skipped}).read_text())
@@ -254,20 +262,30 @@ def report(results: dict, parities: dict, skipped: str | None, args) -> str:
              markdown_table(["mode", "prompts token-equal (free-running)", f"mean common prefix (of {args.tokens})",
                              "teacher-forced argmax agreement", "mean KL(fp32 || mode), nats",
                              f"mean KL over the mode's top-{args.top_k} + rest, nats"], rows)]
+    against = [(name, r["against_llama_cpp"]) for name, r in results.items() if r.get("against_llama_cpp")]
+    if against:
+        labels = list(against[0][1])
+        parts.append(f"### The engine against llama.cpp, teacher-forced (fp32's continuation)\n\n"
+                     f"Per engine mode and llama-server run: mean KL(mode || llama.cpp) over llama.cpp's top-{args.top_k} "
+                     "+ rest (nats), and the share of positions whose argmax agree.\n")
+        parts.append(markdown_table(["mode", *labels], [
+            [name, *(f"{a[label]['mean_topk_kl_nats']:.5f}, {100 * a[label]['argmax_agreement']:.2f}%" for label in labels)]
+            for name, a in against]))
     for label, modes in parities.items():
         for p in modes:
+            diverged = [r for r in p["per_prompt"] if not r["equal"]]
             parts.append(f"### Greedy parity: engine, {p['mode']} against {label}\n\n"
                          f"{p['equal']} / {args.prompts} prompts token-equal over {args.tokens} tokens; "
-                         f"{sum(not r['near_tie'] for r in p['per_prompt'])} first divergences are not near-ties "
-                         f"(a side's top-2 gap >= {args.near_tie} nats).\n")
-            parts.append(markdown_table(
-                ["prompt", "first divergence", "our top-2 gap", "llama.cpp top-2 gap", "near-tie",
-                 "margin ours-theirs: " + ", ".join(next((r["margins_ours_minus_theirs"] for r in p["per_prompt"]
-                                                          if not r["equal"]), {}))],
-                [[r["prompt"], r["first_divergence"], f"{r['our_top2_gap']:.3f}", f"{r['their_top2_gap']:.3f}",
-                  "yes" if r["near_tie"] else "**no**",
-                  ", ".join(f"{v:+.3f}" for v in r["margins_ours_minus_theirs"].values())]
-                 for r in p["per_prompt"] if not r["equal"]]))
+                         f"{sum(not r['near_tie'] for r in diverged)} of the {len(diverged)} first divergences are not "
+                         f"near-ties (a side's top-2 gap >= {args.near_tie} nats). Margin: logp(our token) - "
+                         "logp(llama.cpp's) at that position, in each model.\n")
+            if diverged:
+                parts.append(markdown_table(
+                    ["prompt", "first divergence", "our top-2 gap", "llama.cpp top-2 gap", "near-tie",
+                     *(f"margin, {m}" for m in diverged[0]["margins_ours_minus_theirs"])],
+                    [[r["prompt"], r["first_divergence"], f"{r['our_top2_gap']:.3f}", f"{r['their_top2_gap']:.3f}",
+                      "yes" if r["near_tie"] else "**no**",
+                      *(f"{v:+.3f}" for v in r["margins_ours_minus_theirs"].values())] for r in diverged]))
     return "\n".join(parts)
 
 

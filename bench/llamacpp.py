@@ -68,13 +68,6 @@ class Server:
         """Greedy (top-k 1) continuation of the token ids: the generated ids."""
         return self._completion(prompt_ids, max_tokens, ignore_eos)["tokens"]
 
-    def complete_with_top(self, prompt_ids: list[int], max_tokens: int, top: int = 2,
-                          ignore_eos: bool = False) -> tuple[list[int], list[list[tuple[int, float]]]]:
-        """complete(), and at each generated token llama.cpp's `top` (id, logprob) before sampling."""
-        answer = self._completion(prompt_ids, max_tokens, ignore_eos, n_probs=top)
-        tops = [[(t["id"], t["logprob"]) for t in step["top_logprobs"]] for step in answer["completion_probabilities"]]
-        return answer["tokens"], tops
-
     def next_token_top(self, prompt_ids: list[int], top: int) -> list[tuple[int, float]]:
         """llama.cpp's `top` most likely next tokens after the ids, (id, logprob) best first, the
         logprobs a softmax over the whole vocabulary (no sampler, no EOS mask). The slot's KV cache is

