@@ -155,21 +155,25 @@ class VllmPeer:
         for name in ("PYTHONPATH", "ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS"):
             env.pop(name, None)  # vLLM's own torch, on everything this CPU has
         self.preload = preload
-        self.proc = subprocess.Popen(
-            [str(venv / "bin" / "python"), str(Path(__file__).with_name("vllm_peer.py")), "--model", model,
-             "--dtype", dtype, "--requests", self._file.name, "--max-num-seqs", str(max_num_seqs),
-             "--max-num-batched-tokens", str(max_num_batched_tokens)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-        self.tail: list[str] = []
+        self.log = Path(tempfile.mkstemp(prefix="vllm-peer-", suffix=".log")[1])
+        read, write = os.pipe()  # its answers; its logs go to self.log, so no unread pipe can fill and stall it
+        with open(self.log, "w") as log:
+            self.proc = subprocess.Popen(
+                [str(venv / "bin" / "python"), str(Path(__file__).with_name("vllm_peer.py")), "--model", model,
+                 "--dtype", dtype, "--requests", self._file.name, "--max-num-seqs", str(max_num_seqs),
+                 "--max-num-batched-tokens", str(max_num_batched_tokens), "--answer-fd", str(write)],
+                stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT, text=True, env=env, pass_fds=(write,))
+        os.close(write)
+        self.answers = os.fdopen(read)
         self.info = self._answer()
 
     def _answer(self) -> dict:
         import json
-        for line in self.proc.stdout:
-            if line.startswith("VLLM_PEER "):
-                return json.loads(line[len("VLLM_PEER "):])
-            self.tail = (self.tail + [line.rstrip()])[-200:]
-        raise RuntimeError("vLLM exited:\n" + "\n".join(self.tail))
+        line = self.answers.readline()
+        if not line:
+            tail = self.log.read_text().splitlines()[-60:]
+            raise RuntimeError(f"vLLM exited (its log: {self.log}):\n" + "\n".join(tail))
+        return json.loads(line)
 
     def run(self) -> tuple[int, float]:
         """One pass over every request: (output tokens, seconds)."""
@@ -187,3 +191,4 @@ class VllmPeer:
         except (OSError, subprocess.TimeoutExpired):
             self.proc.kill()
         self._file.close()
+        self.answers.close()

@@ -5,20 +5,23 @@ it imports vllm and the standard library only, never the project.
 
 Loads the model once (the model folder's safetensors, in --dtype), then answers one line per line on
 stdin: "run" generates every request of --requests (a JSON list of [prompt ids, output length]) in
-one LLM.generate call, greedy, EOS ignored, and prints "VLLM_PEER {json}" with the output tokens and
-the seconds; "quit" (or the end of stdin) ends it. Its first such line reports the versions once the
-model is loaded. vLLM logs to stdout as well: the caller reads only the VLLM_PEER lines.
+one LLM.generate call, greedy, EOS ignored, and writes a JSON line with the output tokens and the
+seconds to the file descriptor --answer-fd (default 1, stdout); "quit" (or the end of stdin) ends it.
+Its first such line reports the versions once the model is loaded. vLLM's own logs go to stdout and
+stderr: a caller that does not read them gives --answer-fd a pipe of its own and sends them to a file.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 
 
-def say(**fields) -> None:
-    print("VLLM_PEER " + json.dumps(fields), flush=True)
+def say(out, **fields) -> None:
+    out.write(json.dumps(fields) + "\n")
+    out.flush()
 
 
 def main() -> None:
@@ -29,7 +32,9 @@ def main() -> None:
     parser.add_argument("--max-num-seqs", type=int, default=64)
     parser.add_argument("--max-num-batched-tokens", type=int, default=2048)
     parser.add_argument("--max-model-len", type=int, default=2048)
+    parser.add_argument("--answer-fd", type=int, default=1)
     args = parser.parse_args()
+    out = os.fdopen(args.answer_fd, "w")
     with open(args.requests) as f:
         requests = json.load(f)
     import torch
@@ -41,14 +46,14 @@ def main() -> None:
               enable_prefix_caching=False)
     prompts = [{"prompt_token_ids": ids} for ids, _ in requests]
     params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for _, n in requests]
-    say(ready=True, vllm=vllm.__version__, torch=torch.__version__, threads=torch.get_num_threads())
+    say(out, ready=True, vllm=vllm.__version__, torch=torch.__version__, threads=torch.get_num_threads())
     for line in sys.stdin:
         if line.strip() != "run":
             break
         start = time.perf_counter()
         outputs = llm.generate(prompts, params, use_tqdm=False)
         seconds = time.perf_counter() - start
-        say(tokens=sum(len(o.outputs[0].token_ids) for o in outputs), seconds=seconds)
+        say(out, tokens=sum(len(o.outputs[0].token_ids) for o in outputs), seconds=seconds)
 
 
 if __name__ == "__main__":
