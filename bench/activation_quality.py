@@ -253,7 +253,7 @@ def main() -> None:
 def report(results: dict, parities: dict, skipped: str | None, args) -> str:
     rows = [[name, f"{r['prompts_token_equal']} / {args.prompts}", f"{r['mean_common_prefix']:.1f}",
              f"{100 * r['teacher_forced_argmax_agreement']:.2f}%",
-             f"{r['mean_kl_nats']:.5f}" if "mean_kl_nats" in r else "n/a (top-k only)", f"{r['mean_topk_kl_nats']:.5f}"]
+             f"{r['mean_kl_nats']:.5f}" if "mean_kl_nats" in r else "n/a (top-k only)", f"{max(r['mean_topk_kl_nats'], 0.0):.5f}"]  # -0.00000: rounding
             for name, r in results.items()]
     if skipped:
         rows.append(["llama.cpp (llama-server)", "skipped", skipped, "", "", ""])
