@@ -166,7 +166,7 @@ def test_a_verify_chunk_of_k_plus_1_tokens_gets_the_decode_steps_logits_to_the_b
 @pytest.mark.parametrize("method", ["ngram", "suffix"])
 def test_real_drafters_give_the_same_tokens_and_logprobs(tiny_llama, prompts, reference, method):
     config = NGRAM if method == "ngram" else {"method": "suffix", "num_speculative_tokens": K,
-                                              "suffix_global_max_tokens": 4096}
+                                              "suffix_global_max_tokens": 4096, "disable_by_batch_size": 0}
     llm = make_llm(tiny_llama, dtype="float32", speculative_config=config)
     for name in ("greedy", "seeded") if method == "ngram" else ("greedy",):
         assert results(llm.generate(prompts, PARAMS[name], use_tqdm=False)) == results(reference[name]), name
