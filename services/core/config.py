@@ -3,7 +3,7 @@
 Each field is a `setting`: its default, its help text and (in `__post_init__`) its validation,
 written once. The services' command lines are generated from these dataclasses
 (services/cli.py), and `python -m services up` passes each of its flags to the services whose
-dataclasses hold it (services/launcher.py); `LLM(...)` takes the same names as keywords
+dataclasses hold it (services/launch/deployment.py); `LLM(...)` takes the same names as keywords
 (EngineArgs). Names follow vLLM's engine arguments where the idea is the same. Nothing here
 reads the environment: each service's `main` does, through its flags.
 
@@ -81,7 +81,7 @@ class CacheConfig:
     block_size: int = _block_size()
     num_gpu_blocks: int | None = setting(None, "KV cache size in blocks (default: from the memory budget)")
     kv_cache_memory_bytes: int | None = setting(
-        None, "KV cache memory budget in bytes (default: a share of the device's free memory)")
+        None, "KV cache memory budget in bytes (default: 1 GiB on the CPU, 0.85 of the free memory on CUDA)")
     swap_space_bytes: int = setting(64 << 20, "CPU swap pool per worker, in bytes")
 
     def __post_init__(self) -> None:
