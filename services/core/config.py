@@ -35,6 +35,7 @@ ACTIVATION_QUANTS = ("auto", "none", "int8")
 AUTO_ACTIVATION_QUANT = "none"  # what auto means, measured in bench/results/activation_quality.md  # quantized weights' activations (kernels/csrc/quant_dot.c)
 LOG_LEVELS = ("debug", "info", "warning", "error")
 DEFAULT_MAX_MODEL_LEN = 4096  # the cap when max_model_len comes from the model
+DEFAULT_MODEL_CACHE_DIR = "~/.cache/pagedserve"  # where "default" is converted (services/tools/default_model.py)
 SPECULATIVE_METHODS = ("ngram", "suffix")
 
 
@@ -49,6 +50,13 @@ def setting(default: Any = dataclasses.MISSING, help: str = "", *, flag: str | N
 def _block_size() -> Any:
     # one setting the scheduler and the workers both hold (and must agree on): one definition
     return setting(16, f"tokens per KV block, one of {ALLOWED_BLOCK_SIZES}; the scheduler and every worker must agree")
+
+
+def model_cache_dir_setting() -> Any:
+    # held by the worker and the frontend, which both resolve --model: one definition. Its old
+    # environment variable PAGEDSERVE_CACHE (the --cache alias) is still read.
+    return setting(DEFAULT_MODEL_CACHE_DIR, 'the folder the "default" model is converted into and read from',
+                   aliases=("--cache",))
 
 
 def _check_block_size(block_size: int) -> None:
@@ -218,6 +226,7 @@ class WorkerConfig:
     """The model a worker loads and the kernels it runs."""
 
     model: str = setting("default", 'a model folder, a hub id, or "default" (SmolLM2-135M-Instruct)')
+    model_cache_dir: str = model_cache_dir_setting()
     dtype: str = setting("auto", f"one of {DTYPES}; auto: the checkpoint's (fp16 becomes bf16 on the CPU)")
     device: str = setting("auto", "cpu, cuda (the current GPU), cuda:N (the GPU with index N) or auto (cuda when "
                                   "available)")

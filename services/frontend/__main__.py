@@ -34,7 +34,7 @@ def build_config(args: argparse.Namespace) -> tuple[FrontendConfig, LogConfig]:
 
 
 async def serve(config: FrontendConfig) -> None:
-    server = FrontendServer(config, resolve_model_path(config.model))
+    server = FrontendServer(config, resolve_model_path(config.model, config.model_cache_dir))
     await server.start()
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()

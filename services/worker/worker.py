@@ -57,7 +57,7 @@ class Worker:
     def __init__(self, config: WorkerConfig, cache: CacheConfig):
         self.config = config
         self.device = pick_device(config.device)
-        self.model_path = resolve_model_path(config.model)
+        self.model_path = resolve_model_path(config.model, config.model_cache_dir)
         arch = ModelArchConfig.from_folder(self.model_path)
         tp, pp = config.tensor_parallel_size, config.pipeline_parallel_size
         self.quantization = resolve_quantization(config.quantization, self.model_path, self.device.type)
