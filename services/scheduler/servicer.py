@@ -72,7 +72,7 @@ def _news(request_id: str, queue_time_s: float, item: Delivery) -> scheduler_pb2
         error = item if isinstance(item, REFUSALS) else \
             RuntimeError(f"the scheduler failed a step: {item}")
         code, message = status_of(error)
-        return scheduler_pb2.RequestNews(request_id=request_id, done=True, error_code=code.value[0],
+        return scheduler_pb2.RequestNews(request_id=request_id, done=True, error_code=code.value[0],  # status.code_of reads it
                                          error_message=message)
     response = internal_codec.updates_to_response(item)
     response.queue_time_s = queue_time_s
