@@ -1,4 +1,4 @@
-"""The frontend's side of the scheduler boundary: SubmitMany, Abort and GetStats over grpc.aio.
+"""The frontend's side of the scheduler boundary: SubmitMany and GetStats over grpc.aio.
 
 Every request of this frontend travels on one SubmitMany call (`SubmitManyCall`): one message a step for
 all of them instead of one per request and token (the scheduler and the frontend used ~30% less
@@ -217,18 +217,18 @@ class SchedulerClient:
             if not finished and not _ended(queue) and mux.broken is None:
                 mux.send(scheduler_pb2.SubmitManyRequest(cancel=request_id))
 
-    async def abort(self, request_id: str, sample_index: int = -1) -> None:
-        """End one sample (sample_index >= 0) or the whole request. A request carried to another
-        scheduler leaves an ended sample out, so a lost scheduler is no error here."""
+    def stop_sample(self, request_id: str, sample_index: int) -> None:
+        """End one sample of a running request (a stop string matched), on the SubmitMany call the
+        request runs on, after everything sent for it before. A request that is being carried to
+        another scheduler is resubmitted without the ended sample, so a broken call is no error here."""
         progress = self._open.get(request_id)
-        if progress is not None and sample_index >= 0:
+        if progress is not None:
             progress.end_sample(sample_index)
-        try:
-            await self.stub.Abort(scheduler_pb2.AbortRequest(request_id=request_id, sample_index=sample_index))
-        except grpc.aio.AioRpcError as error:
-            if progress is not None and _lost(error.code(), error.details()):
-                return
-            _raise_core_error(error)
+        mux = self._submit_many
+        if mux is None or mux.broken is not None or request_id not in mux.queues:
+            return
+        mux.send(scheduler_pb2.SubmitManyRequest(
+            stop_sample=scheduler_pb2.StopSample(request_id=request_id, sample_index=sample_index)))
 
     async def stats(self, timeout: float | None = None) -> SchedulerStats:
         """Raises Unavailable when the scheduler does not answer (or a failover is under way)."""

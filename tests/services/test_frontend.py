@@ -84,8 +84,9 @@ def test_stop_string_is_cut_never_streamed_and_ends_the_sample_at_the_scheduler(
     sample = stream.result.samples[0]
     assert "".join(texts) == sample.text == ("abc STOP" if include else "abc ")
     assert (sample.finish_reason, sample.stop_reason) == ("stop", "STOP")
+    # the sample is stopped, then the request cancelled, in that order on its SubmitMany call
+    assert harness.wait_for(lambda: f"stop-{include}" in harness.fake.cancelled)
     assert (f"stop-{include}", 0) in harness.fake.aborts
-    assert harness.wait_for(lambda: f"stop-{include}" in harness.fake.cancelled)  # the request is cancelled on its SubmitMany call
     assert stream.result.num_completion_tokens == len(sample.token_ids) < 40
 
 
