@@ -361,7 +361,7 @@ class Scheduler:
                     seq_id=seq.seq_id, prompt_token_ids=request.prompt_token_ids,
                     output_token_ids=list(seq.output_token_ids), block_ids=list(table),
                     num_computed_tokens=seq.num_computed_tokens, num_scheduled_tokens=num_new, params=request.params,
-                    seed=request.seed, sample_index=seq.sample_index,
+                    sample_index=seq.sample_index,
                     num_samples=request.params.n if not request.forked and seq.sample_index == 0 else 1))
             else:
                 num_prompt = len(seq.prompt_token_ids)

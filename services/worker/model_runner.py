@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from services.core.errors import InvalidArgument, UnknownSequence
+from services.core.errors import InvalidArgument, UnknownSequence, check
 from services.core.sampling_params import SamplingParams
 from services.core.step import NewSequence, SeqOutput, StepDelta, StepResult
 from services.worker.async_scheduling import AsyncSteps
@@ -28,8 +28,7 @@ class SeqState:
     output_token_ids: list[int]
     block_ids: list[int]
     num_computed_tokens: int
-    params: SamplingParams
-    seed: int
+    params: SamplingParams  # its seed always set
     sample_index: int
     num_samples: int = 1
     grammar: SequenceGrammar | None = None  # structured outputs: the matcher of its output tokens
@@ -122,9 +121,10 @@ class ModelRunner:
     # ---- delta -> mirror -------------------------------------------------------
     def _add(self, new: NewSequence) -> tuple[SeqState, int]:
         self._check_blocks(new.seq_id, new.block_ids)
+        check(new.params.seed is not None, "seed", f"sequence {new.seq_id} came without its request's seed")
         state = SeqState(seq_id=new.seq_id, prompt_token_ids=list(new.prompt_token_ids),
                          output_token_ids=list(new.output_token_ids), block_ids=list(new.block_ids),
-                         num_computed_tokens=new.num_computed_tokens, params=new.params, seed=new.seed,
+                         num_computed_tokens=new.num_computed_tokens, params=new.params,
                          sample_index=new.sample_index, num_samples=new.num_samples)
         if new.params.structured_outputs is not None:
             if self.grammars is None:
@@ -216,7 +216,7 @@ class ModelRunner:
             for sample_index, hidden_row, tokens, position in rows:
                 if state.grammar is not None:
                     plan.constrained.append((len(plan.rows), state.grammar, tokens))
-                plan.rows.append(SamplingRow(params=state.params, seed=state.seed, sample_index=sample_index,
+                plan.rows.append(SamplingRow(params=state.params, sample_index=sample_index,
                                              position=position, prompt_token_ids=state.prompt_token_ids,
                                              output_token_ids=tokens))
                 plan.hidden_rows.append(hidden_row)

@@ -70,7 +70,7 @@ def test_the_step_contract_and_updates_are_built_with_keywords_only():
 
     params = SamplingParams()
     with pytest.raises(TypeError):  # two lists of ints swapped by a reordered field would go unnoticed
-        NewSequence(1, [5, 6], [], [0], 0, 2, params, 7)
+        NewSequence(1, [5, 6], [], [0], 0, 2, params)
     with pytest.raises(TypeError):
         SeqUpdate("r", 0, [7])
     with pytest.raises(TypeError):
@@ -80,8 +80,8 @@ def test_the_step_contract_and_updates_are_built_with_keywords_only():
     with pytest.raises(TypeError):
         SamplingParams(1, 0.5)
     new = NewSequence(seq_id=1, prompt_token_ids=[5, 6], output_token_ids=[], block_ids=[0], num_computed_tokens=0,
-                      num_scheduled_tokens=2, params=params, seed=7)
-    assert (new.prompt_token_ids, new.block_ids, new.seed) == ([5, 6], [0], 7)
+                      num_scheduled_tokens=2, params=params.with_seed(7))
+    assert (new.prompt_token_ids, new.block_ids, new.params.seed) == ([5, 6], [0], 7)
 
 
 def test_every_dataclass_of_more_than_three_fields_takes_keywords_only():

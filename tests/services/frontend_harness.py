@@ -105,7 +105,7 @@ class FakeScheduler(scheduler_pb2_grpc.SchedulerServicer):
             if not deltas:
                 return
             response = scheduler_pb2.SubmitResponse(deltas=deltas, num_prompt_tokens=len(prompt),
-                                                    seed=params.seed if params.has_seed else FAKE_SEED)
+                                                    seed=params.seed if params.HasField("seed") else FAKE_SEED)
             if step == 0 and not request.continued_samples and params.prompt_logprobs >= 0:
                 response.prompt_logprobs.extend(
                     [common_pb2.OptionalLogprobs(has_value=False)] +

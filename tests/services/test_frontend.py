@@ -157,7 +157,7 @@ def test_concurrent_requests_share_one_scheduler_call_and_a_broken_one_is_replac
         assert len(client.generate("echo again", max_tokens=3).token_ids) == 3
     assert harness.fake.num_calls == 2
     continuation = harness.fake.submitted[-2]
-    assert continuation.params.has_seed and continuation.params.seed == want.seed
+    assert continuation.params.HasField("seed") and continuation.params.seed == want.seed
     assert [c.sample_index for c in continuation.continued_samples] == [0, 1]
     assert all(0 < len(c.token_ids) < 60 for c in continuation.continued_samples)
     assert harness.wait_for(lambda: harness.frontend.core.num_pending == 0)
