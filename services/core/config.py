@@ -184,7 +184,8 @@ class SchedulerConfig:
     preemption_mode: str = setting("recompute", f"one of {PREEMPTION_MODES}")
     scheduling_policy: str = setting("fcfs", f"one of {POLICIES}")
     max_waiting_requests: int = setting(4096, "beyond this, new requests are refused (RESOURCE_EXHAUSTED)")
-    seed: int | None = setting(None, "draw the seeds of requests that bring none from this (default: random)")
+    seed: int | None = setting(None, "draw the seeds of requests that bring none from this, so a run repeats "
+                                     "itself (default: random; the worker's own torch seed is --torch-seed)")
     async_scheduling: bool = setting(
         True, "plan each worker's next decode step while it runs this one, so it runs it while the result "
               "travels (services/core/async_scheduling.py); the old name --overlap-steps still works",
@@ -230,7 +231,8 @@ class WorkerConfig:
     dtype: str = setting("auto", f"one of {DTYPES}; auto: the checkpoint's (fp16 becomes bf16 on the CPU)")
     device: str = setting("auto", "cpu, cuda (the current GPU), cuda:N (the GPU with index N) or auto (cuda when "
                                   "available)")
-    seed: int = setting(0, "the worker's torch seed (sampling draws come from each request's own seed)")
+    torch_seed: int = setting(0, "the worker's torch.manual_seed (not the requests' seeds: --seed, the scheduler's; "
+                                 "every sampling draw comes from its request's seed)")
     kernel_backend: str = setting(
         "auto", f"one of {KERNEL_BACKENDS}; auto: triton on cuda, else the compiled CPU kernels if they build, "
                 "else torch")
@@ -283,7 +285,7 @@ class LogConfig:
 
 
 # In one process: what LLM(...) sets differently from the services, and what it refuses.
-IN_PROCESS_DEFAULTS = {"seed": 0}  # one seed for the worker and the requests: LLM(...) repeats itself run after run
+IN_PROCESS_DEFAULTS = {"seed": 0}  # the requests that bring no seed draw theirs from 0: LLM(...) repeats itself run after run
 NOT_IN_PROCESS = {
     "async_scheduling": "the in-process engine runs each step to its end before planning the next; async "
                         "scheduling is for the services (python -m services up)",
@@ -296,7 +298,7 @@ NOT_IN_PROCESS = {
 @dataclass(frozen=True, kw_only=True)
 class EngineArgs:
     """What `LLM(model, **kwargs)` takes: every setting of the worker, its cache and the scheduler,
-    by name (a name in several, block_size and seed, sets each)."""
+    by name (a name in several, block_size, sets each)."""
 
     worker: WorkerConfig
     cache: CacheConfig

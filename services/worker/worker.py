@@ -71,7 +71,7 @@ class Worker:
         if self.shard.world_size > 1:
             self.comm = self._join_group(config, cache)
         self.dtype = resolve_dtype(config.dtype, arch, self.device)
-        torch.manual_seed(config.seed)
+        torch.manual_seed(config.torch_seed)
         threads = self.rank_threads or config.num_threads
         if threads:  # several workers (or ranks) on one machine must not oversubscribe its cores
             torch.set_num_threads(threads)

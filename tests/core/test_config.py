@@ -32,8 +32,11 @@ def test_llm_keywords_reach_every_config_that_holds_them():
     assert args.cache_config().block_size == args.scheduler_config(2048).block_size == 32
     assert args.scheduler_config(2048).max_num_seqs == 8 and args.worker_config().dtype == "float32"
     assert args.cache_config().num_gpu_blocks == 10 and args.worker_config().model == "m"
-    # in one process one seed seeds the worker and the requests that bring none, so LLM() repeats itself
-    assert args.worker_config().seed == 0 and args.scheduler_config(2048).seed == 0
+    # in one process the requests that bring no seed draw theirs from seed 0, so LLM() repeats itself;
+    # the worker's torch seed is a setting of its own
+    assert args.scheduler_config(2048).seed == 0 and args.worker_config().torch_seed == 0
+    both = EngineArgs.from_kwargs("m", seed=5, torch_seed=6)
+    assert (both.scheduler_config(2048).seed, both.worker_config().torch_seed) == (5, 6)
     assert not args.scheduler_config(2048).async_scheduling  # the in-process engine steps synchronously
 
 
