@@ -116,6 +116,7 @@ class Scheduler:
                     priority: int = 0, continued: tuple[ContinuedSample, ...] = ()) -> Request:
         """Admit a request; `continued` non-empty: a continuation (ContinuedSample), which runs
         just the samples it names, each from its own tokens."""
+        params.validate()  # admission: the one check after the edge's (the wire's decoding checks nothing)
         check(request_id not in self.requests, "request_id", f"{request_id!r} is already running")
         check(len(prompt_token_ids) > 0, "prompt", "must not be empty")
         check(len(prompt_token_ids) < self.config.max_model_len, "prompt",

@@ -37,8 +37,8 @@ def params_to_proto(params: SamplingParams) -> common_pb2.SamplingParams:
 
 
 def params_from_proto(msg: common_pb2.SamplingParams) -> SamplingParams:
-    """Validated on construction: an out-of-range value raises InvalidArgument naming the field."""
-    return SamplingParams(
+    """Not checked here: the scheduler checks at admission, a worker takes the scheduler's as they are."""
+    return SamplingParams.unchecked(
         n=msg.n, temperature=msg.temperature, top_k=msg.top_k, top_p=msg.top_p, min_p=msg.min_p,
         repetition_penalty=msg.repetition_penalty, presence_penalty=msg.presence_penalty,
         frequency_penalty=msg.frequency_penalty, logit_bias=tuple((b.token_id, b.bias) for b in msg.logit_bias),

@@ -29,11 +29,19 @@ def test_sampling_params_round_trip():
     assert internal_codec.params_from_proto(msg) == plain
 
 
-def test_out_of_range_params_from_the_wire_name_the_field():
+def test_params_from_the_wire_are_checked_at_admission_not_each_time_they_are_decoded(monkeypatch):
     msg = internal_codec.params_to_proto(PARAMS)
     msg.top_p = 1.5
-    with pytest.raises(InvalidArgument) as error:
-        internal_codec.params_from_proto(msg)
+    checks = []
+    monkeypatch.setattr(SamplingParams, "validate", lambda self: checks.append(self))
+    decoded = internal_codec.params_from_proto(msg)  # the scheduler's decoding, a worker's (every resend)
+    new = NewSequence(seq_id=0, prompt_token_ids=[5], output_token_ids=[], block_ids=[0], num_computed_tokens=0,
+                      num_scheduled_tokens=1, params=PARAMS)
+    internal_codec.delta_from_proto(internal_codec.delta_to_proto(StepDelta(step_id=1, new_seqs=[new])))
+    assert checks == [] and decoded.top_p == 1.5
+    monkeypatch.undo()
+    with pytest.raises(InvalidArgument) as error:  # what Scheduler.add_request calls
+        decoded.validate()
     assert error.value.field == "top_p"
 
 
