@@ -24,7 +24,7 @@ from services.worker.loader import (gguf_align, load_model, resolve_activation_q
                                    resolve_quantization)
 from services.worker.model_config import ModelArchConfig
 from services.worker.grammar import Grammars
-from services.worker.model_runner import ModelRunner
+from services.worker.async_scheduling import AsyncModelRunner
 from services.worker.parallel import Shard, check_layout
 
 log = structlog.get_logger("worker")
@@ -91,7 +91,7 @@ class Worker:
             num_blocks, num_cpu_blocks = self.comm.min_over_ranks(num_blocks), self.comm.min_over_ranks(num_cpu_blocks)
         kv_cache = KVCache(local, num_blocks, num_cpu_blocks, cache.block_size, self.dtype, self.device)
         grammars = Grammars(self.model_path, arch.vocab_size, arch.eos_token_ids)
-        self.runner = ModelRunner(model, kv_cache, self.device, config.batch_invariant, grammars)
+        self.runner = AsyncModelRunner(model, kv_cache, self.device, config.batch_invariant, grammars)
         self.info = WorkerInfo(
             model=str(self.model_path), dtype=str(self.dtype).removeprefix("torch."), block_size=cache.block_size,
             num_gpu_blocks=num_blocks, num_cpu_blocks=num_cpu_blocks, vocab_size=arch.vocab_size,
