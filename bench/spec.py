@@ -306,7 +306,7 @@ def main() -> None:
         f"Speculative config: `{spec.to_json()}`. Greedy, max_tokens {args.max_tokens} (batch 1), "
         f"{args.batch_max_tokens} (sharegpt-16 and the sweep), "
         f"{args.repeats} alternated passes per workload (the sweep: 1).", "",
-        "**The host was shared with 7 other developers' builds and test runs during this run** (load average "
+        "**The host was shared with other developers' builds and test runs during this run** (load average "
         "above): absolute tokens/s are noisy; the on/off ratios come from passes alternated within seconds.", "",
         markdown_table(headers, rows) if rows else "", *cost_lines])
     print(write_results(args.stem, "Speculative decoding (ngram), exact", load_before, body, data))
