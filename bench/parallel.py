@@ -224,8 +224,14 @@ def main() -> None:
         "wall time; the rest of the pass that stage waited (its bubble). Sampling and scheduling are outside "
         "both. On this 2-core host the stages' processes share 2 cores, so overlapping stages compete for them: "
         "**no speed-up is claimed here**; the figures show the schedule (how much of the pass each stage "
-        "works), which is what a machine with a core set per stage turns into throughput.", "",
+        "works), which is what a machine with a core set per stage turns into throughput. Where stages overlap on "
+        "shared cores each one computes slower, so a busy share there also counts time its process waited for a "
+        "core: read the shares as an upper bound of the work overlapped, and the tok/s as what this host gave.", "",
         bubble_table(bubbles) if bubbles else "(not run: --bubble-pp empty)\n",
+        "## Shared-memory transport within one host: not tried", "",
+        "Not built yet (issue 26 item 5): gloo over loopback is the only transport. A shared-memory path is to be kept "
+        "only if this script shows it faster; on a 2-core host the collectives' time is mostly ranks waiting for a "
+        "core (rank 0's comm ms/step above), not copying bytes, so it could not show that here.",
     ])
     path = write_results("parallel", "Tensor and pipeline parallel worker groups", load_before, body,
                          {"reduction": reduction, "layouts": layouts, "bubble": bubbles})

@@ -9,7 +9,8 @@ Lockstep: rank 0 is the worker the scheduler sees (it registers with the group's
 smallest of the ranks'). Each step it broadcasts the delta, and every rank runs the same
 ModelRunner code on it: the same mirror of the sequences, the same batch, the same KV cache moves
 on its own cache, the same forward pass (whose collectives therefore line up) and on stage 0 the
-same logits; only rank 0's result is sent back. A rank that fails or dies makes every collective
+same logits; only rank 0's result is sent back. A pipelined step moves activations stage to stage
+micro-batch by micro-batch (services/worker/pipeline.py); TIMERS gathers each rank's timers to rank 0. A rank that fails or dies makes every collective
 fail: the group exits, and the scheduler recomputes its sequences elsewhere (rule 5).
 """
 from __future__ import annotations
@@ -59,28 +60,22 @@ class GroupComm:
         self.forward_seconds = 0.0  # its whole pass, waits included: the rest is this stage's bubble
 
     @contextmanager
+    def _counting(self, counter: str):
+        """Add the block's wall time to the timer named `counter`."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            setattr(self, counter, getattr(self, counter) + time.perf_counter() - start)
+
     def _timed(self):
-        start = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.comm_seconds += time.perf_counter() - start
+        return self._counting("comm_seconds")
 
-    @contextmanager
     def busy(self):
-        start = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.busy_seconds += time.perf_counter() - start
+        return self._counting("busy_seconds")
 
-    @contextmanager
     def forward_timed(self):
-        start = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.forward_seconds += time.perf_counter() - start
+        return self._counting("forward_seconds")
 
     def close(self) -> None:
         if dist.is_initialized():
