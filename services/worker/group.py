@@ -10,8 +10,9 @@ smallest of the ranks'). Each step it broadcasts the delta, and every rank runs 
 ModelRunner code on it: the same mirror of the sequences, the same batch, the same KV cache moves
 on its own cache, the same forward pass (whose collectives therefore line up) and on stage 0 the
 same logits; only rank 0's result is sent back. A pipelined step moves activations stage to stage
-micro-batch by micro-batch (services/worker/pipeline.py); TIMERS gathers each rank's timers to rank 0. A rank that fails or dies makes every collective
-fail: the group exits, and the scheduler recomputes its sequences elsewhere (rule 5).
+micro-batch by micro-batch (services/worker/pipeline.py); TIMERS gathers each rank's timers to rank 0.
+A rank that fails or dies makes every collective fail: the group exits, and the scheduler recomputes
+its sequences elsewhere (rule 5).
 """
 from __future__ import annotations
 

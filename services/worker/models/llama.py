@@ -22,8 +22,8 @@ from kernels.decoder import LayerWeights, StackShape
 from kernels.ops import Ops
 from kernels.rotary import cos_sin_cache
 from kernels.row_parallel import RowParallelWeight, split_dense, split_quant
-from services.worker.model_config import ModelArchConfig
 from services.worker import pipeline
+from services.worker.model_config import ModelArchConfig
 from services.worker.parallel import Shard, total_groups
 
 
