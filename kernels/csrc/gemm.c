@@ -240,34 +240,34 @@ INLINE void tile_bf16(const int rows, const uint16_t *x, int64_t ldx, const uint
     __m512 acc[ROWS][3], total[ROWS][3];
     const int64_t full = k_len / 2, pairs = (k_len + 1) / 2;
     for (int64_t g = 0; g < groups->count; g++) {
-    const uint16_t *wg = (const uint16_t *)((const char *)panel + g * groups->stride), *xg = x + g * k_len;
+        const uint16_t *wg = (const uint16_t *)((const char *)panel + g * groups->stride), *xg = x + g * k_len;
 #pragma GCC unroll 8
-    for (int r = 0; r < rows; r++)
-        acc[r][0] = acc[r][1] = acc[r][2] = _mm512_setzero_ps();
-    for (int64_t i = 0; i < pairs; i++) {
-        const uint16_t *w = wg + i * PANEL * 2;
-        warm_step(warm, g * pairs + i);
-        const __m512bh w0 = (__m512bh)_mm512_loadu_si512(w), w1 = (__m512bh)_mm512_loadu_si512(w + 32),
-                       w2 = (__m512bh)_mm512_loadu_si512(w + 64);
-#pragma GCC unroll 8
-        for (int r = 0; r < rows; r++) {
-            __m512bh a;
-            if (i < full) {
-                uint32_t bits;
-                memcpy(&bits, xg + r * ldx + 2 * i, sizeof bits);
-                a = (__m512bh)_mm512_set1_epi32((int)bits);
-            } else {
-                a = pair(xg + r * ldx, i, k_len);
-            }
-            acc[r][0] = _mm512_dpbf16_ps(acc[r][0], a, w0);
-            acc[r][1] = _mm512_dpbf16_ps(acc[r][1], a, w1);
-            acc[r][2] = _mm512_dpbf16_ps(acc[r][2], a, w2);
-        }
-    }
-    if (groups->count > 1)
         for (int r = 0; r < rows; r++)
-            for (int j = 0; j < 3; j++)
-                total[r][j] = g == 0 ? acc[r][j] : _mm512_add_ps(total[r][j], acc[r][j]);
+            acc[r][0] = acc[r][1] = acc[r][2] = _mm512_setzero_ps();
+        for (int64_t i = 0; i < pairs; i++) {
+            const uint16_t *w = wg + i * PANEL * 2;
+            warm_step(warm, g * pairs + i);
+            const __m512bh w0 = (__m512bh)_mm512_loadu_si512(w), w1 = (__m512bh)_mm512_loadu_si512(w + 32),
+                           w2 = (__m512bh)_mm512_loadu_si512(w + 64);
+#pragma GCC unroll 8
+            for (int r = 0; r < rows; r++) {
+                __m512bh a;
+                if (i < full) {
+                    uint32_t bits;
+                    memcpy(&bits, xg + r * ldx + 2 * i, sizeof bits);
+                    a = (__m512bh)_mm512_set1_epi32((int)bits);
+                } else {
+                    a = pair(xg + r * ldx, i, k_len);
+                }
+                acc[r][0] = _mm512_dpbf16_ps(acc[r][0], a, w0);
+                acc[r][1] = _mm512_dpbf16_ps(acc[r][1], a, w1);
+                acc[r][2] = _mm512_dpbf16_ps(acc[r][2], a, w2);
+            }
+        }
+        if (groups->count > 1)
+            for (int r = 0; r < rows; r++)
+                for (int j = 0; j < 3; j++)
+                    total[r][j] = g == 0 ? acc[r][j] : _mm512_add_ps(total[r][j], acc[r][j]);
     }
     store_tile(rows, groups->count > 1 ? total : acc, bias, out, ldo, n0, n, out_bf16);
 }
@@ -338,57 +338,57 @@ INLINE void wide_tile(const int rows, const int vectors, const int is_bf16, cons
     wv acc[ROWS][MAX_VECTORS], w[MAX_VECTORS], total[ROWS][MAX_VECTORS];
     const int64_t steps = k_steps(k_len, is_bf16);
     for (int64_t g = 0; g < groups->count; g++) {
-    const void *pg = (const char *)panel + g * groups->stride;
-    for (int r = 0; r < rows; r++)
-        for (int v = 0; v < vectors; v++)
-            acc[r][v] = (wv){0};
-    if (!is_bf16) {
-        const float *xs = (const float *)x + g * k_len;
-        for (int64_t k = 0; k < k_len; k++) {
-            const float *wk = (const float *)pg + k * PANEL + f0;
-            warm_step(warm, g * steps + k);
-#pragma GCC unroll 12
+        const void *pg = (const char *)panel + g * groups->stride;
+        for (int r = 0; r < rows; r++)
             for (int v = 0; v < vectors; v++)
-                memcpy(&w[v], wk + v * WL, sizeof w[v]);
-#pragma GCC unroll 8
-            for (int r = 0; r < rows; r++) {
-                const wv a = SPLAT(xs[r * ldx + k]);
+                acc[r][v] = (wv){0};
+        if (!is_bf16) {
+            const float *xs = (const float *)x + g * k_len;
+            for (int64_t k = 0; k < k_len; k++) {
+                const float *wk = (const float *)pg + k * PANEL + f0;
+                warm_step(warm, g * steps + k);
 #pragma GCC unroll 12
                 for (int v = 0; v < vectors; v++)
-                    acc[r][v] = FMA(a, w[v], acc[r][v]);
-            }
-        }
-    } else {
-        const float *xs = (const float *)x + g * k_len;
-        const int64_t full = k_len / 2, pairs = (k_len + 1) / 2;
-        for (int64_t i = 0; i < pairs; i++) {
-            const uint32_t *wi = (const uint32_t *)pg + i * PANEL + f0;
-            warm_step(warm, g * steps + i);
-            /* k = 2i, then 2i + 1 (past K, the pad's zero weight is skipped): one chain, in order.
-             * Each half is widened straight from memory, so only `vectors` weights are live. */
-            const int halves = i < full ? 2 : 1;
-#pragma GCC unroll 2
-            for (int h = 0; h < halves; h++) {
-#pragma GCC unroll 12
-                for (int v = 0; v < vectors; v++) {
-                    wu bits;
-                    memcpy(&bits, wi + v * WL, sizeof bits);
-                    w[v] = (wv)(h == 0 ? bits << 16 : bits & 0xffff0000u);
-                }
+                    memcpy(&w[v], wk + v * WL, sizeof w[v]);
 #pragma GCC unroll 8
                 for (int r = 0; r < rows; r++) {
-                    const wv a = SPLAT(xs[r * ldx + 2 * i + h]);
+                    const wv a = SPLAT(xs[r * ldx + k]);
 #pragma GCC unroll 12
                     for (int v = 0; v < vectors; v++)
                         acc[r][v] = FMA(a, w[v], acc[r][v]);
                 }
             }
+        } else {
+            const float *xs = (const float *)x + g * k_len;
+            const int64_t full = k_len / 2, pairs = (k_len + 1) / 2;
+            for (int64_t i = 0; i < pairs; i++) {
+                const uint32_t *wi = (const uint32_t *)pg + i * PANEL + f0;
+                warm_step(warm, g * steps + i);
+                /* k = 2i, then 2i + 1 (past K, the pad's zero weight is skipped): one chain, in order.
+                 * Each half is widened straight from memory, so only `vectors` weights are live. */
+                const int halves = i < full ? 2 : 1;
+#pragma GCC unroll 2
+                for (int h = 0; h < halves; h++) {
+#pragma GCC unroll 12
+                    for (int v = 0; v < vectors; v++) {
+                        wu bits;
+                        memcpy(&bits, wi + v * WL, sizeof bits);
+                        w[v] = (wv)(h == 0 ? bits << 16 : bits & 0xffff0000u);
+                    }
+#pragma GCC unroll 8
+                    for (int r = 0; r < rows; r++) {
+                        const wv a = SPLAT(xs[r * ldx + 2 * i + h]);
+#pragma GCC unroll 12
+                        for (int v = 0; v < vectors; v++)
+                            acc[r][v] = FMA(a, w[v], acc[r][v]);
+                    }
+                }
+            }
         }
-    }
-    if (groups->count > 1)
-        for (int r = 0; r < rows; r++)
-            for (int v = 0; v < vectors; v++)
-                total[r][v] = g == 0 ? acc[r][v] : total[r][v] + acc[r][v];
+        if (groups->count > 1)
+            for (int r = 0; r < rows; r++)
+                for (int v = 0; v < vectors; v++)
+                    total[r][v] = g == 0 ? acc[r][v] : total[r][v] + acc[r][v];
     }
     wide_store(rows, vectors, groups->count > 1 ? total : acc, bias, out, ldo, n0 + f0, n, is_bf16, out_bf16);
 }
