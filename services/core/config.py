@@ -256,6 +256,9 @@ class WorkerConfig:
     tensor_parallel_size: int = setting(1, "ranks that split each layer (heads, MLP columns, vocabulary) of one "
                                            "model copy; the same bits at every size (docs/ARCHITECTURE.md)")
     pipeline_parallel_size: int = setting(1, "ranks that each hold a contiguous range of the layers")
+    pipeline_micro_batches: int = setting(
+        0, "micro-batches a pipeline-parallel step is cut into (whole sequences each), so that stage s runs one "
+           "while stage s + 1 runs the one before; 0: as many as pipeline stages")
     group_rank: int = setting(0, "this process's rank in its worker group (0 registers with the scheduler; "
                                  "pp_rank * tensor_parallel_size + tp_rank)")
     group_address: str = setting("", "host:port where rank 0 of the worker group meets the others (empty: a "
@@ -267,6 +270,8 @@ class WorkerConfig:
         check(self.tensor_parallel_size >= 1, "tensor_parallel_size", f"must be >= 1, got {self.tensor_parallel_size}")
         check(self.pipeline_parallel_size >= 1, "pipeline_parallel_size",
               f"must be >= 1, got {self.pipeline_parallel_size}")
+        check(self.pipeline_micro_batches >= 0, "pipeline_micro_batches",
+              f"must be >= 0, got {self.pipeline_micro_batches}")
         world = self.tensor_parallel_size * self.pipeline_parallel_size
         check(0 <= self.group_rank < world, "group_rank", f"must be in [0, {world}), got {self.group_rank}")
         check(self.distributed_backend in ("gloo", "nccl"), "distributed_backend",
