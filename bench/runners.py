@@ -16,7 +16,9 @@ from workload import Request
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
-INTERLEAVED_MODES = ("engine", "services", "services-batch", "hf-batch", "vllm")  # (a), (b), (b'), (c), (g)
+# (a), (b), (b'), (c). Not (g) vLLM: loaded beside it, the engine fell from ~1,000 to 22-91 tok/s
+# (bench/RESULTS.md), so vLLM runs alone, after the engine.
+INTERLEAVED_MODES = ("engine", "services", "services-batch", "hf-batch")
 
 
 def run_interleaved(requests: list[Request], model: str, dtype: str, modes: list[str], address: str | None = None,
