@@ -25,7 +25,7 @@ llamacpp (e, llama-cpp-python on the GGUF, Q4_1 whatever --dtypes says, its libl
 --vllm-venv; a subprocess running bench/vllm_peer.py with tcmalloc and its libiomp5 preloaded, on the
 model's safetensors in fp32 or bf16 only, all requests in one LLM.generate call; skipped with the
 reason when its venv is absent; it runs alone, after the others: loaded beside the engine, it
-slowed the engine 10-30x. Compare it with (a) under --quantization none: otherwise (a) serves the GGUF).
+slowed the engine 10x or more. Compare it with (a) under --quantization none: otherwise (a) serves the GGUF).
 Every request is greedy with ignore_eos and produces exactly its output length; tokens/s
 counts those tokens only. Model loading and service start-up are not timed; --warmup passes of
 the same requests run first, untimed, for every contender except llama.cpp; (a), (b), (b')
