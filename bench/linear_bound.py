@@ -3,6 +3,7 @@ the matrix library can go below.
 
     python bench/linear_bound.py                    # fp32 and bf16, batch 1, 2, 16, 64
     python bench/linear_bound.py --dtypes bfloat16 --quantizations none,int8,q4_1,q8_0 --batch-sizes 1,16
+    python bench/linear_bound.py --dtypes float32 --quantizations q4_1,q4_1:int8 --batch-sizes 1,16,512
 
 One step's worth of the served model's linear layers (every layer's own weights, so they
 stream from memory as in a real step; the lm_head last), timed for the engine's path
@@ -81,7 +82,8 @@ def main() -> None:
     parser.add_argument("--batch-sizes", default="1,2,16,64")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--quantizations", default="none",
-                        help="none (the dense contenders) and/or int8, q4_0, q4_1, q8_0 (quant_gemm.c)")
+                        help="none (the dense contenders) and/or int8, q4_0, q4_1, q8_0 (quant_gemm.c); "
+                             "FMT:int8 for the same weights with int8 activations (quant_dot.c)")
     parser.add_argument("--out", default="linear_bound")
     parser.add_argument("--threads", type=int, default=None, help="torch's and the kernels' threads (default: torch's)")
     add_cpu_isa(parser)
@@ -106,9 +108,11 @@ def main() -> None:
                 contenders.append(("own GEMM (engine)", gemm, _engine, num_bytes))
             contenders += [("oneDNN packed (fallback)", onednn, _engine, num_bytes),
                            ("MKL F.linear (transformers)", dense, F.linear, num_bytes)]
-        for fmt in (q for q in quantizations if q != "none"):
-            weights = [quantized(w, fmt, dtype) for w in dense]
-            contenders.append((f"quant_gemm {fmt}", weights, _engine, sum(w.data.numel() for w in weights)))
+        for name_q in (q for q in quantizations if q != "none"):
+            fmt, _, activations = name_q.partition(":")  # q4_1:int8 -> int8 activations (quant_dot.c)
+            weights = [quantized(w, fmt, dtype).with_activations(activations == "int8") for w in dense]
+            library = f"quant_dot {fmt}, int8 activations" if activations == "int8" else f"quant_gemm {fmt}"
+            contenders.append((library, weights, _engine, sum(w.data.numel() for w in weights)))
         for batch in [int(b) for b in args.batch_sizes.split(",")]:
             for library, weights, fn, num_bytes in contenders:
                 seconds = time_step(weights, shapes, batch, dtype, fn, args.repeats)
