@@ -32,17 +32,17 @@
  * -ffp-contract has nothing to fuse. Each (row, output) is computed on its own data only, so
  * the bits do not depend on the batch, the tile, the thread count or the row's position.
  *
- * How the tiers get isum for 8 outputs of one block and row:
- *   avx512 with VNNI   vpdpbusd (u8 x s8, 4 products per int32 lane, exact int32 sums)
- *   avx2 / avx512 without VNNI   vpmaddubsw then vpmaddwd by ones. vpmaddubsw adds two u8 x s8
- *                      products into a saturating int16: here u8 <= 128 (a nibble <= 15, or |w|
- *                      <= 128 for signed weights made unsigned by the sign trick below) and
- *                      |s8| <= 127 (activations are never -128), so |pair| <= 2 * 128 * 127 =
- *                      32512 <= 32767: it never saturates, and the sums are exact.
- *   signed weights (Q8_0, INT8): u8 x s8 as |w| x (q with w's sign) (vpsignb): w q exactly,
- *                      |w| = 128 included (w = -128 as u8 is 128).
- *   aarch64 with dotprod   sdot; without: the generic loop. Eight per-block sums go into one
- *                      vector by a fixed tree of exact integer adds.
+ * How the tiers get isum, for a tile of 16 outputs (AVX-512) or 8 (below) at a time:
+ *   x86 (AVX-512, AVX2)  the block's weights are transposed in registers so that one int32 lane per
+ *                      output holds 4 of its bytes, and a u8 x s8 dot product against the row's 4
+ *                      activations broadcast adds them in that lane (the comment at transpose_load):
+ *                      avx512 with VNNI vpdpbusd; avx2 / avx512 without VNNI vpmaddubsw then vpmaddwd
+ *                      by ones. vpmaddubsw adds two u8 x s8 products into a saturating int16: the u8
+ *                      side is a nibble (<= 15) or |w| <= 128 (the sign trick: |w| x (q with w's sign),
+ *                      w q exactly, w = -128 included), and |q| <= 127 (activations are never -128), so
+ *                      a pair is at most 32512 <= 32767: it never saturates, and the sums are exact.
+ *   aarch64 with dotprod   sdot; without it, and the generic tier: integer loops per output.
+ * The tile, the lanes and the instructions differ; the integers and the fold on them do not.
  */
 #include <math.h>
 #include <stdint.h>
@@ -56,18 +56,22 @@
 #endif
 
 #include "kernels.h"
+#include "quant_blocks.h"
 #include "vec.h"
 
-enum { FMT_Q4_0 = 2, FMT_Q4_1 = 3, FMT_Q8_0 = 8, FMT_INT8 = 100 };
-
-#define QBLOCK 32
 /* outputs per tile, one fp32 lane each: a 512-bit register of int32 sums on AVX-512, 256-bit below */
 #if defined(__AVX512F__) && defined(__AVX512BW__)
 #define COLS 16
 #else
 #define COLS 8
 #endif
-#define ROWS 4      /* rows of x per tile */
+#ifndef ROWS
+#if COLS == 16
+#define ROWS 8      /* rows of x per tile: each block's unpacked weights serve them all */
+#else
+#define ROWS 4
+#endif
+#endif
 #define OUT_CHUNK 32 /* outputs a thread takes at a time */
 #define SCALE_BLOCKS 64 /* blocks whose d, m a tile copies out at a time */
 #define TINY 7.52316384526264e-37f /* 2^-120 */
@@ -115,30 +119,6 @@ INLINE fv splatv(float v) { /* a broadcast (adding v to a zero vector would turn
     for (int i = 0; i < COLS; i++)
         out[i] = v;
 #endif
-    return out;
-}
-
-INLINE float half_bits_to_float(const uint8_t *p) { /* exact on every path */
-    uint16_t h;
-    memcpy(&h, p, 2);
-#if defined(__F16C__)
-    return _cvtsh_ss(h);
-#endif
-    const uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff;
-    uint32_t bits;
-    if (exp == 0x1f)
-        bits = sign | 0x7f800000u | (man << 13);
-    else if (exp != 0)
-        bits = sign | ((exp + 112) << 23) | (man << 13);
-    else if (man == 0)
-        bits = sign;
-    else {
-        float value = (float)man * 5.9604644775390625e-8f; /* man 2^-24: exact */
-        memcpy(&bits, &value, 4);
-        bits |= sign;
-    }
-    float out;
-    memcpy(&out, &bits, 4);
     return out;
 }
 
@@ -212,18 +192,6 @@ static void quantize_rows(const void *x, int64_t ldx, int64_t m, int64_t k, int 
 }
 
 /* ---- one block's integer dot products for COLS outputs ------------------------------------ */
-/* weight block b of a row: a pointer to its 32 values (int8) or 16 nibble bytes */
-INLINE const uint8_t *block_values(int fmt, const uint8_t *row, int64_t b) {
-    switch (fmt) {
-    case FMT_Q4_0: return row + b * 18 + 2;
-    case FMT_Q4_1: return row + b * 20 + 4;
-    case FMT_Q8_0: return row + b * 34 + 2;
-    }
-    return row + 4 + b * QBLOCK;
-}
-
-INLINE int64_t block_bytes(int fmt) { return fmt == FMT_Q4_0 ? 18 : fmt == FMT_Q4_1 ? 20 : 34; }
-
 #if defined(__AVX2__)
 /* x86: the weights of COLS outputs are transposed in registers, block by block, into k-groups:
  * vector g holds in its int32 lane c the 4 bytes of output c that multiply elements 4g .. 4g + 3
@@ -319,9 +287,9 @@ INLINE void block_scales(int fmt, const int32_t raw_bits[COLS], fv *dw, fv *mw) 
     for (int c = 0; c < COLS; c++) {
         uint8_t bytes[4];
         memcpy(bytes, &raw_bits[c], 4);
-        (*dw)[c] = half_bits_to_float(bytes);
+        (*dw)[c] = half_to_float(bytes);
         if (fmt == FMT_Q4_1)
-            (*mw)[c] = half_bits_to_float(bytes + 2);
+            (*mw)[c] = half_to_float(bytes + 2);
     }
 }
 #endif
@@ -422,9 +390,9 @@ INLINE void prepare(int fmt, const uint8_t *const w[COLS], int64_t b, int64_t co
     for (int c = 0; c < COLS; c++) {
         out->p[c] = block_values(fmt, w[c], b);
         if (fmt != FMT_INT8) {
-            out->dw[c] = half_bits_to_float(w[c] + b * block_bytes(fmt));
+            out->dw[c] = half_to_float(block_start(fmt, w[c], b));
             if (fmt == FMT_Q4_1)
-                out->mw[c] = half_bits_to_float(w[c] + b * block_bytes(fmt) + 2);
+                out->mw[c] = half_to_float(block_start(fmt, w[c], b) + 2);
         }
     }
 }
@@ -479,7 +447,7 @@ INLINE void tile(const int rows, const int cols, const int fmt, const ActQ *a, i
         if (b % SCALE_BLOCKS == 0 && fmt != FMT_INT8)
             for (int c = 0; c < COLS; c++)
                 for (int64_t i = b; i < blocks && i < b + SCALE_BLOCKS; i++)
-                    memcpy(&raw_scales[i - b][c], wr[c] + i * block_bytes(fmt), 4);
+                    memcpy(&raw_scales[i - b][c], block_start(fmt, wr[c], i), 4);
         Prepared pw;
         prepare(fmt, wr, b, fmt == FMT_INT8 && b == full && tail != 0 ? tail : QBLOCK, raw_scales[b % SCALE_BLOCKS],
                 &pw);
@@ -513,13 +481,21 @@ INLINE void tile(const int rows, const int cols, const int fmt, const ActQ *a, i
 /* each format and row count its own copy of the tile, both constants in it (the accumulators
  * stay in registers: with a variable row count they went through memory, a store and a load on
  * every block's chain) */
+#define TILE_CASE(R, FMT)                                                                                   \
+    case R: tile(R, cols, FMT, a, r0, w, row_bytes, k, bias, out, ldo, n0, out_bf16); return;
+#if ROWS == 8
 #define TILE_ROWS(FMT)                                                                                       \
     switch (rows) {                                                                                          \
-    case 1: tile(1, cols, FMT, a, r0, w, row_bytes, k, bias, out, ldo, n0, out_bf16); return;               \
-    case 2: tile(2, cols, FMT, a, r0, w, row_bytes, k, bias, out, ldo, n0, out_bf16); return;               \
-    case 3: tile(3, cols, FMT, a, r0, w, row_bytes, k, bias, out, ldo, n0, out_bf16); return;               \
-    default: tile(ROWS, cols, FMT, a, r0, w, row_bytes, k, bias, out, ldo, n0, out_bf16); return;           \
+    TILE_CASE(1, FMT) TILE_CASE(2, FMT) TILE_CASE(3, FMT) TILE_CASE(4, FMT) TILE_CASE(5, FMT) TILE_CASE(6, FMT) \
+    TILE_CASE(7, FMT) default: tile(ROWS, cols, FMT, a, r0, w, row_bytes, k, bias, out, ldo, n0, out_bf16); return; \
     }
+#else
+#define TILE_ROWS(FMT)                                                                                       \
+    switch (rows) {                                                                                          \
+    TILE_CASE(1, FMT) TILE_CASE(2, FMT) TILE_CASE(3, FMT)                                                    \
+    default: tile(ROWS, cols, FMT, a, r0, w, row_bytes, k, bias, out, ldo, n0, out_bf16); return;            \
+    }
+#endif
 static void tile_any(int rows, int cols, int fmt, const ActQ *a, int64_t r0, const uint8_t *w, int64_t row_bytes,
                      int64_t k, const void *bias, void *out, int64_t ldo, int64_t n0, int out_bf16) {
     switch (fmt) {
