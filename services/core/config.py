@@ -3,7 +3,7 @@
 Each field is a `setting`: its default, its help text and (in `__post_init__`) its validation,
 written once. The services' command lines are generated from these dataclasses
 (services/cli.py), and `python -m services up` passes each of its flags to the services whose
-dataclasses hold it (services/launcher.py); `LLM(...)` takes the same names as keywords
+dataclasses hold it (services/launch/deployment.py); `LLM(...)` takes the same names as keywords
 (EngineArgs). Names follow vLLM's engine arguments where the idea is the same. Nothing here
 reads the environment: each service's `main` does, through its flags.
 
@@ -35,6 +35,7 @@ ACTIVATION_QUANTS = ("auto", "none", "int8")
 AUTO_ACTIVATION_QUANT = "none"  # what auto means, measured in bench/results/activation_quality.md  # quantized weights' activations (kernels/csrc/quant_dot.c)
 LOG_LEVELS = ("debug", "info", "warning", "error")
 DEFAULT_MAX_MODEL_LEN = 4096  # the cap when max_model_len comes from the model
+DEFAULT_MODEL_CACHE_DIR = "~/.cache/pagedserve"  # where "default" is converted (services/tools/default_model.py)
 SPECULATIVE_METHODS = ("ngram", "suffix")
 
 
@@ -49,6 +50,13 @@ def setting(default: Any = dataclasses.MISSING, help: str = "", *, flag: str | N
 def _block_size() -> Any:
     # one setting the scheduler and the workers both hold (and must agree on): one definition
     return setting(16, f"tokens per KV block, one of {ALLOWED_BLOCK_SIZES}; the scheduler and every worker must agree")
+
+
+def model_cache_dir_setting() -> Any:
+    # held by the worker and the frontend, which both resolve --model: one definition. Its old
+    # environment variable PAGEDSERVE_CACHE (the --cache alias) is still read.
+    return setting(DEFAULT_MODEL_CACHE_DIR, 'the folder the "default" model is converted into and read from',
+                   aliases=("--cache",))
 
 
 def _check_block_size(block_size: int) -> None:
@@ -81,7 +89,7 @@ class CacheConfig:
     block_size: int = _block_size()
     num_gpu_blocks: int | None = setting(None, "KV cache size in blocks (default: from the memory budget)")
     kv_cache_memory_bytes: int | None = setting(
-        None, "KV cache memory budget in bytes (default: a share of the device's free memory)")
+        None, "KV cache memory budget in bytes (default: 1 GiB on the CPU, 0.85 of the free memory on CUDA)")
     swap_space_bytes: int = setting(64 << 20, "CPU swap pool per worker, in bytes")
 
     def __post_init__(self) -> None:
@@ -176,7 +184,8 @@ class SchedulerConfig:
     preemption_mode: str = setting("recompute", f"one of {PREEMPTION_MODES}")
     scheduling_policy: str = setting("fcfs", f"one of {POLICIES}")
     max_waiting_requests: int = setting(4096, "beyond this, new requests are refused (RESOURCE_EXHAUSTED)")
-    seed: int | None = setting(None, "draw the seeds of requests that bring none from this (default: random)")
+    seed: int | None = setting(None, "draw the seeds of requests that bring none from this, so a run repeats "
+                                     "itself (default: random; the worker's own torch seed is --torch-seed)")
     async_scheduling: bool = setting(
         True, "plan each worker's next decode step while it runs this one, so it runs it while the result "
               "travels (services/core/async_scheduling.py); the old name --overlap-steps still works",
@@ -218,10 +227,12 @@ class WorkerConfig:
     """The model a worker loads and the kernels it runs."""
 
     model: str = setting("default", 'a model folder, a hub id, or "default" (SmolLM2-135M-Instruct)')
+    model_cache_dir: str = model_cache_dir_setting()
     dtype: str = setting("auto", f"one of {DTYPES}; auto: the checkpoint's (fp16 becomes bf16 on the CPU)")
     device: str = setting("auto", "cpu, cuda (the current GPU), cuda:N (the GPU with index N) or auto (cuda when "
                                   "available)")
-    seed: int = setting(0, "the worker's torch seed (sampling draws come from each request's own seed)")
+    torch_seed: int = setting(0, "the worker's torch.manual_seed (not the requests' seeds: --seed, the scheduler's; "
+                                 "every sampling draw comes from its request's seed)")
     kernel_backend: str = setting(
         "auto", f"one of {KERNEL_BACKENDS}; auto: triton on cuda, else the compiled CPU kernels if they build, "
                 "else torch")
@@ -274,7 +285,7 @@ class LogConfig:
 
 
 # In one process: what LLM(...) sets differently from the services, and what it refuses.
-IN_PROCESS_DEFAULTS = {"seed": 0}  # one seed for the worker and the requests: LLM(...) repeats itself run after run
+IN_PROCESS_DEFAULTS = {"seed": 0}  # the requests that bring no seed draw theirs from 0: LLM(...) repeats itself run after run
 NOT_IN_PROCESS = {
     "async_scheduling": "the in-process engine runs each step to its end before planning the next; async "
                         "scheduling is for the services (python -m services up)",
@@ -287,7 +298,7 @@ NOT_IN_PROCESS = {
 @dataclass(frozen=True, kw_only=True)
 class EngineArgs:
     """What `LLM(model, **kwargs)` takes: every setting of the worker, its cache and the scheduler,
-    by name (a name in several, block_size and seed, sets each)."""
+    by name (a name in several, block_size, sets each)."""
 
     worker: WorkerConfig
     cache: CacheConfig

@@ -140,7 +140,7 @@ def test_a_verify_chunk_of_k_plus_1_tokens_gets_the_decode_steps_logits_to_the_b
 
     def start(seq_id, blocks):
         new = NewSequence(seq_id=seq_id, prompt_token_ids=prompt, output_token_ids=[], block_ids=blocks,
-                          num_computed_tokens=0, num_scheduled_tokens=len(prompt), params=params, seed=0)
+                          num_computed_tokens=0, num_scheduled_tokens=len(prompt), params=params.with_seed(0))
         return runner.execute(StepDelta(step_id=0, new_seqs=[new])).outputs[0].token_ids[0]
 
     tokens = [start(0, [0, 1, 2])]

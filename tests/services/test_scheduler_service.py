@@ -10,7 +10,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from pagedserve.internal.v1 import scheduler_pb2, worker_pb2, worker_pb2_grpc
 from services.core.sampling_params import SamplingParams
 from tests.conftest import greedy, make_llm, random_prompts
-from tests.services.cluster import NUM_GPU_BLOCKS, Cluster, OneRequestCall, run
+from tests.services.cluster import NUM_GPU_BLOCKS, Cluster, Generation, OneRequestCall, run
 
 VOCAB = 512
 
@@ -300,24 +300,27 @@ def test_a_burst_of_a_thousand_submits_all_complete(model):
     run(main())
 
 
-def test_abort_one_sample_then_the_request(model):
+def test_stop_one_sample_then_cancel_the_request_on_the_call(model):
+    """A stop string's end of a sample travels on the request's SubmitMany call (no per-request
+    RPC), so it is ordered after everything sent for the request before it."""
     async def main():
         cluster = await Cluster(model).start(num_workers=1)
-
-        async def abort_after_two(generation):
-            if generation.num_messages == 2:  # the frontend matched a stop string in sample 1
-                await cluster.stub.Abort(scheduler_pb2.AbortRequest(request_id="a", sample_index=1))
-            if generation.num_messages == 4:
-                await cluster.stub.Abort(scheduler_pb2.AbortRequest(request_id="a", sample_index=-1))
-
+        call = cluster.submit("a", [5, 6, 7], SamplingParams(n=2, seed=1, max_tokens=100, ignore_eos=True))
+        got = Generation()
         try:
-            got = await cluster.generate("a", [5, 6, 7], SamplingParams(n=2, seed=1, max_tokens=100, ignore_eos=True),
-                                         on_message=abort_after_two)
+            async for response in call:
+                got.add("a", response)
+                if got.num_messages == 2:  # the frontend matched a stop string in sample 1
+                    await call.call.write(scheduler_pb2.SubmitManyRequest(
+                        stop_sample=scheduler_pb2.StopSample(request_id="a", sample_index=1)))
+                if got.num_messages == 4:
+                    await call.call.write(scheduler_pb2.SubmitManyRequest(cancel="a"))
+                    break
             stats = await cluster.wait_for(lambda s: s.workers[0].num_free_gpu_blocks == NUM_GPU_BLOCKS, timeout=5)
         finally:
             await cluster.close()
         assert (got.samples[1].finish_reason, len(got.samples[1].token_ids)) == ("stop", 2)
-        assert got.samples[0].finish_reason == "abort" and 3 <= len(got.samples[0].token_ids) < 100
+        assert got.samples[0].finish_reason is None and 3 <= len(got.samples[0].token_ids) < 100
         assert stats.num_running == 0
 
     run(main())
