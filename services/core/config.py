@@ -111,7 +111,9 @@ class SpeculativeConfig:
     or a SpeculativeConfig to LLM(speculative_config=...)."""
 
     method: str = setting("ngram", f"one of {SPECULATIVE_METHODS}")
-    num_speculative_tokens: int = setting(4, "tokens drafted per step (k); the verify pass runs k + 1")
+    # 3: a verify pass of k + 1 = 4 rows is one row tile of the quantized linear kernels and cost 1.4-1.7x a decode
+    # step at batch 1, 5 rows 2.2-2.4x (bench/results/spec.md, `cost`), more than a fourth draft brings
+    num_speculative_tokens: int = setting(3, "tokens drafted per step (k); the verify pass runs k + 1")
     prompt_lookup_max: int = setting(4, "ngram: the longest suffix of the context looked up")
     prompt_lookup_min: int = setting(2, "ngram: the shortest")
     # suffix decoding (Arctic's): a tree over the request's prompt and output, and one over past outputs
@@ -119,13 +121,16 @@ class SpeculativeConfig:
     suffix_min_count: int = setting(1, "suffix: a continuation must have been seen this often")
     suffix_global_max_tokens: int = setting(
         0, "suffix: tokens of past outputs kept in the global tree, oldest dropped first (0: no global tree)")
-    # when it stops paying: chosen, not yet backed by bench/spec.py's batch sweep (the run on the shared host was
-    # killed before it; bench/results/spec.md)
+    # when it stops paying, from bench/results/spec.md: a verify of 4 rows a sequence costs 1.4-1.7x a decode step
+    # at batch 1, 2.4x at batch 2 and 3.2-3.4x from batch 4 on, where no workload measured gives that many tokens a
+    # verify (3.0-3.2); the forced sweep agrees (1.44x at batch 2, 0.94x at 4); batch 3, unmeasured, does not draft
     disable_by_batch_size: int = setting(
-        8, "no drafts in a step of a worker running this many sequences or more (0: never disabled)")
+        3, "no drafts in a step of a worker running this many sequences or more (0: never disabled)")
+    # break-even at batch 1: 1 + rate * k tokens a verify = the verify's cost, (1.69 - 1) / 3 = 0.23 (the costlier of
+    # the two measured costs), rounded up
     min_acceptance_rate: float = setting(
-        0.2, "a request stops drafting once, after min_draft_tokens drafted tokens, fewer than this share "
-             "were accepted")
+        0.25, "a request stops drafting once, after min_draft_tokens drafted tokens, fewer than this share "
+              "were accepted")
     min_draft_tokens: int = setting(32, "drafted tokens of a request before its acceptance is judged")
 
     def __post_init__(self) -> None:
@@ -251,6 +256,9 @@ class WorkerConfig:
     tensor_parallel_size: int = setting(1, "ranks that split each layer (heads, MLP columns, vocabulary) of one "
                                            "model copy; the same bits at every size (docs/ARCHITECTURE.md)")
     pipeline_parallel_size: int = setting(1, "ranks that each hold a contiguous range of the layers")
+    pipeline_micro_batches: int = setting(
+        0, "micro-batches a pipeline-parallel step is cut into (whole sequences each), so that stage s runs one "
+           "while stage s + 1 runs the one before; 0: as many as pipeline stages")
     group_rank: int = setting(0, "this process's rank in its worker group (0 registers with the scheduler; "
                                  "pp_rank * tensor_parallel_size + tp_rank)")
     group_address: str = setting("", "host:port where rank 0 of the worker group meets the others (empty: a "
@@ -262,6 +270,8 @@ class WorkerConfig:
         check(self.tensor_parallel_size >= 1, "tensor_parallel_size", f"must be >= 1, got {self.tensor_parallel_size}")
         check(self.pipeline_parallel_size >= 1, "pipeline_parallel_size",
               f"must be >= 1, got {self.pipeline_parallel_size}")
+        check(self.pipeline_micro_batches >= 0, "pipeline_micro_batches",
+              f"must be >= 0, got {self.pipeline_micro_batches}")
         world = self.tensor_parallel_size * self.pipeline_parallel_size
         check(0 <= self.group_rank < world, "group_rank", f"must be in [0, {world}), got {self.group_rank}")
         check(self.distributed_backend in ("gloo", "nccl"), "distributed_backend",

@@ -416,10 +416,14 @@ class Scheduler:
     @staticmethod
     def _add_prompt_logprobs(seq: Sequence, entries) -> None:
         """Entries cover prompt tokens from num_computed_tokens (+1 after the first chunk); a
-        recomputed prompt returns ones already held, which are skipped."""
-        start = seq.num_computed_tokens
-        if entries is not None and len(seq.request.prompt_logprobs) == (0 if start == 0 else start + 1):
-            seq.request.prompt_logprobs += entries
+        recomputed prompt returns ones already held, which are skipped: a chunk of a recompute may
+        end past what was held when the sequence was preempted, and only its new tail is kept."""
+        if entries is None:
+            return
+        start, held = seq.num_computed_tokens, seq.request.prompt_logprobs
+        first = 0 if start == 0 else start + 1  # the prompt position of entries[0]
+        if first <= len(held):
+            held += entries[len(held) - first:]
 
     def _fork(self, parent: Sequence, tokens: list[int], logprobs, worker_id: str):
         request = parent.request

@@ -83,6 +83,7 @@ class Worker:
         self.activation_quant = resolve_activation_quant(config.activation_quant, self.quantization)
         model = load_model(self.model_path, self.dtype, self.device, ops, linear, self.quantization, self.shard,
                            self.comm, self.activation_quant)
+        model.micro_batches = config.pipeline_micro_batches or pp
         local = self.shard.local_arch(arch)  # this rank's KV heads and layers
         num_blocks = num_blocks_for(local, cache.block_size, self.dtype, self.device, cache.num_gpu_blocks,
                                     cache.kv_cache_memory_bytes)
@@ -150,6 +151,13 @@ class Worker:
             self.comm.broadcast(FORGET)
         self.runner.forget_all()
 
+    def group_timers(self) -> list[dict[str, float]]:
+        """Each rank's time computing and in its pipelined passes so far (rank 0 of a group; bench/parallel.py)."""
+        from services.worker.group import TIMERS
+
+        self.comm.broadcast(TIMERS)
+        return self.comm.gather_timers()
+
     def close(self) -> None:
         """Stop the followers (rank 0 of a group); a no-op for a single process."""
         if self.comm is not None and self.shard.rank == 0:
@@ -170,12 +178,14 @@ class Worker:
     def follow(self) -> None:
         """A rank other than 0: run each step rank 0 broadcasts, until it says stop or the group breaks."""
         from services.rpc.internal_codec import delta_from_bytes
-        from services.worker.group import FORGET, STEP
+        from services.worker.group import FORGET, STEP, TIMERS
 
         while True:
             kind, payload = self.comm.receive()
             if kind == FORGET:
                 self.runner.forget_all()
+            elif kind == TIMERS:
+                self.comm.gather_timers()
             elif kind == STEP:
                 try:
                     self.runner.execute(delta_from_bytes(payload))
