@@ -4,7 +4,7 @@ would: the Responses API (create, stream, a tool loop through previous_response_
 function_call_output, json_schema valid at temperature 1), the Messages API (create, stream, a
 tool_use/tool_result loop, count_tokens, x-api-key), and the same seeded request giving the same
 tokens through chat completions, responses and messages. The in-process cluster versions of these
-checks: tests/services/test_agent_apis.py."""
+checks: tests/frontend/test_agent_apis.py."""
 from __future__ import annotations
 
 import json

@@ -2,7 +2,7 @@
 every open request over to the restarted scheduler as a continuation, and each stream (gRPC and
 HTTP; greedy, seeded, stop strings, logprobs, a JSON schema, n=2, penalties, min_tokens) finishes
 with the text, tokens, logprobs and usage of an undisturbed run. Then two frontends, the scheduler
-killed twice in a row. The fast tests of the frontend's side: tests/services/test_failover.py."""
+killed twice in a row. The fast tests of the frontend's side: tests/frontend/test_failover.py."""
 from __future__ import annotations
 
 import json

@@ -12,7 +12,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2
 
-from frontend_harness import Harness
+from tests.frontend.frontend_harness import Harness
 from pagedserve import Client, GenerationError
 
 SERVING, NOT_SERVING = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
@@ -154,7 +154,7 @@ def test_real_services_carry_streams_over_a_restarted_scheduler_and_the_worker_f
     from services.frontend.server import FrontendServer
     from services.scheduler.config import SchedulerServiceConfig
     from services.scheduler.server import SchedulerServer
-    from tests.services.cluster import Cluster
+    from tests.cluster import Cluster
 
     kinds = [dict(temperature=0.0, max_tokens=24, ignore_eos=True, logprobs=1),
              dict(temperature=1.0, seed=3, n=2, max_tokens=24, ignore_eos=True, logprobs=2),

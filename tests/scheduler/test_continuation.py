@@ -11,7 +11,7 @@ from services.core.sampling_params import SamplingParams
 from services.core.sequence import ContinuedSample
 from services.rpc import internal_codec
 from tests.conftest import greedy
-from tests.services.cluster import Cluster, Generation, OneRequestCall, run
+from tests.cluster import Cluster, Generation, OneRequestCall, run
 
 PROMPT = [5, 77, 301, 42, 9, 260, 13]
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},

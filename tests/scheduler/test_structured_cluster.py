@@ -11,7 +11,7 @@ import jsonschema
 from services.core.sampling_params import SamplingParams
 from tests.conftest import make_llm, random_prompts
 from tests.core.test_structured import EMAIL, LONG, PERSON
-from tests.services.cluster import NUM_GPU_BLOCKS, Cluster, run
+from tests.cluster import NUM_GPU_BLOCKS, Cluster, run
 
 
 def test_killed_worker_constrained_requests_complete_identically(tiny_llama):

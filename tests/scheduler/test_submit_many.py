@@ -8,8 +8,8 @@ from pagedserve.internal.v1 import scheduler_pb2
 from services.rpc import internal_codec
 from services.core.sampling_params import SamplingParams
 from tests.conftest import greedy, random_prompts
-from tests.services.cluster import NUM_GPU_BLOCKS, Cluster, Generation, run
-from tests.services.test_scheduler_service import VOCAB, assert_same, mixed_params, reference
+from tests.cluster import NUM_GPU_BLOCKS, Cluster, Generation, run
+from tests.scheduler.test_scheduler_service import VOCAB, assert_same, mixed_params, reference
 
 
 @pytest.fixture(scope="module")

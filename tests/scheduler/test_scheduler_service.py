@@ -10,7 +10,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from pagedserve.internal.v1 import scheduler_pb2, worker_pb2, worker_pb2_grpc
 from services.core.sampling_params import SamplingParams
 from tests.conftest import greedy, make_llm, random_prompts
-from tests.services.cluster import NUM_GPU_BLOCKS, Cluster, OneRequestCall, run
+from tests.cluster import NUM_GPU_BLOCKS, Cluster, OneRequestCall, run
 
 VOCAB = 512
 

@@ -8,8 +8,8 @@ import asyncio
 from services.core.sampling_params import SamplingParams
 from tests.conftest import random_prompts
 from tests.core.test_spec_decode import NGRAM, oracle
-from tests.services.cluster import Cluster, run
-from tests.services.test_scheduler_service import VOCAB, assert_same, mixed_params, reference
+from tests.cluster import Cluster, run
+from tests.scheduler.test_scheduler_service import VOCAB, assert_same, mixed_params, reference
 
 
 def test_drafts_verified_over_grpc_with_async_scheduling_and_a_worker_crash(model_dir):
