@@ -15,6 +15,7 @@ from services.scheduler.config import SchedulerServiceConfig
 from services.scheduler.server import SchedulerServer
 from services.worker.config import WorkerServiceConfig
 from services.worker.server import WorkerServer, start_worker
+from tests.waits import describe, is_idle
 
 NUM_GPU_BLOCKS = 256
 
@@ -84,6 +85,13 @@ class Cluster:
                 return stats
             assert asyncio.get_running_loop().time() < deadline, f"timed out; last stats: {stats}"
             await asyncio.sleep(0.02)
+
+    async def wait_idle(self, timeout: float = 5.0, num_workers: int | None = None) -> scheduler_pb2.GetStatsResponse:
+        """tests/waits.py's wait_idle, awaited: the stats once nothing runs or waits and every block is free."""
+        try:
+            return await self.wait_for(lambda s: is_idle(s, num_workers), timeout)
+        except AssertionError:
+            raise AssertionError(f"not idle after {timeout:.0f}s: {describe(await self.stats())}") from None
 
     async def stats(self) -> scheduler_pb2.GetStatsResponse:
         return await self.stub.GetStats(scheduler_pb2.GetStatsRequest())

@@ -11,35 +11,16 @@ import time
 import urllib.error
 import urllib.request
 
-import grpc
 import pytest
 
-from pagedserve.internal.v1 import scheduler_pb2, scheduler_pb2_grpc
 from pagedserve import AsyncClient
 from services.launch.healthcheck import health_status
 from services.launch.deployment import Deployment, free_ports, service_commands
 from tests.conftest import random_prompts
 from tests.e2e.test_launcher import REAL_SERVICES, assert_all_stopped, launch, up_args  # noqa: F401 (a fixture)
+from tests.waits import poll, scheduler_stats, wait_idle
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not REAL_SERVICES, reason="services not there")]
-
-
-def scheduler_stats(port: int) -> scheduler_pb2.GetStatsResponse:
-    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-        return scheduler_pb2_grpc.SchedulerStub(channel).GetStats(scheduler_pb2.GetStatsRequest(), timeout=10)
-
-
-def wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            value = predicate()
-        except grpc.RpcError:
-            value = None
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"not {what} in {timeout}s"
-        time.sleep(0.1)
 
 
 def params(i: int, max_tokens: int) -> dict:
@@ -100,8 +81,7 @@ def test_a_worker_killed_mid_stream_loses_no_stream_and_comes_back(launch, tiny_
     assert exited["pid"] == victim and exited["exit_code"] == -signal.SIGKILL
     ready = up.wait_event("service_ready", timeout=120, service_name="worker-0")
     assert ready["pid"] != victim
-    stats = wait_for(lambda: (s := scheduler_stats(ports[2])) and len(s.workers) == 2 and s, 30, "2 workers")
-    assert all(w.num_free_gpu_blocks == w.num_gpu_blocks for w in stats.workers)
+    wait_idle(ports[2], 30, num_workers=2)
     assert up.proc.poll() is None
 
 
@@ -141,8 +121,8 @@ def test_up_restarts_a_killed_scheduler_and_serves_again(launch, tiny_llama):
     scheduler = up.pids()["scheduler"]
     os.kill(scheduler, signal.SIGKILL)
     assert up.wait_event("service_ready", timeout=60, service_name="scheduler")["pid"] != scheduler
-    wait_for(lambda: len(scheduler_stats(ports[2]).workers) == 2, 30, "2 workers re-registered")
-    wait_for(lambda: http_healthy(ports[1]), 30, "/health 200")
+    poll(lambda: len(scheduler_stats(ports[2]).workers) == 2, 30, "2 workers re-registered")
+    poll(lambda: http_healthy(ports[1]), 30, "/health 200")
     got = asyncio.run(stream_all(f"127.0.0.1:{ports[0]}", [[5, 6, 7]], [params(0, 8)]))
     assert got[0][1] == "length" and len(got[0][0]) == 8
 
@@ -159,15 +139,15 @@ def test_health_is_200_soon_after_a_scheduler_comes_back_from_a_long_outage(tiny
     procs = {name: subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
              for name, argv in commands.items()}
     try:
-        wait_for(lambda: http_healthy(http_port), 240, "/health 200")
+        poll(lambda: http_healthy(http_port), 240, "/health 200")
         procs["scheduler"].kill()
         procs["scheduler"].wait()
         time.sleep(10)
         procs["scheduler"] = subprocess.Popen(commands["scheduler"], stdout=subprocess.DEVNULL,
                                               stderr=subprocess.DEVNULL)
-        wait_for(lambda: health_status(f"127.0.0.1:{scheduler_port}", timeout=1) == "SERVING", 60, "scheduler")
+        poll(lambda: health_status(f"127.0.0.1:{scheduler_port}", timeout=1) == "SERVING", 60, "scheduler")
         back = time.monotonic()
-        wait_for(lambda: http_healthy(http_port), 30, "/health 200")
+        poll(lambda: http_healthy(http_port), 30, "/health 200")
         assert time.monotonic() - back < 3.5
     finally:
         for proc in procs.values():

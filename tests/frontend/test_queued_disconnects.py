@@ -9,7 +9,6 @@ import time
 
 import pytest
 
-from test_disconnects import wait_idle
 from test_http_api import metric, raw
 from test_http_cluster import HttpCluster
 
@@ -72,4 +71,4 @@ def test_http_clients_that_leave_while_queued_abort_their_requests_at_once(serve
     except BlockingIOError:
         pass
     occupant.close()
-    wait_idle(served)
+    served.run(served.cluster.wait_idle(timeout=60), timeout=90)
