@@ -1,13 +1,15 @@
 """Waiting on a running cluster, written once for every test: poll until a condition holds, read the
-scheduler's stats (GetStats), and wait until the cluster is idle: nothing running or waiting and
-every worker's KV blocks free. Idle is what a user checks after a cancel, a disconnect or a crash:
-no block leaked, no sequence left behind.
+scheduler's stats (GetStats) and the frontend's /health, and wait until the cluster is idle: nothing
+running or waiting and every worker's KV blocks free. Idle is what a user checks after a cancel, a
+disconnect or a crash: no block leaked, no sequence left behind.
 
 The in-process cluster (tests/cluster.py) waits the same way asynchronously: `Cluster.wait_idle`.
 """
 from __future__ import annotations
 
 import time
+import urllib.error
+import urllib.request
 from typing import Callable
 
 import grpc
@@ -29,7 +31,8 @@ def poll(predicate: Callable, timeout: float, what: str, *, every: float = 0.1,
         if value:
             return value
         if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}" + (f":\n{logs()}" if logs else ""))
+            tail = f":\n{logs()}" if logs else ""
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}{tail}")
         time.sleep(every)
 
 
@@ -38,6 +41,16 @@ def scheduler_stats(address: str | int) -> scheduler_pb2.GetStatsResponse:
     target = f"127.0.0.1:{address}" if isinstance(address, int) else address
     with grpc.insecure_channel(target) as channel:
         return scheduler_pb2_grpc.SchedulerStub(channel).GetStats(scheduler_pb2.GetStatsRequest(), timeout=10)
+
+
+def http_healthy(base: str | int) -> bool:
+    """The frontend's GET /health answers 200 (`base`: "http://host:port", or a loopback port)."""
+    url = f"http://127.0.0.1:{base}" if isinstance(base, int) else base
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=5) as reply:
+            return reply.status == 200
+    except (urllib.error.URLError, ConnectionError):
+        return False
 
 
 def is_idle(stats, num_workers: int | None = None) -> bool:

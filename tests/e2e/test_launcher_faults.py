@@ -8,8 +8,6 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 
 import pytest
 
@@ -18,7 +16,7 @@ from services.launch.healthcheck import health_status
 from services.launch.deployment import Deployment, free_ports, service_commands
 from tests.conftest import random_prompts
 from tests.e2e.test_launcher import REAL_SERVICES, assert_all_stopped, launch, up_args  # noqa: F401 (a fixture)
-from tests.waits import poll, scheduler_stats, wait_idle
+from tests.waits import http_healthy, poll, scheduler_stats, wait_idle
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not REAL_SERVICES, reason="services not there")]
 
@@ -52,6 +50,28 @@ async def stream_all(address: str, prompts, kwargs, on_token=None) -> list[tuple
         await client.close()
 
 
+def streams_survive_a_kill(address: str, num: int, max_tokens: int, seed: int, victim: int, kill_after: int) -> tuple:
+    """`num` streams of `max_tokens` (params(i)) fault-free, then again with `victim` SIGKILLed once
+    `kill_after` tokens of them all have streamed: every stream completes with the same tokens, and the
+    kill fell in the first half of the output. Returns the prompts, their sampling keywords and the
+    fault-free (token ids, finish reason)s."""
+    prompts = random_prompts(num, 512, 4, 60, seed=seed)
+    kwargs = [params(i, max_tokens) for i in range(num)]
+    want = asyncio.run(stream_all(address, prompts, kwargs))  # fault-free
+    assert all(len(ids) == max_tokens and reason == "length" for ids, reason in want)
+    killed = []
+
+    def kill_once(total: int) -> None:
+        if total >= kill_after and not killed:  # every stream is under way
+            os.kill(victim, signal.SIGKILL)
+            killed.append(total)
+
+    got = asyncio.run(stream_all(address, prompts, kwargs, on_token=kill_once))
+    assert killed and killed[0] < num * max_tokens / 2  # mid-stream
+    assert got == want  # every stream complete, the same tokens
+    return prompts, kwargs, want
+
+
 def start(launch, model, ports, *extra: str):
     up = launch(up_args(model, ports) + ["--dtype", "float32", "--num-gpu-blocks", "128",
                                          "--startup-timeout", "240", *extra])
@@ -62,21 +82,8 @@ def start(launch, model, ports, *extra: str):
 def test_a_worker_killed_mid_stream_loses_no_stream_and_comes_back(launch, tiny_llama):
     ports = free_ports(3)
     up = start(launch, tiny_llama, ports)
-    prompts = random_prompts(24, 512, 4, 60, seed=12)
-    kwargs = [params(i, 48) for i in range(24)]
-    want = asyncio.run(stream_all(f"127.0.0.1:{ports[0]}", prompts, kwargs))  # fault-free
-    assert all(len(ids) == 48 and reason == "length" for ids, reason in want)
-
-    victim, killed = up.pids()["worker-0"], []
-
-    def kill_once(total: int) -> None:
-        if total >= 24 * 8 and not killed:  # every stream is under way
-            os.kill(victim, signal.SIGKILL)
-            killed.append(total)
-
-    got = asyncio.run(stream_all(f"127.0.0.1:{ports[0]}", prompts, kwargs, on_token=kill_once))
-    assert killed and killed[0] < 24 * 48 / 2  # mid-stream
-    assert got == want  # every stream complete, the same tokens
+    victim = up.pids()["worker-0"]
+    streams_survive_a_kill(f"127.0.0.1:{ports[0]}", 24, 48, seed=12, victim=victim, kill_after=24 * 8)
     exited = up.wait_event("service_exited", timeout=10, service_name="worker-0")
     assert exited["pid"] == victim and exited["exit_code"] == -signal.SIGKILL
     ready = up.wait_event("service_ready", timeout=120, service_name="worker-0")
@@ -105,14 +112,6 @@ def test_sigterm_lets_20_open_streams_finish_and_exits_0_within_the_grace_period
     assert up.finish(timeout=grace + 10) == 0, up.log()
     assert time.monotonic() - signalled[0] < grace + 2
     assert_all_stopped(up, ports + up.worker_ports(), pids, within=1)
-
-
-def http_healthy(port: int) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as reply:
-            return reply.status == 200
-    except (urllib.error.URLError, ConnectionError):
-        return False
 
 
 def test_up_restarts_a_killed_scheduler_and_serves_again(launch, tiny_llama):

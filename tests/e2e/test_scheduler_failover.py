@@ -21,8 +21,7 @@ from pagedserve import Client
 from services.launch.deployment import free_ports
 from tests.conftest import random_prompts
 from tests.e2e.test_launcher import ROOT, REAL_SERVICES, Up, up_args
-from tests.e2e.test_launcher_faults import http_healthy
-from tests.waits import poll, wait_idle
+from tests.waits import http_healthy, poll, wait_idle
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not REAL_SERVICES, reason="services not there")]
 

@@ -10,6 +10,8 @@ import anthropic
 import jsonschema
 import pytest
 
+from tests.agent_checks import (messages_create_and_stream_agree, messages_tool_loop, responses_json_schema_is_valid,
+                                responses_tool_loop)
 from tests.conftest import make_llm
 from services.core.sampling_params import SamplingParams
 from test_http_api import raw
@@ -49,43 +51,14 @@ def test_responses_create_and_stream_give_the_same_response(served, client):
 
 
 def test_responses_tool_loop_through_previous_response_id(served, client):
-    first = client.responses.create(model=served.model, input=QUESTION, instructions=SYSTEM, tools=RESPONSES_TOOLS,
-                                    tool_choice="required", parallel_tool_calls=False, max_output_tokens=100,
-                                    temperature=1.0, extra_body={"seed": 5})
-    [call] = first.output
-    assert call.type == "function_call" and call.call_id.startswith("call_") and first.status == "completed"
-    jsonschema.validate(json.loads(call.arguments), next(t["parameters"] for t in RESPONSES_TOOLS
-                                                         if t["name"] == call.name))
-    with client.responses.stream(model=served.model, input=QUESTION, instructions=SYSTEM, tools=RESPONSES_TOOLS,
-                                 tool_choice="required", parallel_tool_calls=False, max_output_tokens=100,
-                                 temperature=1.0, extra_body={"seed": 5}) as stream:
-        pieces = [e.delta for e in stream if e.type == "response.function_call_arguments.delta"]
-        streamed = stream.get_final_response()
-    assert len(pieces) > 1 and "".join(pieces) == streamed.output[0].arguments == call.arguments
-    second = client.responses.create(
-        model=served.model, previous_response_id=first.id, tools=RESPONSES_TOOLS, tool_choice="none",
-        input=[{"type": "function_call_output", "call_id": call.call_id, "output": json.dumps({"forecast": "sunny"})}],
-        max_output_tokens=6, temperature=0, extra_body={"seed": 1})
-    assert second.output[0].type == "message" and second.output_text and second.previous_response_id == first.id
-    # the same conversation given in full, without the store, is the same prompt (instructions are not
-    # carried over by previous_response_id)
-    again = client.responses.create(
-        model=served.model, tools=RESPONSES_TOOLS, tool_choice="none", store=False, max_output_tokens=6,
-        temperature=0, extra_body={"seed": 1},
-        input=[{"role": "user", "content": QUESTION}, call,
-               {"type": "function_call_output", "call_id": call.call_id, "output": json.dumps({"forecast": "sunny"})}])
-    assert again.usage.input_tokens == second.usage.input_tokens and again.output_text == second.output_text
+    *_, again = responses_tool_loop(client, served.model, SYSTEM, QUESTION, RESPONSES_TOOLS,
+                                    json.dumps({"forecast": "sunny"}), max_output_tokens=6, temperature=0,
+                                    extra_body={"seed": 1})
     assert raw(f"{served.url}/v1/responses/{again.id}")[0] == 404  # store=False
 
 
 def test_responses_json_schema_is_valid_at_temperature_1_for_every_seed(served, client):
-    fmt = {"type": "json_schema", "name": "forecast", "schema": SCHEMA, "strict": True}
-    for seed in range(6):
-        result = client.responses.create(model=served.model, input=QUESTION, text={"format": fmt},
-                                         max_output_tokens=80, temperature=1.0, store=False,
-                                         extra_body={"seed": seed})
-        assert result.status == "completed"
-        jsonschema.validate(json.loads(result.output_text), SCHEMA)
+    responses_json_schema_is_valid(client, served.model, QUESTION, SCHEMA, range(6))
 
 
 def test_messages_output_config_json_schema_is_valid(served, claude):
@@ -99,45 +72,14 @@ def test_messages_output_config_json_schema_is_valid(served, claude):
 
 
 def test_messages_create_and_stream(served, claude):
-    kwargs = dict(model=served.model, system=SYSTEM, messages=[{"role": "user", "content": QUESTION}],
-                  max_tokens=12, extra_body={"seed": 3, "temperature": 1.0})  # (not in this SDK's signature)
-    whole = claude.messages.create(**kwargs)
-    assert whole.stop_reason == "max_tokens" and whole.usage.output_tokens == 12 and whole.content[0].type == "text"
-    with claude.messages.stream(**kwargs) as stream:
-        text = "".join(stream.text_stream)
-        final = stream.get_final_message()
-    assert text == final.content[0].text == whole.content[0].text
-    assert (final.stop_reason, final.usage.output_tokens, final.usage.input_tokens) == \
-        ("max_tokens", 12, whole.usage.input_tokens)
-    events = [e.type for e in claude.messages.create(**kwargs, stream=True)]  # (the SDK drops the ping)
-    assert events[:2] == ["message_start", "content_block_start"]
-    assert events[-3:] == ["content_block_stop", "message_delta", "message_stop"]
+    whole, kwargs = messages_create_and_stream_agree(claude, served.model, SYSTEM, QUESTION, max_tokens=12)
     stop = claude.messages.create(**{**kwargs, "max_tokens": 40}, stop_sequences=[whole.content[0].text[3:6]])
     assert (stop.stop_reason, stop.stop_sequence) == ("stop_sequence", whole.content[0].text[3:6])
 
 
 def test_messages_tool_loop_and_streamed_input_json(served, claude):
-    kwargs = dict(model=served.model, system=SYSTEM, messages=[{"role": "user", "content": QUESTION}],
-                  tools=ANTHROPIC_TOOLS, tool_choice={"type": "any", "disable_parallel_tool_use": True},
-                  max_tokens=100, extra_body={"seed": 5, "temperature": 1.0})
-    first = claude.messages.create(**kwargs)
-    [use] = first.content
-    assert first.stop_reason == "tool_use" and use.type == "tool_use"
-    jsonschema.validate(use.input, next(t["input_schema"] for t in ANTHROPIC_TOOLS if t["name"] == use.name))
-    with claude.messages.stream(**kwargs) as stream:
-        pieces = [e.delta.partial_json for e in stream
-                  if e.type == "content_block_delta" and e.delta.type == "input_json_delta"]
-        streamed = stream.get_final_message()
-    assert len(pieces) > 1 and json.loads("".join(pieces)) == streamed.content[0].input == use.input
-    history = kwargs["messages"] + [{"role": "assistant", "content": [b.model_dump() for b in first.content]},
-                                    {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id,
-                                                                  "content": "sunny"}]}]
-    final = claude.messages.create(**{**kwargs, "messages": history, "tool_choice": {"type": "none"},
-                                      "max_tokens": 6})
-    assert final.content[0].type == "text" and final.stop_reason in ("max_tokens", "end_turn")
-    counted = claude.messages.count_tokens(model=served.model, system=SYSTEM, messages=history,
-                                           tools=ANTHROPIC_TOOLS, tool_choice={"type": "none"})
-    assert counted.input_tokens == final.usage.input_tokens
+    messages_tool_loop(claude, served.model, SYSTEM, QUESTION, ANTHROPIC_TOOLS, "sunny",
+                       assistant_content=lambda content: [block.model_dump() for block in content])
 
 
 def test_a_seeded_request_gives_the_same_tokens_through_every_api(served, client, claude):

@@ -16,8 +16,7 @@ import pytest
 
 from pagedserve.v1 import generate_pb2_grpc
 from pagedserve import build_request
-from test_http_api import raw
-from test_http_cluster import HttpCluster
+from test_http_cluster import HttpCluster, serve
 
 pytestmark = pytest.mark.slow
 OTHERS = 8
@@ -26,13 +25,7 @@ MAX_TOKENS = 64
 
 @pytest.fixture(scope="module")
 def served(tiny_llama):
-    served = HttpCluster(tiny_llama)
-    deadline = time.monotonic() + 10
-    while raw(served.url + "/health")[0] != 200:
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
-    yield served
-    served.close()
+    yield from serve(tiny_llama)
 
 
 def body(prompt: list[int], stream: bool, max_tokens: int = MAX_TOKENS) -> bytes:

@@ -10,20 +10,14 @@ import time
 import pytest
 
 from test_http_api import metric, raw
-from test_http_cluster import HttpCluster
+from test_http_cluster import HttpCluster, serve
 
 MAX_MODEL_LEN = 4096
 
 
 @pytest.fixture(scope="module")
 def served(model_dir):
-    served = HttpCluster(model_dir("llama", "tiny", max_position_embeddings=MAX_MODEL_LEN), max_num_seqs=1)
-    deadline = time.monotonic() + 10
-    while raw(served.url + "/health")[0] != 200:
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
-    yield served
-    served.close()
+    yield from serve(model_dir("llama", "tiny", max_position_embeddings=MAX_MODEL_LEN), max_num_seqs=1)
 
 
 def send(port: int, path: str, body: dict) -> socket.socket:

@@ -9,39 +9,13 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from pagedserve.internal.v1 import scheduler_pb2, worker_pb2, worker_pb2_grpc
 from services.core.sampling_params import SamplingParams
-from tests.conftest import greedy, make_llm, random_prompts
-from tests.cluster import NUM_GPU_BLOCKS, Cluster, OneRequestCall, run
-
-VOCAB = 512
+from tests.conftest import greedy, random_prompts
+from tests.cluster import VOCAB, Cluster, OneRequestCall, assert_same, mixed_params, reference, run
 
 
 @pytest.fixture(scope="module")
 def model(model_dir):
     return model_dir("llama", "tiny")
-
-
-def mixed_params(i: int, max_tokens: int = 12) -> SamplingParams:
-    """Greedy, seeded sampling with logprobs, n=2, prompt logprobs: one kind per i % 4."""
-    return [greedy(max_tokens),
-            SamplingParams(temperature=0.8, top_p=0.95, seed=100 + i, max_tokens=max_tokens, logprobs=2),
-            SamplingParams(n=2, temperature=1.0, top_k=50, seed=200 + i, max_tokens=max_tokens, logprobs=1),
-            greedy(max_tokens, logprobs=0, prompt_logprobs=1)][i % 4]
-
-
-def reference(model, prompts, params):
-    llm = make_llm(model, dtype="float32", num_gpu_blocks=NUM_GPU_BLOCKS)
-    return llm.generate(prompts, params, use_tqdm=False)
-
-
-def assert_same(got, want, check_logprobs=True):
-    assert sorted(got.samples) == list(range(len(want.outputs)))
-    for k, out in enumerate(want.outputs):
-        assert got.samples[k].token_ids == out.token_ids, f"sample {k}"
-        assert got.samples[k].finish_reason == out.finish_reason
-        if check_logprobs and out.logprobs is not None:
-            assert got.samples[k].logprobs == out.logprobs  # exact floats
-    if check_logprobs:
-        assert got.prompt_logprobs == want.prompt_logprobs
 
 
 def test_two_workers_match_in_process_generate(model):
@@ -104,9 +78,7 @@ def test_cancelled_streams_free_every_block(model):
         cluster = await Cluster(model).start(num_workers=2)
         try:
             await asyncio.gather(*(read_then_cancel(cluster, i, p) for i, p in enumerate(prompts)))
-            await cluster.wait_idle(num_workers=2)
-            follow_up = await cluster.generate("after", prompts[0], greedy(4))  # still serving
-            assert len(follow_up.samples[0].token_ids) == 4
+            await cluster.check_idle_and_serving(prompts[0], num_workers=2)
         finally:
             await cluster.close()
 
@@ -143,20 +115,11 @@ def test_killed_worker_requests_complete_without_repeats(model):
 
     async def main():
         cluster = await Cluster(model).start(num_workers=2)
-        killed = asyncio.Event()
-
-        async def kill_once(generation):
-            if generation.num_messages == 3 and not killed.is_set():
-                killed.set()
-                await cluster.workers.pop("w0").stop(None)  # abrupt: in-flight calls are cancelled
-
         try:
-            got = await asyncio.gather(*(cluster.generate(f"k{i}", p, sp, on_message=kill_once)
-                                         for i, (p, sp) in enumerate(zip(prompts, params))))
-            stats = await cluster.stats()
+            requests = [(f"k{i}", p, sp) for i, (p, sp) in enumerate(zip(prompts, params))]
+            got, _ = await cluster.generate_killing(requests, after_messages=3)
         finally:
             await cluster.close()
-        assert killed.is_set() and [w.worker_id for w in stats.workers] == ["w1"]
         for g, w in zip(got, want):
             assert_same(g, w)  # same ids and logprobs, and no token streamed twice
 
