@@ -35,3 +35,12 @@ def test_every_test_path_the_documents_and_comments_name_exists():
              for cited in re.findall(r"\btests/[\w/]+\.(?:py|c)\b", path.read_text(errors="replace"))}
     assert named, "no document names a test file: the pattern is wrong"
     assert sorted((path, cited) for path, cited in named if not (ROOT / cited).is_file()) == []
+
+
+def test_the_tests_mirror_the_source():
+    """Each test folder is a package's (services/<name>/) or one of the few outside services/: a test
+    file is found by what it tests (CONTRIBUTING.md, "Layout"), never in a catch-all folder."""
+    outside = {"engine": "services/engine.py", "pagedserve": "pagedserve/", "kernels": "kernels/", "e2e": "processes"}
+    folders = {path.parent.relative_to(ROOT / "tests").parts[0] for path in (ROOT / "tests").rglob("test_*.py")
+               if path.parent != ROOT / "tests"}
+    assert sorted(f for f in folders if f not in outside and not (ROOT / "services" / f).is_dir()) == []
