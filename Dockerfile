@@ -51,7 +51,7 @@ FROM ${BASE_IMAGE}
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PATH=/opt/venv/bin:$PATH \
-    PAGEDSERVE_CACHE=/models
+    PAGEDSERVE_MODEL_CACHE_DIR=/models
 
 # A C compiler: the CPU kernels (kernels/csrc) are compiled at first start for the CPU the
 # container runs on (-march=native), and Triton builds a small launcher per GPU kernel. The

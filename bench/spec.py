@@ -11,7 +11,7 @@ Workloads (the served model's chat template, greedy, in process):
   conversation up to the human turn before that reply. The model writes its own reply.
 - sharegpt-16: the ordinary ShareGPT workload (first human turn, bench/workload.py) at batch 16.
 - sweep: ordinary ShareGPT with drafting forced at every batch size (disable_by_batch_size=0), at
-  batch 1, 4 and 8 (16: the sharegpt-16 row): where it stops paying, which sets the default of disable_by_batch_size.
+  batch 1, 2, 4 and 8 (16: the sharegpt-16 row): where it stops paying, which sets the default of disable_by_batch_size.
 
 For each workload the two engines (one with --speculative-config, one without; both loaded once)
 run the same requests alternately, --repeats times, off first then on then on first; the figure is
@@ -76,10 +76,13 @@ def copy_prompts(tokenizer, num: int, seed: int) -> list[list[int]]:
         name = rename_target(code)
         text = (f"Rename `{name}` to `{name}_new` in this Python code. Reply with the whole code, changed only "
                 f"there, in one code block.\n\n```python\n{code}\n```")
-        # the reply is begun for the model (a prefilled assistant turn): a 135M model otherwise tends
-        # to explain the code instead of returning it
+        # the reply is begun for the model (a prefilled assistant turn, after the chat template's generation
+        # prompt): the code block opened and its first line, renamed, written WITHOUT the newline after it.
+        # A prompt ending in "\n" cuts the tokenizer's "\n" + indentation merge in two: the model then sees a
+        # line break no code it was trained on has, closes the block and explains instead (0.99x in the run
+        # of 2026-12-02 00:23); left to write the "\n    " itself it copies (bench/README.md).
         first_line = code.splitlines()[0].replace(name, f"{name}_new")
-        opening = f"Here is the code with `{name}` renamed to `{name}_new`:\n\n```python\n{first_line}\n"
+        opening = f"```python\n{first_line}"
         prompts.append(tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": text}]) + opening,
                                         add_special_tokens=False))
     return prompts
@@ -141,7 +144,8 @@ def compare(off, on, prompts, params, repeats: int, batch: int) -> dict:
     """Alternating passes; prompts run in groups of `batch` (each group one generate call)."""
     groups = [prompts[i:i + batch] for i in range(0, len(prompts), batch)]
     spec = on.scheduler.speculator
-    before = (spec.stats.num_draft_tokens, spec.stats.num_accepted_tokens)
+    before = (spec.stats.num_draft_tokens, spec.stats.num_accepted_tokens, spec.stats.num_drafts,
+              list(spec.stats.accepted_per_pos))
     ratios, decode_ratios, times, identical = [], [], {"off": [], "on": []}, True
     for r in range(repeats):
         order = [("off", off), ("on", on)] if r % 2 == 0 else [("on", on), ("off", off)]
@@ -159,18 +163,52 @@ def compare(off, on, prompts, params, repeats: int, batch: int) -> dict:
     num_tokens = sum(len(t) for t in tokens["off"])
     drafted = spec.stats.num_draft_tokens - before[0]
     accepted = spec.stats.num_accepted_tokens - before[1]
+    drafts = spec.stats.num_drafts - before[2]
+    # acceptance by position: of the verify passes, the share whose draft i was accepted
+    per_pos = [(a - b) / drafts if drafts else 0.0 for a, b in zip(spec.stats.accepted_per_pos, before[3])]
     return {"speedup": statistics.median(ratios), "speedups": ratios, "identical": identical,
             "decode_speedup": statistics.median(decode_ratios), "decode_speedups": decode_ratios,
             "tok_s_off": num_tokens / statistics.median(times["off"]),
             "tok_s_on": num_tokens / statistics.median(times["on"]),
             "output_tokens": num_tokens, "drafted": drafted, "accepted": accepted,
-            "acceptance": accepted / drafted if drafted else 0.0,
+            "acceptance": accepted / drafted if drafted else 0.0, "acceptance_per_pos": per_pos,
+            "tokens_per_verify": (accepted + drafts) / drafts if drafts else 0.0,
             "accepted_per_token": accepted / (num_tokens * repeats)}
+
+
+def verify_cost(llm, context: int, batches: tuple[int, ...], rows: tuple[int, ...], repeats: int) -> dict:
+    """Seconds of one forward pass (and the logits of the rows a verify samples) for `batch` sequences
+    of `context` tokens each running n rows at their end (n = 1: a decode step; n = k + 1: a verify
+    of k drafts), over the model runner's own batch preparation; all shapes alternated `repeats` times.
+    Returns {batch: {n: median seconds}}."""
+    from services.core.sampling_params import SamplingParams
+    from services.worker.model_runner import SeqState
+
+    runner = llm.engine.workers["worker-0"].runner
+    bs, per_seq = runner.block_size, -(-context // runner.block_size)
+
+    def once(batch: int, n: int) -> float:
+        scheduled = [(SeqState(seq_id=b, prompt_token_ids=[100 + i % 997 for i in range(context)], output_token_ids=[],
+                               block_ids=list(range(b * per_seq, (b + 1) * per_seq)), num_computed_tokens=context - n,
+                               params=SamplingParams(temperature=0), seed=0, sample_index=0), n)
+                     for b in range(batch)]
+        prepared = runner._prepare(scheduled)
+        start = time.perf_counter()
+        hidden = runner.model(*runner._tensors(prepared))
+        runner.model.compute_logits(hidden)  # every row samples in a verify
+        return time.perf_counter() - start
+
+    times: dict[tuple[int, int], list[float]] = {}
+    for _ in range(repeats):
+        for batch in batches:
+            for n in rows:
+                times.setdefault((batch, n), []).append(once(batch, n))
+    return {batch: {n: statistics.median(times[(batch, n)]) for n in rows} for batch in batches}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--workloads", default="copy,quoting,sharegpt-16,sweep")
+    parser.add_argument("--workloads", default="cost,copy,quoting,sharegpt-16,sweep")
     parser.add_argument("--spec", default='{"method": "ngram", "num_speculative_tokens": 4, '
                                           '"prompt_lookup_max": 4, "prompt_lookup_min": 2}')
     parser.add_argument("--num-prompts", type=int, default=4, help="copy and quoting prompts (batch 1)")
@@ -182,6 +220,12 @@ def main() -> None:
     parser.add_argument("--sharegpt-path", default=None)
     parser.add_argument("--max-prompt-len", type=int, default=768)
     parser.add_argument("--stem", default="spec")
+    parser.add_argument("--cost-context", type=int, default=384, help="cost: tokens of each sequence's context")
+    parser.add_argument("--cost-repeats", type=int, default=9, help="cost: passes over every shape")
+    parser.add_argument("--cost-batches", default="1,4,8,16", help="cost: sequences per pass")
+    parser.add_argument("--num-threads", type=int, default=None,
+                        help="the engines' threads (default: the engine's); 1 on a host loaded past its cores, where "
+                             "two threads' OpenMP barriers wait on each other's preemption")
     args = parser.parse_args()
 
     from pagedserve import LLM
@@ -193,13 +237,16 @@ def main() -> None:
     folder = model_folder(args.model)
     tokenizer = Tokenizer(folder)
     spec = SpeculativeConfig.of(args.spec)
-    off = LLM(str(folder), num_gpu_blocks=512)
-    on = LLM(str(folder), num_gpu_blocks=512, speculative_config=spec)
-    forced = LLM(str(folder), num_gpu_blocks=512,
-                 speculative_config=SpeculativeConfig.of({**vars(spec), "disable_by_batch_size": 0}))
+    engine = {"num_gpu_blocks": 512} | ({"num_threads": args.num_threads} if args.num_threads else {})
+    off = LLM(str(folder), **engine)
+    on = LLM(str(folder), **engine, speculative_config=spec)
+    workloads = args.workloads.split(",")
+    # the third engine only where a workload needs it (three engines beside other developers' jobs: memory)
+    forced = LLM(str(folder), **engine,
+                 speculative_config=SpeculativeConfig.of({**vars(spec), "disable_by_batch_size": 0})) \
+        if "sharegpt-16" in workloads or "sweep" in workloads else None
     greedy = SamplingParams(temperature=0, max_tokens=args.max_tokens)
     greedy_batch = SamplingParams(temperature=0, max_tokens=args.batch_max_tokens)
-    workloads = args.workloads.split(",")
     rows, data = [], {"spec": spec.to_json(), "workloads": {}}
 
     def record(name, result, batch, note=""):
@@ -207,7 +254,9 @@ def main() -> None:
         rows.append([name, batch, f"{result['tok_s_off']:.1f}", f"{result['tok_s_on']:.1f}",
                      f"{result['speedup']:.2f}x", " ".join(f"{r:.2f}" for r in result["speedups"]),
                      f"{result['decode_speedup']:.2f}x",
-                     f"{result['accepted']}/{result['drafted']}", f"{result['accepted_per_token']:.2f}",
+                     f"{result['accepted']}/{result['drafted']}",
+                     " ".join(f"{a:.2f}" for a in result["acceptance_per_pos"]),
+                     f"{result['tokens_per_verify']:.2f}", f"{result['accepted_per_token']:.2f}",
                      "yes" if result["identical"] else "NO", note])
         print(rows[-1], flush=True)
 
@@ -228,22 +277,38 @@ def main() -> None:
         record("sharegpt, drafting forced", compare(off, forced, prompts, greedy_batch, args.repeats, batch=16), 16,
                "disable_by_batch_size=0")
     if "sweep" in workloads:
-        for batch in (1, 4, 8):
+        for batch in (1, 2, 4, 8):
             prompts = [r.prompt_ids for r in ordinary[:max(batch, 4)]]
             record(f"sweep: sharegpt, drafting forced", compare(off, forced, prompts, greedy_batch, 1, batch=batch), batch,
                    "disable_by_batch_size=0")
 
+    cost_lines = []
+    if "cost" in workloads:
+        k = spec.num_speculative_tokens
+        ns = tuple(sorted({1, 2, 4, 5, 8, k + 1, 9}))
+        cost = verify_cost(off, args.cost_context, tuple(int(b) for b in args.cost_batches.split(",")), ns,
+                           args.cost_repeats)
+        data["verify_cost"] = {str(b): {str(n): t for n, t in by_n.items()} for b, by_n in cost.items()}
+        cost_rows = [[b, f"{by_n[1] * 1000:.1f}"] + [f"{by_n[n] / by_n[1]:.2f}x" for n in ns[1:]]
+                     for b, by_n in cost.items()]
+        cost_lines = ["", f"Cost of a verify pass vs a decode step (`cost`): one forward pass and its logits for `batch` "
+                      f"sequences of {args.cost_context} tokens each running n rows at their end (n = 1: a decode "
+                      f"step; n = k + 1: verifying k drafts), the model runner's own batch preparation, every shape "
+                      f"alternated, median of {args.cost_repeats}.", "",
+                      markdown_table(["batch", "1 row (ms)"] + [f"{n} rows / 1 row" for n in ns[1:]], cost_rows)]
+        print(cost_lines[-1], flush=True)
+
     headers = ["workload", "batch", "tok/s off", "tok/s on", "speedup (median)", "per pass",
-               "speedup after the first token", "accepted/drafted",
-               "accepted per output token", "same tokens", "note"]
+               "speedup after the first token", "accepted/drafted", "accepted by position",
+               "tokens per verify", "accepted per output token", "same tokens", "note"]
     body = "\n".join([
         "Speculative decoding on vs off (bench/spec.py), the same engine and requests, passes alternated.",
         f"Speculative config: `{spec.to_json()}`. Greedy, max_tokens {args.max_tokens} (batch 1), "
         f"{args.batch_max_tokens} (sharegpt-16 and the sweep), "
         f"{args.repeats} alternated passes per workload (the sweep: 1).", "",
-        "**The host was shared with 7 other developers' builds and test runs during this run** (load average "
+        "**The host was shared with other developers' builds and test runs during this run** (load average "
         "above): absolute tokens/s are noisy; the on/off ratios come from passes alternated within seconds.", "",
-        markdown_table(headers, rows)])
+        markdown_table(headers, rows) if rows else "", *cost_lines])
     print(write_results(args.stem, "Speculative decoding (ngram), exact", load_before, body, data))
 
 

@@ -358,6 +358,21 @@ def tier_library(tier: str) -> ctypes.CDLL:
     return lib
 
 
+_declared: set[tuple[int, int]] = set()
+
+
+def declare(lib: ctypes.CDLL, signatures: dict[str, tuple[list, object]]) -> ctypes.CDLL:
+    """lib with the ctypes signatures {name: (argtypes, restype)} of another module's kernels set, once per
+    library object and table (kernels/quant.py, kernels/row_parallel.py; this module's own: _declare)."""
+    key = (id(lib), id(signatures))
+    if key not in _declared:
+        for name, (argtypes, restype) in signatures.items():
+            fn = getattr(lib, name)
+            fn.argtypes, fn.restype = argtypes, restype
+        _declared.add(key)
+    return lib
+
+
 def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     ptr, i64, i32, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
     signatures = {

@@ -167,9 +167,6 @@ def run_kernel(lib: ctypes.CDLL, x: torch.Tensor, weight: QuantWeight, bias: tor
     return out.view(*x.shape[:-1], weight.out_features)
 
 
-_declared: set[int] = set()
-
-
 def _library() -> ctypes.CDLL | None:
     """The active CPU kernel library, its quant_linear declared (once per library), or None."""
     from kernels import cpu_kernels
@@ -179,16 +176,16 @@ def _library() -> ctypes.CDLL | None:
     return declare(cpu_kernels.library())
 
 
+_ptr, _i64, _i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+SIGNATURES = {"quant_linear": ([_ptr, _i64, _ptr, _i32, _ptr, _ptr, _i64, _i64, _i64, _i64, _i32, _i32], _i32),
+              "quant_row_bytes": ([_i32, _i64], _i64)}
+
+
 def declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     """lib with quant_linear's signature set (once per library object)."""
-    if id(lib) not in _declared:
-        ptr, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-        lib.quant_linear.argtypes = [ptr, i64, ptr, i32, ptr, ptr, i64, i64, i64, i64, i32, i32]
-        lib.quant_linear.restype = i32
-        lib.quant_row_bytes.argtypes = [i32, i64]
-        lib.quant_row_bytes.restype = i64
-        _declared.add(id(lib))
-    return lib
+    from kernels import cpu_kernels
+
+    return cpu_kernels.declare(lib, SIGNATURES)
 
 
 # ---- int8 activations: the reference of kernels/csrc/quant_dot.c, bit for bit -----------------

@@ -143,14 +143,36 @@ class RowParallelWeight:
         if x.shape[-1] != self.in_features:
             raise ValueError(f"row_parallel: input has {x.shape[-1]} features, the weight takes {self.in_features}")
         rows = x.reshape(-1, self.in_features)
+        if self.gather is None and self.groups == self.total_groups and self._compiled(rows):  # one process: one call
+            return self._linear(rows).view(*x.shape[:-1], self.out_features)
         partials = self.partials(rows)
         if self.gather is not None:
             partials = self.gather(partials)
         return self.fold(partials, x.dtype).view(*x.shape[:-1], self.out_features)
 
+    def _compiled(self, rows: torch.Tensor) -> bool:
+        """The compiled kernels run these rows (else the PyTorch reference)."""
+        return self.fmt is not None and rows.is_cpu and cpu_kernels.is_available() and rows.dtype == self.dtype
+
+    def _linear(self, rows: torch.Tensor) -> torch.Tensor:  # [T, K] -> [T, N] in rows' dtype: every group, folded
+        """row_parallel.c's row_parallel_linear: gemm.c's groups in one pass over K (each group's chain folded
+        into a running fp32 total in registers), quantized ones as partials and their fold; the same bits."""
+        rows = rows.contiguous()
+        out = torch.empty(rows.shape[0], self.out_features, dtype=rows.dtype)
+        if not rows.shape[0]:
+            return out
+        scratch = None if self.fmt == 0 else torch.empty(self.groups, rows.shape[0], self.out_features)
+        status = library().row_parallel_linear(
+            rows.data_ptr(), self.in_features, self.buffer.data_ptr(), self.fmt, self.groups, rows.shape[0],
+            self.out_features, self.in_features // self.groups, int(rows.dtype == torch.bfloat16), out.data_ptr(),
+            self.out_features, None if scratch is None else scratch.data_ptr(), torch.get_num_threads(), None)
+        if status != 0:
+            raise ValueError(f"row_parallel_linear: status {status}")
+        return out
+
     def partials(self, rows: torch.Tensor) -> torch.Tensor:  # [T, K_local] -> [G_local, T, N] fp32
         fmt = self.fmt
-        if fmt is None or not rows.is_cpu or not cpu_kernels.is_available() or rows.dtype != self.dtype:
+        if not self._compiled(rows):
             from kernels.linear import GemmWeight
             from kernels.quant import int8_linear_reference
 
@@ -186,20 +208,18 @@ class RowParallelWeight:
         return out
 
 
-_declared: set[int] = set()
-
-
 def library() -> ctypes.CDLL:
     return declare(cpu_kernels.library())
 
 
+_ptr, _i64, _i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+SIGNATURES = {
+    "row_parallel_partials": ([_ptr, _i64, _ptr, _i32, _i64, _i64, _i64, _i64, _i32, _ptr, _i32, _ptr], _i32),
+    "row_parallel_linear": ([_ptr, _i64, _ptr, _i32, _i64, _i64, _i64, _i64, _i32, _ptr, _i64, _ptr, _i32, _ptr], _i32),
+    "fold_partials": ([_ptr, _i64, _i64, _i64, _ptr, _i64, _i32, _i32], None),
+}
+
+
 def declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     """lib with row_parallel.c's signatures set (once per library object)."""
-    if id(lib) not in _declared:
-        ptr, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-        lib.row_parallel_partials.argtypes = [ptr, i64, ptr, i32, i64, i64, i64, i64, i32, ptr, i32, ptr]
-        lib.row_parallel_partials.restype = i32
-        lib.fold_partials.argtypes = [ptr, i64, i64, i64, ptr, i64, i32, i32]
-        lib.fold_partials.restype = None
-        _declared.add(id(lib))
-    return lib
+    return cpu_kernels.declare(lib, SIGNATURES)

@@ -15,7 +15,6 @@ and the PyTorch references compute it, never a fused multiply-add. docs/ARCHITEC
 from __future__ import annotations
 
 import contextlib
-import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
@@ -23,7 +22,9 @@ import torch
 import triton
 import triton.language as tl
 
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+# Triton's own reading of TRITON_INTERPRET (its knob, the one triton.jit obeys when it decorates a
+# kernel), not a second reading of the environment that could disagree with it.
+INTERPRET = bool(triton.knobs.runtime.interpret)
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # Triton's enable_fp_fusion, passed at every launch (the interpreter drops it: it never fuses).
 # Explicit, so neither TRITON_DEFAULT_FP_FUSION nor Triton 3.10's changed default moves the bits.

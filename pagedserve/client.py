@@ -26,8 +26,8 @@ import grpc
 
 from pagedserve.v1 import generate_pb2 as pb
 from pagedserve.v1 import generate_pb2_grpc
+from services.rpc.status import code_of, split_details  # the server's statuses, decoded where they are made
 
-_STATUS = {code.value[0]: code for code in grpc.StatusCode}
 _FINISH = {pb.FINISH_REASON_STOP: "stop", pb.FINISH_REASON_LENGTH: "length", pb.FINISH_REASON_ABORT: "abort"}
 
 
@@ -41,7 +41,7 @@ class GenerationError(Exception):
     @property
     def field(self) -> str | None:
         """The parameter at fault, for INVALID_ARGUMENT ("top_p: must be in (0, 1]" -> "top_p")."""
-        return self.details.split(":", 1)[0] if self.code == grpc.StatusCode.INVALID_ARGUMENT else None
+        return split_details(self.details)[0] if self.code == grpc.StatusCode.INVALID_ARGUMENT else None
 
     @classmethod
     def wrap(cls, error: grpc.RpcError) -> GenerationError:
@@ -216,7 +216,7 @@ class _BatchFolder:
 
     def fold(self, response: pb.GenerateBatchResponse) -> list[tuple[int, Delta]]:
         for error in response.errors:
-            self.errors[error.index] = GenerationError(_STATUS.get(error.code, grpc.StatusCode.UNKNOWN), error.message)
+            self.errors[error.index] = GenerationError(code_of(error.code), error.message)
         return [(self.ids[r.request_id], delta) for r in response.responses
                 for delta in self.folders[self.ids[r.request_id]].fold(r)]
 

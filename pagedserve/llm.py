@@ -13,7 +13,7 @@ from services.core.outputs import OutputCollector, RequestOutput
 from services.core.sampling_params import SamplingParams
 from services.core.tokenizer import Tokenizer
 from services.engine import Engine
-from services.frontend import tools as chat_tools
+from services.frontend import tool_calls as chat_tools
 
 Prompt = str | list[int]
 
@@ -74,7 +74,7 @@ class LLM:
         definitions, shown to the model as the HTTP API shows them (its chat template's `tools`, or
         the Hermes format); assistant messages may carry OpenAI `tool_calls`, tool messages a
         `tool_call_id`. The output is text: read tool calls from it with
-        `services.frontend.tools.plan(tools, "auto", None).parse(output.outputs[0].text)`."""
+        `services.frontend.tool_calls.plan(tools, "auto", None).parse(output.outputs[0].text)`."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         plan = chat_tools.plan(tools, "auto" if tools else "none", None)
         texts = []

@@ -84,6 +84,9 @@ static int layer_linear(const DecoderStack *m, int64_t i, int which, const void 
     }
     if (which == 1 || which == 3) { /* row-parallel: o, down */
         const int64_t kg = weight.k / m->local_groups;
+        if (m->gather == NULL) /* a single process: every group here, folded in one pass where it can */
+            return row_parallel_linear(x, ldx, weight.w, (int)weight.format, m->groups, num_tokens, weight.n, kg,
+                                       m->is_bf16, out, ldo, partials->all, num_threads, &next);
         int status = row_parallel_partials(x, ldx, weight.w, (int)weight.format, m->local_groups, num_tokens, weight.n,
                                            kg, m->is_bf16, partials->local, num_threads, &next);
         if (status == KERNEL_OK && m->gather != NULL && m->gather(i, which) != 0)

@@ -25,6 +25,12 @@
  * keeps a panel of the weight in L2 across the rows at large M (prefill, big batches), while
  * the tiles prefetch the next panel (Warm) so that streaming overlaps computing.
  *
+ * K groups (row_parallel.c): linear_groups_into runs G weights of [N, kg] packed one after the
+ * other on G column groups of x in one pass: each output element's chain is restarted at every
+ * group boundary, and the group's fp32 result is folded into a running fp32 total in the order
+ * 0..G-1 (total = p0, then total + p1, ...), rounded once. That is, bit for bit, G separate calls
+ * into fp32 partials and their fold (fold_partials), without the partials' memory or G passes.
+ *
  * Packed layout, PANEL = 48 output features per panel (the last one padded with zeros), the
  * same in every tier:
  *   fp32: [panels][K][48]                element (p, k, j) = W[48 p + j][k]
@@ -136,6 +142,12 @@ typedef struct {
 
 #define WARM_GROUP 8
 
+/* The K groups a tile runs one after the other (linear_groups_into): `count` weights of k_len columns
+ * each, the next one `stride` bytes after the last; x's columns follow on. One group: plain linear. */
+typedef struct {
+    int64_t count, stride;
+} Groups;
+
 /* share `part` of `parts` of the `count` lines from `lines`, warmed over `steps` k steps */
 static inline Warm warm_share(const char *lines, int64_t count, int64_t part, int64_t parts, int64_t steps) {
     const int64_t share = (count + parts - 1) / parts, groups = (steps + WARM_GROUP - 1) / WARM_GROUP;
@@ -184,24 +196,32 @@ INLINE void store_tile(const int rows, __m512 acc[ROWS][3], const void *bias, vo
 }
 
 INLINE void tile_f32(const int rows, const float *x, int64_t ldx, const float *panel, const Warm *warm,
-                     int64_t k_len, const void *bias, void *out, int64_t ldo, int64_t n0, int64_t n) {
-    __m512 acc[ROWS][3];
+                     int64_t k_len, const Groups *groups, const void *bias, void *out, int64_t ldo, int64_t n0,
+                     int64_t n) {
+    __m512 acc[ROWS][3], total[ROWS][3];
+    for (int64_t g = 0; g < groups->count; g++) {
+        const float *wg = (const float *)((const char *)panel + g * groups->stride), *xg = x + g * k_len;
 #pragma GCC unroll 8
-    for (int r = 0; r < rows; r++)
-        acc[r][0] = acc[r][1] = acc[r][2] = _mm512_setzero_ps();
-    for (int64_t k = 0; k < k_len; k++) {
-        const float *w = panel + k * PANEL;
-        warm_step(warm, k);
-        const __m512 w0 = _mm512_loadu_ps(w), w1 = _mm512_loadu_ps(w + 16), w2 = _mm512_loadu_ps(w + 32);
+        for (int r = 0; r < rows; r++)
+            acc[r][0] = acc[r][1] = acc[r][2] = _mm512_setzero_ps();
+        for (int64_t k = 0; k < k_len; k++) {
+            const float *w = wg + k * PANEL;
+            warm_step(warm, g * k_len + k);
+            const __m512 w0 = _mm512_loadu_ps(w), w1 = _mm512_loadu_ps(w + 16), w2 = _mm512_loadu_ps(w + 32);
 #pragma GCC unroll 8
-        for (int r = 0; r < rows; r++) {
-            const __m512 a = _mm512_set1_ps(x[r * ldx + k]);
-            acc[r][0] = _mm512_fmadd_ps(a, w0, acc[r][0]);
-            acc[r][1] = _mm512_fmadd_ps(a, w1, acc[r][1]);
-            acc[r][2] = _mm512_fmadd_ps(a, w2, acc[r][2]);
+            for (int r = 0; r < rows; r++) {
+                const __m512 a = _mm512_set1_ps(xg[r * ldx + k]);
+                acc[r][0] = _mm512_fmadd_ps(a, w0, acc[r][0]);
+                acc[r][1] = _mm512_fmadd_ps(a, w1, acc[r][1]);
+                acc[r][2] = _mm512_fmadd_ps(a, w2, acc[r][2]);
+            }
         }
+        if (groups->count > 1)
+            for (int r = 0; r < rows; r++)
+                for (int j = 0; j < 3; j++)
+                    total[r][j] = g == 0 ? acc[r][j] : _mm512_add_ps(total[r][j], acc[r][j]);
     }
-    store_tile(rows, acc, bias, out, ldo, n0, n, 0);
+    store_tile(rows, groups->count > 1 ? total : acc, bias, out, ldo, n0, n, 0);
 }
 #endif
 
@@ -215,33 +235,41 @@ INLINE __m512bh pair(const uint16_t *row, int64_t i, int64_t k_len) {
 }
 
 INLINE void tile_bf16(const int rows, const uint16_t *x, int64_t ldx, const uint16_t *panel, const Warm *warm,
-                      int64_t k_len, const void *bias, void *out, int64_t ldo, int64_t n0, int64_t n, int out_bf16) {
-    __m512 acc[ROWS][3];
-#pragma GCC unroll 8
-    for (int r = 0; r < rows; r++)
-        acc[r][0] = acc[r][1] = acc[r][2] = _mm512_setzero_ps();
+                      int64_t k_len, const Groups *groups, const void *bias, void *out, int64_t ldo, int64_t n0,
+                      int64_t n, int out_bf16) {
+    __m512 acc[ROWS][3], total[ROWS][3];
     const int64_t full = k_len / 2, pairs = (k_len + 1) / 2;
-    for (int64_t i = 0; i < pairs; i++) {
-        const uint16_t *w = panel + i * PANEL * 2;
-        warm_step(warm, i);
-        const __m512bh w0 = (__m512bh)_mm512_loadu_si512(w), w1 = (__m512bh)_mm512_loadu_si512(w + 32),
-                       w2 = (__m512bh)_mm512_loadu_si512(w + 64);
+    for (int64_t g = 0; g < groups->count; g++) {
+        const uint16_t *wg = (const uint16_t *)((const char *)panel + g * groups->stride), *xg = x + g * k_len;
 #pragma GCC unroll 8
-        for (int r = 0; r < rows; r++) {
-            __m512bh a;
-            if (i < full) {
-                uint32_t bits;
-                memcpy(&bits, x + r * ldx + 2 * i, sizeof bits);
-                a = (__m512bh)_mm512_set1_epi32((int)bits);
-            } else {
-                a = pair(x + r * ldx, i, k_len);
+        for (int r = 0; r < rows; r++)
+            acc[r][0] = acc[r][1] = acc[r][2] = _mm512_setzero_ps();
+        for (int64_t i = 0; i < pairs; i++) {
+            const uint16_t *w = wg + i * PANEL * 2;
+            warm_step(warm, g * pairs + i);
+            const __m512bh w0 = (__m512bh)_mm512_loadu_si512(w), w1 = (__m512bh)_mm512_loadu_si512(w + 32),
+                           w2 = (__m512bh)_mm512_loadu_si512(w + 64);
+#pragma GCC unroll 8
+            for (int r = 0; r < rows; r++) {
+                __m512bh a;
+                if (i < full) {
+                    uint32_t bits;
+                    memcpy(&bits, xg + r * ldx + 2 * i, sizeof bits);
+                    a = (__m512bh)_mm512_set1_epi32((int)bits);
+                } else {
+                    a = pair(xg + r * ldx, i, k_len);
+                }
+                acc[r][0] = _mm512_dpbf16_ps(acc[r][0], a, w0);
+                acc[r][1] = _mm512_dpbf16_ps(acc[r][1], a, w1);
+                acc[r][2] = _mm512_dpbf16_ps(acc[r][2], a, w2);
             }
-            acc[r][0] = _mm512_dpbf16_ps(acc[r][0], a, w0);
-            acc[r][1] = _mm512_dpbf16_ps(acc[r][1], a, w1);
-            acc[r][2] = _mm512_dpbf16_ps(acc[r][2], a, w2);
         }
+        if (groups->count > 1)
+            for (int r = 0; r < rows; r++)
+                for (int j = 0; j < 3; j++)
+                    total[r][j] = g == 0 ? acc[r][j] : _mm512_add_ps(total[r][j], acc[r][j]);
     }
-    store_tile(rows, acc, bias, out, ldo, n0, n, out_bf16);
+    store_tile(rows, groups->count > 1 ? total : acc, bias, out, ldo, n0, n, out_bf16);
 }
 #endif
 
@@ -305,90 +333,99 @@ INLINE void wide_store(const int rows, const int vectors, wv acc[ROWS][MAX_VECTO
  * widened in registers: a packed word holds W[j][2i] (low half) and W[j][2i+1] (high half).
  * x is always fp32 here: linear() widens bf16 rows once per call (exactly), not once per panel. */
 INLINE void wide_tile(const int rows, const int vectors, const int is_bf16, const void *x, int64_t ldx,
-                      const void *panel, int f0, const Warm *warm, int64_t k_len, const void *bias, void *out,
-                      int64_t ldo, int64_t n0, int64_t n, int out_bf16) {
-    wv acc[ROWS][MAX_VECTORS], w[MAX_VECTORS];
-    for (int r = 0; r < rows; r++)
-        for (int v = 0; v < vectors; v++)
-            acc[r][v] = (wv){0};
-    if (!is_bf16) {
-        const float *xs = x;
-        for (int64_t k = 0; k < k_len; k++) {
-            const float *wk = (const float *)panel + k * PANEL + f0;
-            warm_step(warm, k);
-#pragma GCC unroll 12
+                      const void *panel, int f0, const Warm *warm, int64_t k_len, const Groups *groups,
+                      const void *bias, void *out, int64_t ldo, int64_t n0, int64_t n, int out_bf16) {
+    wv acc[ROWS][MAX_VECTORS], w[MAX_VECTORS], total[ROWS][MAX_VECTORS];
+    const int64_t steps = k_steps(k_len, is_bf16);
+    for (int64_t g = 0; g < groups->count; g++) {
+        const void *pg = (const char *)panel + g * groups->stride;
+        for (int r = 0; r < rows; r++)
             for (int v = 0; v < vectors; v++)
-                memcpy(&w[v], wk + v * WL, sizeof w[v]);
-#pragma GCC unroll 8
-            for (int r = 0; r < rows; r++) {
-                const wv a = SPLAT(xs[r * ldx + k]);
+                acc[r][v] = (wv){0};
+        if (!is_bf16) {
+            const float *xs = (const float *)x + g * k_len;
+            for (int64_t k = 0; k < k_len; k++) {
+                const float *wk = (const float *)pg + k * PANEL + f0;
+                warm_step(warm, g * steps + k);
 #pragma GCC unroll 12
                 for (int v = 0; v < vectors; v++)
-                    acc[r][v] = FMA(a, w[v], acc[r][v]);
-            }
-        }
-    } else {
-        const float *xs = x;
-        const int64_t full = k_len / 2, pairs = (k_len + 1) / 2;
-        for (int64_t i = 0; i < pairs; i++) {
-            const uint32_t *wi = (const uint32_t *)panel + i * PANEL + f0;
-            warm_step(warm, i);
-            /* k = 2i, then 2i + 1 (past K, the pad's zero weight is skipped): one chain, in order.
-             * Each half is widened straight from memory, so only `vectors` weights are live. */
-            const int halves = i < full ? 2 : 1;
-#pragma GCC unroll 2
-            for (int h = 0; h < halves; h++) {
-#pragma GCC unroll 12
-                for (int v = 0; v < vectors; v++) {
-                    wu bits;
-                    memcpy(&bits, wi + v * WL, sizeof bits);
-                    w[v] = (wv)(h == 0 ? bits << 16 : bits & 0xffff0000u);
-                }
+                    memcpy(&w[v], wk + v * WL, sizeof w[v]);
 #pragma GCC unroll 8
                 for (int r = 0; r < rows; r++) {
-                    const wv a = SPLAT(xs[r * ldx + 2 * i + h]);
+                    const wv a = SPLAT(xs[r * ldx + k]);
 #pragma GCC unroll 12
                     for (int v = 0; v < vectors; v++)
                         acc[r][v] = FMA(a, w[v], acc[r][v]);
                 }
             }
+        } else {
+            const float *xs = (const float *)x + g * k_len;
+            const int64_t full = k_len / 2, pairs = (k_len + 1) / 2;
+            for (int64_t i = 0; i < pairs; i++) {
+                const uint32_t *wi = (const uint32_t *)pg + i * PANEL + f0;
+                warm_step(warm, g * steps + i);
+                /* k = 2i, then 2i + 1 (past K, the pad's zero weight is skipped): one chain, in order.
+                 * Each half is widened straight from memory, so only `vectors` weights are live. */
+                const int halves = i < full ? 2 : 1;
+#pragma GCC unroll 2
+                for (int h = 0; h < halves; h++) {
+#pragma GCC unroll 12
+                    for (int v = 0; v < vectors; v++) {
+                        wu bits;
+                        memcpy(&bits, wi + v * WL, sizeof bits);
+                        w[v] = (wv)(h == 0 ? bits << 16 : bits & 0xffff0000u);
+                    }
+#pragma GCC unroll 8
+                    for (int r = 0; r < rows; r++) {
+                        const wv a = SPLAT(xs[r * ldx + 2 * i + h]);
+#pragma GCC unroll 12
+                        for (int v = 0; v < vectors; v++)
+                            acc[r][v] = FMA(a, w[v], acc[r][v]);
+                    }
+                }
+            }
         }
+        if (groups->count > 1)
+            for (int r = 0; r < rows; r++)
+                for (int v = 0; v < vectors; v++)
+                    total[r][v] = g == 0 ? acc[r][v] : total[r][v] + acc[r][v];
     }
-    wide_store(rows, vectors, acc, bias, out, ldo, n0 + f0, n, is_bf16, out_bf16);
+    wide_store(rows, vectors, groups->count > 1 ? total : acc, bias, out, ldo, n0 + f0, n, is_bf16, out_bf16);
 }
 
 /* A panel's features in slices as wide as the tile, the last ones skipped past n; each slice
  * warms its share of the tile's lines of the next panel. */
 INLINE void wide_tiles(const int rows, const int is_bf16, const void *x, int64_t ldx, const void *panel,
-                       const Warm *warm, int64_t k_len, const void *bias, void *out, int64_t ldo, int64_t n0,
-                       int64_t n, int out_bf16) {
+                       const Warm *warm, int64_t k_len, const Groups *groups, const void *bias, void *out,
+                       int64_t ldo, int64_t n0, int64_t n, int out_bf16) {
     const int width = (rows == 1 ? ONE_VECTORS : ROW_VECTORS) * WL;
     const int64_t slices = ((n - n0 < PANEL ? n - n0 : PANEL) + width - 1) / width;
-    const int64_t steps = k_steps(k_len, is_bf16);
+    const int64_t steps = k_steps(k_len, is_bf16) * groups->count;
     for (int s = 0; s < slices; s++) {
         const Warm part = warm_share(warm->lines, warm->count, s, slices, steps);
         if (rows == 1)
-            wide_tile(1, ONE_VECTORS, is_bf16, x, ldx, panel, s * width, &part, k_len, bias, out, ldo, n0, n,
-                      out_bf16);
+            wide_tile(1, ONE_VECTORS, is_bf16, x, ldx, panel, s * width, &part, k_len, groups, bias, out, ldo, n0,
+                      n, out_bf16);
         else
-            wide_tile(rows, ROW_VECTORS, is_bf16, x, ldx, panel, s * width, &part, k_len, bias, out, ldo, n0, n,
-                      out_bf16);
+            wide_tile(rows, ROW_VECTORS, is_bf16, x, ldx, panel, s * width, &part, k_len, groups, bias, out, ldo,
+                      n0, n, out_bf16);
     }
 }
 
 /* One tile: `rows` (1..ROWS) rows of x times one panel. A switch, so that each row count is
  * its own fully unrolled loop with the accumulators in registers. */
 static void tile(int rows, const void *x, int64_t ldx, const void *panel, const Warm *warm, int64_t k_len,
-                 const void *bias, void *out, int64_t ldo, int64_t n0, int64_t n, int is_bf16, int out_bf16) {
+                 const Groups *groups, const void *bias, void *out, int64_t ldo, int64_t n0, int64_t n, int is_bf16,
+                 int out_bf16) {
 #if HAVE_AVX512_BF16
-#define TILE_BF16(R) tile_bf16(R, x, ldx, panel, warm, k_len, bias, out, ldo, n0, n, out_bf16)
+#define TILE_BF16(R) tile_bf16(R, x, ldx, panel, warm, k_len, groups, bias, out, ldo, n0, n, out_bf16)
 #else
-#define TILE_BF16(R) wide_tiles(R, 1, x, ldx, panel, warm, k_len, bias, out, ldo, n0, n, out_bf16)
+#define TILE_BF16(R) wide_tiles(R, 1, x, ldx, panel, warm, k_len, groups, bias, out, ldo, n0, n, out_bf16)
 #endif
 #if HAVE_AVX512_F32
-#define TILE_F32(R) tile_f32(R, x, ldx, panel, warm, k_len, bias, out, ldo, n0, n)
+#define TILE_F32(R) tile_f32(R, x, ldx, panel, warm, k_len, groups, bias, out, ldo, n0, n)
 #else
-#define TILE_F32(R) wide_tiles(R, 0, x, ldx, panel, warm, k_len, bias, out, ldo, n0, n, 0)
+#define TILE_F32(R) wide_tiles(R, 0, x, ldx, panel, warm, k_len, groups, bias, out, ldo, n0, n, 0)
 #endif
 #define TILE_CASE(R)                                                                                          \
     case R:                                                                                                   \
@@ -416,9 +453,9 @@ static void tile(int rows, const void *x, int64_t ldx, const void *panel, const 
 /* out[M, N] (row stride ldo) = x[M, K] (row stride ldx) W^T + bias[N] (may be NULL), all in one
  * dtype (fp32 or bf16), W packed as above. Threads take whole panels, the same ones for every
  * block of rows, so a panel stays in the L2 of the core that reads it. */
-static void linear_rows(const void *x, int64_t ldx, int64_t x_elem, const void *packed, const void *bias, void *out,
-                        int64_t ldo, int64_t m, int64_t n, int64_t k, int is_bf16, int out_bf16, int num_threads,
-                        const NextWeight *next);
+static void linear_rows(const void *x, int64_t ldx, int64_t x_elem, const void *packed, const Groups *groups,
+                        const void *bias, void *out, int64_t ldo, int64_t m, int64_t n, int64_t k, int is_bf16,
+                        int out_bf16, int num_threads, const NextWeight *next);
 
 static int64_t panel_bytes(int64_t k, int is_bf16) {
     return k_steps(k, is_bf16) * PANEL * 4;
@@ -453,36 +490,56 @@ int64_t gemm_packed_bytes(int64_t n, int64_t k, int is_bf16) {
     return (n + PANEL - 1) / PANEL * panel_bytes(k, is_bf16);
 }
 
+static void linear_grouped(const void *x, int64_t ldx, const void *packed, const Groups *groups, const void *bias,
+                           void *out, int64_t ldo, int64_t m, int64_t n, int64_t k, int is_bf16, int out_bf16,
+                           int num_threads, const NextWeight *next);
+
 void linear_into(const void *x, int64_t ldx, const void *packed, const void *bias, void *out, int64_t ldo, int64_t m,
                  int64_t n, int64_t k, int is_bf16, int out_bf16, int num_threads, const NextWeight *next) {
+    const Groups one = {1, 0};
+    linear_grouped(x, ldx, packed, &one, bias, out, ldo, m, n, k, is_bf16, out_bf16, num_threads, next);
+}
+
+void linear_groups_into(const void *x, int64_t ldx, const void *packed, int64_t groups, void *out, int64_t ldo,
+                        int64_t m, int64_t n, int64_t kg, int is_bf16, int out_bf16, int num_threads,
+                        const NextWeight *next) {
+    const Groups all = {groups, gemm_packed_bytes(n, kg, is_bf16)};
+    linear_grouped(x, ldx, packed, &all, NULL, out, ldo, m, n, kg, is_bf16, out_bf16, num_threads, next);
+}
+
+/* k: one group's columns (x's row holds groups->count * k) */
+static void linear_grouped(const void *x, int64_t ldx, const void *packed, const Groups *groups, const void *bias,
+                           void *out, int64_t ldo, int64_t m, int64_t n, int64_t k, int is_bf16, int out_bf16,
+                           int num_threads, const NextWeight *next) {
     const int64_t out_elem = out_bf16 ? 2 : 4;
 #if !HAVE_AVX512_BF16
     if (is_bf16 && m > 0) { /* the widening tiles take x in fp32: widen it once (exact), WIDE_ROWS rows at a time */
         enum { WIDE_ROWS = 256 };
-        const int64_t k1 = k > 0 ? k : 1;
+        const int64_t k1 = k * groups->count > 0 ? k * groups->count : 1;
         float *wide = malloc(sizeof(float) * (size_t)k1 * (size_t)(m < WIDE_ROWS ? m : WIDE_ROWS));
         const int64_t chunk = wide != NULL ? WIDE_ROWS : 1; /* out of memory: a row at a time, on the stack */
         float row[wide != NULL ? 1 : k1];
         float *buffer = wide != NULL ? wide : row;
         for (int64_t m0 = 0; m0 < m; m0 += chunk) {
             const int64_t rows = m - m0 < chunk ? m - m0 : chunk;
-            widen_rows((const uint16_t *)x + m0 * ldx, ldx, buffer, rows, k);
-            linear_rows(buffer, k, 4, packed, bias, (char *)out + m0 * ldo * out_elem, ldo, rows, n, k, 1, out_bf16,
-                        num_threads, m0 + rows == m ? next : NULL);
+            widen_rows((const uint16_t *)x + m0 * ldx, ldx, buffer, rows, k1);
+            linear_rows(buffer, k1, 4, packed, groups, bias, (char *)out + m0 * ldo * out_elem, ldo, rows, n, k, 1,
+                        out_bf16, num_threads, m0 + rows == m ? next : NULL);
         }
         free(wide);
         return;
     }
 #endif
-    linear_rows(x, ldx, is_bf16 ? 2 : 4, packed, bias, out, ldo, m, n, k, is_bf16, out_bf16, num_threads, next);
+    linear_rows(x, ldx, is_bf16 ? 2 : 4, packed, groups, bias, out, ldo, m, n, k, is_bf16, out_bf16, num_threads,
+                next);
 }
 
 /* linear() on x rows of x_elem bytes (bf16 x arrives widened to fp32 where the tiles want it) */
-static void linear_rows(const void *x, int64_t ldx, int64_t x_elem, const void *packed, const void *bias, void *out,
-                        int64_t ldo, int64_t m, int64_t n, int64_t k, int is_bf16, int out_bf16, int num_threads,
-                        const NextWeight *next) {
+static void linear_rows(const void *x, int64_t ldx, int64_t x_elem, const void *packed, const Groups *groups,
+                        const void *bias, void *out, int64_t ldo, int64_t m, int64_t n, int64_t k, int is_bf16,
+                        int out_bf16, int num_threads, const NextWeight *next) {
     const int64_t panels = (n + PANEL - 1) / PANEL;
-    const int64_t steps = k_steps(k, is_bf16);
+    const int64_t steps = k_steps(k, is_bf16) * groups->count;
     const int64_t bytes = panel_bytes(k, is_bf16), elem = out_bf16 ? 2 : 4;
     const int tile_rows = is_bf16 && !HAVE_AVX512_BF16 ? BF16_ROWS : ROWS;
 #pragma omp parallel num_threads(num_threads)
@@ -517,7 +574,7 @@ static void linear_rows(const void *x, int64_t ldx, int64_t x_elem, const void *
                 for (int64_t r = m0, t = 0; r < m1; r += base + (t < extra), t++) {
                     const int rows = (int)(base + (t < extra));
                     const Warm warm = warm_share(ahead, ahead_bytes / 64, t, tiles, steps);
-                    tile(rows, (const char *)x + r * ldx * x_elem, ldx, panel, &warm, k, bias,
+                    tile(rows, (const char *)x + r * ldx * x_elem, ldx, panel, &warm, k, groups, bias,
                          (char *)out + r * ldo * elem, ldo, p * PANEL, n, is_bf16, out_bf16);
                 }
             }

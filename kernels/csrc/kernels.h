@@ -38,6 +38,12 @@ void linear_then(const void *x, int64_t ldx, const void *packed, const void *bia
 /* linear_then with out in fp32 (out_bf16 0) or bf16, whatever x's dtype; a bias is in out's dtype */
 void linear_into(const void *x, int64_t ldx, const void *packed, const void *bias, void *out, int64_t ldo, int64_t m,
                  int64_t n, int64_t k, int is_bf16, int out_bf16, int num_threads, const NextWeight *next);
+/* linear_into over `groups` weights [n, kg] packed one after the other (gemm_packed_bytes apart) on x's
+ * groups of kg columns, in one pass: each group's chain into an fp32 total folded 0..G-1, rounded once
+ * (the bits of row_parallel_partials + fold_partials) */
+void linear_groups_into(const void *x, int64_t ldx, const void *packed, int64_t groups, void *out, int64_t ldo,
+                        int64_t m, int64_t n, int64_t kg, int is_bf16, int out_bf16, int num_threads,
+                        const NextWeight *next);
 int64_t gemm_packed_bytes(int64_t n, int64_t k, int is_bf16);
 int64_t quant_row_bytes(int fmt, int64_t k);
 int quant_linear_into(const void *x, int64_t ldx, const void *w, int fmt, const void *bias, void *out, int64_t ldo,
@@ -46,6 +52,11 @@ int quant_linear_into(const void *x, int64_t ldx, const void *w, int fmt, const 
 int64_t row_parallel_group_bytes(int fmt, int64_t n, int64_t kg, int is_bf16);
 int row_parallel_partials(const void *x, int64_t ldx, const void *w, int fmt, int64_t groups, int64_t m, int64_t n,
                           int64_t kg, int is_bf16, float *partials, int num_threads, const NextWeight *next);
+/* every group of a single process (no gather): out[m, n] in x's dtype, the bits of partials + fold; partials
+ * [groups, m, n] fp32 scratch for quantized weights (gemm.c's weights fold in registers and leave it alone) */
+int row_parallel_linear(const void *x, int64_t ldx, const void *w, int fmt, int64_t groups, int64_t m, int64_t n,
+                        int64_t kg, int is_bf16, void *out, int64_t ldo, float *partials, int num_threads,
+                        const NextWeight *next);
 void fold_partials(const float *partials, int64_t groups, int64_t m, int64_t n, void *out, int64_t ldo, int out_bf16,
                    int num_threads);
 int quant_linear(const void *x, int64_t ldx, const void *w, int fmt, const void *bias, void *out, int64_t ldo,

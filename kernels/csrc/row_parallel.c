@@ -7,7 +7,9 @@
  * are then folded in one order, out = ((p0 + p1) + p2) + ... + p(G-1), rounded once to out's dtype.
  * A rank that holds groups [g0, g1) computes only their partials; after the gather (concatenation
  * in rank order) every rank folds the same G partials in the same order, so the bits do not depend
- * on how many ranks computed them.
+ * on how many ranks computed them. A single process (no gather) runs row_parallel_linear: gemm.c's
+ * weights in one pass over K that folds each group's chain into a running fp32 total in registers
+ * (linear_groups_into), the same bits without the partials' memory and the G calls.
  *
  * The local groups' weights lie one after the other, each packed (gemm.c) or as rows of blocks
  * (quant_gemm.c) of its own [n, kg], row_parallel_group_bytes apart. No bias: none of the
@@ -44,6 +46,19 @@ int row_parallel_partials(const void *x, int64_t ldx, const void *w, int fmt, in
         linear_into(xg, ldx, wg, NULL, pg, n, m, n, kg, is_bf16, 0, num_threads, after);
     }
     return KERNEL_OK;
+}
+
+int row_parallel_linear(const void *x, int64_t ldx, const void *w, int fmt, int64_t groups, int64_t m, int64_t n,
+                        int64_t kg, int is_bf16, void *out, int64_t ldo, float *partials, int num_threads,
+                        const NextWeight *next) {
+    if (fmt == 0) {
+        linear_groups_into(x, ldx, w, groups, out, ldo, m, n, kg, is_bf16, is_bf16, num_threads, next);
+        return KERNEL_OK;
+    }
+    const int status = row_parallel_partials(x, ldx, w, fmt, groups, m, n, kg, is_bf16, partials, num_threads, next);
+    if (status == KERNEL_OK)
+        fold_partials(partials, groups, m, n, out, ldo, is_bf16, num_threads);
+    return status;
 }
 
 /* out[m, n] (row stride ldo, bf16 or fp32) = the G partials [G, m, n] folded in the order 0..G-1 */

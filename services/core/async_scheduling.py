@@ -15,38 +15,39 @@ engine steps synchronously and leaves it off.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from services.core.scheduler import Scheduler, _Plan
+from services.core.scheduler import Scheduler, StepPlan
 
 
-def plan_next_step(scheduler: Scheduler, plan: _Plan) -> bool:
-    """Whether the worker may run this step's continuation early: async scheduling is on,
-    nothing waits to be admitted, and the step is a pure decode step over every sequence the
-    worker runs. Each sequence that goes on then gets the slot of its next token now (at most one
-    block ahead of time), so the continuation needs nothing new, and the next step can neither
-    preempt nor swap it; a request that arrives meanwhile joins that step. Call it before the
-    delta is filled: it may add blocks."""
-    delta, blocks = plan.delta, scheduler.workers[plan.worker_id].blocks
-    if not scheduler.config.async_scheduling or scheduler.waiting or scheduler.swapped or not plan.scheduled:
-        return False
-    if delta.blocks_to_swap_in or delta.blocks_to_swap_out or delta.blocks_to_copy:
-        return False
-    if len(plan.scheduled) != sum(1 for s in scheduler.running.values() if s.worker_id == plan.worker_id):
-        return False
-    for seq, num_new in plan.scheduled:
-        if seq.num_tokens_on_worker == 0 or num_new != 1 or seq.num_computed_tokens + 1 != seq.num_tokens:
-            return False  # new to the worker, or not one token sampled this step
-        if seq.request.params.n > 1 and not seq.request.forked:  # a fork comes with its first token
+class AsyncScheduler(Scheduler):
+    """The scheduler with async scheduling on (`Scheduler(config)` is one when
+    config.async_scheduling is): the same steps, and a pure decode step's continuation announced."""
+
+    def plan_next_step(self, plan: StepPlan) -> bool:
+        """Whether the worker may run this step's continuation early: nothing waits to be admitted,
+        and the step is a pure decode step over every sequence the worker runs. Each sequence that
+        goes on then gets the slot of its next token now (at most one block ahead of time), so the
+        continuation needs nothing new, and the next step can neither preempt nor swap it; a
+        request that arrives meanwhile joins that step. Called before the delta is filled: it may
+        add blocks."""
+        delta, blocks = plan.delta, self.workers[plan.worker_id].blocks
+        if self.waiting or self.swapped or not plan.scheduled:
             return False
-    going_on = [seq for seq, _ in plan.scheduled  # a sequence that ends on this token needs no slot
-                if len(seq.output_token_ids) + 1 < seq.request.params.max_tokens]
-    needed = sum(max(0, blocks.num_blocks_needed(seq.num_tokens + 1) - len(blocks.block_table(seq.seq_id)))
-                 for seq in going_on)
-    if needed > blocks.num_free_blocks:
-        return False
-    for seq in going_on:
-        if blocks.allocate_slots(seq.seq_id, seq.num_tokens + 1) is None:
-            raise AssertionError("allocate_slots failed with enough free blocks")
-    return True
+        if delta.blocks_to_swap_in or delta.blocks_to_swap_out or delta.blocks_to_copy:
+            return False
+        if len(plan.scheduled) != sum(1 for s in self.running.values() if s.worker_id == plan.worker_id):
+            return False
+        for seq, num_new in plan.scheduled:
+            if seq.num_tokens_on_worker == 0 or num_new != 1 or seq.num_computed_tokens + 1 != seq.num_tokens:
+                return False  # new to the worker, or not one token sampled this step
+            if seq.request.params.n > 1 and not seq.request.forked:  # a fork comes with its first token
+                return False
+        going_on = [seq for seq, _ in plan.scheduled  # a sequence that ends on this token needs no slot
+                    if len(seq.output_token_ids) + 1 < seq.request.params.max_tokens]
+        needed = sum(max(0, blocks.num_blocks_needed(seq.num_tokens + 1) - len(blocks.block_table(seq.seq_id)))
+                     for seq in going_on)
+        if needed > blocks.num_free_blocks:
+            return False
+        for seq in going_on:
+            if blocks.allocate_slots(seq.seq_id, seq.num_tokens + 1) is None:
+                raise AssertionError("allocate_slots failed with enough free blocks")
+        return True

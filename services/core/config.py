@@ -3,7 +3,7 @@
 Each field is a `setting`: its default, its help text and (in `__post_init__`) its validation,
 written once. The services' command lines are generated from these dataclasses
 (services/cli.py), and `python -m services up` passes each of its flags to the services whose
-dataclasses hold it (services/launcher.py); `LLM(...)` takes the same names as keywords
+dataclasses hold it (services/launch/deployment.py); `LLM(...)` takes the same names as keywords
 (EngineArgs). Names follow vLLM's engine arguments where the idea is the same. Nothing here
 reads the environment: each service's `main` does, through its flags.
 
@@ -35,6 +35,7 @@ ACTIVATION_QUANTS = ("auto", "none", "int8")
 AUTO_ACTIVATION_QUANT = "none"  # what auto means, measured in bench/results/activation_quality.md  # quantized weights' activations (kernels/csrc/quant_dot.c)
 LOG_LEVELS = ("debug", "info", "warning", "error")
 DEFAULT_MAX_MODEL_LEN = 4096  # the cap when max_model_len comes from the model
+DEFAULT_MODEL_CACHE_DIR = "~/.cache/pagedserve"  # where "default" is converted (services/tools/default_model.py)
 SPECULATIVE_METHODS = ("ngram", "suffix")
 
 
@@ -49,6 +50,13 @@ def setting(default: Any = dataclasses.MISSING, help: str = "", *, flag: str | N
 def _block_size() -> Any:
     # one setting the scheduler and the workers both hold (and must agree on): one definition
     return setting(16, f"tokens per KV block, one of {ALLOWED_BLOCK_SIZES}; the scheduler and every worker must agree")
+
+
+def model_cache_dir_setting() -> Any:
+    # held by the worker and the frontend, which both resolve --model: one definition. Its old
+    # environment variable PAGEDSERVE_CACHE (the --cache alias) is still read.
+    return setting(DEFAULT_MODEL_CACHE_DIR, 'the folder the "default" model is converted into and read from',
+                   aliases=("--cache",))
 
 
 def _check_block_size(block_size: int) -> None:
@@ -81,7 +89,7 @@ class CacheConfig:
     block_size: int = _block_size()
     num_gpu_blocks: int | None = setting(None, "KV cache size in blocks (default: from the memory budget)")
     kv_cache_memory_bytes: int | None = setting(
-        None, "KV cache memory budget in bytes (default: a share of the device's free memory)")
+        None, "KV cache memory budget in bytes (default: 1 GiB on the CPU, 0.85 of the free memory on CUDA)")
     swap_space_bytes: int = setting(64 << 20, "CPU swap pool per worker, in bytes")
 
     def __post_init__(self) -> None:
@@ -103,7 +111,9 @@ class SpeculativeConfig:
     or a SpeculativeConfig to LLM(speculative_config=...)."""
 
     method: str = setting("ngram", f"one of {SPECULATIVE_METHODS}")
-    num_speculative_tokens: int = setting(4, "tokens drafted per step (k); the verify pass runs k + 1")
+    # 3: a verify pass of k + 1 = 4 rows is one row tile of the quantized linear kernels and cost 1.4-1.7x a decode
+    # step at batch 1, 5 rows 2.2-2.4x (bench/results/spec.md, `cost`), more than a fourth draft brings
+    num_speculative_tokens: int = setting(3, "tokens drafted per step (k); the verify pass runs k + 1")
     prompt_lookup_max: int = setting(4, "ngram: the longest suffix of the context looked up")
     prompt_lookup_min: int = setting(2, "ngram: the shortest")
     # suffix decoding (Arctic's): a tree over the request's prompt and output, and one over past outputs
@@ -111,13 +121,16 @@ class SpeculativeConfig:
     suffix_min_count: int = setting(1, "suffix: a continuation must have been seen this often")
     suffix_global_max_tokens: int = setting(
         0, "suffix: tokens of past outputs kept in the global tree, oldest dropped first (0: no global tree)")
-    # when it stops paying: chosen, not yet backed by bench/spec.py's batch sweep (the run on the shared host was
-    # killed before it; bench/results/spec.md)
+    # when it stops paying, from bench/results/spec.md: a verify of 4 rows a sequence costs 1.4-1.7x a decode step
+    # at batch 1, 2.4x at batch 2 and 3.2-3.4x from batch 4 on, where no workload measured gives that many tokens a
+    # verify (3.0-3.2); the forced sweep agrees (1.44x at batch 2, 0.94x at 4); batch 3, unmeasured, does not draft
     disable_by_batch_size: int = setting(
-        8, "no drafts in a step of a worker running this many sequences or more (0: never disabled)")
+        3, "no drafts in a step of a worker running this many sequences or more (0: never disabled)")
+    # break-even at batch 1: 1 + rate * k tokens a verify = the verify's cost, (1.69 - 1) / 3 = 0.23 (the costlier of
+    # the two measured costs), rounded up
     min_acceptance_rate: float = setting(
-        0.2, "a request stops drafting once, after min_draft_tokens drafted tokens, fewer than this share "
-             "were accepted")
+        0.25, "a request stops drafting once, after min_draft_tokens drafted tokens, fewer than this share "
+              "were accepted")
     min_draft_tokens: int = setting(32, "drafted tokens of a request before its acceptance is judged")
 
     def __post_init__(self) -> None:
@@ -176,7 +189,8 @@ class SchedulerConfig:
     preemption_mode: str = setting("recompute", f"one of {PREEMPTION_MODES}")
     scheduling_policy: str = setting("fcfs", f"one of {POLICIES}")
     max_waiting_requests: int = setting(4096, "beyond this, new requests are refused (RESOURCE_EXHAUSTED)")
-    seed: int | None = setting(None, "draw the seeds of requests that bring none from this (default: random)")
+    seed: int | None = setting(None, "draw the seeds of requests that bring none from this, so a run repeats "
+                                     "itself (default: random; the worker's own torch seed is --torch-seed)")
     async_scheduling: bool = setting(
         True, "plan each worker's next decode step while it runs this one, so it runs it while the result "
               "travels (services/core/async_scheduling.py); the old name --overlap-steps still works",
@@ -218,10 +232,12 @@ class WorkerConfig:
     """The model a worker loads and the kernels it runs."""
 
     model: str = setting("default", 'a model folder, a hub id, or "default" (SmolLM2-135M-Instruct)')
+    model_cache_dir: str = model_cache_dir_setting()
     dtype: str = setting("auto", f"one of {DTYPES}; auto: the checkpoint's (fp16 becomes bf16 on the CPU)")
     device: str = setting("auto", "cpu, cuda (the current GPU), cuda:N (the GPU with index N) or auto (cuda when "
                                   "available)")
-    seed: int = setting(0, "the worker's torch seed (sampling draws come from each request's own seed)")
+    torch_seed: int = setting(0, "the worker's torch.manual_seed (not the requests' seeds: --seed, the scheduler's; "
+                                 "every sampling draw comes from its request's seed)")
     kernel_backend: str = setting(
         "auto", f"one of {KERNEL_BACKENDS}; auto: triton on cuda, else the compiled CPU kernels if they build, "
                 "else torch")
@@ -240,6 +256,9 @@ class WorkerConfig:
     tensor_parallel_size: int = setting(1, "ranks that split each layer (heads, MLP columns, vocabulary) of one "
                                            "model copy; the same bits at every size (docs/ARCHITECTURE.md)")
     pipeline_parallel_size: int = setting(1, "ranks that each hold a contiguous range of the layers")
+    pipeline_micro_batches: int = setting(
+        0, "micro-batches a pipeline-parallel step is cut into (whole sequences each), so that stage s runs one "
+           "while stage s + 1 runs the one before; 0: as many as pipeline stages")
     group_rank: int = setting(0, "this process's rank in its worker group (0 registers with the scheduler; "
                                  "pp_rank * tensor_parallel_size + tp_rank)")
     group_address: str = setting("", "host:port where rank 0 of the worker group meets the others (empty: a "
@@ -251,6 +270,8 @@ class WorkerConfig:
         check(self.tensor_parallel_size >= 1, "tensor_parallel_size", f"must be >= 1, got {self.tensor_parallel_size}")
         check(self.pipeline_parallel_size >= 1, "pipeline_parallel_size",
               f"must be >= 1, got {self.pipeline_parallel_size}")
+        check(self.pipeline_micro_batches >= 0, "pipeline_micro_batches",
+              f"must be >= 0, got {self.pipeline_micro_batches}")
         world = self.tensor_parallel_size * self.pipeline_parallel_size
         check(0 <= self.group_rank < world, "group_rank", f"must be in [0, {world}), got {self.group_rank}")
         check(self.distributed_backend in ("gloo", "nccl"), "distributed_backend",
@@ -274,7 +295,7 @@ class LogConfig:
 
 
 # In one process: what LLM(...) sets differently from the services, and what it refuses.
-IN_PROCESS_DEFAULTS = {"seed": 0}  # one seed for the worker and the requests: LLM(...) repeats itself run after run
+IN_PROCESS_DEFAULTS = {"seed": 0}  # the requests that bring no seed draw theirs from 0: LLM(...) repeats itself run after run
 NOT_IN_PROCESS = {
     "async_scheduling": "the in-process engine runs each step to its end before planning the next; async "
                         "scheduling is for the services (python -m services up)",
@@ -287,7 +308,7 @@ NOT_IN_PROCESS = {
 @dataclass(frozen=True, kw_only=True)
 class EngineArgs:
     """What `LLM(model, **kwargs)` takes: every setting of the worker, its cache and the scheduler,
-    by name (a name in several, block_size and seed, sets each)."""
+    by name (a name in several, block_size, sets each)."""
 
     worker: WorkerConfig
     cache: CacheConfig

@@ -100,6 +100,15 @@ class SuffixTrie:
                 return length, node
         return 0, None
 
+    def match_last(self, max_len: int) -> tuple[int, _Node | None]:
+        """`match` for the text fed to this trie itself, from the nodes `extend` keeps: O(max_len), no walk
+        from the root per length (0.5 ms a step at depth 24 on a loaded host, against 20 us)."""
+        for length in range(min(max_len, len(self._active)), 0, -1):
+            node = self._active[length - 1]  # the suffix of `length` tokens ending at the last one
+            if node.children:
+                return length, node
+        return 0, None
+
     @staticmethod
     def follow(node: _Node, k: int, min_count: int) -> list[int]:
         """Up to k tokens from `node`, the most frequent child each time (ties: the first seen)."""
@@ -150,7 +159,7 @@ class SuffixDrafter:
 
     def propose(self, k: int) -> list[int]:
         max_len = max(self.trie.max_depth - k, 1)  # room below the match for the draft
-        length, node = self.trie.match(self.tokens, max_len)
+        length, node = self.trie.match_last(max_len)
         if self.global_tree is not None:
             global_length, global_node = self.global_tree.trie.match(self.tokens, max_len)
             if global_length > length:

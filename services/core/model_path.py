@@ -8,13 +8,14 @@ from services.core.errors import InvalidArgument
 DEFAULT_MODEL = "default"
 
 
-def resolve_model_path(model: str | None) -> Path:
-    """A folder as is; "default" (or None) the converted SmolLM2-135M-Instruct; else a hub id,
-    downloaded by huggingface_hub where a network exists."""
+def resolve_model_path(model: str | None, cache_dir: str | Path | None = None) -> Path:
+    """A folder as is; "default" (or None) the converted SmolLM2-135M-Instruct, in `cache_dir`
+    (the model_cache_dir setting; None: its default); else a hub id, downloaded by huggingface_hub
+    where a network exists."""
     if not model or model == DEFAULT_MODEL:
         from services.tools.default_model import ensure_default_model
 
-        return ensure_default_model()
+        return ensure_default_model(cache_dir)
     path = Path(model).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():

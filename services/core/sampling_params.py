@@ -1,7 +1,14 @@
-"""Per-request sampling parameters, validated when built."""
+"""Per-request sampling parameters, validated when built at the edge and once more at admission.
+
+A caller's SamplingParams(...) is checked when built (the frontend, LLM(...)); the scheduler checks
+a request's params again when it admits it (Scheduler.add_request), since a SubmitMany message is
+input too. What crosses the internal wire is decoded with `unchecked` (services/rpc/internal_codec.py),
+so neither the scheduler's decoding nor a worker's (each NewSequence, every resend) checks again.
+One implementation of the checks: `validate`.
+"""
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 
 from services.core.errors import check
 from services.core.structured import Constraint
@@ -53,9 +60,18 @@ class SamplingParams:
         object.__setattr__(self, "logit_bias", tuple((int(t), float(b)) for t, b in bias))
         if isinstance(self.structured_outputs, dict):
             object.__setattr__(self, "structured_outputs", Constraint.from_options(self.structured_outputs))
-        self._validate()
+        self.validate()
 
-    def _validate(self) -> None:
+    @classmethod
+    def unchecked(cls, **values) -> SamplingParams:
+        """Built from decoded wire values (already tuples) without the checks: see the module's doc."""
+        params = object.__new__(cls)
+        for f in fields(cls):
+            object.__setattr__(params, f.name, values.get(f.name, f.default))
+        return params
+
+    def validate(self) -> None:
+        """Raise InvalidArgument naming the first field out of range."""
         check(isinstance(self.n, int) and 1 <= self.n <= MAX_N, "n", f"must be in [1, {MAX_N}], got {self.n}")
         check(self.temperature >= 0, "temperature", f"must be >= 0, got {self.temperature}")
         check(self.temperature <= 100, "temperature", f"must be <= 100, got {self.temperature}")
@@ -94,7 +110,9 @@ class SamplingParams:
         return self.temperature == 0
 
     def with_seed(self, seed: int) -> SamplingParams:
-        return replace(self, seed=seed)
+        """This request's params with the seed it was assigned (checked params stay checked)."""
+        check(isinstance(seed, int) and 0 <= seed < SEED_END, "seed", f"must be in [0, 2**63), got {seed}")
+        return SamplingParams.unchecked(**{**{f.name: getattr(self, f.name) for f in fields(self)}, "seed": seed})
 
     def check_vocab(self, vocab_size: int) -> None:
         """Token ids the params name must exist in the model's vocabulary."""

@@ -11,7 +11,6 @@ import random
 from collections import Counter
 from dataclasses import dataclass, field
 
-from services.core.async_scheduling import plan_next_step
 from services.core.block_manager import BlockManager
 from services.core.config import SchedulerConfig
 from services.core.errors import ResourceExhausted, check
@@ -37,7 +36,7 @@ class WorkerSlot:
 
 
 @dataclass(kw_only=True)
-class _Plan:
+class StepPlan:
     """One worker's step being built."""
 
     worker_id: str
@@ -48,6 +47,17 @@ class _Plan:
 
 
 class Scheduler:
+    """Queues, block tables and policy; each step, one StepDelta per worker (`schedule`) and the
+    workers' results applied (`update`). Subclasses change a step through named hooks:
+    `plan_next_step` (services/core/async_scheduling.py's AsyncScheduler overrides it)."""
+
+    def __new__(cls, config: SchedulerConfig | None = None, *args, **kwargs):
+        if cls is Scheduler and config is not None and config.async_scheduling:  # as vLLM picks its AsyncScheduler: by the setting
+            from services.core.async_scheduling import AsyncScheduler
+
+            cls = AsyncScheduler
+        return super().__new__(cls)
+
     def __init__(self, config: SchedulerConfig):
         check(config.max_model_len is not None, "max_model_len", "settle it first (SchedulerConfig.for_model)")
         self.config = config
@@ -61,7 +71,7 @@ class Scheduler:
         self._arrivals = itertools.count()
         self.step_id = 0
         self.num_preemptions = 0
-        self._inflight: dict[str, _Plan] = {}
+        self._inflight: dict[str, StepPlan] = {}
         # seeds for requests that bring none: reproducible from the engine seed, like vLLM's
         self._seeds = random.Random(config.seed) if config.seed is not None else None
         # speculative decoding: drafts verified exactly (services/core/spec_decode.py)
@@ -116,6 +126,7 @@ class Scheduler:
                     priority: int = 0, continued: tuple[ContinuedSample, ...] = ()) -> Request:
         """Admit a request; `continued` non-empty: a continuation (ContinuedSample), which runs
         just the samples it names, each from its own tokens."""
+        params.validate()  # admission: the one check after the edge's (the wire's decoding checks nothing)
         check(request_id not in self.requests, "request_id", f"{request_id!r} is already running")
         check(len(prompt_token_ids) > 0, "prompt", "must not be empty")
         check(len(prompt_token_ids) < self.config.max_model_len, "prompt",
@@ -206,7 +217,7 @@ class Scheduler:
     def schedule(self) -> dict[str, StepDelta]:
         """Choose every worker's batch for the next step."""
         self.step_id += 1
-        plans = {w: _Plan(worker_id=w, delta=StepDelta(step_id=self.step_id)) for w in self.workers}
+        plans = {w: StepPlan(worker_id=w, delta=StepDelta(step_id=self.step_id)) for w in self.workers}
         preempted = self._schedule_running(plans)
         if not preempted:
             self._schedule_swapped(plans)
@@ -218,7 +229,7 @@ class Scheduler:
             plan.delta.blocks_to_swap_out = slot.pending_swap_out + plan.delta.blocks_to_swap_out
             plan.delta.blocks_to_copy = slot.pending_copy + plan.delta.blocks_to_copy
             slot.pending_forget, slot.pending_swap_out, slot.pending_copy = [], [], []
-            async_next_step = plan_next_step(self, plan)  # before the delta is filled: it may add blocks
+            async_next_step = self.plan_next_step(plan)  # before the delta is filled: it may add blocks
             self._fill_delta(plan)
             plan.delta.async_next_step = async_next_step
             if not plan.delta.is_empty:
@@ -226,10 +237,16 @@ class Scheduler:
                 self._inflight[worker_id] = plan
         return deltas
 
+    def plan_next_step(self, plan: StepPlan) -> bool:
+        """Hook: whether the worker may run this step's continuation before its next delta arrives
+        (StepDelta.async_next_step). Called before the delta is filled. Here never: each step
+        runs to its end before the next is planned."""
+        return False
+
     def _key(self, seq: Sequence) -> tuple:
         return policy_key(self.config.scheduling_policy, seq)
 
-    def _num_new_tokens(self, seq: Sequence, plan: _Plan) -> int:
+    def _num_new_tokens(self, seq: Sequence, plan: StepPlan) -> int:
         """Tokens to run for seq this step under the token budget (0: none fit)."""
         budget = self.config.max_num_batched_tokens - plan.num_tokens
         wanted = seq.num_tokens - seq.num_computed_tokens
@@ -237,7 +254,7 @@ class Scheduler:
             return wanted
         return budget if self.config.enable_chunked_prefill else 0
 
-    def _schedule_running(self, plans: dict[str, _Plan]) -> bool:
+    def _schedule_running(self, plans: dict[str, StepPlan]) -> bool:
         preempted = False
         for worker_id, plan in plans.items():
             queue = sorted((s for s in self.running.values() if s.worker_id == worker_id), key=self._key)
@@ -261,7 +278,7 @@ class Scheduler:
                     self._allocate(seq, num_new, plan, drafts)
         return preempted
 
-    def _drafts(self, seq: Sequence, num_new: int, plan: _Plan) -> list[int]:
+    def _drafts(self, seq: Sequence, num_new: int, plan: StepPlan) -> list[int]:
         """Tokens drafted to verify after seq's last one: only for a sequence in decode that the
         worker holds (and whose parallel samples are forked), within the token budget and what the
         sequence may still generate."""
@@ -275,7 +292,7 @@ class Scheduler:
                    self.config.max_num_batched_tokens - plan.num_tokens) - 1  # the sampler's own token
         return self.speculator.propose(seq.seq_id, seq.token_ids, room) if room > 0 else []
 
-    def _schedule_swapped(self, plans: dict[str, _Plan]) -> None:
+    def _schedule_swapped(self, plans: dict[str, StepPlan]) -> None:
         for seq in sorted(self.swapped.values(), key=self._key):
             plan = plans.get(seq.worker_id)
             blocks = self.workers[seq.worker_id].blocks
@@ -291,7 +308,7 @@ class Scheduler:
             self.running[seq.seq_id] = seq
             self._allocate(seq, num_new, plan)
 
-    def _schedule_waiting(self, plans: dict[str, _Plan]) -> None:
+    def _schedule_waiting(self, plans: dict[str, StepPlan]) -> None:
         while self.waiting:
             seq = self.seqs[self.waiting.peek()]
             worker_id = self._place(seq, plans)
@@ -312,7 +329,7 @@ class Scheduler:
             self.running[seq.seq_id] = seq
             self._allocate(seq, num_new, plan)
 
-    def _place(self, seq: Sequence, plans: dict[str, _Plan]) -> str | None:
+    def _place(self, seq: Sequence, plans: dict[str, StepPlan]) -> str | None:
         """The worker with the most free blocks that still has a seat this step."""
         seats = [w for w, plan in plans.items() if self._has_seat(plan)
                  and plan.num_tokens < self.config.max_num_batched_tokens]
@@ -320,11 +337,11 @@ class Scheduler:
             return None
         return max(seats, key=lambda w: (self.workers[w].blocks.num_free_blocks, w))
 
-    def _has_seat(self, plan: _Plan) -> bool:
+    def _has_seat(self, plan: StepPlan) -> bool:
         num_running = sum(1 for s in self.running.values() if s.worker_id == plan.worker_id)
         return num_running < self.config.max_num_seqs
 
-    def _allocate(self, seq: Sequence, num_new: int, plan: _Plan, drafts: list[int] = ()) -> None:
+    def _allocate(self, seq: Sequence, num_new: int, plan: StepPlan, drafts: list[int] = ()) -> None:
         """Slots for num_new tokens and the drafts after them (given back on rejection: _apply_verified)."""
         num_new += len(drafts)
         blocks = self.workers[seq.worker_id].blocks
@@ -335,7 +352,7 @@ class Scheduler:
         if drafts:
             plan.drafts[seq.seq_id] = list(drafts)
 
-    def _preempt(self, seq: Sequence, plan: _Plan) -> None:
+    def _preempt(self, seq: Sequence, plan: StepPlan) -> None:
         self.num_preemptions += 1
         seq.num_preemptions += 1
         slot = self.workers[seq.worker_id]
@@ -352,7 +369,7 @@ class Scheduler:
         seq.worker_id, seq.num_computed_tokens = None, 0
         self._enqueue(seq)
 
-    def _fill_delta(self, plan: _Plan) -> None:
+    def _fill_delta(self, plan: StepPlan) -> None:
         for seq, num_new in plan.scheduled:
             table = self.workers[seq.worker_id].blocks.block_table(seq.seq_id)
             if seq.num_tokens_on_worker == 0:
@@ -361,7 +378,7 @@ class Scheduler:
                     seq_id=seq.seq_id, prompt_token_ids=request.prompt_token_ids,
                     output_token_ids=list(seq.output_token_ids), block_ids=list(table),
                     num_computed_tokens=seq.num_computed_tokens, num_scheduled_tokens=num_new, params=request.params,
-                    seed=request.seed, sample_index=seq.sample_index,
+                    sample_index=seq.sample_index,
                     num_samples=request.params.n if not request.forked and seq.sample_index == 0 else 1))
             else:
                 num_prompt = len(seq.prompt_token_ids)
@@ -399,10 +416,14 @@ class Scheduler:
     @staticmethod
     def _add_prompt_logprobs(seq: Sequence, entries) -> None:
         """Entries cover prompt tokens from num_computed_tokens (+1 after the first chunk); a
-        recomputed prompt returns ones already held, which are skipped."""
-        start = seq.num_computed_tokens
-        if entries is not None and len(seq.request.prompt_logprobs) == (0 if start == 0 else start + 1):
-            seq.request.prompt_logprobs += entries
+        recomputed prompt returns ones already held, which are skipped: a chunk of a recompute may
+        end past what was held when the sequence was preempted, and only its new tail is kept."""
+        if entries is None:
+            return
+        start, held = seq.num_computed_tokens, seq.request.prompt_logprobs
+        first = 0 if start == 0 else start + 1  # the prompt position of entries[0]
+        if first <= len(held):
+            held += entries[len(held) - first:]
 
     def _fork(self, parent: Sequence, tokens: list[int], logprobs, worker_id: str):
         request = parent.request

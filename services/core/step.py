@@ -26,8 +26,7 @@ class NewSequence:
     block_ids: list[int]  # the whole block table
     num_computed_tokens: int  # tokens whose K/V are already in the cache (prefix hit, swap-in)
     num_scheduled_tokens: int  # tokens to run this step, from num_computed_tokens on
-    params: SamplingParams
-    seed: int  # the request's seed (assigned at admission if the request had none)
+    params: SamplingParams  # its seed always set (the request's, assigned at admission if it had none)
     sample_index: int = 0  # which of the request's n samples this is
     num_samples: int = 1  # >1: sample this many first tokens (parallel sampling fork)
 

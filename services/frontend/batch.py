@@ -40,74 +40,84 @@ ROOM_POLL_S = 0.05  # how often a batch waiting for room under max_pending looks
 log = structlog.get_logger("frontend")
 
 
-async def run_batch(core: FrontendCore, requests: AsyncIterator[tuple[str, GenerateRequest | Exception]]
-                    ) -> AsyncIterator[list[BatchItem]]:
-    """Yields lists of items, each list what was ready since the previous one. `requests`
-    gives the client's requests in order as (request_id, request); an Exception in a request's
-    place is one that could not be read (a bad field), reported as that request's error."""
-    outbox: FanIn[BatchItem] = FanIn(MAX_ITEMS_PER_MESSAGE)
-    tasks: set[asyncio.Task] = set()
-    seen: set[str] = set()
-    open_count = 1  # the reader, plus every request it started
+def run_batch(core: FrontendCore, requests: AsyncIterator[tuple[str, GenerateRequest | Exception]]
+              ) -> AsyncIterator[list[BatchItem]]:
+    """Lists of items, each list what was ready since the previous one. `requests` gives the
+    client's requests in order as (request_id, request); an Exception in a request's place is one
+    that could not be read (a bad field), reported as that request's error. Closing the iterator
+    early aborts the requests still running."""
+    return BatchRun(core).run(requests)
 
-    room = asyncio.Event()  # set whenever one of this batch's requests ends
 
-    def ended() -> None:  # a request, or the reader, ended
-        nonlocal open_count
-        open_count -= 1
-        outbox.wake()
+class BatchRun:
+    """One GenerateBatch call: a reader task that starts a task per request (`_read`), the
+    request tasks (`_one`), and the outbox they all put their items in, which `run` drains."""
 
-    async def one(index: int, request: GenerateRequest) -> None:
+    def __init__(self, core: FrontendCore):
+        self.core = core
+        self.outbox: FanIn[BatchItem] = FanIn(MAX_ITEMS_PER_MESSAGE)
+        self.tasks: set[asyncio.Task] = set()
+        self.seen: set[str] = set()
+        self.num_open = 1  # the reader, plus every request it started
+        self.room = asyncio.Event()  # set whenever one of this batch's requests ends
+
+    async def run(self, requests) -> AsyncIterator[list[BatchItem]]:
+        reader = asyncio.create_task(self._read(requests))
         try:
-            async with aclosing(core.generate(request)) as events:
+            # everything that is ready goes out in one message (up to a size), until all have ended
+            while (items := await self.outbox.take(lambda: self.num_open == 0)) is not None:
+                yield items
+            if reader.done() and not reader.cancelled() and reader.exception() is not None:
+                raise reader.exception()  # the client's stream broke: the call fails, not "all done"
+        finally:
+            reader.cancel()
+            for task in list(self.tasks):
+                task.cancel()
+            await asyncio.gather(reader, *self.tasks, return_exceptions=True)
+
+    def _ended(self) -> None:
+        """A request, or the reader, ended."""
+        self.num_open -= 1
+        self.outbox.wake()
+
+    async def _one(self, index: int, request: GenerateRequest) -> None:
+        try:
+            async with aclosing(self.core.generate(request)) as events:
                 async for event in events:
-                    outbox.put(event)
+                    self.outbox.put(event)
         except Exception as error:  # noqa: BLE001 - reported to the client as this request's error
             if not isinstance(error, REFUSALS):
                 log.exception("batch_request_failed", request_id=request.request_id)
-            outbox.put(BatchError(index, request.request_id, error))
+            self.outbox.put(BatchError(index, request.request_id, error))
         finally:
-            room.set()
-            ended()
+            self.room.set()
+            self._ended()
 
-    async def wait_for_room() -> None:
+    async def _wait_for_room(self) -> None:
         """Under max_pending a batch waits for room instead of having its requests refused."""
-        while core.max_pending and max(core.num_pending, len(tasks)) >= core.max_pending:
-            room.clear()
+        core = self.core
+        while core.max_pending and max(core.num_pending, len(self.tasks)) >= core.max_pending:
+            self.room.clear()
             try:
-                await asyncio.wait_for(room.wait(), ROOM_POLL_S)  # other clients' requests end unseen
+                await asyncio.wait_for(self.room.wait(), ROOM_POLL_S)  # other clients' requests end unseen
             except TimeoutError:
                 pass
 
-    async def read() -> None:
-        nonlocal open_count
+    async def _read(self, requests) -> None:
         try:
             async for index, (request_id, request) in _numbered(requests):
-                problem = request if isinstance(request, Exception) else _check_id(request_id, seen)
+                problem = request if isinstance(request, Exception) else _check_id(request_id, self.seen)
                 if problem is not None:
-                    outbox.put(BatchError(index, request_id, problem))
+                    self.outbox.put(BatchError(index, request_id, problem))
                     continue
-                seen.add(request_id)
-                await wait_for_room()
-                open_count += 1
-                task = asyncio.create_task(one(index, request))
-                tasks.add(task)
-                task.add_done_callback(tasks.discard)
+                self.seen.add(request_id)
+                await self._wait_for_room()
+                self.num_open += 1
+                task = asyncio.create_task(self._one(index, request))
+                self.tasks.add(task)
+                task.add_done_callback(self.tasks.discard)
         finally:
-            ended()
-
-    reader = asyncio.create_task(read())
-    try:
-        # everything that is ready goes out in one message (up to a size), until all have ended
-        while (items := await outbox.take(lambda: open_count == 0)) is not None:
-            yield items
-        if reader.done() and not reader.cancelled() and reader.exception() is not None:
-            raise reader.exception()  # the client's stream broke: the call fails, not "all done"
-    finally:
-        reader.cancel()
-        for task in list(tasks):
-            task.cancel()
-        await asyncio.gather(reader, *tasks, return_exceptions=True)
+            self._ended()
 
 
 async def _numbered(requests):

@@ -122,7 +122,7 @@ class FrontendCore:
                     event = tracker.apply(step.updates)
                     timer.on_event(event)
                     for index in tracker.stopped:
-                        await self.scheduler.abort(request_id, index)
+                        self.scheduler.stop_sample(request_id, index)
                     if tracker.finished:
                         break
                     if event.samples or event.prompt_logprobs:

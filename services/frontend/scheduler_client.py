@@ -1,4 +1,4 @@
-"""The frontend's side of the scheduler boundary: SubmitMany, Abort and GetStats over grpc.aio.
+"""The frontend's side of the scheduler boundary: SubmitMany and GetStats over grpc.aio.
 
 Every request of this frontend travels on one SubmitMany call (`SubmitManyCall`): one message a step for
 all of them instead of one per request and token (the scheduler and the frontend used ~30% less
@@ -19,7 +19,8 @@ import structlog
 
 from pagedserve.internal.v1 import scheduler_pb2, scheduler_pb2_grpc
 from services.rpc import internal_codec
-from services.core.errors import InvalidArgument, ResourceExhausted, Unavailable
+from services.rpc.status import StatusError, code_of, core_error
+from services.core.errors import InvalidArgument, Unavailable
 from services.core.sampling_params import SamplingParams
 from services.core.sequence import ContinuedSample, SeqUpdate
 from services.core.stats import SchedulerStats
@@ -28,8 +29,6 @@ from services.frontend.progress import Progress
 
 log = structlog.get_logger("frontend")
 
-_CORE_ERROR = {grpc.StatusCode.RESOURCE_EXHAUSTED: ResourceExhausted, grpc.StatusCode.UNAVAILABLE: Unavailable,
-               grpc.StatusCode.DEADLINE_EXCEEDED: Unavailable}
 LOST_CODES = (grpc.StatusCode.UNAVAILABLE,)  # the call's status when the scheduler (or the way to it) went away
 # what gRPC itself (not the scheduler) says when a connection dies under a call, with INTERNAL or
 # UNKNOWN: a scheduler killed mid-step ended calls with INTERNAL "Internal error from Core"
@@ -98,7 +97,7 @@ class SubmitManyCall:
                     if queue is not None:
                         queue.put_nowait(news)
         except grpc.aio.AioRpcError as rpc_error:
-            error = _core_error(rpc_error.code(), rpc_error.details())
+            error = core_error(rpc_error.code(), rpc_error.details(), "scheduler")
             if _lost(rpc_error.code(), rpc_error.details()):
                 error = SchedulerLost(str(error))
         except asyncio.CancelledError:
@@ -200,8 +199,8 @@ class SchedulerClient:
                     raise news
                 if news.error_code:
                     finished = True
-                    code = _STATUS_BY_VALUE.get(news.error_code, grpc.StatusCode.UNKNOWN)
-                    error = _core_error(code, news.error_message)
+                    code = code_of(news.error_code)
+                    error = core_error(code, news.error_message, "scheduler")
                     if code in LOST_CODES or (resubmit and isinstance(error, InvalidArgument)
                                               and error.field == "request_id"):
                         raise SchedulerLost(str(error))
@@ -218,18 +217,18 @@ class SchedulerClient:
             if not finished and not _ended(queue) and mux.broken is None:
                 mux.send(scheduler_pb2.SubmitManyRequest(cancel=request_id))
 
-    async def abort(self, request_id: str, sample_index: int = -1) -> None:
-        """End one sample (sample_index >= 0) or the whole request. A request carried to another
-        scheduler leaves an ended sample out, so a lost scheduler is no error here."""
+    def stop_sample(self, request_id: str, sample_index: int) -> None:
+        """End one sample of a running request (a stop string matched), on the SubmitMany call the
+        request runs on, after everything sent for it before. A request that is being carried to
+        another scheduler is resubmitted without the ended sample, so a broken call is no error here."""
         progress = self._open.get(request_id)
-        if progress is not None and sample_index >= 0:
+        if progress is not None:
             progress.end_sample(sample_index)
-        try:
-            await self.stub.Abort(scheduler_pb2.AbortRequest(request_id=request_id, sample_index=sample_index))
-        except grpc.aio.AioRpcError as error:
-            if progress is not None and _lost(error.code(), error.details()):
-                return
-            _raise_core_error(error)
+        mux = self._submit_many
+        if mux is None or mux.broken is not None or request_id not in mux.queues:
+            return
+        mux.send(scheduler_pb2.SubmitManyRequest(
+            stop_sample=scheduler_pb2.StopSample(request_id=request_id, sample_index=sample_index)))
 
     async def stats(self, timeout: float | None = None) -> SchedulerStats:
         """Raises Unavailable when the scheduler does not answer (or a failover is under way)."""
@@ -257,25 +256,9 @@ def _ended(queue: asyncio.Queue) -> bool:
     return False
 
 
-_STATUS_BY_VALUE = {code.value[0]: code for code in grpc.StatusCode}
-
-
-def _core_error(code: grpc.StatusCode, details: str | None) -> Exception:
-    """The scheduler's status as the core error that maps back to it (others: SchedulerError)."""
-    if code == grpc.StatusCode.INVALID_ARGUMENT:
-        field, _, message = (details or "").partition(": ")
-        return InvalidArgument(field, message)
-    kind = _CORE_ERROR.get(code, SchedulerError)
-    return kind(f"scheduler: {details or code.name}")
-
-
-class SchedulerError(RuntimeError):
-    """A scheduler status with no core error of its own (INTERNAL: a step failed)."""
-
-
 def _raise_core_error(error: grpc.aio.AioRpcError):
     """Raise the scheduler's status as the core error that maps back to it; others as they are."""
-    core = _core_error(error.code(), error.details())
-    if isinstance(core, SchedulerError):
+    core = core_error(error.code(), error.details(), "scheduler")
+    if isinstance(core, StatusError):
         raise error
     raise core from error

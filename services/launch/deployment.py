@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from services.cli import Flag, flags_of
-from services.core.config import setting
+from services.core.config import model_cache_dir_setting, setting
 from services.core.errors import check
 from services.frontend import config as frontend_config
 from services.scheduler import config as scheduler_config
@@ -30,7 +30,7 @@ SERVICE_CONFIGS = {  # each service's config dataclasses: its command line
 # Settings the launcher itself gives each service (addresses, ports, the model, its name, the drain
 # timeout from --stop-timeout) or that must differ between processes (the worker id): not passed through.
 SET_BY_LAUNCHER = frozenset({"host", "port", "model", "scheduler_address", "advertise_host", "grpc_port",
-                             "http_port", "served_model_name", "drain_timeout_s", "worker_id"})
+                             "http_port", "served_model_name", "drain_timeout_s", "worker_id", "model_cache_dir"})
 WILDCARD_HOSTS = ("0.0.0.0", "::", "")
 DEFAULT_STOP_TIMEOUT_S = 15.0  # docker-compose.yml's stop_grace_period is the same (a test checks)
 
@@ -71,6 +71,7 @@ class UpConfig:
     """`up`'s own flags (the services' are passed through: routes)."""
 
     model: str = setting("default", 'a model folder, a hub id, or "default" (SmolLM2-135M-Instruct)')
+    model_cache_dir: str = model_cache_dir_setting()  # up resolves --model and passes the folder
     workers: int = setting(1, "number of worker processes")
     host: str = setting("127.0.0.1", "the frontend's bind address (0.0.0.0: all interfaces)")
     grpc_port: int = setting(50051, "the frontend's public gRPC port")

@@ -5,8 +5,8 @@ Generated `*_pb2` code stops at the gRPC edge (CONTRIBUTING.md, house style): th
 that register them, and the clients (scheduler_client, worker_client, registrar, pagedserve.client);
 the tools talk to a deployment as clients do. Everything else (core, the step loop, the model
 runner, the frontend's core) sees dataclasses only: tests/tools/test_protos.py checks. Floats are
-protobuf doubles, so every value round-trips exactly. Optional ints travel as -1 (logprobs)
-or with a has_* flag (seed, stop token id).
+protobuf doubles, so every value round-trips exactly. Optional ints travel as -1 (logprobs),
+as proto3 `optional` (seed, as in the public proto) or with a has_* flag (stop token id).
 """
 from __future__ import annotations
 
@@ -30,19 +30,19 @@ def params_to_proto(params: SamplingParams) -> common_pb2.SamplingParams:
         repetition_penalty=params.repetition_penalty, presence_penalty=params.presence_penalty,
         frequency_penalty=params.frequency_penalty,
         logit_bias=[common_pb2.LogitBias(token_id=t, bias=b) for t, b in params.logit_bias],
-        seed=params.seed or 0, has_seed=params.seed is not None, max_tokens=params.max_tokens,
+        seed=params.seed, max_tokens=params.max_tokens,
         min_tokens=params.min_tokens, stop_token_ids=params.stop_token_ids, ignore_eos=params.ignore_eos,
         logprobs=_opt_to_proto(params.logprobs), prompt_logprobs=_opt_to_proto(params.prompt_logprobs),
         structured_outputs=_constraint_to_proto(params.structured_outputs))
 
 
 def params_from_proto(msg: common_pb2.SamplingParams) -> SamplingParams:
-    """Validated on construction: an out-of-range value raises InvalidArgument naming the field."""
-    return SamplingParams(
+    """Not checked here: the scheduler checks at admission, a worker takes the scheduler's as they are."""
+    return SamplingParams.unchecked(
         n=msg.n, temperature=msg.temperature, top_k=msg.top_k, top_p=msg.top_p, min_p=msg.min_p,
         repetition_penalty=msg.repetition_penalty, presence_penalty=msg.presence_penalty,
         frequency_penalty=msg.frequency_penalty, logit_bias=tuple((b.token_id, b.bias) for b in msg.logit_bias),
-        seed=msg.seed if msg.has_seed else None, max_tokens=msg.max_tokens, min_tokens=msg.min_tokens,
+        seed=msg.seed if msg.HasField("seed") else None, max_tokens=msg.max_tokens, min_tokens=msg.min_tokens,
         stop_token_ids=tuple(msg.stop_token_ids), ignore_eos=msg.ignore_eos,
         logprobs=_opt_from_proto(msg.logprobs), prompt_logprobs=_opt_from_proto(msg.prompt_logprobs),
         structured_outputs=Constraint(msg.structured_outputs.kind, msg.structured_outputs.spec)
@@ -136,12 +136,10 @@ def delta_from_bytes(data: bytes) -> StepDelta:
 
 
 def _new_seq_to_proto(seq: NewSequence) -> worker_pb2.NewSequence:
-    params = params_to_proto(seq.params)
-    params.seed, params.has_seed = seq.seed, True  # the proto carries the request's seed in its params
     return worker_pb2.NewSequence(
         seq_id=seq.seq_id, prompt_token_ids=seq.prompt_token_ids, output_token_ids=seq.output_token_ids,
         block_ids=seq.block_ids, num_computed_tokens=seq.num_computed_tokens,
-        num_scheduled_tokens=seq.num_scheduled_tokens, params=params, sample_index=seq.sample_index,
+        num_scheduled_tokens=seq.num_scheduled_tokens, params=params_to_proto(seq.params), sample_index=seq.sample_index,
         num_samples=seq.num_samples)
 
 
@@ -150,7 +148,7 @@ def _new_seq_from_proto(msg: worker_pb2.NewSequence) -> NewSequence:
     return NewSequence(seq_id=msg.seq_id, prompt_token_ids=list(msg.prompt_token_ids),
                        output_token_ids=list(msg.output_token_ids), block_ids=list(msg.block_ids),
                        num_computed_tokens=msg.num_computed_tokens, num_scheduled_tokens=msg.num_scheduled_tokens,
-                       params=params, seed=params.seed, sample_index=msg.sample_index, num_samples=msg.num_samples)
+                       params=params, sample_index=msg.sample_index, num_samples=msg.num_samples)
 
 
 def _pairs_to_proto(pairs: list[tuple[int, int]]) -> list[worker_pb2.BlockPair]:

@@ -1,8 +1,13 @@
-"""Core errors -> gRPC statuses, in one place for every servicer (no try/except per method:
+"""Core errors <-> gRPC statuses, both directions in one place (no try/except per method:
 CONTRIBUTING.md, house style).
 
-`@rpc_errors` wraps a grpc.aio handler (a coroutine or an async generator) and aborts the
-call with the status that matches the core error. The message names the field at fault.
+Out: `status_of` turns a core error into its status and message; `@rpc_errors` wraps a grpc.aio
+handler (a coroutine or an async generator) and aborts the call with it. An INVALID_ARGUMENT's
+message is "field: message", naming the field at fault.
+In: `code_of` reads a status code carried as a number (RequestNews.error_code, the public
+RequestError.code), `split_details` the field of an INVALID_ARGUMENT's message, and `core_error`
+turns a status back into the core error that maps to it (the frontend's side of the scheduler).
+The public client (pagedserve/client.py) decodes with the same functions.
 """
 from __future__ import annotations
 
@@ -24,12 +29,50 @@ STATUS_OF = {
 }
 
 
+# the way back: DEADLINE_EXCEEDED (the scheduler took too long) is as unavailable as UNAVAILABLE
+CORE_ERROR_OF = {grpc.StatusCode.RESOURCE_EXHAUSTED: ResourceExhausted, grpc.StatusCode.UNAVAILABLE: Unavailable,
+                 grpc.StatusCode.DEADLINE_EXCEEDED: Unavailable}
+_CODE_BY_VALUE = {code.value[0]: code for code in grpc.StatusCode}
+
+
 def status_of(error: Exception) -> tuple[grpc.StatusCode, str]:
     for kind, code in STATUS_OF.items():
         if isinstance(error, kind):
+            if isinstance(error, InvalidArgument):
+                return code, f"{error.field}: {error.message}"
             message = error.args[0] if isinstance(error, KeyError) and error.args else str(error)
             return code, message
     return grpc.StatusCode.INTERNAL, f"{type(error).__name__}: {error}"
+
+
+def code_of(value: int) -> grpc.StatusCode:
+    """A status code carried as its number in a message (UNKNOWN for a number gRPC lacks)."""
+    return _CODE_BY_VALUE.get(value, grpc.StatusCode.UNKNOWN)
+
+
+def split_details(details: str | None) -> tuple[str, str]:
+    """An INVALID_ARGUMENT's "field: message" as (field, message)."""
+    field, _, message = (details or "").partition(": ")
+    return field, message
+
+
+class StatusError(RuntimeError):
+    """A status with no core error of its own (INTERNAL: a step failed), as core_error returns it."""
+
+    def __init__(self, code: grpc.StatusCode, details: str):
+        super().__init__(details)
+        self.code = code
+
+
+def core_error(code: grpc.StatusCode, details: str | None, source: str) -> Exception:
+    """A status `source` (e.g. "scheduler") answered, as the core error that maps back to it;
+    StatusError for a status no core error maps to."""
+    if code == grpc.StatusCode.INVALID_ARGUMENT:
+        return InvalidArgument(*split_details(details))
+    kind = CORE_ERROR_OF.get(code)
+    if kind is None:
+        return StatusError(code, f"{source}: {details or code.name}")
+    return kind(f"{source}: {details or code.name}")
 
 
 async def _abort(context: grpc.aio.ServicerContext, method: str, error: Exception) -> None:

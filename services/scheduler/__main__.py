@@ -12,48 +12,23 @@ NOT_SERVING, new Submits get UNAVAILABLE, running requests finish, then the proc
 """
 from __future__ import annotations
 
-import argparse
-import asyncio
-import os
-import signal
-
-import uvloop
-
-from services import cli
-from services.core.config import LogConfig
-from services.launch import orphan
-from services.launch.logs import configure_logging
+from services.launch.service_main import ServiceMain, stop_requested
 from services.scheduler.config import CLI_CONFIGS, SchedulerServiceConfig
 from services.scheduler.server import SchedulerServer
 
-PROG = "python -m services.scheduler"
-
-
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n")[0])
-    cli.add_config_flags(parser, *CLI_CONFIGS)
-    return parser.parse_args(argv)
-
-
-def build_config(args: argparse.Namespace) -> tuple[SchedulerServiceConfig, LogConfig]:
-    return cli.build_configs(args, *CLI_CONFIGS, prog=PROG)
+MAIN = ServiceMain("scheduler", __doc__, CLI_CONFIGS)
+PROG, parse_args, build_config = MAIN.prog, MAIN.parse_args, MAIN.build_configs
 
 
 async def serve(config: SchedulerServiceConfig) -> None:
     server = SchedulerServer(config)
     await server.start()
-    stop = asyncio.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        asyncio.get_running_loop().add_signal_handler(sig, stop.set)
-    await stop.wait()
+    await stop_requested().wait()
     await server.shutdown()
 
 
 def main(argv: list[str] | None = None) -> None:
-    config, log = build_config(parse_args(argv))
-    configure_logging("scheduler", log.log_level)
-    orphan.stop_with_launcher(os.environ.get(orphan.LAUNCHER_PID_ENV))
-    uvloop.run(serve(config))
+    MAIN.run(serve, argv)
 
 
 if __name__ == "__main__":

@@ -62,17 +62,14 @@ class StepLoop:
             self.core.abort(request_id)
             self._wake.set()
 
-    def abort(self, request_id: str, sample_index: int) -> None:
+    def stop_sample(self, request_id: str, sample_index: int) -> None:
+        """End one sample of a running request (a stop string matched at the frontend): reason stop."""
         if self.core is None:
             return
-        if sample_index < 0:
-            self.router.route(self.core.abort(request_id))
-            self.router.close(request_id, "request_aborted")
-        else:
-            stream = self.router.streams.get(request_id)
-            self.core.stop_sample(request_id, sample_index)
-            if stream is not None and sample_index not in stream.finish_reasons:
-                self.router.route([stream.stopped(sample_index)])
+        stream = self.router.streams.get(request_id)
+        self.core.stop_sample(request_id, sample_index)
+        if stream is not None and sample_index not in stream.finish_reasons:
+            self.router.route([stream.stopped(sample_index)])
         self._wake.set()
 
     async def drain(self) -> None:

@@ -31,9 +31,14 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     async def _admit_many(self, request_iterator, mux: StreamMux) -> None:
         try:
             async for message in request_iterator:
-                if message.WhichOneof("kind") == "cancel":
+                kind = message.WhichOneof("kind")
+                if kind == "cancel":
                     if mux.streams.pop(message.cancel, None) is not None:
                         self.loop.release(message.cancel)
+                    continue
+                if kind == "stop_sample":  # only a request of this call
+                    if message.stop_sample.request_id in mux.streams:
+                        self.loop.stop_sample(message.stop_sample.request_id, message.stop_sample.sample_index)
                     continue
                 request_id = message.submit.request_id
                 try:  # StepLoop.submit refuses an empty or running request_id
@@ -43,11 +48,6 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                     mux.put(request_id, 0.0, error)
         finally:
             mux.end_of_input()
-
-    @rpc_errors
-    async def Abort(self, request, context):
-        self.loop.abort(request.request_id, request.sample_index)
-        return scheduler_pb2.AbortResponse()
 
     @rpc_errors
     async def GetStats(self, request, context):
@@ -72,7 +72,7 @@ def _news(request_id: str, queue_time_s: float, item: Delivery) -> scheduler_pb2
         error = item if isinstance(item, REFUSALS) else \
             RuntimeError(f"the scheduler failed a step: {item}")
         code, message = status_of(error)
-        return scheduler_pb2.RequestNews(request_id=request_id, done=True, error_code=code.value[0],
+        return scheduler_pb2.RequestNews(request_id=request_id, done=True, error_code=code.value[0],  # status.code_of reads it
                                          error_message=message)
     response = internal_codec.updates_to_response(item)
     response.queue_time_s = queue_time_s

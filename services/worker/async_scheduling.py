@@ -1,7 +1,9 @@
 """Async scheduling, the worker's side: run the next step before its delta arrives.
 
-When a delta says its continuation comes next (StepDelta.async_next_step; the scheduler's side
-is services/core/async_scheduling.py), the runner plans that continuation from the step's result
+AsyncModelRunner is the ModelRunner with these steps; it overrides execute, run_async_step and
+forget_all and uses the base class's hooks run_delta and apply_cached. When a delta says its
+continuation comes next (StepDelta.async_next_step; the scheduler's side is
+services/core/async_scheduling.py), the runner plans that continuation from the step's result
 (`plan`), runs it between the result leaving and the next delta arriving (`run`), and answers
 the next delta's planned sequences from it (`take`). With batch-invariant kernels the next delta
 may differ from the plan: sequences that ended are left out, and requests admitted meanwhile run
@@ -13,13 +15,9 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
 from services.core.step import CachedSequence, SeqOutput, StepDelta, StepResult
 from services.core.stop import finish_reason
-
-if TYPE_CHECKING:
-    from services.worker.model_runner import ModelRunner
+from services.worker.model_runner import ModelRunner
 
 
 @dataclass
@@ -69,7 +67,7 @@ class AsyncSteps:
         states = [runner.seqs[c.seq_id] for c in continuation]
         saved = [(len(s.output_token_ids), s.num_computed_tokens, s.num_samples) for s in states]
         try:
-            result = runner._run(StepDelta(step_id=-1, cached_seqs=continuation))
+            result = runner.run_delta(StepDelta(step_id=-1, cached_seqs=continuation))
         finally:  # the mirrors stay as the scheduler knows them until a delta confirms the step
             for state, (num_outputs, num_computed, num_samples) in zip(states, saved):
                 del state.output_token_ids[num_outputs:]
@@ -100,9 +98,33 @@ class AsyncSteps:
         for seq_id in delta.finished_seq_ids:
             runner.seqs.pop(seq_id, None)
         for entry in used:
-            state, num_new = runner._update(entry)
+            state, num_new = runner.apply_cached(entry)
             state.num_computed_tokens += num_new
-        result = runner._run(dataclasses.replace(delta, cached_seqs=rest, finished_seq_ids=[]))
+        result = runner.run_delta(dataclasses.replace(delta, cached_seqs=rest, finished_seq_ids=[]))
         result.outputs[:0] = [done.outputs[entry.seq_id] for entry in used]
         self.num_used += 1
         return result
+
+
+class AsyncModelRunner(ModelRunner):
+    """The model runner of a worker under async scheduling: a delta that announces its
+    continuation gets it run early (`run_async_step`), and the next delta is answered from it."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.async_steps = AsyncSteps(self)  # the next step, run before its delta
+
+    def execute(self, delta: StepDelta) -> StepResult:
+        result = self.async_steps.take(delta)
+        if result is None:
+            result = self.run_delta(delta)
+        if delta.async_next_step:
+            self.async_steps.plan(result)
+        return result
+
+    def run_async_step(self) -> None:
+        self.async_steps.run()
+
+    def forget_all(self) -> None:
+        super().forget_all()
+        self.async_steps.clear()

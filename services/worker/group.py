@@ -9,8 +9,10 @@ Lockstep: rank 0 is the worker the scheduler sees (it registers with the group's
 smallest of the ranks'). Each step it broadcasts the delta, and every rank runs the same
 ModelRunner code on it: the same mirror of the sequences, the same batch, the same KV cache moves
 on its own cache, the same forward pass (whose collectives therefore line up) and on stage 0 the
-same logits; only rank 0's result is sent back. A rank that fails or dies makes every collective
-fail: the group exits, and the scheduler recomputes its sequences elsewhere (rule 5).
+same logits; only rank 0's result is sent back. A pipelined step moves activations stage to stage
+micro-batch by micro-batch (services/worker/pipeline.py); TIMERS gathers each rank's timers to rank 0.
+A rank that fails or dies makes every collective fail: the group exits, and the scheduler recomputes
+its sequences elsewhere (rule 5).
 """
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ from services.worker.parallel import Shard
 
 log = structlog.get_logger("worker.group")
 
-STEP, FORGET, STOP = 0, 1, 2  # what rank 0 broadcasts
+STEP, FORGET, STOP, TIMERS = 0, 1, 2, 3  # what rank 0 broadcasts
 TIMEOUT_S = 120  # a collective that waits longer means a rank is gone
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # torch 2.13 renamed it
 
@@ -55,14 +57,26 @@ class GroupComm:
             if stage == shard.pp_rank:
                 self.tp_group = group
         self.comm_seconds = 0.0  # time spent in the model's collectives and sends (bench/parallel.py)
+        self.busy_seconds = 0.0  # a pipelined pass's compute (services/worker/pipeline.py)
+        self.forward_seconds = 0.0  # its whole pass, waits included: the rest is this stage's bubble
 
     @contextmanager
-    def _timed(self):
+    def _counting(self, counter: str):
+        """Add the block's wall time to the timer named `counter`."""
         start = time.perf_counter()
         try:
             yield
         finally:
-            self.comm_seconds += time.perf_counter() - start
+            setattr(self, counter, getattr(self, counter) + time.perf_counter() - start)
+
+    def _timed(self):
+        return self._counting("comm_seconds")
+
+    def busy(self):
+        return self._counting("busy_seconds")
+
+    def forward_timed(self):
+        return self._counting("forward_seconds")
 
     def close(self) -> None:
         if dist.is_initialized():
@@ -108,12 +122,19 @@ class GroupComm:
         self._vocab_size = vocab_size
 
     # ---- pipeline parallel -----------------------------------------------------------------
-    def send_activations(self, x: torch.Tensor, residual: torch.Tensor, to_first: bool) -> None:
-        """(x, residual) to the same tensor rank of the next stage (of stage 0 from the last)."""
+    def isend_activations(self, x: torch.Tensor, residual: torch.Tensor, to_first: bool):
+        """(x, residual) on their way to the same tensor rank of the next stage (of stage 0 from the last):
+        a handle for wait_sends, which keeps the buffer alive until it has gone."""
         stage = 0 if to_first else self.shard.pp_rank + 1
         peer = stage * self.shard.tp_size + self.shard.tp_rank
+        both = torch.stack([x, residual]).contiguous()
         with self._timed():
-            dist.send(torch.stack([x, residual]).contiguous(), peer)
+            return both, dist.isend(both, peer)
+
+    def wait_sends(self, sends: list) -> None:
+        with self._timed():
+            for _, work in sends:
+                work.wait()
 
     def recv_activations(self, num_tokens: int, hidden: int, from_last: bool = False) -> tuple[torch.Tensor, ...]:
         stage = self.shard.pp_size - 1 if from_last else self.shard.pp_rank - 1
@@ -139,6 +160,16 @@ class GroupComm:
         data = torch.empty(size, dtype=torch.uint8)
         dist.broadcast(data, 0)
         return kind, data.numpy().tobytes()
+
+    def gather_timers(self) -> list[dict[str, float]] | None:
+        """Every rank's timers (busy, forward, comm seconds so far), in rank order, on rank 0 (None elsewhere).
+        Each rank calls it after rank 0 broadcast TIMERS."""
+        mine = torch.tensor([self.busy_seconds, self.forward_seconds, self.comm_seconds], dtype=torch.float64)
+        everyone = [torch.empty_like(mine) for _ in range(self.shard.world_size)] if self.shard.rank == 0 else None
+        dist.gather(mine, everyone, dst=0)
+        if everyone is None:
+            return None
+        return [dict(zip(("busy_seconds", "forward_seconds", "comm_seconds"), t.tolist())) for t in everyone]
 
     def min_over_ranks(self, value: int) -> int:
         tensor = torch.tensor([value], dtype=torch.int64)

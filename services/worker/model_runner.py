@@ -1,7 +1,8 @@
 """Runs one step on a worker: apply the delta, flatten the batch, forward, sample.
 
-Under async scheduling it also runs the next step before its delta arrives: `async_steps`
-(services/worker/async_scheduling.py).
+The steps of async scheduling (the next step run before its delta arrives) are a subclass,
+AsyncModelRunner (services/worker/async_scheduling.py), over the hooks `run_delta` and
+`apply_cached`.
 """
 from __future__ import annotations
 
@@ -9,10 +10,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from services.core.errors import InvalidArgument, UnknownSequence
+from services.core.errors import InvalidArgument, UnknownSequence, check
 from services.core.sampling_params import SamplingParams
 from services.core.step import NewSequence, SeqOutput, StepDelta, StepResult
-from services.worker.async_scheduling import AsyncSteps
 from services.worker.grammar import Grammars, SequenceGrammar
 from services.worker.kv_cache import KVCache
 from services.worker.models.llama import AttentionMetadata, LlamaForCausalLM
@@ -28,8 +28,7 @@ class SeqState:
     output_token_ids: list[int]
     block_ids: list[int]
     num_computed_tokens: int
-    params: SamplingParams
-    seed: int
+    params: SamplingParams  # its seed always set
     sample_index: int
     num_samples: int = 1
     grammar: SequenceGrammar | None = None  # structured outputs: the matcher of its output tokens
@@ -80,32 +79,25 @@ class ModelRunner:
         self.batch_invariant = batch_invariant  # a row's bits do not depend on its batch: subsets may be served
         self.grammars = grammars  # compiles and applies structured-outputs constraints
         self.seqs: dict[int, SeqState] = {}
-        self.async_steps = AsyncSteps(self)  # async scheduling: the next step, run before its delta
 
     def execute(self, delta: StepDelta) -> StepResult:
-        result = self.async_steps.take(delta)
-        if result is None:
-            result = self._run(delta)
-        if delta.async_next_step:
-            self.async_steps.plan(result)
-        return result
+        return self.run_delta(delta)
 
     def run_async_step(self) -> None:
-        """Run the continuation the last delta announced (async scheduling), if any."""
-        self.async_steps.run()
+        """Run the continuation the last delta announced (async scheduling): none here."""
 
     def forget_all(self) -> None:
         """The scheduler dropped this worker: no sequence it holds will be named again."""
         self.seqs.clear()
-        self.async_steps.clear()
 
-    def _run(self, delta: StepDelta) -> StepResult:
+    def run_delta(self, delta: StepDelta) -> StepResult:
+        """Hook: apply the delta to the mirrors, run the forward pass, sample."""
         for seq_id in delta.finished_seq_ids:
             self.seqs.pop(seq_id, None)
         self.kv_cache.copy(delta.blocks_to_copy)  # first: a forked block may be swapped out in the same step
         self.kv_cache.swap_out(delta.blocks_to_swap_out)
         self.kv_cache.swap_in(delta.blocks_to_swap_in)
-        scheduled = [self._add(new) for new in delta.new_seqs] + [self._update(c) for c in delta.cached_seqs]
+        scheduled = [self._add(new) for new in delta.new_seqs] + [self.apply_cached(c) for c in delta.cached_seqs]
         result = StepResult(delta.step_id)
         if not scheduled:
             return result
@@ -122,9 +114,10 @@ class ModelRunner:
     # ---- delta -> mirror -------------------------------------------------------
     def _add(self, new: NewSequence) -> tuple[SeqState, int]:
         self._check_blocks(new.seq_id, new.block_ids)
+        check(new.params.seed is not None, "seed", f"sequence {new.seq_id} came without its request's seed")
         state = SeqState(seq_id=new.seq_id, prompt_token_ids=list(new.prompt_token_ids),
                          output_token_ids=list(new.output_token_ids), block_ids=list(new.block_ids),
-                         num_computed_tokens=new.num_computed_tokens, params=new.params, seed=new.seed,
+                         num_computed_tokens=new.num_computed_tokens, params=new.params,
                          sample_index=new.sample_index, num_samples=new.num_samples)
         if new.params.structured_outputs is not None:
             if self.grammars is None:
@@ -133,7 +126,8 @@ class ModelRunner:
         self.seqs[new.seq_id] = state
         return state, new.num_scheduled_tokens
 
-    def _update(self, cached) -> tuple[SeqState, int]:
+    def apply_cached(self, cached) -> tuple[SeqState, int]:
+        """Hook: a held sequence's mirror brought up to the scheduler's (what changed since its last step)."""
         state = self.seqs.get(cached.seq_id)
         if state is None:
             raise UnknownSequence(f"worker does not hold sequence {cached.seq_id}; re-send it in full")
@@ -216,7 +210,7 @@ class ModelRunner:
             for sample_index, hidden_row, tokens, position in rows:
                 if state.grammar is not None:
                     plan.constrained.append((len(plan.rows), state.grammar, tokens))
-                plan.rows.append(SamplingRow(params=state.params, seed=state.seed, sample_index=sample_index,
+                plan.rows.append(SamplingRow(params=state.params, sample_index=sample_index,
                                              position=position, prompt_token_ids=state.prompt_token_ids,
                                              output_token_ids=tokens))
                 plan.hidden_rows.append(hidden_row)

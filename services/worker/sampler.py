@@ -39,8 +39,7 @@ TOP_P_CANDIDATES_SLOW = 2048  # then, row by row, among this many, then among al
 class SamplingRow:
     """One row of logits to sample from, and what decides the draw."""
 
-    params: SamplingParams
-    seed: int
+    params: SamplingParams  # its seed always set: a draw is a function of (seed, sample_index, position)
     sample_index: int
     position: int  # index in the sequence of the token being sampled
     prompt_token_ids: list[int]
@@ -170,7 +169,7 @@ def _sample_random(x: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
     probs = x.softmax(-1)  # [R, V]
     _min_p_mask(probs, [p.min_p for p in params])
     _top_p_mask(probs, [p.top_p for p in params])
-    u = torch.tensor([seeding.uniform(row.seed, row.sample_index, row.position) for row in rows],
+    u = torch.tensor([seeding.uniform(row.params.seed, row.sample_index, row.position) for row in rows],
                      dtype=torch.float64, device=x.device)  # from the host: the same on every device
     return _inverse_cdf(probs, u)
 

@@ -24,7 +24,7 @@ from services.worker.loader import (gguf_align, load_model, resolve_activation_q
                                    resolve_quantization)
 from services.worker.model_config import ModelArchConfig
 from services.worker.grammar import Grammars
-from services.worker.model_runner import ModelRunner
+from services.worker.async_scheduling import AsyncModelRunner
 from services.worker.parallel import Shard, check_layout
 
 log = structlog.get_logger("worker")
@@ -57,7 +57,7 @@ class Worker:
     def __init__(self, config: WorkerConfig, cache: CacheConfig):
         self.config = config
         self.device = pick_device(config.device)
-        self.model_path = resolve_model_path(config.model)
+        self.model_path = resolve_model_path(config.model, config.model_cache_dir)
         arch = ModelArchConfig.from_folder(self.model_path)
         tp, pp = config.tensor_parallel_size, config.pipeline_parallel_size
         self.quantization = resolve_quantization(config.quantization, self.model_path, self.device.type)
@@ -71,7 +71,7 @@ class Worker:
         if self.shard.world_size > 1:
             self.comm = self._join_group(config, cache)
         self.dtype = resolve_dtype(config.dtype, arch, self.device)
-        torch.manual_seed(config.seed)
+        torch.manual_seed(config.torch_seed)
         threads = self.rank_threads or config.num_threads
         if threads:  # several workers (or ranks) on one machine must not oversubscribe its cores
             torch.set_num_threads(threads)
@@ -83,6 +83,7 @@ class Worker:
         self.activation_quant = resolve_activation_quant(config.activation_quant, self.quantization)
         model = load_model(self.model_path, self.dtype, self.device, ops, linear, self.quantization, self.shard,
                            self.comm, self.activation_quant)
+        model.micro_batches = config.pipeline_micro_batches or pp
         local = self.shard.local_arch(arch)  # this rank's KV heads and layers
         num_blocks = num_blocks_for(local, cache.block_size, self.dtype, self.device, cache.num_gpu_blocks,
                                     cache.kv_cache_memory_bytes)
@@ -91,7 +92,7 @@ class Worker:
             num_blocks, num_cpu_blocks = self.comm.min_over_ranks(num_blocks), self.comm.min_over_ranks(num_cpu_blocks)
         kv_cache = KVCache(local, num_blocks, num_cpu_blocks, cache.block_size, self.dtype, self.device)
         grammars = Grammars(self.model_path, arch.vocab_size, arch.eos_token_ids)
-        self.runner = ModelRunner(model, kv_cache, self.device, config.batch_invariant, grammars)
+        self.runner = AsyncModelRunner(model, kv_cache, self.device, config.batch_invariant, grammars)
         self.info = WorkerInfo(
             model=str(self.model_path), dtype=str(self.dtype).removeprefix("torch."), block_size=cache.block_size,
             num_gpu_blocks=num_blocks, num_cpu_blocks=num_cpu_blocks, vocab_size=arch.vocab_size,
@@ -150,6 +151,13 @@ class Worker:
             self.comm.broadcast(FORGET)
         self.runner.forget_all()
 
+    def group_timers(self) -> list[dict[str, float]]:
+        """Each rank's time computing and in its pipelined passes so far (rank 0 of a group; bench/parallel.py)."""
+        from services.worker.group import TIMERS
+
+        self.comm.broadcast(TIMERS)
+        return self.comm.gather_timers()
+
     def close(self) -> None:
         """Stop the followers (rank 0 of a group); a no-op for a single process."""
         if self.comm is not None and self.shard.rank == 0:
@@ -170,12 +178,14 @@ class Worker:
     def follow(self) -> None:
         """A rank other than 0: run each step rank 0 broadcasts, until it says stop or the group breaks."""
         from services.rpc.internal_codec import delta_from_bytes
-        from services.worker.group import FORGET, STEP
+        from services.worker.group import FORGET, STEP, TIMERS
 
         while True:
             kind, payload = self.comm.receive()
             if kind == FORGET:
                 self.runner.forget_all()
+            elif kind == TIMERS:
+                self.comm.gather_timers()
             elif kind == STEP:
                 try:
                     self.runner.execute(delta_from_bytes(payload))

@@ -32,8 +32,11 @@ def test_llm_keywords_reach_every_config_that_holds_them():
     assert args.cache_config().block_size == args.scheduler_config(2048).block_size == 32
     assert args.scheduler_config(2048).max_num_seqs == 8 and args.worker_config().dtype == "float32"
     assert args.cache_config().num_gpu_blocks == 10 and args.worker_config().model == "m"
-    # in one process one seed seeds the worker and the requests that bring none, so LLM() repeats itself
-    assert args.worker_config().seed == 0 and args.scheduler_config(2048).seed == 0
+    # in one process the requests that bring no seed draw theirs from seed 0, so LLM() repeats itself;
+    # the worker's torch seed is a setting of its own
+    assert args.scheduler_config(2048).seed == 0 and args.worker_config().torch_seed == 0
+    both = EngineArgs.from_kwargs("m", seed=5, torch_seed=6)
+    assert (both.scheduler_config(2048).seed, both.worker_config().torch_seed) == (5, 6)
     assert not args.scheduler_config(2048).async_scheduling  # the in-process engine steps synchronously
 
 
@@ -42,7 +45,7 @@ def test_llm_keywords_reach_every_config_that_holds_them():
 NON_DEFAULT = {
     "dtype": "bfloat16", "device": "cpu", "kernel_backend": "torch", "quantization": "int8",
     "activation_quant": "none", "cpu_isa": "generic", "group_address": "10.0.0.1:29500",
-    "distributed_backend": "nccl", "tensor_parallel_size": 2, "pipeline_parallel_size": 2, "group_rank": 3,
+    "model_cache_dir": "/srv/models", "distributed_backend": "nccl", "tensor_parallel_size": 2, "pipeline_parallel_size": 2, "group_rank": 3,
     "block_size": 32, "num_gpu_blocks": 10, "kv_cache_memory_bytes": 1 << 20, "max_model_len": 1024,
     "preemption_mode": "swap", "scheduling_policy": "priority", "seed": 7,
     "speculative_config": {"method": "suffix", "num_speculative_tokens": 3},
@@ -107,7 +110,7 @@ def test_the_step_contract_and_updates_are_built_with_keywords_only():
 
     params = SamplingParams()
     with pytest.raises(TypeError):  # two lists of ints swapped by a reordered field would go unnoticed
-        NewSequence(1, [5, 6], [], [0], 0, 2, params, 7)
+        NewSequence(1, [5, 6], [], [0], 0, 2, params)
     with pytest.raises(TypeError):
         SeqUpdate("r", 0, [7])
     with pytest.raises(TypeError):
@@ -117,8 +120,8 @@ def test_the_step_contract_and_updates_are_built_with_keywords_only():
     with pytest.raises(TypeError):
         SamplingParams(1, 0.5)
     new = NewSequence(seq_id=1, prompt_token_ids=[5, 6], output_token_ids=[], block_ids=[0], num_computed_tokens=0,
-                      num_scheduled_tokens=2, params=params, seed=7)
-    assert (new.prompt_token_ids, new.block_ids, new.seed) == ([5, 6], [0], 7)
+                      num_scheduled_tokens=2, params=params.with_seed(7))
+    assert (new.prompt_token_ids, new.block_ids, new.params.seed) == ([5, 6], [0], 7)
 
 
 def test_every_dataclass_of_more_than_three_fields_takes_keywords_only():

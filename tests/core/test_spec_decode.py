@@ -17,7 +17,9 @@ from services.core.sampling_params import SamplingParams
 from tests.conftest import make_llm, random_prompts
 from tests.waits import is_idle
 
-NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 1}
+# drafted at every batch size (the default stops at 3 running): these tests are about the bits, not the speed
+NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 1,
+         "disable_by_batch_size": 0}
 K = 4
 
 
@@ -141,7 +143,7 @@ def test_a_verify_chunk_of_k_plus_1_tokens_gets_the_decode_steps_logits_to_the_b
 
     def start(seq_id, blocks):
         new = NewSequence(seq_id=seq_id, prompt_token_ids=prompt, output_token_ids=[], block_ids=blocks,
-                          num_computed_tokens=0, num_scheduled_tokens=len(prompt), params=params, seed=0)
+                          num_computed_tokens=0, num_scheduled_tokens=len(prompt), params=params.with_seed(0))
         return runner.execute(StepDelta(step_id=0, new_seqs=[new])).outputs[0].token_ids[0]
 
     tokens = [start(0, [0, 1, 2])]
@@ -165,7 +167,7 @@ def test_a_verify_chunk_of_k_plus_1_tokens_gets_the_decode_steps_logits_to_the_b
 @pytest.mark.parametrize("method", ["ngram", "suffix"])
 def test_real_drafters_give_the_same_tokens_and_logprobs(tiny_llama, prompts, reference, method):
     config = NGRAM if method == "ngram" else {"method": "suffix", "num_speculative_tokens": K,
-                                              "suffix_global_max_tokens": 4096}
+                                              "suffix_global_max_tokens": 4096, "disable_by_batch_size": 0}
     llm = make_llm(tiny_llama, dtype="float32", speculative_config=config)
     for name in ("greedy", "seeded") if method == "ngram" else ("greedy",):
         assert results(llm.generate(prompts, PARAMS[name], use_tqdm=False)) == results(reference[name]), name
@@ -235,10 +237,10 @@ def test_no_drafts_at_batch_sizes_where_it_does_not_pay_and_for_requests_it_does
     assert never.scheduler.stats().spec_decode_num_draft_tokens == 8  # judged after 8, then no more
 
 
-@pytest.mark.slow
-def test_default_model_same_tokens_and_logprobs_with_ngram_drafts():
+@pytest.fixture(scope="module")
+def default_model_off():
     """The real default model (SmolLM2-135M-Instruct, the weights it serves) on a copy-heavy prompt,
-    greedy and seeded: on equals off, with drafts really accepted."""
+    greedy and seeded, speculation off: (folder, prompts, [(params, results)])."""
     from services.tools.default_model import ensure_default_model
 
     folder = ensure_default_model()
@@ -248,7 +250,17 @@ def test_default_model_same_tokens_and_logprobs_with_ngram_drafts():
     prompts = [off.tokenizer.encode(chat + "```python\ndef add(", add_special_tokens=False)]
     params = [SamplingParams(temperature=0, max_tokens=16, logprobs=3),
               SamplingParams(temperature=0.8, seed=1, max_tokens=16, logprobs=3)]
-    on = make_llm(folder, num_gpu_blocks=64, speculative_config=NGRAM)
-    for p in params:
-        assert results(on.generate(prompts, p, use_tqdm=False)) == results(off.generate(prompts, p, use_tqdm=False))
-    assert on.scheduler.stats().spec_decode_num_accepted_tokens > 0
+    runs = [(p, results(off.generate(prompts, p, use_tqdm=False))) for p in params]
+    off.close()
+    return folder, prompts, runs
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("spec", [NGRAM, {"method": "suffix", "num_speculative_tokens": K}], ids=["ngram", "suffix"])
+def test_default_model_same_tokens_and_logprobs_with_drafts(default_model_off, spec):
+    """On equals off, greedy and seeded, with drafts really accepted."""
+    folder, prompts, runs = default_model_off
+    with make_llm(folder, num_gpu_blocks=64, speculative_config=spec) as on:
+        for params, want in runs:
+            assert results(on.generate(prompts, params, use_tqdm=False)) == want
+        assert on.scheduler.stats().spec_decode_num_accepted_tokens > 0

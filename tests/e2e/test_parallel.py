@@ -55,10 +55,22 @@ def test_the_batch_preempts_chunks_and_hits_the_prefix_cache(single):
     assert all(len(tokens) == 12 for tokens, _, _ in outputs)
 
 
-@pytest.mark.parametrize("tp, pp", [(2, 1), (4, 1), (1, 2), (2, 2)], ids=lambda v: str(v))
+@pytest.mark.parametrize("tp, pp", [(2, 1), (4, 1), (1, 2), (2, 2), (1, 4), (4, 2)], ids=lambda v: str(v))
 def test_layouts_give_the_bits_of_one_process(folder, single, tp, pp):
+    """PP stages run micro-batches (as many as stages); TP 4 x PP 2 is a group of 8 processes."""
     outputs, _ = _run(folder, tensor_parallel_size=tp, pipeline_parallel_size=pp)
     assert outputs == single[0]
+
+
+def test_a_sequence_gives_the_same_bits_in_any_micro_batch(folder, single):
+    """Eight micro-batches a step (up to one per sequence): the batch's prefill chunks and decodes land in
+    micro-batches of their own or side by side, and every sequence keeps the bits of one process. Each
+    stage's timers (what bench/parallel.py reads) count its compute within its pipelined passes."""
+    with make_llm(folder, **ENGINE, pipeline_parallel_size=2, pipeline_micro_batches=8) as llm:
+        outputs = llm.generate(_prompts(), _params(), use_tqdm=False)
+        timers = next(iter(llm.engine.workers.values())).group_timers()
+    assert [(o.outputs[0].token_ids, o.outputs[0].logprobs, o.prompt_logprobs) for o in outputs] == single[0]
+    assert len(timers) == 2 and all(0 < t["busy_seconds"] <= t["forward_seconds"] for t in timers)
 
 
 def test_quantized_weights_give_the_same_bits_at_tp_2(folder):

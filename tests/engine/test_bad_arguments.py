@@ -116,7 +116,7 @@ def test_a_worker_refuses_block_ids_outside_its_cache(model_dir, block_id):
     llm = make_llm(model_dir("llama", "tiny"), num_gpu_blocks=64)
     worker = next(iter(llm.engine.workers.values()))
     new = NewSequence(seq_id=1, prompt_token_ids=[5, 6, 7], output_token_ids=[], block_ids=[block_id],
-                      num_computed_tokens=0, num_scheduled_tokens=3, params=greedy(4), seed=0)
+                      num_computed_tokens=0, num_scheduled_tokens=3, params=greedy(4).with_seed(0))
     with pytest.raises(InvalidArgument, match="block_ids"):
         worker.step(StepDelta(step_id=1, new_seqs=[new]))
     new.block_ids = [0]

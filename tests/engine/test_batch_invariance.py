@@ -162,3 +162,18 @@ def test_the_engine_seed_makes_unseeded_requests_reproducible(model_dir):
     assert outputs(0) == first
     assert len({s for s, _ in first}) == 4  # each request its own seed
     assert [s for s, _ in outputs(1)] != [s for s, _ in first]
+
+
+def test_prompt_logprobs_survive_a_preemption_in_the_middle_of_a_chunked_prompt(model_dir):
+    """A recomputed prompt's chunks need not end where the preempted run's did: each position's
+    prompt logprob is kept once, none lost and none twice."""
+    folder = model_dir("llama", "tiny")
+    prompts = random_prompts(8, 512, min_len=5, max_len=60, seed=4, shared_prefix=12)
+    params = greedy(8, prompt_logprobs=1)
+    want = make_llm(folder).generate(prompts, params, use_tqdm=False)
+    llm = make_llm(folder, max_num_batched_tokens=48, num_gpu_blocks=14, block_size=16)
+    got = llm.generate(prompts, params, use_tqdm=False)
+    assert llm.scheduler.num_preemptions > 0
+    assert [len(o.prompt_logprobs) for o in got] == [len(p) for p in prompts]
+    assert [(o.prompt_logprobs, o.outputs[0].token_ids) for o in got] == \
+        [(o.prompt_logprobs, o.outputs[0].token_ids) for o in want]

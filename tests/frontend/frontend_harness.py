@@ -1,6 +1,6 @@
 """A real frontend on loopback in front of a fake Scheduler servicer, for the frontend's tests.
 
-The fake implements SubmitMany / Abort / GetStats of the internal proto with a
+The fake implements SubmitMany / GetStats of the internal proto with a
 deterministic rule: sample i's token at position p is prompt[(i + p) % len(prompt)] (an echo),
 one token per step, finishing with "length" at max_tokens. It records what reached it:
 submitted requests, aborts (request id, sample index) and cancelled requests (a cancel on the
@@ -68,6 +68,9 @@ class FakeScheduler(scheduler_pb2_grpc.SchedulerServicer):
                     if message.cancel in running:
                         running[message.cancel].cancel()
                     continue
+                if message.WhichOneof("kind") == "stop_sample":
+                    self.aborts.append((message.stop_sample.request_id, message.stop_sample.sample_index))
+                    continue
                 request = message.submit
                 if self.refuse or self.refuse_next:
                     code, details = self.refuse or self.refuse_next.pop(0)
@@ -102,7 +105,7 @@ class FakeScheduler(scheduler_pb2_grpc.SchedulerServicer):
             if not deltas:
                 return
             response = scheduler_pb2.SubmitResponse(deltas=deltas, num_prompt_tokens=len(prompt),
-                                                    seed=params.seed if params.has_seed else FAKE_SEED)
+                                                    seed=params.seed if params.HasField("seed") else FAKE_SEED)
             if step == 0 and not request.continued_samples and params.prompt_logprobs >= 0:
                 response.prompt_logprobs.extend(
                     [common_pb2.OptionalLogprobs(has_value=False)] +
@@ -122,10 +125,6 @@ class FakeScheduler(scheduler_pb2_grpc.SchedulerServicer):
         if position == request.params.max_tokens - 1:
             delta.finish_reason = "length"
         return delta
-
-    async def Abort(self, request, context):
-        self.aborts.append((request.request_id, request.sample_index))
-        return scheduler_pb2.AbortResponse()
 
     async def GetStats(self, request, context):
         return scheduler_pb2.GetStatsResponse(

@@ -150,7 +150,7 @@ def test_a_failure_after_the_first_event_is_each_apis_failure_event():
 
     from services.core.errors import Unavailable
     from services.frontend.http import messages_api, responses_api
-    from services.frontend.tools import plan
+    from services.frontend.tool_calls import plan
     from services.frontend.types import GenerateEvent, SampleEvent
 
     async def events():

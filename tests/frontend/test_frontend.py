@@ -84,8 +84,9 @@ def test_stop_string_is_cut_never_streamed_and_ends_the_sample_at_the_scheduler(
     sample = stream.result.samples[0]
     assert "".join(texts) == sample.text == ("abc STOP" if include else "abc ")
     assert (sample.finish_reason, sample.stop_reason) == ("stop", "STOP")
+    # the sample is stopped, then the request cancelled, in that order on its SubmitMany call
+    assert harness.wait_for(lambda: f"stop-{include}" in harness.fake.cancelled)
     assert (f"stop-{include}", 0) in harness.fake.aborts
-    assert harness.wait_for(lambda: f"stop-{include}" in harness.fake.cancelled)  # the request is cancelled on its SubmitMany call
     assert stream.result.num_completion_tokens == len(sample.token_ids) < 40
 
 
@@ -156,7 +157,7 @@ def test_concurrent_requests_share_one_scheduler_call_and_a_broken_one_is_replac
         assert len(client.generate("echo again", max_tokens=3).token_ids) == 3
     assert harness.fake.num_calls == 2
     continuation = harness.fake.submitted[-2]
-    assert continuation.params.has_seed and continuation.params.seed == want.seed
+    assert continuation.params.HasField("seed") and continuation.params.seed == want.seed
     assert [c.sample_index for c in continuation.continued_samples] == [0, 1]
     assert all(0 < len(c.token_ids) < 60 for c in continuation.continued_samples)
     assert harness.wait_for(lambda: harness.frontend.core.num_pending == 0)

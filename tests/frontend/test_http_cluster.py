@@ -154,3 +154,21 @@ def test_the_autoscalers_metric_names_are_exported(served):
         used |= set(re.findall(r"[a-z_]+:[a-z_]+", trigger["metadata"]["query"]))
     assert used == {"pagedserve:num_requests_waiting"}
     assert used <= exported_names(raw(served.url + "/metrics")[1].decode())
+
+
+def test_a_stop_string_ends_its_sample_with_the_text_before_it_and_frees_the_blocks(served, client):
+    """The frontend matches the stop string and ends that sample at the real scheduler (a
+    StopSample on its SubmitMany call): the text stops before it, the other sample goes on, and
+    every block is free once the request is over."""
+    kwargs = dict(model=served.model, prompt=PROMPT, max_tokens=16, temperature=1.0, seed=5, n=2,
+                  extra_body={"ignore_eos": True})
+    full = [c.text for c in client.completions.create(**kwargs).choices]
+    stop = full[0][len(full[0]) // 2:][:3]
+    assert stop.strip(), full[0]
+    cut = client.completions.create(**kwargs, stop=[stop])
+    for choice, text in zip(cut.choices, full):
+        ended = stop in text
+        assert choice.text == (text[:text.index(stop)] if ended else text)
+        assert choice.finish_reason == ("stop" if ended else "length")
+    assert cut.usage.completion_tokens < 2 * 16
+    served.run(served.cluster.wait_idle())

@@ -112,3 +112,19 @@ def test_gguf_groups_hold_whole_blocks():
     assert reduction_groups(4, 128, head_dim=16) == 4
     assert reduction_groups(4, 128, head_dim=16, align=32) == 2
     assert reduction_groups(9, 1536, head_dim=64, align=32) == 3
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_one_pass_over_k_gives_the_bits_of_partials_and_their_fold(cpu_tier, dtype):
+    """One process folds gemm.c's groups in registers in one pass over K (row_parallel_linear); a rank of a
+    group computes partials and folds them after the gather. The same bits, on shapes that stress the
+    tiles: a partial last panel (100 features), odd groups (33 columns: a half bf16 pair per group), three
+    groups, and row counts across tile and row-block edges."""
+    gen = torch.Generator().manual_seed(5)
+    for out_features, groups, kg in ((100, 3, 33), (48, 4, 16), (130, 2, 64)):
+        dense = torch.randn(out_features, groups * kg, generator=gen).to(dtype)
+        parts = _parts(dense, "dense", dtype, groups)
+        whole = RowParallelWeight.build(parts, groups)
+        for rows in (1, 2, 5, 9, 17, 100):
+            x = torch.randn(rows, groups * kg, generator=gen).to(dtype)
+            assert torch.equal(whole(x, None), whole.fold(whole.partials(x), dtype)), (out_features, groups, rows)

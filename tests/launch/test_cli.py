@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 import importlib
 import os
+from pathlib import Path
 
 import pytest
 
@@ -18,7 +19,7 @@ SERVICES = ("scheduler", "worker", "frontend")
 @pytest.fixture(autouse=True)
 def no_env(monkeypatch):
     for name in list(os.environ):
-        if name.startswith(cli.ENV_PREFIX) and name != "PAGEDSERVE_CACHE":
+        if name.startswith(cli.ENV_PREFIX):
             monkeypatch.delenv(name)
 
 
@@ -78,6 +79,18 @@ def test_the_old_name_of_async_scheduling_still_works(monkeypatch, capsys):
     assert not build("scheduler", ["--no-async-scheduling"])[0].scheduler.async_scheduling
     monkeypatch.setenv("PAGEDSERVE_OVERLAP_STEPS", "0")
     assert not build("scheduler", [])[0].scheduler.async_scheduling
+
+
+def test_the_model_cache_comes_from_main_and_its_old_variable_still_works(monkeypatch):
+    """The worker and the frontend resolve "default" in the folder their main was given (nothing
+    below main reads PAGEDSERVE_CACHE any more); up resolves it itself and passes the folder."""
+    from services.tools.default_model import MODEL_NAME, default_model_path
+
+    monkeypatch.setenv("PAGEDSERVE_CACHE", "/old/name")
+    assert build("worker", [])[0].model_cache_dir == "/old/name"
+    assert build("frontend", ["--model-cache-dir", "/new"])[0].model_cache_dir == "/new"
+    assert "--model-cache-dir" not in routes()
+    assert default_model_path("/new") == Path("/new") / MODEL_NAME
 
 
 @pytest.mark.parametrize("service, argv, flag", [

@@ -23,17 +23,25 @@ def lp(token: int, value: float) -> Logprobs:
 
 def test_sampling_params_round_trip():
     assert internal_codec.params_from_proto(internal_codec.params_to_proto(PARAMS)) == PARAMS
-    plain = SamplingParams()  # no seed, no logprobs: -1 / has_seed false on the wire
+    plain = SamplingParams()  # no seed, no logprobs: seed unset / -1 on the wire
     msg = internal_codec.params_to_proto(plain)
-    assert (msg.has_seed, msg.logprobs, msg.prompt_logprobs) == (False, -1, -1)
+    assert (msg.HasField("seed"), msg.logprobs, msg.prompt_logprobs) == (False, -1, -1)
     assert internal_codec.params_from_proto(msg) == plain
 
 
-def test_out_of_range_params_from_the_wire_name_the_field():
+def test_params_from_the_wire_are_checked_at_admission_not_each_time_they_are_decoded(monkeypatch):
     msg = internal_codec.params_to_proto(PARAMS)
     msg.top_p = 1.5
-    with pytest.raises(InvalidArgument) as error:
-        internal_codec.params_from_proto(msg)
+    checks = []
+    monkeypatch.setattr(SamplingParams, "validate", lambda self: checks.append(self))
+    decoded = internal_codec.params_from_proto(msg)  # the scheduler's decoding, a worker's (every resend)
+    new = NewSequence(seq_id=0, prompt_token_ids=[5], output_token_ids=[], block_ids=[0], num_computed_tokens=0,
+                      num_scheduled_tokens=1, params=PARAMS)
+    internal_codec.delta_from_proto(internal_codec.delta_to_proto(StepDelta(step_id=1, new_seqs=[new])))
+    assert checks == [] and decoded.top_p == 1.5
+    monkeypatch.undo()
+    with pytest.raises(InvalidArgument) as error:  # what Scheduler.add_request calls
+        decoded.validate()
     assert error.value.field == "top_p"
 
 
@@ -45,7 +53,7 @@ def test_worker_info_round_trip():
 
 def test_step_delta_round_trip():
     new = NewSequence(seq_id=3, prompt_token_ids=[5, 6, 7], output_token_ids=[9], block_ids=[0, 4],
-                      num_computed_tokens=16, num_scheduled_tokens=2, params=PARAMS, seed=PARAMS.seed, sample_index=1,
+                      num_computed_tokens=16, num_scheduled_tokens=2, params=PARAMS, sample_index=1,
                       num_samples=3)
     cached = CachedSequence(seq_id=4, new_token_ids=[8], new_block_ids=[11], num_computed_tokens=20,
                             num_scheduled_tokens=1)
@@ -54,12 +62,12 @@ def test_step_delta_round_trip():
     assert internal_codec.delta_from_proto(internal_codec.delta_to_proto(delta)) == delta
 
 
-def test_new_sequence_carries_its_seed_in_the_params():
-    params = PARAMS.with_seed(None)
+def test_new_sequence_carries_its_seed_in_the_params_once():
     new = NewSequence(seq_id=0, prompt_token_ids=[5], output_token_ids=[], block_ids=[0], num_computed_tokens=0,
-                      num_scheduled_tokens=1, params=params, seed=1234)
-    back = internal_codec.delta_from_proto(internal_codec.delta_to_proto(StepDelta(step_id=1, new_seqs=[new])))
-    assert back.new_seqs[0].seed == back.new_seqs[0].params.seed == 1234
+                      num_scheduled_tokens=1, params=PARAMS.with_seed(0))  # 0 is a seed, not "absent"
+    message = internal_codec.delta_to_proto(StepDelta(step_id=1, new_seqs=[new]))
+    assert message.new_seqs[0].params.HasField("seed")
+    assert internal_codec.delta_from_proto(message).new_seqs[0].params.seed == 0
 
 
 def test_step_result_round_trip():

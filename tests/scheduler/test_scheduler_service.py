@@ -10,7 +10,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from pagedserve.internal.v1 import scheduler_pb2, worker_pb2, worker_pb2_grpc
 from services.core.sampling_params import SamplingParams
 from tests.conftest import greedy, random_prompts
-from tests.cluster import VOCAB, Cluster, OneRequestCall, assert_same, mixed_params, reference, run
+from tests.cluster import VOCAB, Cluster, Generation, OneRequestCall, assert_same, mixed_params, reference, run
 
 
 @pytest.fixture(scope="module")
@@ -261,24 +261,27 @@ def test_a_burst_of_a_thousand_submits_all_complete(model):
     run(main())
 
 
-def test_abort_one_sample_then_the_request(model):
+def test_stop_one_sample_then_cancel_the_request_on_the_call(model):
+    """A stop string's end of a sample travels on the request's SubmitMany call (no per-request
+    RPC), so it is ordered after everything sent for the request before it."""
     async def main():
         cluster = await Cluster(model).start(num_workers=1)
-
-        async def abort_after_two(generation):
-            if generation.num_messages == 2:  # the frontend matched a stop string in sample 1
-                await cluster.stub.Abort(scheduler_pb2.AbortRequest(request_id="a", sample_index=1))
-            if generation.num_messages == 4:
-                await cluster.stub.Abort(scheduler_pb2.AbortRequest(request_id="a", sample_index=-1))
-
+        call = cluster.submit("a", [5, 6, 7], SamplingParams(n=2, seed=1, max_tokens=100, ignore_eos=True))
+        got = Generation()
         try:
-            got = await cluster.generate("a", [5, 6, 7], SamplingParams(n=2, seed=1, max_tokens=100, ignore_eos=True),
-                                         on_message=abort_after_two)
+            async for response in call:
+                got.add("a", response)
+                if got.num_messages == 2:  # the frontend matched a stop string in sample 1
+                    await call.call.write(scheduler_pb2.SubmitManyRequest(
+                        stop_sample=scheduler_pb2.StopSample(request_id="a", sample_index=1)))
+                if got.num_messages == 4:
+                    await call.call.write(scheduler_pb2.SubmitManyRequest(cancel="a"))
+                    break
             await cluster.wait_idle(num_workers=1)
         finally:
             await cluster.close()
         assert (got.samples[1].finish_reason, len(got.samples[1].token_ids)) == ("stop", 2)
-        assert got.samples[0].finish_reason == "abort" and 3 <= len(got.samples[0].token_ids) < 100
+        assert got.samples[0].finish_reason is None and 3 <= len(got.samples[0].token_ids) < 100
 
     run(main())
 

@@ -20,7 +20,7 @@ def _rows() -> list[SamplingRow]:
     params = [SamplingParams(temperature=0), SamplingParams(temperature=0.8, seed=1),
               SamplingParams(temperature=1.0, top_k=5), SamplingParams(temperature=0.7, min_p=0.1),
               SamplingParams(temperature=0, logit_bias={3: 2.0}), SamplingParams(temperature=1.0, min_tokens=4)]
-    return [SamplingRow(params=p, seed=11 + i, sample_index=0, position=20 + i, prompt_token_ids=[5, 6],
+    return [SamplingRow(params=p.with_seed(11 + i), sample_index=0, position=20 + i, prompt_token_ids=[5, 6],
                         output_token_ids=[7]) for i, p in enumerate(params)]
 
 
@@ -40,11 +40,11 @@ def test_step_preparation_makes_its_tensors_on_the_worker_device():
     kv_cache = SimpleNamespace(block_size=4, num_blocks=16, layers=[])
     model = SimpleNamespace(cfg=SimpleNamespace(eos_token_ids=EOS))
     runner = ModelRunner(model, kv_cache, META)
-    params = SamplingParams(max_tokens=4)
+    params = SamplingParams(max_tokens=4, seed=1)
     scheduled = [runner._add(NewSequence(
         seq_id=seq_id, prompt_token_ids=list(range(3, 3 + n)), output_token_ids=[],
         block_ids=list(range(4 * seq_id, 4 * seq_id + 3)), num_computed_tokens=0, num_scheduled_tokens=n, params=params,
-        seed=1, sample_index=0)) for seq_id, n in ((0, 9), (1, 5))]
+        sample_index=0)) for seq_id, n in ((0, 9), (1, 5))]
     input_ids, _, meta = runner._tensors(runner._prepare(scheduled))
     tensors = [input_ids, meta.positions, meta.slot_mapping, meta.block_tables, meta.seq_lens, meta.query_start_loc,
                *meta.layout]

@@ -15,8 +15,8 @@ EOS = (2,)
 
 
 def make_row(params=None, seed=7, sample_index=0, position=10, prompt=(), output=(), **kwargs):
-    params = params or SamplingParams(**kwargs)
-    return SamplingRow(params=params, seed=seed, sample_index=sample_index, position=position,
+    params = (params or SamplingParams(**kwargs)).with_seed(seed)
+    return SamplingRow(params=params, sample_index=sample_index, position=position,
                        prompt_token_ids=list(prompt), output_token_ids=list(output))
 
 

@@ -62,12 +62,22 @@ class SubmitResponse(_message.Message):
     def __init__(self, deltas: _Optional[_Iterable[_Union[SampleDelta, _Mapping]]] = ..., seed: _Optional[int] = ..., num_prompt_tokens: _Optional[int] = ..., num_cached_tokens: _Optional[int] = ..., prompt_logprobs: _Optional[_Iterable[_Union[_common_pb2.OptionalLogprobs, _Mapping]]] = ..., queue_time_s: _Optional[float] = ...) -> None: ...
 
 class SubmitManyRequest(_message.Message):
-    __slots__ = ("submit", "cancel")
+    __slots__ = ("submit", "cancel", "stop_sample")
     SUBMIT_FIELD_NUMBER: _ClassVar[int]
     CANCEL_FIELD_NUMBER: _ClassVar[int]
+    STOP_SAMPLE_FIELD_NUMBER: _ClassVar[int]
     submit: SubmitRequest
     cancel: str
-    def __init__(self, submit: _Optional[_Union[SubmitRequest, _Mapping]] = ..., cancel: _Optional[str] = ...) -> None: ...
+    stop_sample: StopSample
+    def __init__(self, submit: _Optional[_Union[SubmitRequest, _Mapping]] = ..., cancel: _Optional[str] = ..., stop_sample: _Optional[_Union[StopSample, _Mapping]] = ...) -> None: ...
+
+class StopSample(_message.Message):
+    __slots__ = ("request_id", "sample_index")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    SAMPLE_INDEX_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    sample_index: int
+    def __init__(self, request_id: _Optional[str] = ..., sample_index: _Optional[int] = ...) -> None: ...
 
 class RequestNews(_message.Message):
     __slots__ = ("request_id", "response", "done", "error_code", "error_message")
@@ -88,18 +98,6 @@ class SubmitManyResponse(_message.Message):
     NEWS_FIELD_NUMBER: _ClassVar[int]
     news: _containers.RepeatedCompositeFieldContainer[RequestNews]
     def __init__(self, news: _Optional[_Iterable[_Union[RequestNews, _Mapping]]] = ...) -> None: ...
-
-class AbortRequest(_message.Message):
-    __slots__ = ("request_id", "sample_index")
-    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
-    SAMPLE_INDEX_FIELD_NUMBER: _ClassVar[int]
-    request_id: str
-    sample_index: int
-    def __init__(self, request_id: _Optional[str] = ..., sample_index: _Optional[int] = ...) -> None: ...
-
-class AbortResponse(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
 
 class GetStatsRequest(_message.Message):
     __slots__ = ()

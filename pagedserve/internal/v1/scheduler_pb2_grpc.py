@@ -40,11 +40,6 @@ class SchedulerStub:
                 request_serializer=pagedserve_dot_internal_dot_v1_dot_scheduler__pb2.SubmitManyRequest.SerializeToString,
                 response_deserializer=pagedserve_dot_internal_dot_v1_dot_scheduler__pb2.SubmitManyResponse.FromString,
                 _registered_method=True)
-        self.Abort = channel.unary_unary(
-                '/pagedserve.internal.v1.Scheduler/Abort',
-                request_serializer=pagedserve_dot_internal_dot_v1_dot_scheduler__pb2.AbortRequest.SerializeToString,
-                response_deserializer=pagedserve_dot_internal_dot_v1_dot_scheduler__pb2.AbortResponse.FromString,
-                _registered_method=True)
         self.GetStats = channel.unary_unary(
                 '/pagedserve.internal.v1.Scheduler/GetStats',
                 request_serializer=pagedserve_dot_internal_dot_v1_dot_scheduler__pb2.GetStatsRequest.SerializeToString,
@@ -68,17 +63,11 @@ class SchedulerServicer:
 
     def SubmitMany(self, request_iterator, context):
         """Admit tokenized requests and stream their new tokens step by step until they finish, many
-        requests over one call: requests and cancellations go in as they come; each step's news for
-        every request of the call comes back as one message, so the per-message cost is paid once a
-        step, not once a request and token. A cancelled request, or every request still running when
-        the call ends, is aborted and its blocks are freed within one step.
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def Abort(self, request, context):
-        """Abort a request, or end one sample of it (a stop string matched at the frontend).
+        requests over one call: requests, cancellations and stopped samples go in as they come, in
+        the call's order; each step's news for every request of the call comes back as one message,
+        so the per-message cost is paid once a step, not once a request and token. A cancelled
+        request, or every request still running when the call ends, is aborted and its blocks are
+        freed within one step; a stopped sample ends with reason stop and frees its blocks.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -112,11 +101,6 @@ def add_SchedulerServicer_to_server(servicer, server):
                     servicer.SubmitMany,
                     request_deserializer=pagedserve_dot_internal_dot_v1_dot_scheduler__pb2.SubmitManyRequest.FromString,
                     response_serializer=pagedserve_dot_internal_dot_v1_dot_scheduler__pb2.SubmitManyResponse.SerializeToString,
-            ),
-            'Abort': grpc.unary_unary_rpc_method_handler(
-                    servicer.Abort,
-                    request_deserializer=pagedserve_dot_internal_dot_v1_dot_scheduler__pb2.AbortRequest.FromString,
-                    response_serializer=pagedserve_dot_internal_dot_v1_dot_scheduler__pb2.AbortResponse.SerializeToString,
             ),
             'GetStats': grpc.unary_unary_rpc_method_handler(
                     servicer.GetStats,
@@ -162,33 +146,6 @@ class Scheduler:
             '/pagedserve.internal.v1.Scheduler/SubmitMany',
             pagedserve_dot_internal_dot_v1_dot_scheduler__pb2.SubmitManyRequest.SerializeToString,
             pagedserve_dot_internal_dot_v1_dot_scheduler__pb2.SubmitManyResponse.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def Abort(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/pagedserve.internal.v1.Scheduler/Abort',
-            pagedserve_dot_internal_dot_v1_dot_scheduler__pb2.AbortRequest.SerializeToString,
-            pagedserve_dot_internal_dot_v1_dot_scheduler__pb2.AbortResponse.FromString,
             options,
             channel_credentials,
             insecure,

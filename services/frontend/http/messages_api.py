@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from services.core.errors import REFUSALS, InvalidArgument, check
 from services.core.sampling_params import SamplingParams
 from services.core.structured import Constraint
-from services.frontend import tools
+from services.frontend import tool_calls
 from services.frontend.core import FrontendCore
 from services.frontend.http import messages_schemas as schemas
 from services.frontend.http.errors import anthropic_error_body
@@ -85,7 +85,7 @@ def chat_messages(body: CountTokensRequest) -> list[dict]:
     return messages
 
 
-def _tool_plan(body: CountTokensRequest) -> tools.ToolPlan:
+def _tool_plan(body: CountTokensRequest) -> tool_calls.ToolPlan:
     definitions = [{"type": "function", "function": {"name": t.name, "parameters": t.input_schema,
                                                      **({"description": t.description} if t.description else {})}}
                    for t in body.tools or []]
@@ -96,13 +96,13 @@ def _tool_plan(body: CountTokensRequest) -> tools.ToolPlan:
         choice = {"auto": "auto", "any": "required", "none": "none"}.get(choice.type) or \
             {"type": "function", "function": {"name": choice.name}}
     try:
-        return tools.plan(definitions, choice, parallel)
+        return tool_calls.plan(definitions, choice, parallel)
     except InvalidArgument as error:  # chat's field names -> this API's
         field = error.field.replace(".function.name", ".name").replace("tool_choice.function.name", "tool_choice.name")
         raise InvalidArgument(field, error.message) from None
 
 
-def _sampling_params(body: MessagesRequest, max_tokens: int, plan: tools.ToolPlan) -> SamplingParams:
+def _sampling_params(body: MessagesRequest, max_tokens: int, plan: tool_calls.ToolPlan) -> SamplingParams:
     kwargs = {name: value for name in ("temperature", "top_p", "top_k", "seed")
               if (value := getattr(body, name)) is not None}
     fmt = body.output_config.format if body.output_config is not None else None

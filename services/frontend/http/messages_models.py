@@ -61,7 +61,7 @@ class AssistantMessage(Strict):
 Message = Annotated[UserMessage | AssistantMessage, Field(discriminator="role")]
 
 
-TOOL_NAME = r"^[A-Za-z0-9_.-]{1,64}$"  # services/frontend/tools.py NAME
+TOOL_NAME = r"^[A-Za-z0-9_.-]{1,64}$"  # services/frontend/tool_calls.py NAME
 
 
 class AnthropicTool(Strict):

@@ -19,7 +19,7 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Dis
 
 from services.core.sampling_params import MAX_LOGPROBS, MAX_N, MAX_STOP_STRINGS
 from services.core.widths import INT32_MAX, INT32_MIN, SEED_END, UINT32_MAX
-from services.frontend.tools import MAX_TOOLS
+from services.frontend.tool_calls import MAX_TOOLS
 from services.frontend.types import MAX_CHAT_MESSAGES
 
 MAX_PROMPTS = 64  # prompts in one completions request

@@ -6,8 +6,8 @@ from collections.abc import Callable
 from services.core.errors import InvalidArgument, check
 from services.core.sampling_params import SamplingParams
 from services.core.structured import Constraint
-from services.frontend import tools
-from services.frontend.tools import ToolPlan
+from services.frontend import tool_calls
+from services.frontend.tool_calls import ToolPlan
 from services.frontend.core import FrontendCore, check_room
 from services.frontend.http.models import MAX_PROMPTS, ChatCompletionRequest, CompletionRequest, SamplingFields
 from services.frontend.types import GenerateRequest, Prompt
@@ -31,7 +31,7 @@ async def chat_request(core: FrontendCore, body: ChatCompletionRequest,
     check(body.top_logprobs is None or body.logprobs, "top_logprobs", "needs logprobs: true")
     core.check_model(body.model or "")
     tool_choice = body.tool_choice.model_dump() if hasattr(body.tool_choice, "model_dump") else body.tool_choice
-    tool_plan = tools.plan([t.model_dump(exclude_none=True) for t in body.tools or []], tool_choice,
+    tool_plan = tool_calls.plan([t.model_dump(exclude_none=True) for t in body.tools or []], tool_choice,
                            body.parallel_tool_calls)
     field = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
@@ -59,7 +59,7 @@ async def conversation_request(core: FrontendCore, messages: list[dict], tool_pl
 
 async def conversation_tokens(core: FrontendCore, messages: list[dict], tool_plan: ToolPlan) -> list[int]:
     """The chat's prompt tokens: its messages and the plan's tools through the model's chat template."""
-    messages, template_tools = tools.template_messages(messages, tool_plan, core.tokenizer.template_source)
+    messages, template_tools = tool_calls.template_messages(messages, tool_plan, core.tokenizer.template_source)
     return await core.tokenize(Prompt(messages=messages, tools=template_tools))
 
 

@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from services.core.errors import REFUSALS, InvalidArgument, check
 from services.core.sampling_params import SamplingParams
 from services.core.structured import Constraint
-from services.frontend import tools
+from services.frontend import tool_calls
 from services.frontend.core import FrontendCore
 from services.frontend.http import responses_schemas as schemas
 from services.frontend.http.openai_requests import conversation_request
@@ -123,14 +123,14 @@ def _input_messages(items: str | list) -> list[dict]:
     return messages
 
 
-def _tool_plan(body: ResponseRequest) -> tools.ToolPlan:
+def _tool_plan(body: ResponseRequest) -> tool_calls.ToolPlan:
     definitions = [{"type": "function", "function": t.model_dump(exclude_none=True, exclude={"type"})}
                    for t in body.tools or []]
     choice = body.tool_choice
     if choice is not None and not isinstance(choice, str):
         choice = {"type": "function", "function": {"name": choice.name}}
     try:
-        return tools.plan(definitions, choice, body.parallel_tool_calls)
+        return tool_calls.plan(definitions, choice, body.parallel_tool_calls)
     except InvalidArgument as error:  # chat's field names -> this API's
         raise InvalidArgument(error.field.replace(".function.", "."), error.message) from None
 

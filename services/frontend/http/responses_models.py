@@ -49,7 +49,7 @@ class FunctionCallOutputItem(Strict):
 InputItem = Annotated[MessageItem | FunctionCallItem | FunctionCallOutputItem, Field(union_mode="left_to_right")]
 
 
-TOOL_NAME = r"^[A-Za-z0-9_.-]{1,64}$"  # services/frontend/tools.py NAME
+TOOL_NAME = r"^[A-Za-z0-9_.-]{1,64}$"  # services/frontend/tool_calls.py NAME
 
 
 class FunctionTool(Strict):

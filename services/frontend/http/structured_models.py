@@ -1,7 +1,7 @@
 """Request-body models for structured outputs and tool calling (OpenAI's and vLLM's names).
 
 Types only: constraints are checked by services/core/structured.py and compiled by the frontend's
-GrammarCheck; tools and tool_choice are checked by services/frontend/tools.py.
+GrammarCheck; tools and tool_choice are checked by services/frontend/tool_calls.py.
 """
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from services.frontend.http.responses import ChatRenderer, Choice
 from services.frontend.tool_stream import Piece, ToolCallStream
-from services.frontend.tools import ToolPlan
+from services.frontend.tool_calls import ToolPlan
 from services.frontend.types import SampleEvent
 
 

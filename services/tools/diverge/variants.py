@@ -85,7 +85,8 @@ def local_variants(block_size: int, dtype: str, num_threads: int, tiers: list[st
         Variant(name="spec-ngram", group="speculative",
                 changes="speculative decoding, n-gram drafts (4) verified exactly, in a batch of 8",
                 engine_args={"speculative_config": {"method": "ngram", "num_speculative_tokens": 4,
-                                                    "prompt_lookup_max": 4, "prompt_lookup_min": 1}},
+                                                    "prompt_lookup_max": 4, "prompt_lookup_min": 1,
+                                                    "disable_by_batch_size": 0}},  # drafts in the batch too
                 layout=BATCH, batch_size=PREEMPTION_BATCH),
         Variant(name="spec-suffix", group="speculative",
                 changes="speculative decoding, suffix-tree drafts (4, with a global tree) verified exactly, alone",

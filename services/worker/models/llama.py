@@ -22,6 +22,7 @@ from kernels.decoder import LayerWeights, StackShape
 from kernels.ops import Ops
 from kernels.rotary import cos_sin_cache
 from kernels.row_parallel import RowParallelWeight, split_dense, split_quant
+from services.worker import pipeline
 from services.worker.model_config import ModelArchConfig
 from services.worker.parallel import Shard, total_groups
 
@@ -36,6 +37,16 @@ class AttentionMetadata:
     seq_lens: torch.Tensor  # [S] context length after this step
     query_start_loc: torch.Tensor  # [S + 1]
     layout: tuple[torch.Tensor, torch.Tensor] | None = None  # kernels.attention.token_layout
+
+    def select(self, s0: int, s1: int) -> AttentionMetadata:
+        """Sequences [s0, s1) and their tokens as a batch of their own (a pipeline micro-batch)."""
+        if s0 == 0 and s1 == self.seq_lens.shape[0]:
+            return self
+        t0, t1 = int(self.query_start_loc[s0]), int(self.query_start_loc[s1])
+        layout = None if self.layout is None else (self.layout[0][t0:t1] - s0, self.layout[1][t0:t1])
+        return AttentionMetadata(positions=self.positions[t0:t1], slot_mapping=self.slot_mapping[t0:t1],
+                                 block_tables=self.block_tables[s0:s1], seq_lens=self.seq_lens[s0:s1],
+                                 query_start_loc=self.query_start_loc[s0:s1 + 1] - t0, layout=layout)
 
 
 class Attention(nn.Module):
@@ -129,6 +140,7 @@ class LlamaForCausalLM(nn.Module):
             self.lm_head = self.embed if cfg.tie_word_embeddings else nn.Parameter(
                 torch.empty(v1 - v0, cfg.hidden_size), requires_grad=False)
         self.stack = None  # kernels.decoder.DecoderStack, set by prepack where the ops have one
+        self.micro_batches = self.shard.pp_size  # a pipelined step's micro-batches (services/worker/pipeline.py)
         self.register_buffer("rotary_cache", cos_sin_cache(cfg.head_dim, cfg.max_position_embeddings,
                                                            cfg.rope_theta, cfg.rope_scaling), persistent=False)
 
@@ -170,25 +182,11 @@ class LlamaForCausalLM(nn.Module):
     def forward(self, input_ids: torch.Tensor, kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
                 meta: AttentionMetadata) -> torch.Tensor | None:  # [T] -> [T, hidden], final norm applied
         """On stage 0 the last layer's output with the final norm applied; None on the other stages
-        (their output went on to the next stage, the last one's back to stage 0)."""
-        shard, comm = self.shard, self.comm
-        residual = None
-        if shard.first_stage:
-            x = self.embed_tokens(input_ids)
-        else:
-            x, residual = comm.recv_activations(input_ids.shape[0], self.cfg.hidden_size)
-        stages = shard.pp_size > 1
-        x, residual = self.run_layers(x, residual, kv_caches, meta, final_norm=not stages)
-        if not stages:
-            return x
-        if not shard.last_stage:
-            comm.send_activations(x, residual, to_first=False)
-        else:
-            comm.send_activations(x, residual, to_first=True)
-        if not shard.first_stage:
-            return None
-        x, residual = comm.recv_activations(input_ids.shape[0], self.cfg.hidden_size, from_last=True)
-        return self.ops.rms_norm(x, self.final_norm, self.cfg.rms_norm_eps, residual)[0]
+        (their output went on to the next stage, the last one's back to stage 0), micro-batch by
+        micro-batch (services/worker/pipeline.py)."""
+        if self.shard.pp_size > 1:
+            return pipeline.forward(self, input_ids, kv_caches, meta, self.micro_batches)
+        return self.run_layers(self.embed_tokens(input_ids), None, kv_caches, meta, final_norm=True)[0]
 
     def run_layers(self, x: torch.Tensor, residual: torch.Tensor | None, kv_caches, meta: AttentionMetadata,
                    final_norm: bool) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from services.core.errors import InvalidArgument
-from services.frontend import tools
+from services.frontend import tool_calls
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
 NAMES = {"get_weather", "get_time"}
@@ -25,7 +25,7 @@ NAMES = {"get_weather", "get_time"}
     ("Sunny in Oslo.", "Sunny in Oslo.", []),
 ])
 def test_auto_parses_hermes_blocks_and_bare_json(text, content, calls):
-    got_content, got_calls = tools.plan([{"type": "function", "function": {"name": n}} for n in sorted(NAMES)],
+    got_content, got_calls = tool_calls.plan([{"type": "function", "function": {"name": n}} for n in sorted(NAMES)],
                                         "auto", None).parse(text)
     if calls is None:  # cut short by max_tokens: the call has the arguments generated (as streamed)
         assert got_content is None and [(c.name, c.arguments) for c in got_calls] == [("get_weather", '{"cit')]
@@ -36,30 +36,30 @@ def test_auto_parses_hermes_blocks_and_bare_json(text, content, calls):
 
 
 def test_tools_reach_a_template_that_uses_them_and_others_get_the_hermes_prompt():
-    plan = tools.plan([WEATHER], "auto", None)
+    plan = tool_calls.plan([WEATHER], "auto", None)
     messages = [{"role": "developer", "content": "Be brief."}, {"role": "user", "content": "Oslo?"},
                 {"role": "assistant", "content": "", "tool_calls": [
                     {"id": "call_1", "type": "function",
                      "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]},
                 {"role": "tool", "content": "sunny", "tool_call_id": "call_1"}]
-    out, given = tools.template_messages(messages, plan, "{% for tool in tools %}...{{ m.tool_calls }}")
+    out, given = tool_calls.template_messages(messages, plan, "{% for tool in tools %}...{{ m.tool_calls }}")
     assert given == [WEATHER] and out[0]["role"] == "system"
     assert out[2]["tool_calls"][0]["function"]["arguments"] == {"city": "Oslo"}
-    out, given = tools.template_messages(messages, plan, "{{ message['content'] }}")
+    out, given = tool_calls.template_messages(messages, plan, "{{ message['content'] }}")
     assert given is None and "<tools>" in out[0]["content"] and out[0]["content"].startswith("Be brief.")
     assert out[2]["content"] == '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
-    out, given = tools.template_messages(messages, tools.plan([WEATHER], "none", None), "{{ tools }}")
+    out, given = tool_calls.template_messages(messages, tool_calls.plan([WEATHER], "none", None), "{{ tools }}")
     assert given is None and "<tools>" not in out[0]["content"]
 
 
 def test_required_and_named_constraints():
-    required = json.loads(tools.plan([WEATHER], "required", False).constraint().spec)
+    required = json.loads(tool_calls.plan([WEATHER], "required", False).constraint().spec)
     assert required["maxItems"] == 1 and required["items"]["anyOf"][0]["properties"]["name"] == {"const": "get_weather"}
-    named = tools.plan([WEATHER], {"type": "function", "function": {"name": "get_weather"}}, None)
+    named = tool_calls.plan([WEATHER], {"type": "function", "function": {"name": "get_weather"}}, None)
     assert named.constraint().spec == json.dumps({"type": "object"})
     assert named.parse('{"city": "Oslo"}')[1][0].arguments == '{"city": "Oslo"}'
     with pytest.raises(InvalidArgument, match=r"^tools\[0\].function.name"):
-        tools.plan([{"type": "function", "function": {"name": "bad name!"}}], "auto", None)
+        tool_calls.plan([{"type": "function", "function": {"name": "bad name!"}}], "auto", None)
 
 
 TIME_TOOL = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}
@@ -79,7 +79,7 @@ NAMED = {"type": "function", "function": {"name": "get_time"}}
 def test_streamed_pieces_join_into_the_whole_answer(choice, text):
     """Fed a character at a time, the reader's content and argument pieces join into exactly what
     parse() of the whole text gives, and a call's arguments arrive in more than one piece."""
-    plan = tools.plan([WEATHER, TIME_TOOL], choice, None)
+    plan = tool_calls.plan([WEATHER, TIME_TOOL], choice, None)
     content, calls = plan.parse(text)
     reader = plan.stream()
     pieces = [p for char in text for p in reader.feed(char)] + reader.finish()
