@@ -3,6 +3,8 @@ the matrix library can go below.
 
     python bench/linear_bound.py                    # fp32 and bf16, batch 1, 2, 16, 64
     python bench/linear_bound.py --dtypes bfloat16 --quantizations none,int8,q4_1,q8_0 --batch-sizes 1,16
+    python bench/linear_bound.py --dtypes float32 --quantizations q4_1,q4_1:int8 --batch-sizes 1,16,128 \
+        --threads 1 --cpu-time --out linear_bound_actquant     # int8 against fp32 activations, kernels only
 
 One step's worth of the served model's linear layers (every layer's own weights, so they
 stream from memory as in a real step; the lm_head last), timed for the engine's path
@@ -63,14 +65,15 @@ def _engine(x: torch.Tensor, weight) -> torch.Tensor:
     return invariant_linear(x, weight, None)  # a GemmWeight, a oneDNN-packed one or a QuantWeight
 
 
-def time_step(weights: list[torch.Tensor], shapes, batch: int, dtype: torch.dtype, fn, repeats: int) -> float:
+def time_step(weights: list[torch.Tensor], shapes, batch: int, dtype: torch.dtype, fn, repeats: int,
+              clock=time.perf_counter) -> float:
     inputs = {k: torch.randn(batch, k).to(dtype) for k in {k for _, k in shapes}}
     best = float("inf")
     for _ in range(repeats + 1):  # the first pass builds oneDNN's kernels for these shapes
-        start = time.perf_counter()
+        start = clock()
         for weight, (_, k) in zip(weights, shapes):
             fn(inputs[k], weight)
-        best = min(best, time.perf_counter() - start)
+        best = min(best, clock() - start)
     return best
 
 
@@ -81,14 +84,18 @@ def main() -> None:
     parser.add_argument("--batch-sizes", default="1,2,16,64")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--quantizations", default="none",
-                        help="none (the dense contenders) and/or int8, q4_0, q4_1, q8_0 (quant_gemm.c)")
+                        help="none (the dense contenders) and/or int8, q4_0, q4_1, q8_0 (quant_gemm.c); "
+                             "FMT:int8 for the same weights with int8 activations (quant_dot.c)")
     parser.add_argument("--out", default="linear_bound")
     parser.add_argument("--threads", type=int, default=None, help="torch's and the kernels' threads (default: torch's)")
+    parser.add_argument("--cpu-time", action="store_true",
+                        help="time in this process's CPU seconds, not wall seconds (with --threads 1: the kernels' "
+                             "own cost on a host that other processes load; the bandwidth they reach is shared)")
     add_cpu_isa(parser)
     args = parser.parse_args()
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    select_tier(args.cpu_isa, args.libraries_isa)
+    args.cpu_isa = select_tier(args.cpu_isa, args.libraries_isa)
     load_before = loadavg()
     shapes = step_shapes(model_folder(args.model))
     flops_per_row = 2 * sum(n * k for n, k in shapes)
@@ -106,12 +113,15 @@ def main() -> None:
                 contenders.append(("own GEMM (engine)", gemm, _engine, num_bytes))
             contenders += [("oneDNN packed (fallback)", onednn, _engine, num_bytes),
                            ("MKL F.linear (transformers)", dense, F.linear, num_bytes)]
-        for fmt in (q for q in quantizations if q != "none"):
-            weights = [quantized(w, fmt, dtype) for w in dense]
-            contenders.append((f"quant_gemm {fmt}", weights, _engine, sum(w.data.numel() for w in weights)))
+        for name_q in (q for q in quantizations if q != "none"):
+            fmt, _, activations = name_q.partition(":")  # q4_1:int8 -> int8 activations (quant_dot.c)
+            weights = [quantized(w, fmt, dtype).with_activations(activations == "int8") for w in dense]
+            library = f"quant_dot {fmt}, int8 activations" if activations == "int8" else f"quant_gemm {fmt}"
+            contenders.append((library, weights, _engine, sum(w.data.numel() for w in weights)))
         for batch in [int(b) for b in args.batch_sizes.split(",")]:
             for library, weights, fn, num_bytes in contenders:
-                seconds = time_step(weights, shapes, batch, dtype, fn, args.repeats)
+                seconds = time_step(weights, shapes, batch, dtype, fn, args.repeats,
+                                    time.process_time if args.cpu_time else time.perf_counter)
                 row = dict(dtype=name, batch=batch, library=library, ms=seconds * 1e3,
                            gb_per_s=num_bytes / seconds / 1e9, gflop_per_s=batch * flops_per_row / seconds / 1e9,
                            bound_tok_per_s=batch / seconds)
@@ -120,7 +130,9 @@ def main() -> None:
                              f"{row['gflop_per_s']:.1f}", f"{row['bound_tok_per_s']:.0f}"])
                 print(row, flush=True)
         del dense, contenders
-    body = (f"{len(shapes)} linear weights per step ({len(shapes) - 1} in the layers + lm_head).\n\n"
+    clock = "process CPU seconds (--cpu-time)" if args.cpu_time else "wall seconds"
+    body = (f"Timed in {clock}; threads {torch.get_num_threads()}; CPU kernel tier {args.cpu_isa}.\n\n"
+            f"{len(shapes)} linear weights per step ({len(shapes) - 1} in the layers + lm_head).\n\n"
             + markdown_table(["dtype", "batch", "library", "ms / step", "weight GB/s", "GFLOP/s",
                               "decode tok/s bound"], rows))
     path = write_results(args.out, "Linear layers alone: the floor under a decode step", load_before, body,

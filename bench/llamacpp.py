@@ -37,6 +37,13 @@ def bench_decode(bench: Path, gguf: Path, threads: int, tokens: int = 64) -> flo
     return float(json.loads(out)[0]["avg_ts"])
 
 
+def bench_prefill(bench: Path, gguf: Path, threads: int, tokens: int = 512) -> float:
+    """llama-bench's prompt processing (pp`tokens`) on the file: prompt tokens/s."""
+    out = subprocess.run([str(bench), "-m", str(gguf), "-p", str(tokens), "-n", "0", "-t", str(threads), "-r", "1",
+                          "-o", "json"], capture_output=True, text=True, check=True).stdout
+    return float(json.loads(out)[0]["avg_ts"])
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

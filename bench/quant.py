@@ -10,7 +10,8 @@ Sections:
   int8      batch-1 decode tok/s of the default model with bf16 activations: int8 weights
             (--quantization int8) against bf16 weights; greedy tokens of int8 (fp32 activations)
             against the fp32 weights, per chat prompt
-  serve     --num-requests (16) concurrent ShareGPT requests: the engine on the GGUF, all at once;
+  serve     --num-requests (16) concurrent ShareGPT requests: the engine on the GGUF, all at once (one
+            contender per --serve-activations mode: none, int8);
             llama-server with 16 slots, all at once; llama.cpp one request at a time (llama-server
             with 1 slot) and (p) llama-cpp-python one at a time (the baseline where it imports:
             bench/requirements-llamacpp.txt; else llama-server with 1 slot stands in), both on
@@ -19,9 +20,10 @@ Sections:
             matmul rate, the same threads)
   actquant  the default model's GGUF (fp32), fp32 activations (--activation-quant none) against int8
             activations (int8, kernels/csrc/quant_dot.c), interleaved: batch-1 decode tok/s and the
-            prefill of one --prefill-len (512) token prompt in tok/s; the CPU tier named. llama-bench's
-            tg and pp512 on the same file join as (l) where --llama-cpp-dir is given (not yet run: a
-            quiet machine's job)
+            prefill of one --prefill-len (512) token prompt in tok/s; the CPU tier named (--cpu-isa
+            forces one). llama-bench's tg and pp512 on the same file join as (l) where --llama-cpp-dir
+            is given (the AVX2 build's folder with --cpu-isa avx2); each round probes the memory
+            bandwidth for the batch-1 roofline (linear weight bytes over bandwidth)
   parity    greedy tokens of the engine on the GGUF (fp32) against llama-server's on the same
             file, per chat prompt: token-equal, or where they first differ and how close our
             top two were there (a near-tie: llama.cpp rounds activations to 8 bits, we don't)
@@ -42,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
 
 import llamacpp  # noqa: E402
-from common import loadavg, markdown_table, write_results  # noqa: E402
+from common import add_cpu_isa, engine_tier_args, loadavg, markdown_table, select_tier, write_results  # noqa: E402
 from workload import add_workload_flags, load_workload, model_folder, summary  # noqa: E402
 
 CHATS = ["What is the capital of France?", "Write a haiku about the sea.", "List three prime numbers.",
@@ -63,7 +65,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--single-requests", type=int, default=4)
     parser.add_argument("--parity-tokens", type=int, default=32)
     parser.add_argument("--prefill-len", type=int, default=512)
+    parser.add_argument("--serve-activations", default="none",
+                        help="serve: the engine's contenders, one per activation mode (none, int8 or none,int8)")
     parser.add_argument("--out", default="quant")
+    add_cpu_isa(parser)
     return parser.parse_args()
 
 
@@ -74,7 +79,7 @@ def gguf_file(folder: Path) -> Path:
 
 def engine(folder: Path, **kwargs):
     from pagedserve import LLM
-    return LLM(str(folder), seed=0, enable_prefix_caching=False, **kwargs)
+    return LLM(str(folder), seed=0, enable_prefix_caching=False, **{**engine_tier_args(), **kwargs})
 
 
 def decode_rate(llm, steps: int, tag: str) -> float:
@@ -106,8 +111,8 @@ def interleave(contenders: dict, rounds: int) -> dict:
 
 def section_decode(folder: Path, args, llama_bench) -> dict:
     gguf = gguf_file(folder)
-    fp32 = engine(folder, quantization="gguf", dtype="float32", num_threads=args.threads)
-    bf16 = engine(folder, quantization="gguf", dtype="bfloat16", num_threads=args.threads)
+    fp32 = engine(folder, quantization="gguf", dtype="float32", num_threads=args.threads, activation_quant="none")
+    bf16 = engine(folder, quantization="gguf", dtype="bfloat16", num_threads=args.threads, activation_quant="none")
     contenders = {"(a) engine, GGUF Q4_1, fp32 activations": lambda: decode_rate(fp32, args.decode_steps, "a"),
                   "(b) engine, GGUF Q4_1, bf16 activations": lambda: decode_rate(bf16, args.decode_steps, "b")}
     skipped = {}
@@ -137,6 +142,7 @@ def prefill_rate(llm, length: int, tag: str) -> float:
 
 def section_actquant(folder: Path, args, llama_bench) -> dict:
     from kernels import cpu_kernels
+    from roofline import bandwidth, linear_weight_bytes
     kw = dict(quantization="gguf", dtype="float32", num_threads=args.threads,
               max_num_batched_tokens=max(2048, args.prefill_len))
     fp32 = engine(folder, activation_quant="none", **kw)
@@ -149,12 +155,23 @@ def section_actquant(folder: Path, args, llama_bench) -> dict:
     if llama_bench[0] is not None:
         decode["(l) llama.cpp llama-bench tg, same file"] = lambda: llamacpp.bench_decode(
             llama_bench[0], gguf_file(folder), args.threads, args.decode_steps)
+        prefill[f"(l) llama.cpp llama-bench pp{args.prefill_len}, same file"] = lambda: llamacpp.bench_prefill(
+            llama_bench[0], gguf_file(folder), args.threads, args.prefill_len)
     else:
         skipped["(l) llama.cpp llama-bench, same file"] = llama_bench[1]
-    values = interleave({**{f"decode {k}": v for k, v in decode.items()},
-                         **{f"prefill {args.prefill_len} {k}": v for k, v in prefill.items()}}, args.rounds)
+    probes = []
+    contenders = {**{f"decode {k}": v for k, v in decode.items()},
+                  **{f"prefill {args.prefill_len} {k}": v for k, v in prefill.items()},
+                  "bandwidth probe": lambda: probes.append(bandwidth(repeats=5)) or 0.0}
+    values = interleave(contenders, args.rounds)
+    values.pop("bandwidth probe")
+    weight_bytes = linear_weight_bytes(int8.engine.workers["worker-0"].runner.model)
+    best = statistics.median(values["decode (i) GGUF Q4_1, int8 activations"])
+    roofline = {"weight_bytes": weight_bytes, "bandwidth_bytes_per_s": statistics.median(probes),
+                "bound_tok_per_s": statistics.median(probes) / weight_bytes}
+    roofline["fraction_int8"] = best / roofline["bound_tok_per_s"]
     return {"values": values, "skipped": skipped, "baseline": "decode (a) GGUF Q4_1, fp32 activations",
-            "tier": cpu_kernels.active_tier()}
+            "tier": cpu_kernels.active_tier(), "roofline": roofline}
 
 
 def greedy_tokens(llm, prompts: list[list[int]], max_tokens: int, logprobs: int | None = None):
@@ -202,17 +219,20 @@ def section_int8(folder: Path, args) -> dict:
 def section_serve(folder: Path, args, server_bin) -> dict:
     from pagedserve import SamplingParams
     requests = load_workload(args)
-    llm = engine(folder, quantization="gguf", dtype="float32", num_threads=args.threads,
-                 max_num_seqs=len(requests))
     params = [SamplingParams(temperature=0, max_tokens=r.output_len, ignore_eos=True) for r in requests]
 
-    def ours() -> float:
+    def ours(llm) -> float:
         start = time.perf_counter()
         outs = llm.generate([list(r.prompt_ids) for r in requests], params, use_tqdm=False)
         return sum(len(o.outputs[0].token_ids) for o in outs) / (time.perf_counter() - start)
 
-    ours()  # warm-up
-    contenders = {"(e) engine, GGUF Q4_1, all at once": ours}
+    contenders = {}
+    for mode in args.serve_activations.split(","):
+        llm = engine(folder, quantization="gguf", dtype="float32", num_threads=args.threads,
+                     max_num_seqs=len(requests), activation_quant=mode)
+        ours(llm)  # warm-up
+        name = "(e) engine, GGUF Q4_1, all at once" + ("" if mode == "none" else f", {mode} activations")
+        contenders[name] = lambda llm=llm: ours(llm)
     skipped, servers = {}, []
     first = requests[:args.single_requests]
     peer, why = llamacpp.bindings(args.llama_cpp_dir)
@@ -321,7 +341,12 @@ def report(results: dict, args, load_before: str) -> Path:
             if key == "serve":
                 parts.append(_ceiling_text(results[key]))
             if key == "actquant":
-                parts.append(f"CPU kernel tier: {results[key]['tier']}.\n")
+                r = results[key]["roofline"]
+                parts.append(f"CPU kernel tier: {results[key]['tier']}. Roofline at batch 1: the linear weights "
+                             f"are {r['weight_bytes'] / 1e6:.1f} MB as stored; at the measured bandwidth "
+                             f"({r['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s, median of one probe per round) they "
+                             f"bound decode at {r['bound_tok_per_s']:.0f} tok/s; int8 activations reach "
+                             f"{100 * r['fraction_int8']:.0f}% of it.\n")
     if "int8" in results:
         lines = [f"- {c!r}: " + _compare_text(r) for c, r in zip(CHATS, results["int8"]["greedy_vs_fp32"])]
         parts.append("### int8 (fp32 activations) greedy tokens against fp32 weights\n\n" + "\n".join(lines))
@@ -332,7 +357,8 @@ def report(results: dict, args, load_before: str) -> Path:
         else:
             lines = [f"- {c!r}: " + _compare_text(r) for c, r in zip(CHATS, p["per_prompt"])]
             parts.append("### Greedy parity with llama.cpp (llama-server, same file, top-k 1)\n\n" + "\n".join(lines))
-    body = f"Threads: {args.threads}; rounds: {args.rounds} (contenders interleaved in each round).\n\n" + \
+    body = f"Threads: {args.threads}; rounds: {args.rounds} (contenders interleaved in each round); CPU kernel " \
+        f"tier: {args.tier} (--cpu-isa {args.cpu_isa}).\n\n" + \
         "\n\n".join(parts) + "\n"
     return write_results(args.out, "Quantized weights against llama.cpp and bf16", load_before, body, results)
 
@@ -367,6 +393,8 @@ def main() -> None:
     sections = args.sections.split(",")
     bench_bin = llamacpp.binary(args.llama_cpp_dir, "llama-bench")
     server_bin = llamacpp.binary(args.llama_cpp_dir, "llama-server")
+    tier = args.tier = select_tier(args.cpu_isa, args.libraries_isa)
+    print(f"CPU kernel tier: {tier}", flush=True)
     results = {}
     for name in sections:
         print(f"== {name}", flush=True)

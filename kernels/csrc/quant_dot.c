@@ -32,17 +32,17 @@
  * -ffp-contract has nothing to fuse. Each (row, output) is computed on its own data only, so
  * the bits do not depend on the batch, the tile, the thread count or the row's position.
  *
- * How the tiers get isum for 8 outputs of one block and row:
- *   avx512 with VNNI   vpdpbusd (u8 x s8, 4 products per int32 lane, exact int32 sums)
- *   avx2 / avx512 without VNNI   vpmaddubsw then vpmaddwd by ones. vpmaddubsw adds two u8 x s8
- *                      products into a saturating int16: here u8 <= 128 (a nibble <= 15, or |w|
- *                      <= 128 for signed weights made unsigned by the sign trick below) and
- *                      |s8| <= 127 (activations are never -128), so |pair| <= 2 * 128 * 127 =
- *                      32512 <= 32767: it never saturates, and the sums are exact.
- *   signed weights (Q8_0, INT8): u8 x s8 as |w| x (q with w's sign) (vpsignb): w q exactly,
- *                      |w| = 128 included (w = -128 as u8 is 128).
- *   aarch64 with dotprod   sdot; without: the generic loop. Eight per-block sums go into one
- *                      vector by a fixed tree of exact integer adds.
+ * How the tiers get isum, for a tile of 16 outputs (AVX-512) or 8 (below) at a time:
+ *   x86 (AVX-512, AVX2)  the block's weights are transposed in registers so that one int32 lane per
+ *                      output holds 4 of its bytes, and a u8 x s8 dot product against the row's 4
+ *                      activations broadcast adds them in that lane (the comment at transpose_load):
+ *                      avx512 with VNNI vpdpbusd; avx2 / avx512 without VNNI vpmaddubsw then vpmaddwd
+ *                      by ones. vpmaddubsw adds two u8 x s8 products into a saturating int16: the u8
+ *                      side is a nibble (<= 15) or |w| <= 128 (the sign trick: |w| x (q with w's sign),
+ *                      w q exactly, w = -128 included), and |q| <= 127 (activations are never -128), so
+ *                      a pair is at most 32512 <= 32767: it never saturates, and the sums are exact.
+ *   aarch64 with dotprod   sdot; without it, and the generic tier: integer loops per output.
+ * The tile, the lanes and the instructions differ; the integers and the fold on them do not.
  */
 #include <math.h>
 #include <stdint.h>
@@ -56,22 +56,38 @@
 #endif
 
 #include "kernels.h"
+#include "quant_blocks.h"
 #include "vec.h"
 
-enum { FMT_Q4_0 = 2, FMT_Q4_1 = 3, FMT_Q8_0 = 8, FMT_INT8 = 100 };
-
-#define QBLOCK 32
-#define COLS 8      /* outputs per tile: one fp32 lane each */
-#define ROWS 4      /* rows of x per tile */
+/* outputs per tile, one fp32 lane each: a 512-bit register of int32 sums on AVX-512, 256-bit below */
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+#define COLS 16
+#else
+#define COLS 8
+#endif
+#ifndef ROWS
+#if COLS == 16
+#define ROWS 8      /* rows of x per tile: each block's unpacked weights serve them all */
+#else
+#define ROWS 4
+#endif
+#endif
 #define OUT_CHUNK 32 /* outputs a thread takes at a time */
+#define SCALE_BLOCKS 64 /* blocks whose d, m a tile copies out at a time */
 #define TINY 7.52316384526264e-37f /* 2^-120 */
 
-typedef float f8 __attribute__((vector_size(32)));
-typedef int32_t i8v __attribute__((vector_size(32)));
+typedef float fv __attribute__((vector_size(4 * COLS)));
+typedef int32_t iv __attribute__((vector_size(4 * COLS)));
 
 /* c + a b fused, lane by lane */
-INLINE f8 fma8(f8 a, f8 b, f8 c) {
-#if defined(__FMA__)
+INLINE fv fmav(fv a, fv b, fv c) {
+#if COLS == 16
+    __m512 va, vb_, vc;
+    memcpy(&va, &a, 64), memcpy(&vb_, &b, 64), memcpy(&vc, &c, 64);
+    vc = _mm512_fmadd_ps(va, vb_, vc);
+    memcpy(&c, &vc, 64);
+    return c;
+#elif defined(__FMA__)
     __m256 va, vb_, vc;
     memcpy(&va, &a, 32), memcpy(&vb_, &b, 32), memcpy(&vc, &c, 32);
     vc = _mm256_fmadd_ps(va, vb_, vc);
@@ -91,29 +107,18 @@ INLINE f8 fma8(f8 a, f8 b, f8 c) {
 #endif
 }
 
-INLINE f8 splat8(float v) { return (f8){v, v, v, v, v, v, v, v}; }
-
-INLINE float half_bits_to_float(const uint8_t *p) { /* exact on every path */
-    uint16_t h;
-    memcpy(&h, p, 2);
-#if defined(__F16C__)
-    return _cvtsh_ss(h);
+INLINE fv splatv(float v) { /* a broadcast (adding v to a zero vector would turn -0 into +0) */
+    fv out;
+#if COLS == 16
+    const __m512 wide = _mm512_set1_ps(v);
+    memcpy(&out, &wide, 64);
+#elif defined(__AVX__)
+    const __m256 wide = _mm256_set1_ps(v);
+    memcpy(&out, &wide, 32);
+#else
+    for (int i = 0; i < COLS; i++)
+        out[i] = v;
 #endif
-    const uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff;
-    uint32_t bits;
-    if (exp == 0x1f)
-        bits = sign | 0x7f800000u | (man << 13);
-    else if (exp != 0)
-        bits = sign | ((exp + 112) << 23) | (man << 13);
-    else if (man == 0)
-        bits = sign;
-    else {
-        float value = (float)man * 5.9604644775390625e-8f; /* man 2^-24: exact */
-        memcpy(&bits, &value, 4);
-        bits |= sign;
-    }
-    float out;
-    memcpy(&out, &bits, 4);
     return out;
 }
 
@@ -186,91 +191,215 @@ static void quantize_rows(const void *x, int64_t ldx, int64_t m, int64_t k, int 
     }
 }
 
-/* ---- one block's integer dot products for 8 outputs ----------------------------------- */
-/* weight block b of a row: a pointer to its 32 values (int8) or 16 nibble bytes, and its d, m */
-INLINE const uint8_t *block_values(int fmt, const uint8_t *row, int64_t b) {
-    switch (fmt) {
-    case FMT_Q4_0: return row + b * 18 + 2;
-    case FMT_Q4_1: return row + b * 20 + 4;
-    case FMT_Q8_0: return row + b * 34 + 2;
-    }
-    return row + 4 + b * QBLOCK;
-}
-
+/* ---- one block's integer dot products for COLS outputs ------------------------------------ */
 #if defined(__AVX2__)
-/* 8 int32 lanes, each the sum of 4 adjacent u8 x s8 products: exact (header) */
-INLINE __m256i dot_u8s8(__m256i u, __m256i s) {
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
-#else
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+/* x86: the weights of COLS outputs are transposed in registers, block by block, into k-groups:
+ * vector g holds in its int32 lane c the 4 bytes of output c that multiply elements 4g .. 4g + 3
+ * of the block. One u8 x s8 dot-product instruction against the row's 4 activations of group g
+ * broadcast to every lane then adds each output's 4 products into its own lane, so after the
+ * block's 8 groups lane c holds output c's isum: no horizontal reduction at all, and a block's
+ * unpacked weights serve every row of the tile.
+ *   4-bit: the 16 bytes of a block transposed (a 4 x 4 transpose of int32 per 128-bit lane) give
+ *          groups 0-3 in the low nibbles and groups 4-7 in the high ones.
+ *   8-bit: the two 16-byte halves transposed give groups 0-3 and 4-7.
+ * Per tier the u8 x s8 products:
+ *   VNNI (AVX-512): vpdpbusd. Signed weights are made unsigned as w + 128 (w xor 0x80), and
+ *          128 sum q (the activation block's integer sum) is taken off again: exact.
+ *   vpmaddubsw (AVX2, AVX-512 without VNNI): nibbles (<= 15) times |q| <= 127: a pair is at most
+ *          3810, so the 8 groups' pairs add in int16 without overflow (<= 30480) before one
+ *          vpmaddwd by ones. Signed weights: |w| times q with w's sign (the sign trick), each
+ *          group widened by vpmaddwd at once (a pair can reach 32512). */
+#if COLS == 16
+typedef __m512i wv;
+#define WV_ZERO _mm512_setzero_si512()
+#define WV_AND(a, b) _mm512_and_si512(a, b)
+#define WV_SRL16(a, n) _mm512_srli_epi16(a, n)
+#define WV_SET8(v) _mm512_set1_epi8(v)
+#define WV_SET16(v) _mm512_set1_epi16(v)
+#define WV_SET32(v) _mm512_set1_epi32(v)
+#define WV_XOR(a, b) _mm512_xor_si512(a, b)
+#define WV_ABS8(a) _mm512_abs_epi8(a)
+#define WV_ADD16(a, b) _mm512_add_epi16(a, b)
+#define WV_ADD32(a, b) _mm512_add_epi32(a, b)
+#define WV_MADDUBS(u, s) _mm512_maddubs_epi16(u, s)
+#define WV_MADD(a, b) _mm512_madd_epi16(a, b)
+/* s with the sign of w per byte (w = 0: any, |w| is 0); s is never -128 */
+#define WV_SIGN8(s, w) _mm512_mask_sub_epi8(s, _mm512_movepi8_mask(w), _mm512_setzero_si512(), s)
+#if defined(__AVX512VNNI__)
+#define VNNI 1
 #endif
-}
 
-/* the 8 vectors' lane sums as one vector (exact integer adds, a fixed tree) */
-INLINE __m256i reduce8(const __m256i v[COLS]) {
-    const __m256i a = _mm256_hadd_epi32(v[0], v[1]), b = _mm256_hadd_epi32(v[2], v[3]);
-    const __m256i c = _mm256_hadd_epi32(v[4], v[5]), d = _mm256_hadd_epi32(v[6], v[7]);
-    const __m256i ab = _mm256_hadd_epi32(a, b), cd = _mm256_hadd_epi32(c, d);
-    return _mm256_add_epi32(_mm256_permute2x128_si256(ab, cd, 0x20), _mm256_permute2x128_si256(ab, cd, 0x31));
-}
-
-/* a weight block as 32 unsigned bytes in element order (4-bit: elements 0-15 low nibbles, 16-31 high) */
-INLINE __m256i load_weights(int fmt, const uint8_t *p) {
-    if (fmt == FMT_Q4_0 || fmt == FMT_Q4_1) {
-        const __m128i raw = _mm_loadu_si128((const __m128i *)p), mask = _mm_set1_epi8(0x0f);
-        return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), mask), _mm_and_si128(raw, mask));
+/* 16 bytes at each of the 16 pointers -> out[g], lane c = bytes 4g .. 4g + 3 at p[c] */
+INLINE void transpose_load(const uint8_t *const p[COLS], wv out[4]) {
+    wv z[4];
+    for (int t = 0; t < 4; t++) { /* 128-bit lane l of z[t]: the bytes at p[4 l + t] */
+        __m512i v = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)p[t]));
+        v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)p[4 + t]), 1);
+        v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)p[8 + t]), 2);
+        z[t] = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)p[12 + t]), 3);
     }
-    return _mm256_loadu_si256((const __m256i *)p);
+    const wv a = _mm512_unpacklo_epi32(z[0], z[1]), b = _mm512_unpackhi_epi32(z[0], z[1]);
+    const wv c = _mm512_unpacklo_epi32(z[2], z[3]), d = _mm512_unpackhi_epi32(z[2], z[3]);
+    out[0] = _mm512_unpacklo_epi64(a, c), out[1] = _mm512_unpackhi_epi64(a, c);
+    out[2] = _mm512_unpacklo_epi64(b, d), out[3] = _mm512_unpackhi_epi64(b, d);
+}
+
+/* block b's d (and m) of the 16 rows as floats (vcvtph2ps: exact, as the scalar conversion), from
+ * their first 4 bytes per row: `raw`, copied out by scalar loads for the whole tile ahead of the
+ * blocks (a vpgatherdd per block, or the 16 copies just before the vector load, ran 2-8x slower) */
+INLINE void block_scales(int fmt, const int32_t raw_bits[COLS], fv *dw, fv *mw) {
+    const __m512i raw = _mm512_loadu_si512(raw_bits);
+    const __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(raw));
+    memcpy(dw, &d, 64);
+    if (fmt == FMT_Q4_1) {
+        const __m512 m = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(raw, 16)));
+        memcpy(mw, &m, 64);
+    }
+}
+#else /* AVX2: 8 outputs */
+typedef __m256i wv;
+#define WV_ZERO _mm256_setzero_si256()
+#define WV_AND(a, b) _mm256_and_si256(a, b)
+#define WV_SRL16(a, n) _mm256_srli_epi16(a, n)
+#define WV_SET8(v) _mm256_set1_epi8(v)
+#define WV_SET16(v) _mm256_set1_epi16(v)
+#define WV_SET32(v) _mm256_set1_epi32(v)
+#define WV_XOR(a, b) _mm256_xor_si256(a, b)
+#define WV_ABS8(a) _mm256_abs_epi8(a)
+#define WV_ADD16(a, b) _mm256_add_epi16(a, b)
+#define WV_ADD32(a, b) _mm256_add_epi32(a, b)
+#define WV_MADDUBS(u, s) _mm256_maddubs_epi16(u, s)
+#define WV_MADD(a, b) _mm256_madd_epi16(a, b)
+#define WV_SIGN8(s, w) _mm256_sign_epi8(s, w)
+
+INLINE void transpose_load(const uint8_t *const p[COLS], wv out[4]) {
+    wv z[4];
+    for (int t = 0; t < 4; t++) /* 128-bit lane l of z[t]: the bytes at p[4 l + t] */
+        z[t] = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)p[t])),
+                                       _mm_loadu_si128((const __m128i *)p[4 + t]), 1);
+    const wv a = _mm256_unpacklo_epi32(z[0], z[1]), b = _mm256_unpackhi_epi32(z[0], z[1]);
+    const wv c = _mm256_unpacklo_epi32(z[2], z[3]), d = _mm256_unpackhi_epi32(z[2], z[3]);
+    out[0] = _mm256_unpacklo_epi64(a, c), out[1] = _mm256_unpackhi_epi64(a, c);
+    out[2] = _mm256_unpacklo_epi64(b, d), out[3] = _mm256_unpackhi_epi64(b, d);
+}
+
+INLINE void block_scales(int fmt, const int32_t raw_bits[COLS], fv *dw, fv *mw) {
+    for (int c = 0; c < COLS; c++) {
+        uint8_t bytes[4];
+        memcpy(bytes, &raw_bits[c], 4);
+        (*dw)[c] = half_to_float(bytes);
+        if (fmt == FMT_Q4_1)
+            (*mw)[c] = half_to_float(bytes + 2);
+    }
 }
 #endif
 
-/* A block b of the 8 weight rows, ready for each row of x: AVX2 keeps them unpacked in registers
- * (|w| and w for the sign trick), the generic path keeps pointers. */
+/* block b of the COLS weight rows, unpacked once for every row of the tile */
 typedef struct {
-#if defined(__AVX2__)
-    __m256i u[COLS], w[COLS];
-#else
-    const uint8_t *p[COLS];
+    wv w[8];  /* k-group g: 4-bit: nibbles; 8-bit: w + 128 (VNNI) or |w| */
+#if !defined(VNNI)
+    wv s[8];  /* 8-bit without VNNI: the signed weights, for the sign trick */
 #endif
-    int64_t count; /* INT8's last block: the values in the row (else 32) */
+    fv dw, mw;
 } Prepared;
 
-INLINE void prepare(int fmt, const uint8_t *const w[COLS], int64_t b, int64_t count, Prepared *out) {
-    out->count = count;
+INLINE void prepare(int fmt, const uint8_t *const w[COLS], int64_t b, int64_t count, const int32_t *raw_scales,
+                    Prepared *out) {
+    const uint8_t *p[COLS];
+    uint8_t padded[COLS][QBLOCK];
     for (int c = 0; c < COLS; c++) {
-        const uint8_t *p = block_values(fmt, w[c], b);
-#if defined(__AVX2__)
-        uint8_t padded[QBLOCK];
+        p[c] = block_values(fmt, w[c], b);
         if (count < QBLOCK) { /* INT8's last block: the weights past the row's end read as 0 */
-            memset(padded, 0, QBLOCK);
-            memcpy(padded, p, (size_t)count);
-            p = padded;
+            memset(padded[c], 0, QBLOCK);
+            memcpy(padded[c], p[c], (size_t)count);
+            p[c] = padded[c];
         }
-        const __m256i wv = load_weights(fmt, p);
-        out->w[c] = wv;
-        out->u[c] = fmt == FMT_Q8_0 || fmt == FMT_INT8 ? _mm256_abs_epi8(wv) : wv;
+    }
+    if (fmt == FMT_Q4_0 || fmt == FMT_Q4_1) {
+        wv raw[4];
+        transpose_load(p, raw);
+        const wv mask = WV_SET8(0x0f);
+        for (int g = 0; g < 4; g++) {
+            out->w[g] = WV_AND(raw[g], mask);
+            out->w[g + 4] = WV_AND(WV_SRL16(raw[g], 4), mask);
+        }
+    } else {
+        transpose_load(p, out->w);
+        const uint8_t *second[COLS];
+        for (int c = 0; c < COLS; c++)
+            second[c] = p[c] + 16;
+        transpose_load(second, out->w + 4);
+        for (int g = 0; g < 8; g++) {
+#if defined(VNNI)
+            out->w[g] = WV_XOR(out->w[g], WV_SET8((char)0x80));
 #else
-        out->p[c] = p;
+            out->s[g] = out->w[g];
+            out->w[g] = WV_ABS8(out->w[g]);
 #endif
+        }
+    }
+    out->dw = splatv(1.0f), out->mw = splatv(0.0f); /* what the format has not (fmt is a constant here) */
+    if (fmt != FMT_INT8)
+        block_scales(fmt, raw_scales, &out->dw, &out->mw);
+}
+
+/* lane c: output c's isum against one row's 32 quantized activations (integer sum xsum) */
+INLINE iv block_isums(int fmt, const Prepared *pw, const int8_t *xq, int32_t xsum) {
+    wv total = WV_ZERO;
+    int32_t group[8];
+    memcpy(group, xq, 32);
+#if defined(VNNI)
+    for (int g = 0; g < 8; g++)
+        total = _mm512_dpbusd_epi32(total, pw->w[g], WV_SET32(group[g]));
+#else
+    if (fmt == FMT_Q4_0 || fmt == FMT_Q4_1) {
+        wv pairs = WV_ZERO;
+        for (int g = 0; g < 8; g++)
+            pairs = WV_ADD16(pairs, WV_MADDUBS(pw->w[g], WV_SET32(group[g])));
+        total = WV_MADD(pairs, WV_SET16(1));
+    } else {
+        for (int g = 0; g < 8; g++) {
+            const wv x = WV_SET32(group[g]);
+            total = WV_ADD32(total, WV_MADD(WV_MADDUBS(pw->w[g], WV_SIGN8(x, pw->s[g])), WV_SET16(1)));
+        }
+    }
+#endif
+    iv out;
+    memcpy(&out, &total, sizeof out);
+    if (fmt == FMT_Q4_0) /* sum (u - 8) q = sum u q - 8 sum q */
+        out -= 8 * xsum;
+#if defined(VNNI)
+    else if (fmt == FMT_Q8_0 || fmt == FMT_INT8) /* sum (w + 128) q - 128 sum q */
+        out -= 128 * xsum;
+#endif
+    return out;
+}
+#else /* generic vectors, aarch64 */
+/* A block b of the 8 weight rows: pointers to their values */
+typedef struct {
+    const uint8_t *p[COLS];
+    int64_t count; /* INT8's last block: the values in the row (else 32) */
+    fv dw, mw;
+} Prepared;
+
+INLINE void prepare(int fmt, const uint8_t *const w[COLS], int64_t b, int64_t count, const int32_t *raw_scales,
+                    Prepared *out) {
+    (void)raw_scales;
+    out->count = count;
+    out->dw = splatv(1.0f), out->mw = splatv(0.0f);
+    for (int c = 0; c < COLS; c++) {
+        out->p[c] = block_values(fmt, w[c], b);
+        if (fmt != FMT_INT8) {
+            out->dw[c] = half_to_float(block_start(fmt, w[c], b));
+            if (fmt == FMT_Q4_1)
+                out->mw[c] = half_to_float(block_start(fmt, w[c], b) + 2);
+        }
     }
 }
 
 /* isum[c] for the prepared weight rows against one row's 32 quantized activations (sum xsum) */
-INLINE i8v block_isums(int fmt, const Prepared *pw, const int8_t *xq, int32_t xsum) {
-    i8v out;
-#if defined(__AVX2__)
-    const __m256i xs = _mm256_loadu_si256((const __m256i *)xq);
-    __m256i parts[COLS];
-    for (int c = 0; c < COLS; c++) {
-        if (fmt == FMT_Q8_0 || fmt == FMT_INT8)
-            parts[c] = dot_u8s8(pw->u[c], _mm256_sign_epi8(xs, pw->w[c]));
-        else
-            parts[c] = dot_u8s8(pw->u[c], xs);
-    }
-    const __m256i sums = reduce8(parts);
-    memcpy(&out, &sums, 32);
-#else
+INLINE iv block_isums(int fmt, const Prepared *pw, const int8_t *xq, int32_t xsum) {
+    iv out;
     for (int c = 0; c < COLS; c++) {
         const uint8_t *p = pw->p[c];
         int32_t total = 0;
@@ -296,46 +425,51 @@ INLINE i8v block_isums(int fmt, const Prepared *pw, const int8_t *xq, int32_t xs
         }
         out[c] = total;
     }
-#endif
     if (fmt == FMT_Q4_0) /* sum (u - 8) q = sum u q - 8 sum q */
         out -= 8 * xsum;
     return out;
 }
+#endif
 
 /* ---- the tile ---------------------------------------------------------------------------- */
-/* rows (1..ROWS) of quantized x from row r0, outputs n0 .. n0 + cols (cols 1..8) */
-INLINE void tile(int rows, int cols, const int fmt, const ActQ *a, int64_t r0, const uint8_t *w, int64_t row_bytes,
-                 int64_t k, const void *bias, void *out, int64_t ldo, int64_t n0, int out_bf16) {
+/* rows (1..ROWS) of quantized x from row r0, outputs n0 .. n0 + cols (cols 1..COLS) */
+INLINE void tile(const int rows, const int cols, const int fmt, const ActQ *a, int64_t r0, const uint8_t *w,
+                 int64_t row_bytes, int64_t k, const void *bias, void *out, int64_t ldo, int64_t n0, int out_bf16) {
     const uint8_t *wr[COLS];
     for (int c = 0; c < COLS; c++) /* a partial tile repeats its first row: computed, never stored */
         wr[c] = w + (c < cols ? c : 0) * row_bytes;
     const int64_t blocks = a->blocks, tail = k % QBLOCK, full = k / QBLOCK;
-    f8 acc[ROWS];
+    fv acc[ROWS];
     for (int r = 0; r < ROWS; r++)
-        acc[r] = splat8(0.0f);
+        acc[r] = splatv(0.0f);
+    int32_t raw_scales[SCALE_BLOCKS][COLS]; /* each block's first 4 bytes per row (d, m), lanes by output */
+    /* the next tile's rows (the cols * row_bytes bytes after these), a share per block in address
+     * order, as quant_gemm.c's tile does: without it batch-1 Q8_0 (the default model's lm_head) read
+     * memory at 2/3 of the fp32-activation kernel's rate and was slower than it */
+    const int64_t span = (cols * row_bytes + blocks - 1) / blocks;
+    const uint8_t *ahead = w + cols * row_bytes;
     for (int64_t b = 0; b < blocks; b++) {
-        f8 dw = splat8(1.0f), mw = splat8(0.0f);
-        if (fmt != FMT_INT8) {
-            const int64_t size = fmt == FMT_Q4_0 ? 18 : fmt == FMT_Q4_1 ? 20 : 34;
-            for (int c = 0; c < COLS; c++) {
-                dw[c] = half_bits_to_float(wr[c] + b * size);
-                if (fmt == FMT_Q4_1)
-                    mw[c] = half_bits_to_float(wr[c] + b * size + 2);
-            }
-        }
+        if (r0 == 0)
+            for (int64_t offset = b * span; offset < (b + 1) * span + 63; offset += 64)
+                __builtin_prefetch(ahead + offset, 0, 3);
+        if (b % SCALE_BLOCKS == 0 && fmt != FMT_INT8)
+            for (int c = 0; c < COLS; c++)
+                for (int64_t i = b; i < blocks && i < b + SCALE_BLOCKS; i++)
+                    memcpy(&raw_scales[i - b][c], block_start(fmt, wr[c], i), 4);
         Prepared pw;
-        prepare(fmt, wr, b, fmt == FMT_INT8 && b == full && tail != 0 ? tail : QBLOCK, &pw);
+        prepare(fmt, wr, b, fmt == FMT_INT8 && b == full && tail != 0 ? tail : QBLOCK, raw_scales[b % SCALE_BLOCKS],
+                &pw);
         for (int r = 0; r < rows; r++) {
             const int64_t at = (r0 + r) * blocks + b;
-            const i8v isum = block_isums(fmt, &pw, a->q + at * QBLOCK, a->sum[at]);
-            const f8 sums = __builtin_convertvector(isum, f8);
-            const f8 scale = fmt == FMT_INT8 ? splat8(a->d[at]) : dw * splat8(a->d[at]);
-            acc[r] = fma8(scale, sums, acc[r]);
+            const iv isum = block_isums(fmt, &pw, a->q + at * QBLOCK, a->sum[at]);
+            const fv sums = __builtin_convertvector(isum, fv);
+            const fv scale = fmt == FMT_INT8 ? splatv(a->d[at]) : pw.dw * splatv(a->d[at]);
+            acc[r] = fmav(scale, sums, acc[r]);
             if (fmt == FMT_Q4_1)
-                acc[r] = fma8(mw, splat8(a->sx[at]), acc[r]);
+                acc[r] = fmav(pw.mw, splatv(a->sx[at]), acc[r]);
         }
     }
-    f8 scale = splat8(1.0f), add = splat8(0.0f);
+    fv scale = splatv(1.0f), add = splatv(0.0f);
     for (int c = 0; c < cols; c++) {
         if (fmt == FMT_INT8)
             memcpy(&scale[c], wr[c], 4);
@@ -343,7 +477,7 @@ INLINE void tile(int rows, int cols, const int fmt, const ActQ *a, int64_t r0, c
             add[c] = out_bf16 ? bf16_to_float(((const uint16_t *)bias)[n0 + c]) : ((const float *)bias)[n0 + c];
     }
     for (int r = 0; r < rows; r++) {
-        const f8 value = fma8(acc[r], scale, add);
+        const fv value = fmav(acc[r], scale, add);
         for (int c = 0; c < cols; c++) {
             if (out_bf16)
                 ((uint16_t *)out)[(r0 + r) * ldo + n0 + c] = float_to_bf16(value[c]);
@@ -352,15 +486,31 @@ INLINE void tile(int rows, int cols, const int fmt, const ActQ *a, int64_t r0, c
         }
     }
 }
-
-/* each format its own copy of the tile, the format a constant in it */
+/* each format and row count its own copy of the tile, both constants in it (the accumulators
+ * stay in registers: with a variable row count they went through memory, a store and a load on
+ * every block's chain) */
+#define TILE_CASE(R, FMT)                                                                                   \
+    case R: tile(R, cols, FMT, a, r0, w, row_bytes, k, bias, out, ldo, n0, out_bf16); return;
+#if ROWS == 8
+#define TILE_ROWS(FMT)                                                                                       \
+    switch (rows) {                                                                                          \
+    TILE_CASE(1, FMT) TILE_CASE(2, FMT) TILE_CASE(3, FMT) TILE_CASE(4, FMT) TILE_CASE(5, FMT) TILE_CASE(6, FMT) \
+    TILE_CASE(7, FMT) default: tile(ROWS, cols, FMT, a, r0, w, row_bytes, k, bias, out, ldo, n0, out_bf16); return; \
+    }
+#else
+#define TILE_ROWS(FMT)                                                                                       \
+    switch (rows) {                                                                                          \
+    TILE_CASE(1, FMT) TILE_CASE(2, FMT) TILE_CASE(3, FMT)                                                    \
+    default: tile(ROWS, cols, FMT, a, r0, w, row_bytes, k, bias, out, ldo, n0, out_bf16); return;            \
+    }
+#endif
 static void tile_any(int rows, int cols, int fmt, const ActQ *a, int64_t r0, const uint8_t *w, int64_t row_bytes,
                      int64_t k, const void *bias, void *out, int64_t ldo, int64_t n0, int out_bf16) {
     switch (fmt) {
-    case FMT_Q4_0: tile(rows, cols, FMT_Q4_0, a, r0, w, row_bytes, k, bias, out, ldo, n0, out_bf16); return;
-    case FMT_Q4_1: tile(rows, cols, FMT_Q4_1, a, r0, w, row_bytes, k, bias, out, ldo, n0, out_bf16); return;
-    case FMT_Q8_0: tile(rows, cols, FMT_Q8_0, a, r0, w, row_bytes, k, bias, out, ldo, n0, out_bf16); return;
-    default: tile(rows, cols, FMT_INT8, a, r0, w, row_bytes, k, bias, out, ldo, n0, out_bf16); return;
+    case FMT_Q4_0: TILE_ROWS(FMT_Q4_0)
+    case FMT_Q4_1: TILE_ROWS(FMT_Q4_1)
+    case FMT_Q8_0: TILE_ROWS(FMT_Q8_0)
+    default: TILE_ROWS(FMT_INT8)
     }
 }
 

@@ -32,11 +32,10 @@
 #endif
 
 #include "kernels.h"
+#include "quant_blocks.h"
 #include "vec.h"
 
-enum { FMT_Q4_0 = 2, FMT_Q4_1 = 3, FMT_Q8_0 = 8, FMT_INT8 = 100 };
-
-#define BLOCK 32     /* elements per GGUF block */
+#define BLOCK QBLOCK /* elements per GGUF block */
 #define TILE_ROWS 4  /* rows of x per tile */
 #define TILE_COLS 4  /* weight rows per tile: 1-2 rows of x take 4 (more chains in flight), 3-4 take 2 */
 #define CHUNK 32     /* weight rows a thread keeps hot in L1/L2 while the row tiles pass over them */
@@ -51,38 +50,9 @@ int64_t quant_row_bytes(int fmt, int64_t k) {
         return 4 + k;
     if (k % BLOCK)
         return 0;
-    switch (fmt) {
-    case FMT_Q4_0: return k / BLOCK * 18;
-    case FMT_Q4_1: return k / BLOCK * 20;
-    case FMT_Q8_0: return k / BLOCK * 34;
-    }
+    if (fmt == FMT_Q4_0 || fmt == FMT_Q4_1 || fmt == FMT_Q8_0)
+        return k / BLOCK * block_bytes(fmt);
     return 0;
-}
-
-/* IEEE half -> float, exactly (normals, subnormals, inf, NaN). */
-INLINE float half_to_float(const uint8_t *p) {
-    uint16_t h;
-    memcpy(&h, p, 2);
-#if defined(__F16C__)
-    return _cvtsh_ss(h);
-#else
-    const uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff;
-    uint32_t bits;
-    if (exp == 0x1f)
-        bits = sign | 0x7f800000u | (man << 13);
-    else if (exp != 0)
-        bits = sign | ((exp + 112) << 23) | (man << 13);
-    else if (man == 0)
-        bits = sign;
-    else { /* subnormal: man * 2^-24, exact in fp32 */
-        float value = (float)man * 5.9604644775390625e-8f;
-        memcpy(&bits, &value, 4);
-        bits |= sign;
-    }
-    float out;
-    memcpy(&out, &bits, 4);
-    return out;
-#endif
 }
 
 /* every lane = value (a broadcast; `(vf){0} + value` would add 0 first) */
@@ -200,46 +170,46 @@ INLINE void nibbles_lut(const uint8_t *qs, float dh, float offset, vf *lo, vf *h
 INLINE void dequant(int fmt, const uint8_t *row, int64_t b, vf *lo, vf *hi) {
 #if defined(__AVX512F__)
     if (fmt == FMT_Q4_1) {
-        const uint8_t *blk = row + b * 20;
+        const uint8_t *blk = block_start(FMT_Q4_1, row, b);
         float dh, mh;
         two_halves(blk, &dh, &mh);
-        nibbles_lut(blk + 4, dh, mh, lo, hi);
+        nibbles_lut(block_values(FMT_Q4_1, row, b), dh, mh, lo, hi);
         return;
     }
     if (fmt == FMT_Q4_0) {
-        const uint8_t *blk = row + b * 18;
+        const uint8_t *blk = block_start(FMT_Q4_0, row, b);
         const float dh = half_to_float(blk);
-        nibbles_lut(blk + 2, dh, -8.0f * dh, lo, hi);
+        nibbles_lut(block_values(FMT_Q4_0, row, b), dh, -8.0f * dh, lo, hi);
         return;
     }
 #endif
     if (fmt == FMT_Q4_1) {
-        const uint8_t *blk = row + b * 20;
+        const uint8_t *blk = block_start(FMT_Q4_1, row, b);
         float dh, mh;
         two_halves(blk, &dh, &mh);
         const vf d = splat(dh), m = splat(mh);
         vb qs;
-        memcpy(&qs, blk + 4, 16);
+        memcpy(&qs, block_values(FMT_Q4_1, row, b), 16);
         *lo = fma16(u8_to_f32(qs & 0x0f), d, m);
         *hi = fma16(u8_to_f32(qs >> 4), d, m);
     } else if (fmt == FMT_Q4_0) {
-        const uint8_t *blk = row + b * 18;
+        const uint8_t *blk = block_start(FMT_Q4_0, row, b);
         const float dh = half_to_float(blk);
         const vf d = splat(dh), offset = splat(-8.0f * dh); /* q d - 8 d = (q - 8) d exactly: both products are exact */
         vb qs;
-        memcpy(&qs, blk + 2, 16);
+        memcpy(&qs, block_values(FMT_Q4_0, row, b), 16);
         *lo = fma16(u8_to_f32(qs & 0x0f), d, offset);
         *hi = fma16(u8_to_f32(qs >> 4), d, offset);
     } else if (fmt == FMT_Q8_0) {
-        const uint8_t *blk = row + b * 34;
+        const uint8_t *blk = block_start(FMT_Q8_0, row, b);
         const vf d = splat(half_to_float(blk));
         vsb q0, q1;
-        memcpy(&q0, blk + 2, 16), memcpy(&q1, blk + 18, 16);
+        memcpy(&q0, block_values(FMT_Q8_0, row, b), 16), memcpy(&q1, block_values(FMT_Q8_0, row, b) + 16, 16);
         *lo = s8_to_f32(q0) * d;
         *hi = s8_to_f32(q1) * d;
     } else { /* FMT_INT8: 32 elements from byte 4 + 32 b */
         vsb q0, q1;
-        memcpy(&q0, row + 4 + b * 32, 16), memcpy(&q1, row + 4 + b * 32 + 16, 16);
+        memcpy(&q0, block_values(FMT_INT8, row, b), 16), memcpy(&q1, block_values(FMT_INT8, row, b) + 16, 16);
         *lo = s8_to_f32(q0);
         *hi = s8_to_f32(q1);
     }
@@ -248,7 +218,7 @@ INLINE void dequant(int fmt, const uint8_t *row, int64_t b, vf *lo, vf *hi) {
 /* INT8 tail: the last k % 32 elements as a block padded with zeros (x's tail is zero-padded too). */
 INLINE void dequant_tail(const uint8_t *row, int64_t b, int64_t count, vf *lo, vf *hi) {
     int8_t buffer[BLOCK] = {0};
-    memcpy(buffer, row + 4 + b * 32, (size_t)count);
+    memcpy(buffer, block_values(FMT_INT8, row, b), (size_t)count);
     vsb q0, q1;
     memcpy(&q0, buffer, 16), memcpy(&q1, buffer + 16, 16);
     *lo = s8_to_f32(q0);
