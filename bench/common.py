@@ -89,8 +89,10 @@ def machine() -> dict:
             "library_isa": library_isa(), "torch_cpu_capability": torch.backends.cpu.get_cpu_capability()}
     try:
         lscpu = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=5).stdout
-        info["cpu"] = next((line.split(":", 1)[1].strip() for line in lscpu.splitlines()
-                            if line.startswith("Model name")), "n/a")
+        fields = dict(line.split(":", 1) for line in lscpu.splitlines() if ":" in line)
+        # "AMD EPYC" alone does not tell Zen 4 (family 25) from Zen 5 (family 26): RESULTS.md's table needs both
+        info["cpu"] = fields.get("Model name", "n/a").strip() + "".join(
+            f", {key.lower()} {fields[key].strip()}" for key in ("CPU family", "Model") if key in fields)
     except (OSError, subprocess.TimeoutExpired):
         info["cpu"] = "n/a"
     try:

@@ -4,7 +4,7 @@
 #   compile    python -m services.tools.gpu_compile for this device's architecture: the full matrix the
 #              suite checks on a CPU (a subset there), now with the device's own ptxas limits in view
 #   tests      the kernel tests on the GPU (compiled kernels, fp16 included, the CPU tiers of this host
-#              too) and the CUDA worker contract (tests/core/test_cuda_worker_contract.py: its stubbed
+#              too) and the CUDA worker contract (tests/worker/test_cuda_worker_contract.py: its stubbed
 #              tests, and the real swap through the pinned pool on the copy streams)
 #   features   bench/gpu_features.py on the GPU, bf16, the Triton kernels: seeded sampling (twice, alone
 #              vs batched), --device cuda:N, the kernel backends (triton, torch), async scheduling,
@@ -83,7 +83,7 @@ section_compile() {
 }
 
 section_tests() {
-  "$PYTHON" -m pytest tests/kernels tests/core/test_cuda_worker_contract.py -q -rs -p no:cacheprovider 2>&1 | tee "$TEST_LOG"
+  "$PYTHON" -m pytest tests/kernels tests/worker/test_cuda_worker_contract.py -q -rs -p no:cacheprovider 2>&1 | tee "$TEST_LOG"
   return "${PIPESTATUS[0]}"
 }
 

@@ -4,7 +4,7 @@ Generated `*_pb2` code stops at the gRPC edge (CONTRIBUTING.md, house style): th
 (this one, and services/frontend/public_codec.py for the public API), the servicers, the servers
 that register them, and the clients (scheduler_client, worker_client, registrar, pagedserve.client);
 the tools talk to a deployment as clients do. Everything else (core, the step loop, the model
-runner, the frontend's core) sees dataclasses only: tests/services/test_protos.py checks. Floats are
+runner, the frontend's core) sees dataclasses only: tests/tools/test_protos.py checks. Floats are
 protobuf doubles, so every value round-trips exactly. Optional ints travel as -1 (logprobs),
 as proto3 `optional` (seed, as in the public proto) or with a has_* flag (stop token id).
 """

@@ -40,12 +40,49 @@ def test_llm_keywords_reach_every_config_that_holds_them():
     assert not args.scheduler_config(2048).async_scheduling  # the in-process engine steps synchronously
 
 
-def test_llm_takes_every_setting_of_the_worker_its_cache_and_the_scheduler():
-    names = {f.name for cls in (WorkerConfig, CacheConfig, SchedulerConfig) for f in dataclasses.fields(cls)}
-    names -= {"async_scheduling"}
-    defaults = {f.name: f.default for cls in (WorkerConfig, CacheConfig, SchedulerConfig)
-                for f in dataclasses.fields(cls) if f.name in names}
-    EngineArgs.from_kwargs("m", **{name: value for name, value in defaults.items() if name != "model"})
+# A valid value other than the default for each setting LLM(...) takes; bools and ints are derived
+# (not the default, the default + 1), a setting of another kind must be named here.
+NON_DEFAULT = {
+    "dtype": "bfloat16", "device": "cpu", "kernel_backend": "torch", "quantization": "int8",
+    "activation_quant": "none", "cpu_isa": "generic", "group_address": "10.0.0.1:29500",
+    "model_cache_dir": "/srv/models", "distributed_backend": "nccl", "tensor_parallel_size": 2, "pipeline_parallel_size": 2, "group_rank": 3,
+    "block_size": 32, "num_gpu_blocks": 10, "kv_cache_memory_bytes": 1 << 20, "max_model_len": 1024,
+    "preemption_mode": "swap", "scheduling_policy": "priority", "seed": 7,
+    "speculative_config": {"method": "suffix", "num_speculative_tokens": 3},
+}
+
+
+def non_default(field: dataclasses.Field):
+    if field.name in NON_DEFAULT:
+        return NON_DEFAULT[field.name]
+    if field.type == "bool":
+        return not field.default
+    if field.type == "int":
+        return field.default + 1
+    raise AssertionError(f"{field.name} ({field.type}): add a valid non-default value to NON_DEFAULT")
+
+
+def test_each_non_default_llm_setting_reaches_every_config_that_holds_it():
+    """LLM(...)'s keywords are split over the worker's, the cache's and the scheduler's dataclasses
+    (a name in several goes to each): a value lost or sent to the wrong one shows here."""
+    classes = (WorkerConfig, CacheConfig, SchedulerConfig)
+    given = {f.name: non_default(f) for cls in classes for f in dataclasses.fields(cls)
+             if f.name not in ("model", "async_scheduling")}  # the first argument; refused in process
+    assert all(given[f.name] != f.default for cls in classes for f in dataclasses.fields(cls) if f.name in given)
+    args = EngineArgs.from_kwargs("m", **given)
+    configs = {WorkerConfig: args.worker_config(), CacheConfig: args.cache_config(),
+               SchedulerConfig: args.scheduler_config(4096)}
+    arrived = {}
+    for cls, config in configs.items():
+        for f in dataclasses.fields(cls):
+            if f.name in given:
+                value = getattr(config, f.name)
+                arrived[(cls.__name__, f.name)] = (value if f.name != "speculative_config"
+                                                   else {"method": value.method,
+                                                         "num_speculative_tokens": value.num_speculative_tokens})
+    assert arrived == {(cls.__name__, f.name): given[f.name]
+                       for cls in classes for f in dataclasses.fields(cls) if f.name in given}
+    assert (args.worker_config().model, configs[SchedulerConfig].async_scheduling) == ("m", False)
 
 
 @pytest.mark.parametrize("name", ["enforce_eager", "async_scheduling"])

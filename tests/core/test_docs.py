@@ -24,3 +24,23 @@ def test_no_comment_points_outside_the_repository_for_the_design_or_the_style():
              if re.search(r"shared/DESIGN\.md|\bSTYLE\.md", path.read_text(errors="replace"))]
     assert stale == []
     assert (ROOT / "CONTRIBUTING.md").is_file()
+
+
+def test_every_test_path_the_documents_and_comments_name_exists():
+    """Tests mirror the source (CONTRIBUTING.md, "Layout"): a moved test file leaves no stale path."""
+    documents = SOURCES + [ROOT / name for name in ("CONTRIBUTING.md", "docs/ARCHITECTURE.md", "bench/README.md",
+                                                    "bench/RESULTS.md", ".ci/run", "bench/gpu_check.sh")]
+    documents += list((ROOT / "bench" / "results").glob("*.md")) + list((ROOT / "deploy").rglob("*.y*ml"))
+    named = {(str(path.relative_to(ROOT)), cited) for path in documents
+             for cited in re.findall(r"\btests/[\w/]+\.(?:py|c)\b", path.read_text(errors="replace"))}
+    assert named, "no document names a test file: the pattern is wrong"
+    assert sorted((path, cited) for path, cited in named if not (ROOT / cited).is_file()) == []
+
+
+def test_the_tests_mirror_the_source():
+    """Each test folder is a package's (services/<name>/) or one of the few outside services/: a test
+    file is found by what it tests (CONTRIBUTING.md, "Layout"), never in a catch-all folder."""
+    outside = {"engine": "services/engine.py", "pagedserve": "pagedserve/", "kernels": "kernels/", "e2e": "processes"}
+    folders = {path.parent.relative_to(ROOT / "tests").parts[0] for path in (ROOT / "tests").rglob("test_*.py")
+               if path.parent != ROOT / "tests"}
+    assert sorted(f for f in folders if f not in outside and not (ROOT / "services" / f).is_dir()) == []

@@ -15,6 +15,7 @@ from services.core.drafters import GlobalSuffixTree, NgramDrafter, SuffixDrafter
 from services.core.errors import InvalidArgument
 from services.core.sampling_params import SamplingParams
 from tests.conftest import make_llm, random_prompts
+from tests.waits import is_idle
 
 # drafted at every batch size (the default stops at 3 running): these tests are about the bits, not the speed
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 1,
@@ -124,7 +125,7 @@ def test_oracle_drafts_give_the_same_tokens_and_logprobs(tiny_llama, prompts, re
     stats = llm.scheduler.stats()
     assert all(n > 0 for n in stats.spec_decode_num_accepted_tokens_per_pos), stats
     assert stats.spec_decode_num_accepted_tokens < stats.spec_decode_num_draft_tokens  # some were rejected
-    assert all(w.num_free_gpu_blocks == w.num_gpu_blocks for w in stats.workers)
+    assert is_idle(stats)
 
 
 def test_a_verify_chunk_of_k_plus_1_tokens_gets_the_decode_steps_logits_to_the_bit(tiny_llama):
@@ -192,7 +193,7 @@ def test_same_under_preemption_and_prefix_caching(tiny_llama, prompts, reference
     else:
         assert llm.scheduler.num_preemptions > 0
     assert stats.spec_decode_num_accepted_tokens > 0
-    assert all(w.num_free_gpu_blocks == w.num_gpu_blocks for w in stats.workers)
+    assert is_idle(stats)
 
 
 def test_parallel_samples_and_stop_strings(tiny_llama, prompts):

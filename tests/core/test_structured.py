@@ -13,7 +13,7 @@ from services.core.errors import InvalidArgument
 from services.core.sampling_params import SamplingParams
 from services.core.structured import Constraint
 from tests.conftest import make_llm, random_prompts
-from tests.core.test_async_scheduling import run_async
+from tests.worker.test_async_scheduling import run_async
 
 PERSON = {"type": "object", "properties": {
     "name": {"type": "string", "minLength": 1, "maxLength": 8},

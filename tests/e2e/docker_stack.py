@@ -9,6 +9,7 @@ no engine and no compose plugin) is not the one the engine was released with. Co
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import signal
@@ -16,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -88,13 +90,28 @@ class Engine:
 
     def close(self) -> None:
         if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(60)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+            stop_process(self.process)
         self.process = None
+
+
+def stop_process(process: subprocess.Popen, timeout: float = 60) -> None:
+    """SIGTERM, then SIGKILL after `timeout` seconds: a daemon's orderly stop, or its end."""
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+def chat(http: str, question: str) -> str:
+    """The default model's greedy answer (32 tokens) over the frontend at `http` ("http://host:port")."""
+    body = json.dumps({"model": "default", "messages": [{"role": "user", "content": question}],
+                       "max_tokens": 32, "temperature": 0}).encode()
+    request = urllib.request.Request(f"{http}/v1/chat/completions", data=body,
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=120) as response:
+        return json.load(response)["choices"][0]["message"]["content"]
 
 
 def compose_command(docker: str) -> list[str] | None:

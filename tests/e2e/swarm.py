@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import json
 import shutil
-import signal
 import subprocess
 import time
 from pathlib import Path
 
-from tests.e2e.docker_stack import CACHE, run
+from tests.e2e.docker_stack import CACHE, run, stop_process
 from tests.netns import Host
 
 SWARM_CACHE = CACHE / "swarm"
@@ -71,12 +70,7 @@ class Node:
         if self.process is None:
             return
         self.docker("swarm", "leave", "--force", timeout=60, check=False)
-        self.process.send_signal(signal.SIGTERM)  # stops its containers (no live-restore)
-        try:
-            self.process.wait(60)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        stop_process(self.process)  # SIGTERM stops its containers (no live-restore)
         self.process = None
 
 

@@ -4,7 +4,7 @@ would: the Responses API (create, stream, a tool loop through previous_response_
 function_call_output, json_schema valid at temperature 1), the Messages API (create, stream, a
 tool_use/tool_result loop, count_tokens, x-api-key), and the same seeded request giving the same
 tokens through chat completions, responses and messages. The in-process cluster versions of these
-checks: tests/services/test_agent_apis.py."""
+checks: tests/frontend/test_agent_apis.py."""
 from __future__ import annotations
 
 import json
@@ -13,12 +13,13 @@ import urllib.request
 from typing import Literal
 
 import anthropic
-import jsonschema
 import openai
 import pydantic
 import pytest
 
 from services.launch.deployment import free_ports
+from tests.agent_checks import (messages_create_and_stream_agree, messages_tool_loop, responses_json_schema_is_valid,
+                                responses_tool_loop)
 from tests.e2e.test_launcher import REAL_SERVICES, Up, up_args
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not REAL_SERVICES, reason="services not there")]
@@ -33,7 +34,6 @@ TIME = {"type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]}}, "req
 RESPONSES_TOOLS = [{"type": "function", "name": "get_weather", "parameters": WEATHER},
                    {"type": "function", "name": "get_time", "parameters": TIME}]
 ANTHROPIC_TOOLS = [{"name": t["name"], "input_schema": t["parameters"]} for t in RESPONSES_TOOLS]
-PARAMETERS = {t["name"]: t["parameters"] for t in RESPONSES_TOOLS}
 FORECAST = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
                                              "celsius": {"type": "integer", "minimum": -40, "maximum": 45},
                                              "sky": {"enum": ["sunny", "cloudy", "rain"]}},
@@ -128,28 +128,9 @@ def test_responses_create_and_stream_agree_and_the_events_come_in_order(deployed
 
 
 def test_responses_tool_loop_through_previous_response_id_and_function_call_output(deployed, client):
-    first = client.responses.create(model=deployed.model, input=QUESTION, instructions=SYSTEM, tools=RESPONSES_TOOLS,
-                                    tool_choice="required", parallel_tool_calls=False, max_output_tokens=100,
-                                    temperature=1.0, extra_body={"seed": 5})
-    [call] = first.output
-    assert first.status == "completed" and call.type == "function_call" and call.call_id
-    jsonschema.validate(json.loads(call.arguments), PARAMETERS[call.name])
-    with client.responses.stream(model=deployed.model, input=QUESTION, instructions=SYSTEM, tools=RESPONSES_TOOLS,
-                                 tool_choice="required", parallel_tool_calls=False, max_output_tokens=100,
-                                 temperature=1.0, extra_body={"seed": 5}) as stream:
-        pieces = [e.delta for e in stream if e.type == "response.function_call_arguments.delta"]
-        streamed = stream.get_final_response()
-    assert len(pieces) > 1 and "".join(pieces) == streamed.output[0].arguments == call.arguments
-    result = {"type": "function_call_output", "call_id": call.call_id, "output": json.dumps({"celsius": 21})}
-    second = client.responses.create(model=deployed.model, previous_response_id=first.id, input=[result],
-                                     tools=RESPONSES_TOOLS, tool_choice="none", max_output_tokens=8,
-                                     temperature=1.0, extra_body={"seed": 9})
-    assert second.previous_response_id == first.id and second.output[0].type == "message" and second.output_text
-    # the whole conversation given again without the store is the same prompt, so the same answer
-    again = client.responses.create(model=deployed.model, input=[{"role": "user", "content": QUESTION}, call, result],
-                                    tools=RESPONSES_TOOLS, tool_choice="none", max_output_tokens=8,
-                                    temperature=1.0, store=False, extra_body={"seed": 9})
-    assert (again.usage.input_tokens, again.output_text) == (second.usage.input_tokens, second.output_text)
+    _, _, second, _ = responses_tool_loop(client, deployed.model, SYSTEM, QUESTION, RESPONSES_TOOLS,
+                                          json.dumps({"celsius": 21}), max_output_tokens=8, temperature=1.0,
+                                          extra_body={"seed": 9})
     # and a third turn continues the second (the chain, not just one step back)
     third = client.responses.create(model=deployed.model, previous_response_id=second.id, input="Thanks.",
                                     max_output_tokens=4, temperature=0, store=False)
@@ -160,13 +141,7 @@ def test_responses_tool_loop_through_previous_response_id_and_function_call_outp
 
 
 def test_responses_json_schema_is_valid_at_temperature_1_over_several_seeds(deployed, client):
-    fmt = {"type": "json_schema", "name": "forecast", "schema": FORECAST, "strict": True}
-    for seed in range(5):
-        result = client.responses.create(model=deployed.model, input=QUESTION, text={"format": fmt},
-                                         max_output_tokens=80, temperature=1.0, store=False,
-                                         extra_body={"seed": seed})
-        assert result.status == "completed", result
-        jsonschema.validate(json.loads(result.output_text), FORECAST)
+    responses_json_schema_is_valid(client, deployed.model, QUESTION, FORECAST, range(5))
     # the SDK's own structured-output helpers: a pydantic model in, a parsed object out
     parsed = client.responses.parse(model=deployed.model, input=QUESTION, text_format=Sky, max_output_tokens=60,
                                     temperature=1.0, store=False, extra_body={"seed": 1})
@@ -182,20 +157,7 @@ def test_messages_json_schema_through_the_sdks_parse_helper(deployed, claude):
 
 
 def test_messages_create_and_stream_agree(deployed, claude):
-    kwargs = dict(model=deployed.model, system=SYSTEM, messages=[{"role": "user", "content": QUESTION}],
-                  max_tokens=16, extra_body={"seed": 3, "temperature": 1.0})
-    whole = claude.messages.create(**kwargs)
-    assert (whole.stop_reason, whole.usage.output_tokens, whole.content[0].type) == ("max_tokens", 16, "text")
-    with claude.messages.stream(**kwargs) as stream:
-        text = "".join(stream.text_stream)
-        final = stream.get_final_message()
-    assert text == final.content[0].text == whole.content[0].text
-    assert (final.stop_reason, final.usage.input_tokens, final.usage.output_tokens) == \
-        ("max_tokens", whole.usage.input_tokens, 16)
-    events = [e.type for e in claude.messages.create(**kwargs, stream=True)]
-    assert events[:2] == ["message_start", "content_block_start"]
-    assert set(events[2:-3]) == {"content_block_delta"}
-    assert events[-3:] == ["content_block_stop", "message_delta", "message_stop"]
+    whole, kwargs = messages_create_and_stream_agree(claude, deployed.model, SYSTEM, QUESTION, max_tokens=16)
     # settings the SDK sends that ask for what the server does anyway change nothing
     same = claude.messages.create(**kwargs, thinking={"type": "disabled"}, service_tier="standard_only")
     assert same.content[0].text == whole.content[0].text
@@ -204,27 +166,7 @@ def test_messages_create_and_stream_agree(deployed, claude):
 
 
 def test_messages_tool_use_and_tool_result_loop_and_count_tokens(deployed, claude):
-    kwargs = dict(model=deployed.model, system=SYSTEM, messages=[{"role": "user", "content": QUESTION}],
-                  tools=ANTHROPIC_TOOLS, tool_choice={"type": "any", "disable_parallel_tool_use": True},
-                  max_tokens=100, extra_body={"seed": 5, "temperature": 1.0})
-    first = claude.messages.create(**kwargs)
-    [use] = first.content
-    assert first.stop_reason == "tool_use" and use.type == "tool_use" and use.id
-    jsonschema.validate(use.input, PARAMETERS[use.name])
-    with claude.messages.stream(**kwargs) as stream:
-        pieces = [e.delta.partial_json for e in stream
-                  if e.type == "content_block_delta" and e.delta.type == "input_json_delta"]
-        streamed = stream.get_final_message()
-    assert len(pieces) > 1 and json.loads("".join(pieces)) == streamed.content[0].input == use.input
-    history = kwargs["messages"] + [{"role": "assistant", "content": first.content},  # the SDK's blocks, as they are
-                                    {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id,
-                                                                  "content": "sunny, 21 C"}]}]
-    final = claude.messages.create(**{**kwargs, "messages": history, "tool_choice": {"type": "none"},
-                                      "max_tokens": 6})
-    assert final.content[0].type == "text" and final.stop_reason in ("max_tokens", "end_turn")
-    counted = claude.messages.count_tokens(model=deployed.model, system=SYSTEM, messages=history,
-                                           tools=ANTHROPIC_TOOLS, tool_choice={"type": "none"})
-    assert counted.input_tokens == final.usage.input_tokens
+    first, kwargs = messages_tool_loop(claude, deployed.model, SYSTEM, QUESTION, ANTHROPIC_TOOLS, "sunny, 21 C")
     assert claude.messages.count_tokens(model=deployed.model, system=SYSTEM, messages=kwargs["messages"],
                                         tools=ANTHROPIC_TOOLS, tool_choice=kwargs["tool_choice"]).input_tokens == \
         first.usage.input_tokens

@@ -13,15 +13,14 @@ import json
 import os
 import signal
 import time
-import urllib.request
 
-import grpc
 import pytest
 
-from pagedserve.internal.v1 import scheduler_pb2, scheduler_pb2_grpc
+from pagedserve.internal.v1 import scheduler_pb2
 from services.launch.deployment import free_ports
-from tests.e2e.docker_stack import (PROMPTS, Engine, Reference, Stack, Streams, Unavailable, compose_command,
+from tests.e2e.docker_stack import (PROMPTS, Engine, Reference, Stack, Streams, Unavailable, chat, compose_command,
                                     ensure_image, listening_ports, run)
+from tests.waits import http_healthy, poll, scheduler_stats
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
 
@@ -51,44 +50,18 @@ def stack(engine):
     try:
         stack.compose("up", "-d", "--no-build", timeout=STARTUP_S)
         wait_for(lambda: len(stats(stack).workers) == 1, STARTUP_S, stack, "the worker to register")
-        wait_for(lambda: frontend_serving(stack), 120, stack, "the frontend to serve")
+        wait_for(lambda: http_healthy(stack.http_port), 120, stack, "the frontend to serve")
         yield stack
     finally:
         stack.down()
 
 
 def stats(stack: Stack) -> scheduler_pb2.GetStatsResponse:
-    with grpc.insecure_channel(stack.scheduler) as channel:
-        return scheduler_pb2_grpc.SchedulerStub(channel).GetStats(scheduler_pb2.GetStatsRequest(), timeout=10)
-
-
-def frontend_serving(stack: Stack) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{stack.http_port}/health", timeout=5) as response:
-            return response.status == 200
-    except OSError:
-        return False
+    return scheduler_stats(stack.scheduler)
 
 
 def wait_for(predicate, timeout: float, stack: Stack, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if predicate():
-                return
-        except grpc.RpcError:
-            pass
-        time.sleep(1)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; logs:\n{stack.logs()}")
-
-
-def chat(stack: Stack, question: str) -> str:
-    body = json.dumps({"model": "default", "messages": [{"role": "user", "content": question}],
-                       "max_tokens": 32, "temperature": 0}).encode()
-    request = urllib.request.Request(f"http://127.0.0.1:{stack.http_port}/v1/chat/completions", data=body,
-                                     headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=120) as response:
-        return json.load(response)["choices"][0]["message"]["content"]
+    poll(predicate, timeout, what, every=1, logs=stack.logs)
 
 
 @pytest.fixture(scope="module")
@@ -108,7 +81,7 @@ def test_up_converts_the_default_model_into_the_volume_and_answers_paris(stack):
     listed = run([stack.engine.docker, "run", "--rm", "--network", "none", "-v", f"{stack.project}_models:/models:ro",
                   stack.image, "ls", MODEL_DIR]).stdout.split()
     assert {"config.json", "model.safetensors", "tokenizer.json"} <= set(listed)
-    assert "Paris" in chat(stack, "What is the capital of France?")
+    assert "Paris" in chat(f"http://127.0.0.1:{stack.http_port}", "What is the capital of France?")
     (worker,) = stack.containers("worker")
     assert run([stack.engine.docker, "exec", worker, "id", "-u"]).stdout.strip() == "1000"  # not root
     kernels = run([stack.engine.docker, "exec", worker, "ls", "/home/pagedserve/.cache/pagedserve-kernels"]).stdout

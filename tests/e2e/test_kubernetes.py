@@ -3,7 +3,7 @@ against the Kubernetes 1.34 schemas in strict mode (kubernetes-validate), checko
 skipped check named with its reason, and every container runs a command its service's own argument
 parser takes: the launcher's command (services.launch.deployment.service_commands), so a renamed
 flag fails here. The autoscalers' metric names are checked against a running frontend's /metrics
-in tests/services/test_http_cluster.py. Nothing here runs a cluster: none can run on these machines.
+in tests/frontend/test_http_cluster.py. Nothing here runs a cluster: none can run on these machines.
 """
 from __future__ import annotations
 

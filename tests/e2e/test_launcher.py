@@ -340,7 +340,8 @@ def test_each_service_knows_every_flag_up_passes_it(service):
     for flag, value in values.items():
         assert str(getattr(args, flag[2:].replace("-", "_"))) in (value, f"{value}.0"), flag
     assert all(getattr(args, flag[2:].replace("-", "_")) is True for flag in switches)
-    assert parse_args(["--no-" + flag[2:] for flag in switches]) is not None
+    negated = parse_args(["--no-" + flag[2:] for flag in switches])
+    assert [flag for flag in switches if getattr(negated, flag[2:].replace("-", "_")) is not False] == []
 
 
 def test_sigterm_stops_the_frontend_first_then_the_scheduler_then_the_workers(launch, fake_python, fake_model,

@@ -8,38 +8,17 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 
-import grpc
 import pytest
 
-from pagedserve.internal.v1 import scheduler_pb2, scheduler_pb2_grpc
 from pagedserve import AsyncClient
 from services.launch.healthcheck import health_status
 from services.launch.deployment import Deployment, free_ports, service_commands
 from tests.conftest import random_prompts
 from tests.e2e.test_launcher import REAL_SERVICES, assert_all_stopped, launch, up_args  # noqa: F401 (a fixture)
+from tests.waits import http_healthy, poll, scheduler_stats, wait_idle
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not REAL_SERVICES, reason="services not there")]
-
-
-def scheduler_stats(port: int) -> scheduler_pb2.GetStatsResponse:
-    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-        return scheduler_pb2_grpc.SchedulerStub(channel).GetStats(scheduler_pb2.GetStatsRequest(), timeout=10)
-
-
-def wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            value = predicate()
-        except grpc.RpcError:
-            value = None
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"not {what} in {timeout}s"
-        time.sleep(0.1)
 
 
 def params(i: int, max_tokens: int) -> dict:
@@ -71,6 +50,28 @@ async def stream_all(address: str, prompts, kwargs, on_token=None) -> list[tuple
         await client.close()
 
 
+def streams_survive_a_kill(address: str, num: int, max_tokens: int, seed: int, victim: int, kill_after: int) -> tuple:
+    """`num` streams of `max_tokens` (params(i)) fault-free, then again with `victim` SIGKILLed once
+    `kill_after` tokens of them all have streamed: every stream completes with the same tokens, and the
+    kill fell in the first half of the output. Returns the prompts, their sampling keywords and the
+    fault-free (token ids, finish reason)s."""
+    prompts = random_prompts(num, 512, 4, 60, seed=seed)
+    kwargs = [params(i, max_tokens) for i in range(num)]
+    want = asyncio.run(stream_all(address, prompts, kwargs))  # fault-free
+    assert all(len(ids) == max_tokens and reason == "length" for ids, reason in want)
+    killed = []
+
+    def kill_once(total: int) -> None:
+        if total >= kill_after and not killed:  # every stream is under way
+            os.kill(victim, signal.SIGKILL)
+            killed.append(total)
+
+    got = asyncio.run(stream_all(address, prompts, kwargs, on_token=kill_once))
+    assert killed and killed[0] < num * max_tokens / 2  # mid-stream
+    assert got == want  # every stream complete, the same tokens
+    return prompts, kwargs, want
+
+
 def start(launch, model, ports, *extra: str):
     up = launch(up_args(model, ports) + ["--dtype", "float32", "--num-gpu-blocks", "128",
                                          "--startup-timeout", "240", *extra])
@@ -81,27 +82,13 @@ def start(launch, model, ports, *extra: str):
 def test_a_worker_killed_mid_stream_loses_no_stream_and_comes_back(launch, tiny_llama):
     ports = free_ports(3)
     up = start(launch, tiny_llama, ports)
-    prompts = random_prompts(24, 512, 4, 60, seed=12)
-    kwargs = [params(i, 48) for i in range(24)]
-    want = asyncio.run(stream_all(f"127.0.0.1:{ports[0]}", prompts, kwargs))  # fault-free
-    assert all(len(ids) == 48 and reason == "length" for ids, reason in want)
-
-    victim, killed = up.pids()["worker-0"], []
-
-    def kill_once(total: int) -> None:
-        if total >= 24 * 8 and not killed:  # every stream is under way
-            os.kill(victim, signal.SIGKILL)
-            killed.append(total)
-
-    got = asyncio.run(stream_all(f"127.0.0.1:{ports[0]}", prompts, kwargs, on_token=kill_once))
-    assert killed and killed[0] < 24 * 48 / 2  # mid-stream
-    assert got == want  # every stream complete, the same tokens
+    victim = up.pids()["worker-0"]
+    streams_survive_a_kill(f"127.0.0.1:{ports[0]}", 24, 48, seed=12, victim=victim, kill_after=24 * 8)
     exited = up.wait_event("service_exited", timeout=10, service_name="worker-0")
     assert exited["pid"] == victim and exited["exit_code"] == -signal.SIGKILL
     ready = up.wait_event("service_ready", timeout=120, service_name="worker-0")
     assert ready["pid"] != victim
-    stats = wait_for(lambda: (s := scheduler_stats(ports[2])) and len(s.workers) == 2 and s, 30, "2 workers")
-    assert all(w.num_free_gpu_blocks == w.num_gpu_blocks for w in stats.workers)
+    wait_idle(ports[2], 30, num_workers=2)
     assert up.proc.poll() is None
 
 
@@ -127,22 +114,14 @@ def test_sigterm_lets_20_open_streams_finish_and_exits_0_within_the_grace_period
     assert_all_stopped(up, ports + up.worker_ports(), pids, within=1)
 
 
-def http_healthy(port: int) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as reply:
-            return reply.status == 200
-    except (urllib.error.URLError, ConnectionError):
-        return False
-
-
 def test_up_restarts_a_killed_scheduler_and_serves_again(launch, tiny_llama):
     ports = free_ports(3)
     up = start(launch, tiny_llama, ports)
     scheduler = up.pids()["scheduler"]
     os.kill(scheduler, signal.SIGKILL)
     assert up.wait_event("service_ready", timeout=60, service_name="scheduler")["pid"] != scheduler
-    wait_for(lambda: len(scheduler_stats(ports[2]).workers) == 2, 30, "2 workers re-registered")
-    wait_for(lambda: http_healthy(ports[1]), 30, "/health 200")
+    poll(lambda: len(scheduler_stats(ports[2]).workers) == 2, 30, "2 workers re-registered")
+    poll(lambda: http_healthy(ports[1]), 30, "/health 200")
     got = asyncio.run(stream_all(f"127.0.0.1:{ports[0]}", [[5, 6, 7]], [params(0, 8)]))
     assert got[0][1] == "length" and len(got[0][0]) == 8
 
@@ -159,15 +138,15 @@ def test_health_is_200_soon_after_a_scheduler_comes_back_from_a_long_outage(tiny
     procs = {name: subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
              for name, argv in commands.items()}
     try:
-        wait_for(lambda: http_healthy(http_port), 240, "/health 200")
+        poll(lambda: http_healthy(http_port), 240, "/health 200")
         procs["scheduler"].kill()
         procs["scheduler"].wait()
         time.sleep(10)
         procs["scheduler"] = subprocess.Popen(commands["scheduler"], stdout=subprocess.DEVNULL,
                                               stderr=subprocess.DEVNULL)
-        wait_for(lambda: health_status(f"127.0.0.1:{scheduler_port}", timeout=1) == "SERVING", 60, "scheduler")
+        poll(lambda: health_status(f"127.0.0.1:{scheduler_port}", timeout=1) == "SERVING", 60, "scheduler")
         back = time.monotonic()
-        wait_for(lambda: http_healthy(http_port), 30, "/health 200")
+        poll(lambda: http_healthy(http_port), 30, "/health 200")
         assert time.monotonic() - back < 3.5
     finally:
         for proc in procs.values():

@@ -14,15 +14,15 @@ import sys
 import time
 from pathlib import Path
 
-import grpc
 import pytest
 
-from pagedserve.internal.v1 import scheduler_pb2, scheduler_pb2_grpc
+from pagedserve.internal.v1 import scheduler_pb2
 from services.core.sampling_params import SamplingParams
 from services.launch.deployment import Deployment, service_commands
 from services.launch.healthcheck import health_status
 from tests.conftest import make_llm, random_prompts
 from tests.netns import Hosts, why_not
+from tests.waits import poll, scheduler_stats
 
 REASON = why_not()
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(REASON is not None, reason=f"no network namespaces here: {REASON}")]
@@ -83,21 +83,14 @@ class Cluster:
         return self.services[name]
 
     def stats(self) -> scheduler_pb2.GetStatsResponse:
-        with grpc.insecure_channel(self.scheduler) as channel:
-            return scheduler_pb2_grpc.SchedulerStub(channel).GetStats(scheduler_pb2.GetStatsRequest(), timeout=10)
+        return scheduler_stats(self.scheduler)
 
     def wait_for(self, predicate, timeout: float, what: str) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                if predicate():
-                    return
-            except grpc.RpcError:
-                pass
-            time.sleep(0.2)
-        tails = "\n".join(f"--- {name}\n" + "\n".join(s.log.read_text(errors="replace").splitlines()[-15:])
-                          for name, s in self.services.items())
-        raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}:\n{tails}")
+        poll(predicate, timeout, what, every=0.2, logs=self.log_tails)
+
+    def log_tails(self) -> str:
+        return "\n".join(f"--- {name}\n" + "\n".join(s.log.read_text(errors="replace").splitlines()[-15:])
+                         for name, s in self.services.items())
 
     def stream(self, requests: list[dict], started_after: int = 1) -> subprocess.Popen:
         """The client in its own host, streaming `requests` at once (tests/e2e/stream_client.py)."""

@@ -4,16 +4,14 @@ worker, the launcher restarts the whole group, and no stream fails or changes a 
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
 
 import psutil
 import pytest
 
 from services.launch.deployment import free_ports
-from tests.conftest import random_prompts
 from tests.e2e.test_launcher import REAL_SERVICES, launch  # noqa: F401 (a fixture)
-from tests.e2e.test_launcher_faults import params, scheduler_stats, start, stream_all, wait_for
+from tests.e2e.test_launcher_faults import start, stream_all, streams_survive_a_kill
+from tests.waits import poll, scheduler_stats, wait_idle
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not REAL_SERVICES, reason="services not there")]
 
@@ -27,29 +25,16 @@ def test_up_tp2_serves_and_a_rank_killed_mid_stream_loses_no_stream(launch, mode
     folder = model_dir("llama", "tiny", num_layers=4)
     ports = free_ports(3)
     up = start(launch, folder, ports, "--tensor-parallel-size", "2", "--num-threads", "1")
-    stats = wait_for(lambda: (s := scheduler_stats(ports[2])) and len(s.workers) == 2 and s, 30, "2 workers")
+    poll(lambda: len(scheduler_stats(ports[2]).workers) == 2, 30, "2 workers")
     ranks = {name: followers(pid) for name, pid in up.pids().items() if name.startswith("worker-")}
     assert [len(children) for children in ranks.values()] == [1, 1]  # each worker: rank 0 and one follower
-    prompts = random_prompts(12, 512, 4, 60, seed=21)
-    kwargs = [params(i, 32) for i in range(12)]
-    want = asyncio.run(stream_all(f"127.0.0.1:{ports[0]}", prompts, kwargs))  # fault-free
-    assert all(len(ids) == 32 and reason == "length" for ids, reason in want)
-
-    leader, victim, killed = up.pids()["worker-0"], ranks["worker-0"][0].pid, []
-
-    def kill_once(total: int) -> None:
-        if total >= 12 * 6 and not killed:  # every stream is under way
-            os.kill(victim, signal.SIGKILL)
-            killed.append(total)
-
-    got = asyncio.run(stream_all(f"127.0.0.1:{ports[0]}", prompts, kwargs, on_token=kill_once))
-    assert killed and killed[0] < 12 * 32 / 2  # mid-stream
-    assert got == want  # every stream complete, the same tokens
+    leader = up.pids()["worker-0"]
+    prompts, kwargs, want = streams_survive_a_kill(f"127.0.0.1:{ports[0]}", 12, 32, seed=21, victim=ranks["worker-0"][0].pid,
+                                  kill_after=12 * 6)
     exited = up.wait_event("service_exited", timeout=60, service_name="worker-0")
     assert exited["pid"] == leader and exited["exit_code"] == 1  # rank 0 left when its group broke
     ready = up.wait_event("service_ready", timeout=180, service_name="worker-0")
     assert ready["pid"] != leader
-    stats = wait_for(lambda: (s := scheduler_stats(ports[2])) and len(s.workers) == 2 and s, 60, "2 workers")
-    assert all(w.num_free_gpu_blocks == w.num_gpu_blocks for w in stats.workers)
+    wait_idle(ports[2], 60, num_workers=2)
     again = asyncio.run(stream_all(f"127.0.0.1:{ports[0]}", prompts[:2], kwargs[:2]))
     assert again == want[:2]  # the restarted group serves the same bits

@@ -2,7 +2,7 @@
 every open request over to the restarted scheduler as a continuation, and each stream (gRPC and
 HTTP; greedy, seeded, stop strings, logprobs, a JSON schema, n=2, penalties, min_tokens) finishes
 with the text, tokens, logprobs and usage of an undisturbed run. Then two frontends, the scheduler
-killed twice in a row. The fast tests of the frontend's side: tests/services/test_failover.py."""
+killed twice in a row. The fast tests of the frontend's side: tests/frontend/test_failover.py."""
 from __future__ import annotations
 
 import json
@@ -21,7 +21,7 @@ from pagedserve import Client
 from services.launch.deployment import free_ports
 from tests.conftest import random_prompts
 from tests.e2e.test_launcher import ROOT, REAL_SERVICES, Up, up_args
-from tests.e2e.test_launcher_faults import http_healthy, scheduler_stats, wait_for
+from tests.waits import http_healthy, poll, wait_idle
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not REAL_SERVICES, reason="services not there")]
 
@@ -118,7 +118,7 @@ def deployment(tiny_llama):
              "--scheduler-address", f"127.0.0.1:{ports[2]}", "--grpc-port", str(second_ports[0]),
              "--http-port", str(second_ports[1]), "--health-poll-s", "0.2", "--scheduler-failover-timeout", "60"],
             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait_for(lambda: http_healthy(second_ports[1]), 120, "the second frontend healthy")
+        poll(lambda: http_healthy(second_ports[1]), 120, "the second frontend healthy")
         yield Deployment(tiny_llama, ports, up, second, second_ports)
     finally:
         if second is not None:
@@ -176,12 +176,9 @@ class Killer(threading.Thread):
 
 def check_after(deployment: Deployment, killer: Killer, num_kills: int) -> None:
     assert len(killer.killed) == num_kills
-    stats = wait_for(lambda: (s := scheduler_stats(deployment.ports[2])) and len(s.workers) == 2 and s, 30,
-                     "2 workers re-registered")
-    assert all(w.num_free_gpu_blocks == w.num_gpu_blocks for w in stats.workers)  # nothing left allocated
-    assert stats.num_running == stats.num_waiting == 0
+    wait_idle(deployment.ports[2], 30, num_workers=2)  # both workers re-registered, nothing left allocated
     for _, port in deployment.frontends():
-        wait_for(lambda: http_healthy(int(port.rsplit(":", 1)[1])), 30, "/health 200")
+        poll(lambda: http_healthy(int(port.rsplit(":", 1)[1])), 30, "/health 200")
     assert deployment.up.proc.poll() is None and deployment.second.poll() is None
 
 

@@ -18,15 +18,15 @@ import json
 import os
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 from services.tools.default_model import ensure_default_model
-from tests.e2e.docker_stack import IMAGE_REPO, Engine, Reference, Streams, Unavailable, ensure_image, run
+from tests.e2e.docker_stack import IMAGE_REPO, Engine, Reference, Streams, Unavailable, chat, ensure_image, run
 from tests.e2e.swarm import Node, form_swarm, load_image
 from tests.netns import Hosts, why_not
+from tests.waits import http_healthy, poll
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
 
@@ -108,15 +108,8 @@ class Swarm:
         return "\n".join(out)
 
     def wait_for(self, predicate, timeout: float, what: str) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                if predicate():
-                    return
-            except (RuntimeError, ValueError, OSError):
-                pass  # a container between states, a frontend not yet listening
-            time.sleep(1)
-        raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}:\n{self.logs()}")
+        # an exception is not yet: a container between states, a frontend not yet listening
+        poll(predicate, timeout, what, every=1, retry_on=(RuntimeError, ValueError, OSError), logs=self.logs)
 
     def close(self) -> None:
         self.a.docker("stack", "rm", STACK, check=False)
@@ -147,7 +140,7 @@ def swarm():
             try:
                 swarm = Swarm(hosts, image, engine)
                 swarm.wait_for(lambda: len(swarm.stats()) == 2, STARTUP_S, "2 registered workers")
-                swarm.wait_for(lambda: health(swarm), 120, "the frontend to serve")
+                swarm.wait_for(lambda: http_healthy(swarm.http), 120, "the frontend to serve")
                 yield swarm
             finally:
                 if swarm is not None:
@@ -162,20 +155,6 @@ def swarm():
 @pytest.fixture(scope="module")
 def reference(swarm):
     return Reference(swarm.frontend, PROMPTS)
-
-
-def health(swarm: Swarm) -> bool:
-    with urllib.request.urlopen(f"{swarm.http}/health", timeout=5) as response:
-        return response.status == 200
-
-
-def chat(swarm: Swarm, question: str) -> str:
-    body = json.dumps({"model": "default", "messages": [{"role": "user", "content": question}],
-                       "max_tokens": 32, "temperature": 0}).encode()
-    request = urllib.request.Request(f"{swarm.http}/v1/chat/completions", data=body,
-                                     headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=120) as response:
-        return json.load(response)["choices"][0]["message"]["content"]
 
 
 class StreamsDuring:
@@ -217,7 +196,7 @@ class StreamsDuring:
 
 
 def test_a_chat_from_outside_the_swarm_answers_paris(swarm):
-    assert "Paris" in chat(swarm, "What is the capital of France?")
+    assert "Paris" in chat(swarm.http, "What is the capital of France?")
     on = swarm.registered_on()
     assert (len(on["a"]), len(on["b"]), on["?"]) == (1, 1, []), swarm.logs()  # spread: one worker per node
 

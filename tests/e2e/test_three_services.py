@@ -2,18 +2,17 @@
 from __future__ import annotations
 
 import asyncio
-import time
 
 import grpc
 import pytest
 
-from pagedserve.internal.v1 import scheduler_pb2, scheduler_pb2_grpc
 from pagedserve.v1 import generate_pb2_grpc
 from pagedserve import AsyncClient, Client, GenerationError, build_request
 from services.core.sampling_params import SamplingParams
 from services.launch.deployment import free_ports
 from tests.conftest import make_llm, random_prompts
 from tests.e2e.test_launcher import REAL_SERVICES, Up, up_args
+from tests.waits import scheduler_stats, wait_idle
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not REAL_SERVICES, reason="services not there")]
 
@@ -31,11 +30,6 @@ def cluster(model_dir):
         yield model, f"127.0.0.1:{ports[0]}", f"127.0.0.1:{ports[2]}"
     finally:
         up.stop()
-
-
-def scheduler_stats(address: str):
-    with grpc.insecure_channel(address) as channel:
-        return scheduler_pb2_grpc.SchedulerStub(channel).GetStats(scheduler_pb2.GetStatsRequest(), timeout=10)
 
 
 def request_params(i: int) -> dict:
@@ -120,14 +114,7 @@ def test_cancelling_10_streams_returns_every_block(cluster):
         await asyncio.gather(*(read_some(s) for s in streams))
 
     asyncio.run(cancel_midway())
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        stats = scheduler_stats(scheduler)
-        if stats.num_running == 0 and all(w.num_free_gpu_blocks == w.num_gpu_blocks for w in stats.workers):
-            break
-        time.sleep(0.2)
-    assert stats.num_running == 0 and stats.num_waiting == 0
-    assert all(w.num_free_gpu_blocks == w.num_gpu_blocks for w in stats.workers)
+    wait_idle(scheduler, 10)
 
 
 @pytest.mark.parametrize("prompt, kwargs, field", [

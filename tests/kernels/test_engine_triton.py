@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from tests.conftest import greedy, make_llm, random_prompts
-from tests.core.test_engine_parity import check_parity
+from tests.engine.test_engine_parity import check_parity
 
 
 @pytest.mark.slow

@@ -135,7 +135,7 @@ def test_the_setting():
 
 # ---- served models ----------------------------------------------------------------------------
 def _run(llm, prompts, params, one_at_a_time=False) -> list:
-    from tests.core.test_batch_invariance import run
+    from tests.engine.test_batch_invariance import run
 
     return run(llm, prompts, params, one_at_a_time)
 

@@ -15,7 +15,7 @@ from kernels.quant import QuantWeight
 from services.core.errors import InvalidArgument
 from services.worker.loader import load_model, resolve_quantization
 from tests.conftest import greedy, make_llm, random_prompts
-from tests.core.test_batch_invariance import run
+from tests.engine.test_batch_invariance import run
 from tests.kernels.quant_helpers import write_gguf
 
 CPU = torch.device("cpu")

@@ -9,22 +9,15 @@ import time
 
 import pytest
 
-from test_disconnects import wait_idle
 from test_http_api import metric, raw
-from test_http_cluster import HttpCluster
+from test_http_cluster import HttpCluster, serve
 
 MAX_MODEL_LEN = 4096
 
 
 @pytest.fixture(scope="module")
 def served(model_dir):
-    served = HttpCluster(model_dir("llama", "tiny", max_position_embeddings=MAX_MODEL_LEN), max_num_seqs=1)
-    deadline = time.monotonic() + 10
-    while raw(served.url + "/health")[0] != 200:
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
-    yield served
-    served.close()
+    yield from serve(model_dir("llama", "tiny", max_position_embeddings=MAX_MODEL_LEN), max_num_seqs=1)
 
 
 def send(port: int, path: str, body: dict) -> socket.socket:
@@ -72,4 +65,4 @@ def test_http_clients_that_leave_while_queued_abort_their_requests_at_once(serve
     except BlockingIOError:
         pass
     occupant.close()
-    wait_idle(served)
+    served.run(served.cluster.wait_idle(timeout=60), timeout=90)

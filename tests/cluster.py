@@ -15,6 +15,8 @@ from services.scheduler.config import SchedulerServiceConfig
 from services.scheduler.server import SchedulerServer
 from services.worker.config import WorkerServiceConfig
 from services.worker.server import WorkerServer, start_worker
+from tests.conftest import greedy, make_llm
+from tests.waits import describe, is_idle
 
 NUM_GPU_BLOCKS = 256
 
@@ -85,6 +87,13 @@ class Cluster:
             assert asyncio.get_running_loop().time() < deadline, f"timed out; last stats: {stats}"
             await asyncio.sleep(0.02)
 
+    async def wait_idle(self, timeout: float = 5.0, num_workers: int | None = None) -> scheduler_pb2.GetStatsResponse:
+        """tests/waits.py's wait_idle, awaited: the stats once nothing runs or waits and every block is free."""
+        try:
+            return await self.wait_for(lambda s: is_idle(s, num_workers), timeout)
+        except AssertionError:
+            raise AssertionError(f"not idle after {timeout:.0f}s: {describe(await self.stats())}") from None
+
     async def stats(self) -> scheduler_pb2.GetStatsResponse:
         return await self.stub.GetStats(scheduler_pb2.GetStatsRequest())
 
@@ -100,6 +109,31 @@ class Cluster:
             if on_message is not None:
                 await on_message(out)
         return out
+
+    async def generate_killing(self, requests, after_messages: int,
+                               victim: str = "w0") -> tuple[list[Generation], scheduler_pb2.GetStatsResponse]:
+        """Generate every (request_id, prompt, params) at once, and stop worker `victim` abruptly (its
+        in-flight calls cancelled) once a request has had `after_messages` messages. The generations,
+        and the stats after them (the victim no longer registered)."""
+        killed = asyncio.Event()
+
+        async def kill_once(generation):
+            if generation.num_messages == after_messages and not killed.is_set():
+                killed.set()
+                await self.workers.pop(victim).stop(None)
+
+        got = await asyncio.gather(*(self.generate(request_id, prompt, params, on_message=kill_once)
+                                     for request_id, prompt, params in requests))
+        assert killed.is_set(), f"no request had {after_messages} messages: {victim} was not killed"
+        stats = await self.stats()
+        assert victim not in [w.worker_id for w in stats.workers]
+        return got, stats
+
+    async def check_idle_and_serving(self, prompt: list[int], num_workers: int | None = None) -> None:
+        """After cancels or a crash: idle (every block free), and a new request is still served whole."""
+        await self.wait_idle(num_workers=num_workers)
+        follow_up = await self.generate("after", prompt, greedy(4))
+        assert len(follow_up.samples[0].token_ids) == 4
 
     async def close(self) -> None:
         for server in self.workers.values():
@@ -154,6 +188,36 @@ class OneRequestCall:
 
 
 _STATUS_BY_VALUE = {code.value[0]: code for code in grpc.StatusCode}
+
+
+# ---- the in-process reference the services must equal, bit for bit ----------------------------
+VOCAB = 512  # the tiny model's
+
+
+def mixed_params(i: int, max_tokens: int = 12) -> SamplingParams:
+    """Greedy, seeded sampling with logprobs, n=2, prompt logprobs: one kind per i % 4."""
+    return [greedy(max_tokens),
+            SamplingParams(temperature=0.8, top_p=0.95, seed=100 + i, max_tokens=max_tokens, logprobs=2),
+            SamplingParams(n=2, temperature=1.0, top_k=50, seed=200 + i, max_tokens=max_tokens, logprobs=1),
+            greedy(max_tokens, logprobs=0, prompt_logprobs=1)][i % 4]
+
+
+def reference(model, prompts, params):
+    """The in-process LLM's outputs, with the cluster's KV cache size."""
+    llm = make_llm(model, dtype="float32", num_gpu_blocks=NUM_GPU_BLOCKS)
+    return llm.generate(prompts, params, use_tqdm=False)
+
+
+def assert_same(got: Generation, want, check_logprobs=True) -> None:
+    """A cluster's generation equals the in-process RequestOutput: token ids, finish reasons and (exact) logprobs."""
+    assert sorted(got.samples) == list(range(len(want.outputs)))
+    for k, out in enumerate(want.outputs):
+        assert got.samples[k].token_ids == out.token_ids, f"sample {k}"
+        assert got.samples[k].finish_reason == out.finish_reason
+        if check_logprobs and out.logprobs is not None:
+            assert got.samples[k].logprobs == out.logprobs  # exact floats
+    if check_logprobs:
+        assert got.prompt_logprobs == want.prompt_logprobs
 
 
 def run(coro):

@@ -7,7 +7,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2
 
-from frontend_harness import Harness
+from tests.frontend.frontend_harness import Harness
 from pagedserve.v1 import generate_pb2 as pb
 from pagedserve.v1 import generate_pb2_grpc
 from pagedserve import AsyncClient, Client, GenerationError

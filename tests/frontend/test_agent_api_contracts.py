@@ -10,7 +10,7 @@ import anthropic
 import openai
 import pytest
 
-from frontend_harness import MODEL_ID
+from tests.frontend.frontend_harness import MODEL_ID
 from services.frontend.response_store import ResponseStore, ResponseStoreLimits
 from test_http_api import http_harness, raw
 

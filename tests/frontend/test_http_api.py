@@ -10,7 +10,7 @@ import urllib.request
 import openai
 import pytest
 
-from frontend_harness import MAX_MODEL_LEN, MODEL_ID, Harness, echo_token
+from tests.frontend.frontend_harness import MAX_MODEL_LEN, MODEL_ID, Harness, echo_token
 from pagedserve import Client
 from services.core.tokenizer import Tokenizer
 from services.launch.deployment import free_ports

@@ -3,13 +3,10 @@ scheduling and a worker crash (its sequences replayed on the other), give the in
 and logprobs of a run without speculation."""
 from __future__ import annotations
 
-import asyncio
 
-from services.core.sampling_params import SamplingParams
 from tests.conftest import random_prompts
 from tests.core.test_spec_decode import NGRAM, oracle
-from tests.services.cluster import Cluster, run
-from tests.services.test_scheduler_service import VOCAB, assert_same, mixed_params, reference
+from tests.cluster import VOCAB, Cluster, assert_same, mixed_params, reference, run
 
 
 def test_drafts_verified_over_grpc_with_async_scheduling_and_a_worker_crash(model_dir):
@@ -22,20 +19,10 @@ def test_drafts_verified_over_grpc_with_async_scheduling_and_a_worker_crash(mode
     async def main():
         cluster = await Cluster(model, speculative_config=NGRAM, async_scheduling=True).start(num_workers=2)
         oracle(cluster.scheduler.loop.core, want, request_ids=request_ids)
-        killed = asyncio.Event()
-
-        async def kill_once(generation):
-            if generation.num_messages == 4 and not killed.is_set():
-                killed.set()
-                await cluster.workers.pop("w0").stop(None)  # abrupt: in-flight calls are cancelled
-
         try:
-            got = await asyncio.gather(*(cluster.generate(request_id, p, sp, on_message=kill_once)
-                                         for request_id, p, sp in zip(request_ids, prompts, params)))
-            stats = await cluster.stats()
+            got, stats = await cluster.generate_killing(list(zip(request_ids, prompts, params)), after_messages=4)
         finally:
             await cluster.close()
-        assert killed.is_set() and [w.worker_id for w in stats.workers] == ["w1"]
         for g, w in zip(got, want):
             assert_same(g, w)  # same ids and logprobs, and no token streamed twice
         assert stats.spec_decode_num_accepted_tokens > 0 and stats.spec_decode_num_drafts > 0

@@ -13,7 +13,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from frontend_harness import Harness
+from tests.frontend.frontend_harness import Harness
 from pagedserve.v1 import generate_pb2 as pb
 from pagedserve import build_request
 from test_http_api import http_harness, raw

@@ -9,39 +9,13 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from pagedserve.internal.v1 import scheduler_pb2, worker_pb2, worker_pb2_grpc
 from services.core.sampling_params import SamplingParams
-from tests.conftest import greedy, make_llm, random_prompts
-from tests.services.cluster import NUM_GPU_BLOCKS, Cluster, Generation, OneRequestCall, run
-
-VOCAB = 512
+from tests.conftest import greedy, random_prompts
+from tests.cluster import VOCAB, Cluster, Generation, OneRequestCall, assert_same, mixed_params, reference, run
 
 
 @pytest.fixture(scope="module")
 def model(model_dir):
     return model_dir("llama", "tiny")
-
-
-def mixed_params(i: int, max_tokens: int = 12) -> SamplingParams:
-    """Greedy, seeded sampling with logprobs, n=2, prompt logprobs: one kind per i % 4."""
-    return [greedy(max_tokens),
-            SamplingParams(temperature=0.8, top_p=0.95, seed=100 + i, max_tokens=max_tokens, logprobs=2),
-            SamplingParams(n=2, temperature=1.0, top_k=50, seed=200 + i, max_tokens=max_tokens, logprobs=1),
-            greedy(max_tokens, logprobs=0, prompt_logprobs=1)][i % 4]
-
-
-def reference(model, prompts, params):
-    llm = make_llm(model, dtype="float32", num_gpu_blocks=NUM_GPU_BLOCKS)
-    return llm.generate(prompts, params, use_tqdm=False)
-
-
-def assert_same(got, want, check_logprobs=True):
-    assert sorted(got.samples) == list(range(len(want.outputs)))
-    for k, out in enumerate(want.outputs):
-        assert got.samples[k].token_ids == out.token_ids, f"sample {k}"
-        assert got.samples[k].finish_reason == out.finish_reason
-        if check_logprobs and out.logprobs is not None:
-            assert got.samples[k].logprobs == out.logprobs  # exact floats
-    if check_logprobs:
-        assert got.prompt_logprobs == want.prompt_logprobs
 
 
 def test_two_workers_match_in_process_generate(model):
@@ -104,11 +78,7 @@ def test_cancelled_streams_free_every_block(model):
         cluster = await Cluster(model).start(num_workers=2)
         try:
             await asyncio.gather(*(read_then_cancel(cluster, i, p) for i, p in enumerate(prompts)))
-            stats = await cluster.wait_for(lambda s: s.num_running == 0 and s.num_waiting == 0 and all(
-                w.num_free_gpu_blocks == w.num_gpu_blocks for w in s.workers), timeout=5)
-            assert len(stats.workers) == 2
-            follow_up = await cluster.generate("after", prompts[0], greedy(4))  # still serving
-            assert len(follow_up.samples[0].token_ids) == 4
+            await cluster.check_idle_and_serving(prompts[0], num_workers=2)
         finally:
             await cluster.close()
 
@@ -145,20 +115,11 @@ def test_killed_worker_requests_complete_without_repeats(model):
 
     async def main():
         cluster = await Cluster(model).start(num_workers=2)
-        killed = asyncio.Event()
-
-        async def kill_once(generation):
-            if generation.num_messages == 3 and not killed.is_set():
-                killed.set()
-                await cluster.workers.pop("w0").stop(None)  # abrupt: in-flight calls are cancelled
-
         try:
-            got = await asyncio.gather(*(cluster.generate(f"k{i}", p, sp, on_message=kill_once)
-                                         for i, (p, sp) in enumerate(zip(prompts, params))))
-            stats = await cluster.stats()
+            requests = [(f"k{i}", p, sp) for i, (p, sp) in enumerate(zip(prompts, params))]
+            got, _ = await cluster.generate_killing(requests, after_messages=3)
         finally:
             await cluster.close()
-        assert killed.is_set() and [w.worker_id for w in stats.workers] == ["w1"]
         for g, w in zip(got, want):
             assert_same(g, w)  # same ids and logprobs, and no token streamed twice
 
@@ -316,12 +277,11 @@ def test_stop_one_sample_then_cancel_the_request_on_the_call(model):
                 if got.num_messages == 4:
                     await call.call.write(scheduler_pb2.SubmitManyRequest(cancel="a"))
                     break
-            stats = await cluster.wait_for(lambda s: s.workers[0].num_free_gpu_blocks == NUM_GPU_BLOCKS, timeout=5)
+            await cluster.wait_idle(num_workers=1)
         finally:
             await cluster.close()
         assert (got.samples[1].finish_reason, len(got.samples[1].token_ids)) == ("stop", 2)
         assert got.samples[0].finish_reason is None and 3 <= len(got.samples[0].token_ids) < 100
-        assert stats.num_running == 0
 
     run(main())
 
@@ -378,8 +338,7 @@ def test_a_failing_step_ends_open_streams_with_internal_and_the_scheduler_keeps_
             with pytest.raises(grpc.aio.AioRpcError) as error:
                 await asyncio.wait_for(cluster.generate("doomed", [5, 6, 7], greedy(20)), 10)
             assert error.value.code() == grpc.StatusCode.INTERNAL
-            stats = await cluster.wait_for(lambda s: s.num_running == 0 and s.num_waiting == 0)
-            assert all(w.num_free_gpu_blocks == w.num_gpu_blocks for w in stats.workers)
+            await cluster.wait_idle()
             core.update = real_update
             good = await cluster.generate("good", [5, 6, 7], greedy(5))
             assert len(good.samples[0].token_ids) == 5
@@ -414,8 +373,7 @@ def test_a_worker_that_answers_failed_precondition_gets_its_sequences_re_sent_in
             handle = cluster.scheduler.loop.workers["w0"]
             got = await asyncio.gather(*(cluster.generate(f"f{i}", p, sp)
                                          for i, (p, sp) in enumerate(zip(prompts, params))))
-            stats = await cluster.wait_for(lambda s: s.num_running == 0 and all(
-                w.num_free_gpu_blocks == w.num_gpu_blocks for w in s.workers), timeout=5)
+            stats = await cluster.wait_idle()
             assert forgot, "the worker never lost its sequences: the test did not test anything"
             assert cluster.scheduler.loop.workers["w0"] is handle, "the worker was dropped, not re-sent to"
             assert len(stats.workers) == 1

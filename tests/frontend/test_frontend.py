@@ -8,7 +8,7 @@ import pytest
 from grpc_health.v1 import health_pb2
 from tokenizers import Tokenizer as HFTokenizer
 
-from frontend_harness import FAKE_SEED, MAX_MODEL_LEN, MODEL_ID, Harness, echo_token
+from tests.frontend.frontend_harness import FAKE_SEED, MAX_MODEL_LEN, MODEL_ID, Harness, echo_token
 from pagedserve import AsyncClient, Client, GenerationError
 from services.core.tokenizer import Tokenizer
 

@@ -16,8 +16,7 @@ import pytest
 
 from pagedserve.v1 import generate_pb2_grpc
 from pagedserve import build_request
-from test_http_api import raw
-from test_http_cluster import HttpCluster
+from test_http_cluster import HttpCluster, serve
 
 pytestmark = pytest.mark.slow
 OTHERS = 8
@@ -26,13 +25,7 @@ MAX_TOKENS = 64
 
 @pytest.fixture(scope="module")
 def served(tiny_llama):
-    served = HttpCluster(tiny_llama)
-    deadline = time.monotonic() + 10
-    while raw(served.url + "/health")[0] != 200:
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
-    yield served
-    served.close()
+    yield from serve(tiny_llama)
 
 
 def body(prompt: list[int], stream: bool, max_tokens: int = MAX_TOKENS) -> bytes:
@@ -100,11 +93,6 @@ def wait_released(served: HttpCluster, prompt: list[int], timeout: float = 60) -
     return served.run(watch(), timeout=timeout + 10)
 
 
-def wait_idle(served: HttpCluster) -> None:
-    served.run(served.cluster.wait_for(lambda s: s.num_running == s.num_waiting == 0 and all(
-        w.num_free_gpu_blocks == w.num_gpu_blocks for w in s.workers), timeout=60), timeout=90)
-
-
 @pytest.mark.parametrize("after_first_chunk", [True, False], ids=["mid-stream", "before-first-chunk"])
 def test_an_http_client_that_disconnects_fails_no_other_stream(served, after_first_chunk):
     port = served.frontend.http.port
@@ -123,7 +111,7 @@ def test_an_http_client_that_disconnects_fails_no_other_stream(served, after_fir
         thread.join(180)
     assert [results[i] for i in range(OTHERS)] == [(w, []) for w in want]
     assert num_steps <= 3  # its blocks were freed within a step or so of the disconnect noticed
-    wait_idle(served)
+    served.run(served.cluster.wait_idle(timeout=60), timeout=90)
 
 
 @pytest.mark.parametrize("round_", range(2))
@@ -160,4 +148,4 @@ def test_random_grpc_cancels_end_only_the_cancelled_streams(served, round_):
     wrong = {i: o for i, o in outcomes.items()
              if o != (grpc.StatusCode.CANCELLED if i in cancel_after else 24)}
     assert len(outcomes) == num and wrong == {}
-    wait_idle(served)
+    served.run(served.cluster.wait_idle(timeout=60), timeout=90)

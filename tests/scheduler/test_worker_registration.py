@@ -16,7 +16,7 @@ from services.scheduler.worker_client import probe_worker
 from services.worker.__main__ import serve
 from services.worker.config import WorkerServiceConfig
 from tests.conftest import greedy, random_prompts
-from tests.services.cluster import NUM_GPU_BLOCKS, Cluster, run
+from tests.cluster import NUM_GPU_BLOCKS, Cluster, run
 
 VOCAB = 512
 PROBE_TIMEOUT_S = 1.0

@@ -5,19 +5,19 @@ from __future__ import annotations
 import asyncio
 import re
 import threading
-import time
 from pathlib import Path
 
 import openai
 import pytest
 import yaml
 
-from cluster import NUM_GPU_BLOCKS, Cluster
 from services.frontend.config import FrontendConfig
 from services.frontend.metrics import INFERENCE_EXTENSION_NAMES
 from services.frontend.server import FrontendServer
 from services.launch.deployment import free_ports
 from test_http_api import metric, raw
+from tests.cluster import Cluster
+from tests.waits import http_healthy, poll
 
 PROMPT = "The quick brown fox"
 
@@ -50,15 +50,18 @@ class HttpCluster:
         self.thread.join(5)
 
 
-@pytest.fixture(scope="module")
-def served(tiny_llama):
-    served = HttpCluster(tiny_llama)
-    deadline = time.monotonic() + 10
-    while raw(served.url + "/health")[0] != 200:  # the frontend has seen the registered worker
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
+def serve(model, **scheduler_config):
+    """A module fixture's body: an HttpCluster once its frontend has seen the registered worker
+    (/health 200), closed after the module."""
+    served = HttpCluster(model, **scheduler_config)
+    poll(lambda: http_healthy(served.url), 10, "/health 200", every=0.02)
     yield served
     served.close()
+
+
+@pytest.fixture(scope="module")
+def served(tiny_llama):
+    yield from serve(tiny_llama)
 
 
 @pytest.fixture(scope="module")
@@ -168,6 +171,4 @@ def test_a_stop_string_ends_its_sample_with_the_text_before_it_and_frees_the_blo
         assert choice.text == (text[:text.index(stop)] if ended else text)
         assert choice.finish_reason == ("stop" if ended else "length")
     assert cut.usage.completion_tokens < 2 * 16
-    stats = served.run(served.cluster.wait_for(
-        lambda s: s.workers[0].num_free_gpu_blocks == NUM_GPU_BLOCKS and s.num_running == 0, timeout=5))
-    assert stats.num_waiting == 0
+    served.run(served.cluster.wait_idle())

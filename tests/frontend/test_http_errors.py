@@ -10,7 +10,7 @@ import grpc
 import openai
 import pytest
 
-from frontend_harness import MODEL_ID
+from tests.frontend.frontend_harness import MODEL_ID
 from test_http_api import http_harness, raw
 
 CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}

@@ -12,6 +12,8 @@ import openai
 import pytest
 
 from test_http_api import raw
+from services.core.sampling_params import SamplingParams
+from tests.conftest import make_llm
 from test_http_cluster import client, served  # noqa: F401 - the module's fixtures: a real cluster over HTTP
 
 SCHEMA = {"type": "object", "properties": {
@@ -91,7 +93,13 @@ def test_hostile_constraints_are_refused_and_the_server_keeps_serving(served, cl
         result = client.completions.create(model=served.model, prompt="x", max_tokens=30, temperature=1.0, seed=1,
                                            extra_body={"structured_outputs": options})
         assert result.choices[0].finish_reason in ("stop", "length")
-    assert client.completions.create(model=served.model, prompt="x", max_tokens=2).choices[0].text is not None
+    # and still serves what it served before: the same bits as the in-process engine
+    after = client.completions.create(model=served.model, prompt="x", max_tokens=4, temperature=1.0, seed=3,
+                                      extra_body={"ignore_eos": True})
+    [want] = make_llm(served.model, dtype="float32").generate(
+        ["x"], SamplingParams(max_tokens=4, temperature=1.0, seed=3, ignore_eos=True), use_tqdm=False)
+    assert (after.choices[0].text, after.choices[0].finish_reason, after.usage.completion_tokens) == \
+        (want.outputs[0].text, "length", 4)
 
 
 def test_openai_tool_loop_call_result_final_answer(served, client):

@@ -8,7 +8,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2
 
-from frontend_harness import MAX_MODEL_LEN, Harness
+from tests.frontend.frontend_harness import MAX_MODEL_LEN, Harness
 from pagedserve.v1 import generate_pb2 as pb
 from pagedserve import Client, GenerationError, build_request
 from services.core.tokenizer import Tokenizer

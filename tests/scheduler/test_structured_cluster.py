@@ -3,15 +3,14 @@ leaves its constrained sequences to be recomputed on the other worker, whose mat
 their tokens, so every output is the in-process run's, bit for bit, and still valid."""
 from __future__ import annotations
 
-import asyncio
 import json
 
 import jsonschema
 
 from services.core.sampling_params import SamplingParams
-from tests.conftest import make_llm, random_prompts
+from tests.conftest import random_prompts
 from tests.core.test_structured import EMAIL, LONG, PERSON
-from tests.services.cluster import NUM_GPU_BLOCKS, Cluster, run
+from tests.cluster import Cluster, reference, run
 
 
 def test_killed_worker_constrained_requests_complete_identically(tiny_llama):
@@ -19,25 +18,16 @@ def test_killed_worker_constrained_requests_complete_identically(tiny_llama):
     options = [{"json": LONG}, {"json": PERSON}, {"regex": EMAIL}]
     params = [SamplingParams(temperature=1.0, seed=10 + i, max_tokens=100, structured_outputs=options[i % 3])
               for i in range(6)]
-    llm = make_llm(tiny_llama, dtype="float32", num_gpu_blocks=NUM_GPU_BLOCKS)
-    want = llm.generate(prompts, params, use_tqdm=False)
+    want = reference(tiny_llama, prompts, params)
 
     async def main():
         cluster = await Cluster(tiny_llama).start(num_workers=2)
-        killed = asyncio.Event()
-
-        async def kill_once(generation):
-            if generation.num_messages == 4 and not killed.is_set():
-                killed.set()
-                await cluster.workers.pop("w0").stop(None)
-
         try:
-            got = await asyncio.gather(*(cluster.generate(f"s{i}", p, sp, on_message=kill_once)
-                                         for i, (p, sp) in enumerate(zip(prompts, params))))
+            requests = [(f"s{i}", p, sp) for i, (p, sp) in enumerate(zip(prompts, params))]
+            got, _ = await cluster.generate_killing(requests, after_messages=4)
+            return got
         finally:
             await cluster.close()
-        assert killed.is_set()
-        return got
 
     got = run(main())
     for g, w in zip(got, want):

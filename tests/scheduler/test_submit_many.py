@@ -8,8 +8,7 @@ from pagedserve.internal.v1 import scheduler_pb2
 from services.rpc import internal_codec
 from services.core.sampling_params import SamplingParams
 from tests.conftest import greedy, random_prompts
-from tests.services.cluster import NUM_GPU_BLOCKS, Cluster, Generation, run
-from tests.services.test_scheduler_service import VOCAB, assert_same, mixed_params, reference
+from tests.cluster import VOCAB, Cluster, Generation, assert_same, mixed_params, reference, run
 
 
 @pytest.fixture(scope="module")
@@ -109,11 +108,7 @@ def test_cancel_and_ending_the_call_free_every_block(model):
                 await call.write(scheduler_pb2.SubmitManyRequest(cancel=f"c{i}"))
             await cluster.wait_for(lambda s: s.num_running + s.num_waiting == 3, timeout=5)
             call.cancel()  # the frontend went away: the other three end too
-            stats = await cluster.wait_for(lambda s: s.num_running == 0 and s.num_waiting == 0 and all(
-                w.num_free_gpu_blocks == w.num_gpu_blocks == NUM_GPU_BLOCKS for w in s.workers), timeout=5)
-            assert len(stats.workers) == 2
-            follow_up = await cluster.generate("after", prompts[0], greedy(4))  # still serving
-            assert len(follow_up.samples[0].token_ids) == 4
+            await cluster.check_idle_and_serving(prompts[0], num_workers=2)
         finally:
             await cluster.close()
 
