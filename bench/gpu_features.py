@@ -112,8 +112,8 @@ def check_async(ctx) -> str:
                 worker.run_async_step()
             for update in sched.update(worker_id, result):
                 ids, lps = got.setdefault(update.request_id, ([], []))
-                ids += update.new_token_ids
-                lps += update.new_logprobs or []
+                ids += update.token_ids
+                lps += update.logprobs or []
     want = outputs(ctx.llm(), PROMPTS, params)
     assert [got[f"r{i}"] for i in range(len(PROMPTS))] == [(ids, lps) for ids, lps in want], "async != plain steps"
     steps = worker.runner.async_steps

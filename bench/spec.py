@@ -126,7 +126,7 @@ def timed(llm, prompts, params) -> tuple[float, float, list[list[int]]]:
 
     def timed_step():
         updates = step()
-        if not first and any(u.new_token_ids for u in updates):
+        if not first and any(u.token_ids for u in updates):
             first.append(time.perf_counter())
         return updates
 

@@ -40,8 +40,8 @@ class Generation:
         for update in internal_codec.updates_from_response(request_id, response):
             sample = self.samples.setdefault(update.sample_index, Sample())
             assert sample.finish_reason is None, f"{request_id}: tokens after the finish"
-            sample.token_ids += update.new_token_ids
-            sample.logprobs += update.new_logprobs or []
+            sample.token_ids += update.token_ids
+            sample.logprobs += update.logprobs or []
             sample.finish_reason = update.finish_reason
             if update.prompt_logprobs is not None:
                 self.prompt_logprobs = update.prompt_logprobs

@@ -56,10 +56,10 @@ class OutputCollector:
         stopped = False
         # token by token: an update of several tokens (speculative decoding) reads as that many
         # steps would, and a stop string ends the sample at its token, the later ones dropped
-        for i, token in enumerate(update.new_token_ids):
+        for i, token in enumerate(update.token_ids):
             out.token_ids.append(token)
-            if update.new_logprobs and out.logprobs is not None:
-                out.logprobs.append(update.new_logprobs[i])
+            if update.logprobs and out.logprobs is not None:
+                out.logprobs.append(update.logprobs[i])
             if detok is not None:
                 delta = detok.add([token])
                 out.text += delta.text
@@ -67,7 +67,7 @@ class OutputCollector:
                     out.finish_reason, out.stop_reason, stopped = "stop", delta.stop, True
                     break
         if update.finish_reason and out.finish_reason is None:
-            out.finish_reason, out.stop_reason = update.finish_reason, update.stop_reason
+            out.finish_reason, out.stop_reason = update.finish_reason, update.stop_token_id
             if detok is not None:
                 out.text += detok.finish()
         self.output.finished = all(o.finish_reason is not None for o in self.output.outputs)

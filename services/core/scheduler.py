@@ -509,8 +509,8 @@ class Scheduler:
         request = seq.request
         done_prompt = seq.sample_index == 0 and len(seq.output_token_ids) == 1 and tokens
         prompt_logprobs = request.prompt_logprobs if done_prompt and request.params.prompt_logprobs is not None else None
-        return SeqUpdate(request_id=request.request_id, sample_index=seq.sample_index, new_token_ids=tokens,
-                         new_logprobs=logprobs, finish_reason=seq.finish_reason, stop_reason=seq.stop_reason,
+        return SeqUpdate(request_id=request.request_id, sample_index=seq.sample_index, token_ids=tokens,
+                         logprobs=logprobs, finish_reason=seq.finish_reason, stop_token_id=seq.stop_reason,
                          prompt_logprobs=prompt_logprobs, num_prompt_tokens=len(request.prompt_token_ids),
                          num_cached_tokens=request.num_cached_tokens, seed=request.seed)
 

@@ -89,10 +89,10 @@ class SeqUpdate:
 
     request_id: str
     sample_index: int
-    new_token_ids: list[int]
-    new_logprobs: list[Logprobs] | None = None
+    token_ids: list[int]  # new tokens
+    logprobs: list[Logprobs] | None = None  # one per new token, when asked
     finish_reason: str | None = None
-    stop_reason: int | None = None
+    stop_token_id: int | None = None  # the stop token id that ended it
     prompt_logprobs: list[Logprobs | None] | None = None  # once, when the prompt is done
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0

@@ -42,7 +42,7 @@ class Progress:
                 self.seed, self.num_cached_tokens, self.reported = update.seed, update.num_cached_tokens, True
             else:
                 update.num_cached_tokens = self.num_cached_tokens
-            self.token_ids[update.sample_index] += update.new_token_ids
+            self.token_ids[update.sample_index] += update.token_ids
             if update.finish_reason:
                 self.finished[update.sample_index] = True
 

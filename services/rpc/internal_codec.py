@@ -185,9 +185,9 @@ def updates_to_response(updates: list[SeqUpdate]) -> scheduler_pb2.SubmitRespons
     prompt_logprobs = next((u.prompt_logprobs for u in updates if u.prompt_logprobs is not None), [])
     return scheduler_pb2.SubmitResponse(
         deltas=[scheduler_pb2.SampleDelta(
-            sample_index=u.sample_index, token_ids=u.new_token_ids,
-            logprobs=[logprobs_to_proto(lp) for lp in u.new_logprobs or ()], finish_reason=u.finish_reason or "",
-            stop_token_id=u.stop_reason or 0, has_stop_token_id=u.stop_reason is not None) for u in updates],
+            sample_index=u.sample_index, token_ids=u.token_ids,
+            logprobs=[logprobs_to_proto(lp) for lp in u.logprobs or ()], finish_reason=u.finish_reason or "",
+            stop_token_id=u.stop_token_id) for u in updates],
         seed=first.seed, num_prompt_tokens=first.num_prompt_tokens, num_cached_tokens=first.num_cached_tokens,
         prompt_logprobs=optional_logprobs_to_proto(prompt_logprobs))
 
@@ -195,10 +195,10 @@ def updates_to_response(updates: list[SeqUpdate]) -> scheduler_pb2.SubmitRespons
 def updates_from_response(request_id: str, msg: scheduler_pb2.SubmitResponse) -> list[SeqUpdate]:
     """The inverse, for clients of the scheduler (the frontend folds these like LLM.generate does)."""
     prompt_logprobs = optional_logprobs_from_proto(msg.prompt_logprobs) if msg.prompt_logprobs else None
-    return [SeqUpdate(request_id=request_id, sample_index=d.sample_index, new_token_ids=list(d.token_ids),
-                      new_logprobs=[logprobs_from_proto(lp) for lp in d.logprobs] or None,
+    return [SeqUpdate(request_id=request_id, sample_index=d.sample_index, token_ids=list(d.token_ids),
+                      logprobs=[logprobs_from_proto(lp) for lp in d.logprobs] or None,
                       finish_reason=d.finish_reason or None,
-                      stop_reason=d.stop_token_id if d.has_stop_token_id else None,
+                      stop_token_id=d.stop_token_id if d.HasField("stop_token_id") else None,
                       prompt_logprobs=prompt_logprobs if d.sample_index == 0 else None,
                       num_prompt_tokens=msg.num_prompt_tokens, num_cached_tokens=msg.num_cached_tokens, seed=msg.seed)
             for d in msg.deltas]

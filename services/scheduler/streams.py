@@ -39,7 +39,7 @@ class UpdateStream:
     def push(self, updates: list[SeqUpdate]) -> None:
         self.deliver(updates)
         for update in updates:
-            self.num_output_tokens += len(update.new_token_ids)
+            self.num_output_tokens += len(update.token_ids)
             if update.finish_reason:
                 self.finish_reasons[update.sample_index] = update.finish_reason
 
@@ -50,8 +50,8 @@ class UpdateStream:
     def stopped(self, sample_index: int) -> SeqUpdate:
         """The update that ends one sample the frontend stopped (a stop string matched)."""
         request = self.request
-        return SeqUpdate(request_id=request.request_id, sample_index=sample_index, new_token_ids=[], new_logprobs=None,
-                         finish_reason="stop", stop_reason=None, prompt_logprobs=None,
+        return SeqUpdate(request_id=request.request_id, sample_index=sample_index, token_ids=[], logprobs=None,
+                         finish_reason="stop", stop_token_id=None, prompt_logprobs=None,
                          num_prompt_tokens=len(request.prompt_token_ids), num_cached_tokens=request.num_cached_tokens,
                          seed=request.seed)
 

@@ -216,7 +216,7 @@ def test_async_scheduling_admits_a_new_request_at_once_and_tokens_do_not_change(
             for worker_id, delta in sched.schedule().items():
                 steps.append(delta)
                 for u in sched.update(worker_id, fakes[worker_id].step(delta)):
-                    tokens.setdefault(u.request_id, []).extend(u.new_token_ids)
+                    tokens.setdefault(u.request_id, []).extend(u.token_ids)
         return steps, tokens, all_free(sched)
 
     plain_steps, plain_tokens, plain_free = run(False)

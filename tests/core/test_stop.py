@@ -52,7 +52,7 @@ def test_the_scheduler_ends_sequences_by_the_stop_rule(params, token, num_out, n
         seq_id = (delta.new_seqs or delta.cached_seqs)[0].seq_id
         updates += sched.update("w", StepResult(delta.step_id, [SeqOutput(seq_id, [token if i == num_out - 1 else 5])]))
     last = updates[-1]
-    assert (last.finish_reason, last.stop_reason) == ((expected.reason, expected.stop_token_id) if expected else
+    assert (last.finish_reason, last.stop_token_id) == ((expected.reason, expected.stop_token_id) if expected else
                                                       (None, None))
     assert all(u.finish_reason is None for u in updates[:-1])
 

@@ -77,16 +77,16 @@ def test_step_result_round_trip():
 
 
 def test_seq_updates_round_trip_through_a_submit_response():
-    updates = [SeqUpdate(request_id="r", sample_index=0, new_token_ids=[7], new_logprobs=[lp(7, -AWKWARD)],
-                         finish_reason=None, stop_reason=None, prompt_logprobs=[None, lp(3, -1.5)], num_prompt_tokens=2,
+    updates = [SeqUpdate(request_id="r", sample_index=0, token_ids=[7], logprobs=[lp(7, -AWKWARD)],
+                         finish_reason=None, stop_token_id=None, prompt_logprobs=[None, lp(3, -1.5)], num_prompt_tokens=2,
                          num_cached_tokens=0, seed=42),
-               SeqUpdate(request_id="r", sample_index=1, new_token_ids=[8], new_logprobs=[lp(8, -0.5)],
-                         finish_reason="stop", stop_reason=8, prompt_logprobs=None, num_prompt_tokens=2,
+               SeqUpdate(request_id="r", sample_index=1, token_ids=[8], logprobs=[lp(8, -0.5)],
+                         finish_reason="stop", stop_token_id=8, prompt_logprobs=None, num_prompt_tokens=2,
                          num_cached_tokens=0, seed=42),
-               SeqUpdate(request_id="r", sample_index=2, new_token_ids=[], new_logprobs=None, finish_reason="length",
-                         stop_reason=None, prompt_logprobs=None, num_prompt_tokens=2, num_cached_tokens=0, seed=42)]
+               SeqUpdate(request_id="r", sample_index=2, token_ids=[], logprobs=None, finish_reason="length",
+                         stop_token_id=None, prompt_logprobs=None, num_prompt_tokens=2, num_cached_tokens=0, seed=42)]
     response = internal_codec.updates_to_response(updates)
-    assert response.deltas[1].finish_reason == "stop" and response.deltas[1].has_stop_token_id
+    assert response.deltas[1].finish_reason == "stop" and response.deltas[1].HasField("stop_token_id")
     assert internal_codec.updates_from_response("r", response) == updates
 
 

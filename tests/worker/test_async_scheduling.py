@@ -42,7 +42,7 @@ def run_async(folder, prompts, params, late: int = 0):
             if delta.async_next_step:
                 worker.run_async_step()
             for update in sched.update(worker_id, result):
-                tokens.setdefault(update.request_id, []).append((update.new_token_ids, update.new_logprobs))
+                tokens.setdefault(update.request_id, []).append((update.token_ids, update.logprobs))
     return worker, [tokens[f"r{i}"] for i in range(len(prompts))]
 
 
