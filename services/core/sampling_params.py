@@ -18,6 +18,20 @@ MAX_LOGPROBS = 20
 MAX_N = 64  # samples per request
 MAX_STOP_STRINGS = 16
 
+# Each float setting's range, held once: SamplingParams.validate checks it at the edge and at
+# admission, and the HTTP schema states it (http/models.py, float_bounds). (low, high, low_open):
+# low < x when low_open, else low <= x; and x <= high.
+FLOAT_RANGES = {"temperature": (0, 100, False), "top_p": (0, 1, True), "min_p": (0, 1, False),
+                "repetition_penalty": (0, 10, True), "presence_penalty": (-2, 2, False),
+                "frequency_penalty": (-2, 2, False)}
+LOGIT_BIAS_RANGE = (-100, 100)
+
+
+def float_bounds(name: str) -> dict[str, float]:
+    """A float setting's range as pydantic's Field bounds (gt/ge, le)."""
+    low, high, low_open = FLOAT_RANGES[name]
+    return {"gt" if low_open else "ge": low, "le": high}
+
 
 @dataclass(frozen=True, kw_only=True)
 class SamplingParams:
@@ -73,20 +87,15 @@ class SamplingParams:
     def validate(self) -> None:
         """Raise InvalidArgument naming the first field out of range."""
         check(isinstance(self.n, int) and 1 <= self.n <= MAX_N, "n", f"must be in [1, {MAX_N}], got {self.n}")
-        check(self.temperature >= 0, "temperature", f"must be >= 0, got {self.temperature}")
-        check(self.temperature <= 100, "temperature", f"must be <= 100, got {self.temperature}")
+        for name, (low, high, low_open) in FLOAT_RANGES.items():
+            value = getattr(self, name)
+            check((low < value if low_open else low <= value) and value <= high, name,
+                  f"must be in {'(' if low_open else '['}{low}, {high}], got {value}")
         check_int("top_k", self.top_k, -1, INT32_MAX)  # -1: off
-        check(0 < self.top_p <= 1, "top_p", f"must be in (0, 1], got {self.top_p}")
-        check(0 <= self.min_p <= 1, "min_p", f"must be in [0, 1], got {self.min_p}")
-        check(0 < self.repetition_penalty <= 10, "repetition_penalty",
-              f"must be in (0, 10], got {self.repetition_penalty}")
-        check(-2 <= self.presence_penalty <= 2, "presence_penalty",
-              f"must be in [-2, 2], got {self.presence_penalty}")
-        check(-2 <= self.frequency_penalty <= 2, "frequency_penalty",
-              f"must be in [-2, 2], got {self.frequency_penalty}")
+        low, high = LOGIT_BIAS_RANGE
         for token, bias in self.logit_bias:
             check(0 <= token <= UINT32_MAX, "logit_bias", f"token id must be in [0, {UINT32_MAX}], got {token}")
-            check(-100 <= bias <= 100, "logit_bias", f"bias must be in [-100, 100], got {bias}")
+            check(low <= bias <= high, "logit_bias", f"bias must be in [{low}, {high}], got {bias}")
         check(self.seed is None or (isinstance(self.seed, int) and 0 <= self.seed < SEED_END),
               "seed", f"must be in [0, 2**63), got {self.seed}")
         check_int("max_tokens", self.max_tokens, 1, UINT32_MAX)

@@ -17,7 +17,7 @@ from typing import Annotated, Literal, Union
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag
 
-from services.core.sampling_params import MAX_LOGPROBS, MAX_N, MAX_STOP_STRINGS
+from services.core.sampling_params import LOGIT_BIAS_RANGE, MAX_LOGPROBS, MAX_N, MAX_STOP_STRINGS, float_bounds
 from services.core.widths import INT32_MAX, INT32_MIN, SEED_END, UINT32_MAX
 from services.frontend.tool_calls import MAX_TOOLS
 from services.frontend.types import MAX_CHAT_MESSAGES
@@ -88,15 +88,15 @@ class SamplingFields(Strict):
 
     model: Text | None = Field(None, description="The served model's id; omitted: the served model.")
     n: Int(ge=1, le=MAX_N) | None = Field(None, description="Samples per prompt.")
-    temperature: float | None = Field(None, ge=0, le=100, description="0 is greedy; default 1.")
-    top_p: float | None = Field(None, gt=0, le=1)
+    temperature: float | None = Field(None, **float_bounds("temperature"), description="0 is greedy; default 1.")
+    top_p: float | None = Field(None, **float_bounds("top_p"))
     stop: StopString | Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)] | None = \
         Field(None, description="Stop strings, cut from the text.")
     seed: Int(ge=0, lt=SEED_END) | None = Field(None, description="Same seed, same tokens (the deterministic mode).")
-    presence_penalty: float | None = Field(None, ge=-2, le=2)
-    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    presence_penalty: float | None = Field(None, **float_bounds("presence_penalty"))
+    frequency_penalty: float | None = Field(None, **float_bounds("frequency_penalty"))
     logit_bias: Annotated[dict[Annotated[str, Field(pattern=r"^[0-9]{1,10}$")],
-                               Annotated[float, Field(ge=-100, le=100)]],
+                               Annotated[float, Field(ge=LOGIT_BIAS_RANGE[0], le=LOGIT_BIAS_RANGE[1])]],
                           Field(json_schema_extra={"additionalProperties": False})] | None = \
         Field(None, description="Token id (as a string) -> bias.")
     user: Text | None = Field(None, description="The caller's id, logged.")
@@ -104,8 +104,8 @@ class SamplingFields(Strict):
     stream_options: StreamOptions | None = None
     # vLLM's extensions
     top_k: Int(ge=-1, le=INT32_MAX) | None = Field(None, description="-1: off.")
-    min_p: float | None = Field(None, ge=0, le=1)
-    repetition_penalty: float | None = Field(None, gt=0, le=10)
+    min_p: float | None = Field(None, **float_bounds("min_p"))
+    repetition_penalty: float | None = Field(None, **float_bounds("repetition_penalty"))
     min_tokens: Int(ge=0, le=UINT32_MAX) | None = Field(None, description="At most max_tokens.")
     ignore_eos: bool | None = None
     stop_token_ids: list[TokenId] | None = None
