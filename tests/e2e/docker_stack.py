@@ -255,7 +255,7 @@ def listening_ports(pid: int) -> set[int]:
 # ---- streams through a deployed frontend -----------------------------------------------------
 
 PROMPTS = ("Once upon a time", "The three primary colors are", "def fibonacci(n):", "Paris is a city")
-REFERENCE_TOKENS = 64
+REFERENCE_TOKENS = 128  # the longest stream a test sizes from the reference (length_for caps at it)
 
 
 def params(i: int, max_tokens: int) -> dict:
@@ -275,6 +275,8 @@ class Streams:
         self.finish: list[str | None] = [None] * len(prompts)
         self.errors: list[Exception] = []
         self._first = [threading.Event() for _ in prompts]
+        self.first_at: list[float | None] = [None] * len(prompts)  # monotonic time of each stream's first token
+        self.ended_at: list[float | None] = [None] * len(prompts)  # and of its last
         self._threads = [threading.Thread(target=self._one, args=(i,), daemon=True) for i in range(len(prompts))]
         for thread in self._threads:
             thread.start()
@@ -287,6 +289,9 @@ class Streams:
                 for delta in client.stream(self.prompts[i], **params(i, self.max_tokens)):
                     self.tokens[i] += delta.token_ids
                     self.finish[i] = delta.finish_reason or self.finish[i]
+                    self.ended_at[i] = time.monotonic()
+                    if not self._first[i].is_set():
+                        self.first_at[i] = self.ended_at[i]
                     self._first[i].set()
         except Exception as error:  # noqa: BLE001 - reported by the test
             self.errors.append(error)
@@ -308,11 +313,14 @@ class Reference:
     took: the later tests size their streams in seconds, as fast or slow as the machine is."""
 
     def __init__(self, address: str, prompts: tuple[str, ...] = PROMPTS):
-        start = time.monotonic()
         self.address, self.prompts = address, prompts
-        self.tokens, finish = Streams(address, REFERENCE_TOKENS, prompts).join()
+        streams = Streams(address, REFERENCE_TOKENS, prompts)
+        self.tokens, finish = streams.join()
         assert finish == ["length"] * len(prompts)
-        self.step_s = (time.monotonic() - start) / REFERENCE_TOKENS
+        # a decode step: first token to last, without the connection and the (cold) prefill, which
+        # made the estimate long and the later tests' streams too short to be open when they act
+        steps = [(end - first) / (REFERENCE_TOKENS - 1) for first, end in zip(streams.first_at, streams.ended_at)]
+        self.step_s = sum(steps) / len(steps)
 
     def length_for(self, seconds: float, least: int) -> int:
         return max(least, min(REFERENCE_TOKENS, round(seconds / self.step_s)))

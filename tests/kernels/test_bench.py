@@ -104,16 +104,31 @@ def test_linear_bound_quantizes_each_format_it_names():
         assert (quantized.dequantize() - weight).abs().max() <= weight.abs().max() * step
 
 
-def test_quant_parity_reports_both_sides_gaps_at_a_divergence():
-    """A divergence from llama.cpp is reported with each side's top-2 gap, so a near-tie on either side shows."""
+def test_quant_reports_the_int8_divergence_with_its_top2_gap():
+    """bench/quant.py compares int8 weights with fp32 ones: a divergence says our top-2 gap there."""
     bench = load_bench("quant")
-    both = {"equal": False, "first_divergence": 17, "compared": 32, "our_top2_logprob_gap": 0.444,
-            "their_top2_logprob_gap": 0.096}
-    assert bench._compare_text(both) == ("first differs at token 17 of 32 (our top-2 logprob gap there: 0.444; "
-                                         "llama.cpp's top-2 logprob gap there: 0.096)")
-    ours_only = {**both, "their_top2_logprob_gap": None}
-    assert bench._compare_text(ours_only) == "first differs at token 17 of 32 (our top-2 logprob gap there: 0.444)"
+    diverged = {"equal": False, "first_divergence": 17, "compared": 32, "our_top2_logprob_gap": 0.444}
+    assert bench._compare_text(diverged) == "first differs at token 17 of 32 (our top-2 logprob gap there: 0.444)"
     assert bench._compare_text({"equal": True, "compared": 8}) == "token-equal (8 tokens)"
+
+
+def test_llama_cpp_parity_counts_a_near_tie_only_when_both_sides_are_near_one(monkeypatch):
+    """bench/activation_quality.py's parity with llama-server: a first divergence is a near-tie only
+    when our top-2 gap AND llama.cpp's are under --near-tie, so one confident side makes it one to explain."""
+    import types
+    from services.core.step import Logprobs
+
+    bench = load_bench("activation_quality")
+    monkeypatch.setattr(bench, "full_logits", lambda model, ids: None)  # no model loaded: margins empty
+    ours = [types.SimpleNamespace(token_ids=[5, 6, 7], logprobs=[None, None, Logprobs(token_id=7, logprob=-0.1, rank=1, top=((7, -0.1), (9, -0.15)))]),
+            types.SimpleNamespace(token_ids=[5, 6, 7], logprobs=[None, None, Logprobs(token_id=7, logprob=-0.1, rank=1, top=((7, -0.1), (9, -0.15)))]),
+            types.SimpleNamespace(token_ids=[5, 6], logprobs=[None, None])]
+    theirs = [[5, 6, 9], [5, 6, 9], [5, 6]]
+    tops = [[None, None, [(9, -0.1), (7, -0.12)]], [None, None, [(9, -0.1), (7, -2.0)]], [None, None]]
+    result = bench.parity("gguf-int8", ours, theirs, tops, [[1], [1], [1]], {}, types.SimpleNamespace(near_tie=0.1))
+    near = [(r["equal"], r["near_tie"]) for r in result["per_prompt"]]
+    assert near == [(False, True), (False, False), (True, True)] and result["equal"] == 1
+    assert result["per_prompt"][1]["their_margin"] == -0.1 - (-2.0)
 
 
 def test_quant_serve_reports_the_fp32_ceiling_of_its_workload(tmp_path, monkeypatch):
