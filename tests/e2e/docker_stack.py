@@ -255,7 +255,7 @@ def listening_ports(pid: int) -> set[int]:
 # ---- streams through a deployed frontend -----------------------------------------------------
 
 PROMPTS = ("Once upon a time", "The three primary colors are", "def fibonacci(n):", "Paris is a city")
-REFERENCE_TOKENS = 128  # the longest stream a test sizes from the reference (length_for caps at it)
+REFERENCE_TOKENS = 256  # the longest stream a test sizes from the reference (length_for caps at it)
 
 
 def params(i: int, max_tokens: int) -> dict:
