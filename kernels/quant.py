@@ -21,6 +21,7 @@ invariant path. `weight[ids]` dequantizes just those rows (the embedding lookup)
 from __future__ import annotations
 
 import ctypes
+import functools
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -33,6 +34,8 @@ BLOCK = 32
 BLOCK_BYTES = {Q4_0: 18, Q4_1: 20, Q8_0: 34}
 OK, OUT_OF_MEMORY, BAD_SHAPE = 0, 1, 2  # kernels/csrc/kernels.h
 ACT_INT8 = 0x100  # kernels.h's QUANT_ACT_INT8: a format code with this bit takes int8 activations
+INTERLEAVED = 0x200  # kernels.h's QUANT_INTERLEAVED: the rows interleaved by groups of GROUP (int8 activations only)
+GROUP = 16  # outputs per interleaved group: one AVX-512 register of int32 lanes (quant_dot.c)
 
 
 def row_bytes(fmt: int, in_features: int) -> int:
@@ -53,6 +56,7 @@ class QuantWeight:
     in_features: int
     dtype: torch.dtype
     int8_activations: bool = False  # activations rounded to int8 per block of 32 (kernels/csrc/quant_dot.c)
+    interleaved: bool = False  # data's whole groups of 16 rows in quant_dot.c's interleaved order (`interleave`)
 
     def __post_init__(self) -> None:
         want = (self.out_features, row_bytes(self.fmt, self.in_features))
@@ -71,24 +75,43 @@ class QuantWeight:
     @property
     def kernel_fmt(self) -> int:
         """The format code the C kernels take: fmt, with ACT_INT8 set for int8 activations."""
-        return self.fmt | ACT_INT8 if self.int8_activations else self.fmt
+        if not self.int8_activations:
+            return self.fmt
+        return self.fmt | ACT_INT8 | (INTERLEAVED if self.interleaved else 0)
 
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         return quant_linear(x, self, bias)
 
     def __getitem__(self, ids: torch.Tensor) -> torch.Tensor:
         """The rows `ids` dequantized, in `dtype` (an embedding lookup)."""
-        return dequantize_rows(self.data[ids.reshape(-1)], self.fmt, self.in_features).to(self.dtype).reshape(
+        return dequantize_rows(self.rows(ids.reshape(-1)), self.fmt, self.in_features).to(self.dtype).reshape(
             *ids.shape, self.in_features)
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """The stored rows `ids` [R] in row order (uint8 [R, row_bytes]), interleaved or not."""
+        if not self.interleaved:
+            return self.data[ids]
+        return row_bytes_of(self.data, self.fmt, self.in_features, ids)
+
+    def row_data(self) -> torch.Tensor:
+        """data in row order (uint8 [out_features, row_bytes])."""
+        return deinterleave(self.data, self.fmt, self.in_features) if self.interleaved else self.data
 
     def dequantize(self) -> torch.Tensor:
         """The whole weight in fp32 (tests, the fallback path)."""
-        return dequantize_rows(self.data, self.fmt, self.in_features)
+        return dequantize_rows(self.row_data(), self.fmt, self.in_features)
 
     def with_dtype(self, dtype: torch.dtype) -> QuantWeight:
         return replace(self, dtype=dtype)
 
     def with_activations(self, int8: bool) -> QuantWeight:
+        """int8: the int8-activation kernels, the rows interleaved for them where they can be (`interleave`);
+        else the fp32-activation ones, on rows in row order."""
+        if int8 and not self.interleaved and can_interleave(self.fmt, self.out_features, self.in_features):
+            return replace(self, data=interleave(self.data, self.fmt, self.in_features), interleaved=True,
+                           int8_activations=True)
+        if not int8 and self.interleaved:
+            return replace(self, data=self.row_data(), interleaved=False, int8_activations=False)
         return replace(self, int8_activations=int8)
 
 
@@ -97,6 +120,67 @@ def from_blocks(blocks: np.ndarray | torch.Tensor, fmt: int, in_features: int, d
     out of the mapped file."""
     data = torch.from_numpy(np.array(blocks, dtype=np.uint8)) if isinstance(blocks, np.ndarray) else blocks.contiguous()
     return QuantWeight(data=data, fmt=fmt, out_features=data.shape[0], in_features=in_features, dtype=dtype)
+
+
+# ---- interleaved rows (quant_dot.c's header has the layout) -------------------------------------
+def can_interleave(fmt: int, out_features: int, in_features: int) -> bool:
+    """At least one whole group of 16 rows, and (INT8) whole blocks of 32 per row."""
+    return out_features >= GROUP and (fmt != INT8 or in_features % BLOCK == 0)
+
+
+@functools.lru_cache(maxsize=64)
+def interleave_order(fmt: int, in_features: int) -> np.ndarray:
+    """For one group of 16 rows (16 row_bytes bytes): interleaved byte j is row-order byte order[j]."""
+    width = row_bytes(fmt, in_features)
+    lanes = np.arange(GROUP)[:, None] * width + np.arange(4)[None, :]  # [16, 4]: bytes 0..3 of each row
+    blocks = in_features // BLOCK
+    if fmt == INT8:  # the 16 scales, then per block its 8 k-groups: row c's 4 bytes of group g at 4 c
+        groups = 4 + np.arange(blocks)[:, None, None, None] * BLOCK + 4 * np.arange(8)[None, :, None, None]
+        return np.concatenate([lanes.reshape(-1), (groups + lanes[None, None]).reshape(-1)])
+    size, head = BLOCK_BYTES[fmt], 4 if fmt == Q4_1 else 2
+    per_block = [(np.arange(GROUP)[:, None] * width + np.arange(2)[None, :])[None]]  # each row's d
+    if fmt == Q4_1:
+        per_block.append((np.arange(GROUP)[:, None] * width + 2 + np.arange(2)[None, :])[None])  # each row's m
+    per_block.append((head + 4 * np.arange((size - head) // 4))[:, None, None] + lanes[None])  # the k-groups
+    block = np.concatenate([part.reshape(-1) for part in per_block])  # block 0's bytes
+    return (np.arange(blocks)[:, None] * size + block[None, :]).reshape(-1)
+
+
+@functools.lru_cache(maxsize=64)
+def _inverse_order(fmt: int, in_features: int) -> np.ndarray:
+    return np.argsort(interleave_order(fmt, in_features))
+
+
+def interleave(data: torch.Tensor, fmt: int, in_features: int) -> torch.Tensor:
+    """Rows in row order [N, row_bytes] -> each whole group of 16 rows interleaved in place of its rows
+    (the same shape and bytes; the rows past the last whole group as they were)."""
+    whole = data.shape[0] // GROUP * GROUP
+    out = data.numpy().copy()
+    span = GROUP * data.shape[1]
+    out[:whole] = out[:whole].reshape(-1, span)[:, interleave_order(fmt, in_features)].reshape(whole, -1)
+    return torch.from_numpy(out)
+
+
+def deinterleave(data: torch.Tensor, fmt: int, in_features: int) -> torch.Tensor:
+    """`interleave` undone: the rows in row order."""
+    whole = data.shape[0] // GROUP * GROUP
+    out = data.numpy().copy()
+    span = GROUP * data.shape[1]
+    out[:whole] = out[:whole].reshape(-1, span)[:, _inverse_order(fmt, in_features)].reshape(whole, -1)
+    return torch.from_numpy(out)
+
+
+def row_bytes_of(data: torch.Tensor, fmt: int, in_features: int, ids: torch.Tensor) -> torch.Tensor:
+    """Rows `ids` of interleaved data, in row order (uint8 [R, row_bytes]): a gather, no copy of the rest."""
+    width = data.shape[1]
+    whole = data.shape[0] // GROUP * GROUP
+    ids = ids.to(torch.int64)
+    inverse = torch.from_numpy(_inverse_order(fmt, in_features)).view(GROUP, width)
+    grouped = ids < whole
+    safe = torch.where(grouped, ids, 0)
+    starts = (safe // GROUP * GROUP * width)[:, None]
+    gathered = data.reshape(-1)[starts + inverse[safe % GROUP]]
+    return torch.where(grouped[:, None], gathered, data[torch.where(grouped, 0, ids)])
 
 
 def quantize_int8(weight: torch.Tensor, dtype: torch.dtype | None = None) -> QuantWeight:
@@ -235,7 +319,7 @@ def fma32(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
 
 def _integer_blocks(weight: QuantWeight) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None, np.ndarray | None]:
     """The weight's integers [N, B, 32] (int32) and its per-block d, m [N, B] (GGUF) or row scale [N] (INT8)."""
-    data = weight.data.numpy()
+    data = weight.row_data().numpy()
     n, k = weight.out_features, weight.in_features
     if weight.fmt == INT8:
         blocks = -(-k // BLOCK)

@@ -71,7 +71,7 @@ def split_quant(weight: QuantWeight, groups: int) -> list[QuantWeight]:
     """A quantized weight's rows cut into `groups` column groups of whole blocks (INT8: each group's
     rows keep the row's scale, so a group's partial is its dot product times the same scale)."""
     kg = weight.in_features // groups
-    data, parts = weight.data, []
+    data, parts = weight.row_data(), []
     for g in range(groups):
         if weight.fmt == 100:  # INT8: [scale (4 bytes)][K int8]
             part = torch.cat([data[:, :4], data[:, 4 + g * kg:4 + (g + 1) * kg]], dim=1)
@@ -79,7 +79,7 @@ def split_quant(weight: QuantWeight, groups: int) -> list[QuantWeight]:
             width = row_bytes(weight.fmt, kg)
             part = data[:, g * width:(g + 1) * width]
         parts.append(QuantWeight(data=part.contiguous(), fmt=weight.fmt, out_features=weight.out_features,
-                                 in_features=kg, dtype=weight.dtype, int8_activations=weight.int8_activations))
+                                 in_features=kg, dtype=weight.dtype).with_activations(weight.int8_activations))
     return parts
 
 

@@ -7,6 +7,9 @@ enum { KERNEL_OK = 0, KERNEL_OUT_OF_MEMORY = 1, KERNEL_BAD_SHAPE = 2 };
 /* a quantized weight's format code (quant_gemm.c) with this bit set: the activations are rounded to
  * int8 per block of 32 and each block is an integer dot product (quant_dot.c) */
 enum { QUANT_ACT_INT8 = 0x100 };
+/* with QUANT_ACT_INT8 only: the weight's rows are interleaved by groups of 16 outputs (quant_dot.c's
+ * header has the layout; kernels/quant.py `interleave` makes it at load) */
+enum { QUANT_INTERLEAVED = 0x200 };
 
 int paged_attention(const void *q, int64_t q_stride, int io_bf16, float scale, const void *k_cache,
                     const void *v_cache, int is_bf16, const int64_t *block_tables, int64_t max_blocks,

@@ -43,6 +43,21 @@
  *                      a pair is at most 32512 <= 32767: it never saturates, and the sums are exact.
  *   aarch64 with dotprod   sdot; without it, and the generic tier: integer loops per output.
  * The tile, the lanes and the instructions differ; the integers and the fold on them do not.
+ *
+ * Interleaved rows (QUANT_INTERLEAVED; kernels/quant.py `interleave` makes them at load, and reads
+ * them back for the embedding lookup): the bytes of each group of 16 outputs (rows 16 t .. 16 t + 15,
+ * 16 row_bytes bytes, where the group's rows were) in the order the x86 tile loads them, so a tile
+ * reads one stream of whole vectors (no transposes, no scattered scale loads). Per block b, in
+ * block order:
+ *   Q4_0, Q4_1, Q8_0:  the 16 outputs' fp16 d (32 bytes), Q4_1 then their 16 m (32 bytes), then the
+ *                      values as k-groups: 64 bytes per group g, output c's 4 bytes of group g at
+ *                      4 c (4-bit: the 16 nibble bytes of a block are groups 0-3; 8-bit: 32 bytes,
+ *                      groups 0-7)
+ *   INT8 (K a multiple of 32):  the 16 row scales (fp32, 64 bytes) once, before block 0; then per
+ *                      block the 8 k-groups as above
+ * The same bytes, moved: every tier reads them (the generic and aarch64 tiers put a block's bytes
+ * back in row order), and the integers and the fold are those of the row layout. Rows past the
+ * last whole group of 16 stay in row order.
  */
 #include <math.h>
 #include <stdint.h>
@@ -225,6 +240,7 @@ typedef __m512i wv;
 #define WV_MADD(a, b) _mm512_madd_epi16(a, b)
 /* s with the sign of w per byte (w = 0: any, |w| is 0); s is never -128 */
 #define WV_SIGN8(s, w) _mm512_mask_sub_epi8(s, _mm512_movepi8_mask(w), _mm512_setzero_si512(), s)
+#define WV_LOAD(p) _mm512_loadu_si512((const void *)(p))
 #if defined(__AVX512VNNI__)
 #define VNNI 1
 #endif
@@ -271,6 +287,7 @@ typedef __m256i wv;
 #define WV_MADDUBS(u, s) _mm256_maddubs_epi16(u, s)
 #define WV_MADD(a, b) _mm256_madd_epi16(a, b)
 #define WV_SIGN8(s, w) _mm256_sign_epi8(s, w)
+#define WV_LOAD(p) _mm256_loadu_si256((const __m256i *)(p))
 
 INLINE void transpose_load(const uint8_t *const p[COLS], wv out[4]) {
     wv z[4];
@@ -294,6 +311,18 @@ INLINE void block_scales(int fmt, const int32_t raw_bits[COLS], fv *dw, fv *mw) 
 }
 #endif
 
+/* COLS outputs' fp16 scales, consecutive at p (interleaved rows) -> floats, exactly */
+INLINE fv scales_at(const uint8_t *p) {
+    fv out;
+#if COLS == 16
+    const __m512 v = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+#else
+    const __m256 v = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+#endif
+    memcpy(&out, &v, sizeof out);
+    return out;
+}
+
 /* block b of the COLS weight rows, unpacked once for every row of the tile */
 typedef struct {
     wv w[8];  /* k-group g: 4-bit: nibbles; 8-bit: w + 128 (VNNI) or |w| */
@@ -302,6 +331,26 @@ typedef struct {
 #endif
     fv dw, mw;
 } Prepared;
+
+/* a block's k-groups as loaded (4-bit: raw[0..3], 8-bit: raw[0..7]) -> what block_isums multiplies */
+INLINE void unpack_groups(int fmt, const wv raw[8], Prepared *out) {
+    if (fmt == FMT_Q4_0 || fmt == FMT_Q4_1) {
+        const wv mask = WV_SET8(0x0f);
+        for (int g = 0; g < 4; g++) {
+            out->w[g] = WV_AND(raw[g], mask);
+            out->w[g + 4] = WV_AND(WV_SRL16(raw[g], 4), mask);
+        }
+        return;
+    }
+    for (int g = 0; g < 8; g++) {
+#if defined(VNNI)
+        out->w[g] = WV_XOR(raw[g], WV_SET8((char)0x80));
+#else
+        out->s[g] = raw[g];
+        out->w[g] = WV_ABS8(raw[g]);
+#endif
+    }
+}
 
 INLINE void prepare(int fmt, const uint8_t *const w[COLS], int64_t b, int64_t count, const int32_t *raw_scales,
                     Prepared *out) {
@@ -315,32 +364,34 @@ INLINE void prepare(int fmt, const uint8_t *const w[COLS], int64_t b, int64_t co
             p[c] = padded[c];
         }
     }
-    if (fmt == FMT_Q4_0 || fmt == FMT_Q4_1) {
-        wv raw[4];
-        transpose_load(p, raw);
-        const wv mask = WV_SET8(0x0f);
-        for (int g = 0; g < 4; g++) {
-            out->w[g] = WV_AND(raw[g], mask);
-            out->w[g + 4] = WV_AND(WV_SRL16(raw[g], 4), mask);
-        }
-    } else {
-        transpose_load(p, out->w);
+    wv raw[8];
+    transpose_load(p, raw);
+    if (fmt != FMT_Q4_0 && fmt != FMT_Q4_1) {
         const uint8_t *second[COLS];
         for (int c = 0; c < COLS; c++)
             second[c] = p[c] + 16;
-        transpose_load(second, out->w + 4);
-        for (int g = 0; g < 8; g++) {
-#if defined(VNNI)
-            out->w[g] = WV_XOR(out->w[g], WV_SET8((char)0x80));
-#else
-            out->s[g] = out->w[g];
-            out->w[g] = WV_ABS8(out->w[g]);
-#endif
-        }
+        transpose_load(second, raw + 4);
     }
+    unpack_groups(fmt, raw, out);
     out->dw = splatv(1.0f), out->mw = splatv(0.0f); /* what the format has not (fmt is a constant here) */
     if (fmt != FMT_INT8)
         block_scales(fmt, raw_scales, &out->dw, &out->mw);
+}
+
+/* block b of COLS outputs of interleaved rows: `group` the first byte of their group of 16, `lane0`
+ * the tile's first output in it (0; 8 for a second half of 8 outputs) */
+INLINE void prepare_interleaved(int fmt, const uint8_t *group, int64_t b, int lane0, Prepared *out) {
+    const uint8_t *block = fmt == FMT_INT8 ? group + 64 + b * 16 * QBLOCK : group + b * 16 * block_bytes(fmt);
+    const uint8_t *values = fmt == FMT_INT8 ? block : block + (fmt == FMT_Q4_1 ? 64 : 32);
+    wv raw[8];
+    for (int g = 0; g < (fmt == FMT_Q4_0 || fmt == FMT_Q4_1 ? 4 : 8); g++)
+        raw[g] = WV_LOAD(values + g * 64 + lane0 * 4);
+    unpack_groups(fmt, raw, out);
+    out->dw = splatv(1.0f), out->mw = splatv(0.0f);
+    if (fmt != FMT_INT8)
+        out->dw = scales_at(block + 2 * lane0);
+    if (fmt == FMT_Q4_1)
+        out->mw = scales_at(block + 32 + 2 * lane0);
 }
 
 /* lane c: output c's isum against one row's 32 quantized activations (integer sum xsum) */
@@ -380,7 +431,26 @@ typedef struct {
     const uint8_t *p[COLS];
     int64_t count; /* INT8's last block: the values in the row (else 32) */
     fv dw, mw;
+    uint8_t rows[COLS][QBLOCK]; /* interleaved rows: the block's values back in row order */
 } Prepared;
+
+/* interleaved rows (the header's layout): block b of outputs lane0 .. lane0 + COLS of a group of 16 */
+INLINE void prepare_interleaved(int fmt, const uint8_t *group, int64_t b, int lane0, Prepared *out) {
+    const uint8_t *block = fmt == FMT_INT8 ? group + 64 + b * 16 * QBLOCK : group + b * 16 * block_bytes(fmt);
+    const uint8_t *values = fmt == FMT_INT8 ? block : block + (fmt == FMT_Q4_1 ? 64 : 32);
+    const int groups = fmt == FMT_Q4_0 || fmt == FMT_Q4_1 ? 4 : 8;
+    out->count = QBLOCK;
+    out->dw = splatv(1.0f), out->mw = splatv(0.0f);
+    for (int c = 0; c < COLS; c++) {
+        for (int g = 0; g < groups; g++)
+            memcpy(out->rows[c] + 4 * g, values + g * 64 + 4 * (lane0 + c), 4);
+        out->p[c] = out->rows[c];
+        if (fmt != FMT_INT8)
+            out->dw[c] = half_to_float(block + 2 * (lane0 + c));
+        if (fmt == FMT_Q4_1)
+            out->mw[c] = half_to_float(block + 32 + 2 * (lane0 + c));
+    }
+}
 
 INLINE void prepare(int fmt, const uint8_t *const w[COLS], int64_t b, int64_t count, const int32_t *raw_scales,
                     Prepared *out) {
@@ -433,8 +503,12 @@ INLINE iv block_isums(int fmt, const Prepared *pw, const int8_t *xq, int32_t xsu
 
 /* ---- the tile ---------------------------------------------------------------------------- */
 /* rows (1..ROWS) of quantized x from row r0, outputs n0 .. n0 + cols (cols 1..COLS) */
-INLINE void tile(const int rows, const int cols, const int fmt, const ActQ *a, int64_t r0, const uint8_t *w,
-                 int64_t row_bytes, int64_t k, const void *bias, void *out, int64_t ldo, int64_t n0, int out_bf16) {
+INLINE void tile(const int rows, const int cols, const int fmt, const int interleaved, const ActQ *a, int64_t r0,
+                 const uint8_t *w, int64_t row_bytes, int64_t k, const void *bias, void *out, int64_t ldo, int64_t n0,
+                 int out_bf16) {
+    /* interleaved: the tile's group of 16 outputs and its first output in it */
+    const int lane0 = interleaved ? (int)(n0 % 16) : 0;
+    const uint8_t *group = w - lane0 * row_bytes;
     const uint8_t *wr[COLS];
     for (int c = 0; c < COLS; c++) /* a partial tile repeats its first row: computed, never stored */
         wr[c] = w + (c < cols ? c : 0) * row_bytes;
@@ -447,18 +521,23 @@ INLINE void tile(const int rows, const int cols, const int fmt, const ActQ *a, i
      * order, as quant_gemm.c's tile does: without it batch-1 Q8_0 (the default model's lm_head) read
      * memory at 2/3 of the fp32-activation kernel's rate and was slower than it */
     const int64_t span = (cols * row_bytes + blocks - 1) / blocks;
-    const uint8_t *ahead = w + cols * row_bytes;
+    const uint8_t *ahead = w + cols * row_bytes; /* interleaved: the next group once, from its first tile */
+    const int fetch = r0 == 0 && lane0 == 0;
     for (int64_t b = 0; b < blocks; b++) {
-        if (r0 == 0)
+        if (fetch)
             for (int64_t offset = b * span; offset < (b + 1) * span + 63; offset += 64)
                 __builtin_prefetch(ahead + offset, 0, 3);
-        if (b % SCALE_BLOCKS == 0 && fmt != FMT_INT8)
-            for (int c = 0; c < COLS; c++)
-                for (int64_t i = b; i < blocks && i < b + SCALE_BLOCKS; i++)
-                    memcpy(&raw_scales[i - b][c], block_start(fmt, wr[c], i), 4);
         Prepared pw;
-        prepare(fmt, wr, b, fmt == FMT_INT8 && b == full && tail != 0 ? tail : QBLOCK, raw_scales[b % SCALE_BLOCKS],
-                &pw);
+        if (interleaved) {
+            prepare_interleaved(fmt, group, b, lane0, &pw);
+        } else {
+            if (b % SCALE_BLOCKS == 0 && fmt != FMT_INT8)
+                for (int c = 0; c < COLS; c++)
+                    for (int64_t i = b; i < blocks && i < b + SCALE_BLOCKS; i++)
+                        memcpy(&raw_scales[i - b][c], block_start(fmt, wr[c], i), 4);
+            prepare(fmt, wr, b, fmt == FMT_INT8 && b == full && tail != 0 ? tail : QBLOCK,
+                    raw_scales[b % SCALE_BLOCKS], &pw);
+        }
         for (int r = 0; r < rows; r++) {
             const int64_t at = (r0 + r) * blocks + b;
             const iv isum = block_isums(fmt, &pw, a->q + at * QBLOCK, a->sum[at]);
@@ -472,7 +551,7 @@ INLINE void tile(const int rows, const int cols, const int fmt, const ActQ *a, i
     fv scale = splatv(1.0f), add = splatv(0.0f);
     for (int c = 0; c < cols; c++) {
         if (fmt == FMT_INT8)
-            memcpy(&scale[c], wr[c], 4);
+            memcpy(&scale[c], interleaved ? group + 4 * (lane0 + c) : wr[c], 4);
         if (bias != NULL)
             add[c] = out_bf16 ? bf16_to_float(((const uint16_t *)bias)[n0 + c]) : ((const float *)bias)[n0 + c];
     }
@@ -489,37 +568,50 @@ INLINE void tile(const int rows, const int cols, const int fmt, const ActQ *a, i
 /* each format and row count its own copy of the tile, both constants in it (the accumulators
  * stay in registers: with a variable row count they went through memory, a store and a load on
  * every block's chain) */
-#define TILE_CASE(R, FMT)                                                                                   \
-    case R: tile(R, cols, FMT, a, r0, w, row_bytes, k, bias, out, ldo, n0, out_bf16); return;
+#define TILE_CASE(R, FMT, IL)                                                                               \
+    case R: tile(R, cols, FMT, IL, a, r0, w, row_bytes, k, bias, out, ldo, n0, out_bf16); return;
 #if ROWS == 8
-#define TILE_ROWS(FMT)                                                                                       \
+#define TILE_ROWS(FMT, IL)                                                                                   \
     switch (rows) {                                                                                          \
-    TILE_CASE(1, FMT) TILE_CASE(2, FMT) TILE_CASE(3, FMT) TILE_CASE(4, FMT) TILE_CASE(5, FMT) TILE_CASE(6, FMT) \
-    TILE_CASE(7, FMT) default: tile(ROWS, cols, FMT, a, r0, w, row_bytes, k, bias, out, ldo, n0, out_bf16); return; \
+    TILE_CASE(1, FMT, IL) TILE_CASE(2, FMT, IL) TILE_CASE(3, FMT, IL) TILE_CASE(4, FMT, IL)                  \
+    TILE_CASE(5, FMT, IL) TILE_CASE(6, FMT, IL) TILE_CASE(7, FMT, IL)                                         \
+    default: tile(ROWS, cols, FMT, IL, a, r0, w, row_bytes, k, bias, out, ldo, n0, out_bf16); return;         \
     }
 #else
-#define TILE_ROWS(FMT)                                                                                       \
+#define TILE_ROWS(FMT, IL)                                                                                   \
     switch (rows) {                                                                                          \
-    TILE_CASE(1, FMT) TILE_CASE(2, FMT) TILE_CASE(3, FMT)                                                    \
-    default: tile(ROWS, cols, FMT, a, r0, w, row_bytes, k, bias, out, ldo, n0, out_bf16); return;            \
+    TILE_CASE(1, FMT, IL) TILE_CASE(2, FMT, IL) TILE_CASE(3, FMT, IL)                                         \
+    default: tile(ROWS, cols, FMT, IL, a, r0, w, row_bytes, k, bias, out, ldo, n0, out_bf16); return;         \
     }
 #endif
-static void tile_any(int rows, int cols, int fmt, const ActQ *a, int64_t r0, const uint8_t *w, int64_t row_bytes,
-                     int64_t k, const void *bias, void *out, int64_t ldo, int64_t n0, int out_bf16) {
+static void tile_any(int rows, int cols, int fmt, int interleaved, const ActQ *a, int64_t r0, const uint8_t *w,
+                     int64_t row_bytes, int64_t k, const void *bias, void *out, int64_t ldo, int64_t n0, int out_bf16) {
+    if (interleaved) {
+        switch (fmt) {
+        case FMT_Q4_0: TILE_ROWS(FMT_Q4_0, 1)
+        case FMT_Q4_1: TILE_ROWS(FMT_Q4_1, 1)
+        case FMT_Q8_0: TILE_ROWS(FMT_Q8_0, 1)
+        default: TILE_ROWS(FMT_INT8, 1)
+        }
+    }
     switch (fmt) {
-    case FMT_Q4_0: TILE_ROWS(FMT_Q4_0)
-    case FMT_Q4_1: TILE_ROWS(FMT_Q4_1)
-    case FMT_Q8_0: TILE_ROWS(FMT_Q8_0)
-    default: TILE_ROWS(FMT_INT8)
+    case FMT_Q4_0: TILE_ROWS(FMT_Q4_0, 0)
+    case FMT_Q4_1: TILE_ROWS(FMT_Q4_1, 0)
+    case FMT_Q8_0: TILE_ROWS(FMT_Q8_0, 0)
+    default: TILE_ROWS(FMT_INT8, 0)
     }
 }
 
-/* quant_linear_into's int8-activation path (fmt without QUANT_ACT_INT8): the same contract */
+/* quant_linear_into's int8-activation path (fmt without QUANT_ACT_INT8, with QUANT_INTERLEAVED where
+ * the rows are): the same contract */
 int quant_linear_int8(const void *x, int64_t ldx, const void *w, int fmt, const void *bias, void *out, int64_t ldo,
                       int64_t m, int64_t n, int64_t k, int is_bf16, int out_bf16, int num_threads) {
+    const int interleaved = (fmt & QUANT_INTERLEAVED) != 0;
+    fmt &= ~QUANT_INTERLEAVED;
     const int64_t row_bytes = quant_row_bytes(fmt, k);
-    if (row_bytes == 0)
+    if (row_bytes == 0 || (interleaved && fmt == FMT_INT8 && k % QBLOCK != 0))
         return KERNEL_BAD_SHAPE;
+    const int64_t grouped = interleaved ? n / 16 * 16 : 0; /* outputs in whole interleaved groups */
     if (m == 0 || n == 0)
         return KERNEL_OK;
     ActQ a;
@@ -543,7 +635,8 @@ int quant_linear_int8(const void *x, int64_t ldx, const void *w, int fmt, const 
             const int rows = m - r < ROWS ? (int)(m - r) : ROWS;
             for (int64_t c = c0; c < c1; c += COLS) {
                 const int cols = c1 - c < COLS ? (int)(c1 - c) : COLS;
-                tile_any(rows, cols, fmt, &a, r, weights + c * row_bytes, row_bytes, k, bias, out, ldo, c, out_bf16);
+                tile_any(rows, cols, fmt, c < grouped, &a, r, weights + c * row_bytes, row_bytes, k, bias, out, ldo, c,
+                         out_bf16);
             }
         }
     }

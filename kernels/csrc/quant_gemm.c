@@ -45,7 +45,7 @@ typedef int8_t vsb __attribute__((vector_size(16)));
 
 /* Bytes per weight row of K elements (0: not a format / K not a multiple of the block). */
 int64_t quant_row_bytes(int fmt, int64_t k) {
-    fmt &= ~QUANT_ACT_INT8; /* the activations' mode does not change the weight's bytes */
+    fmt &= ~(QUANT_ACT_INT8 | QUANT_INTERLEAVED); /* the activations' mode and the rows' order keep the bytes */
     if (fmt == FMT_INT8)
         return 4 + k;
     if (k % BLOCK)
@@ -387,6 +387,8 @@ int quant_linear_into(const void *x, int64_t ldx, const void *w, int fmt, const 
     if (fmt & QUANT_ACT_INT8)
         return quant_linear_int8(x, ldx, w, fmt & ~QUANT_ACT_INT8, bias, out, ldo, m, n, k, is_bf16, out_bf16,
                                  num_threads);
+    if (fmt & QUANT_INTERLEAVED) /* only the int8-activation path reads interleaved rows */
+        return KERNEL_BAD_SHAPE;
     const int64_t row_bytes = quant_row_bytes(fmt, k);
     if (row_bytes == 0)
         return KERNEL_BAD_SHAPE;

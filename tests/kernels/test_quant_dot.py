@@ -4,6 +4,8 @@ the row's place in it or the thread count; the row-parallel K groups; and the se
 same tokens and logprobs on every tier an engine can be forced to."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -93,6 +95,25 @@ def test_a_rows_bits_do_not_depend_on_the_batch_or_threads(libs, fmt, tier):
     finally:
         torch.set_num_threads(threads)
     assert torch.equal(quant.run_kernel(lib, x[3:9], weight, None), whole[3:9])
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_interleaved_rows_give_the_bits_of_rows_in_order(libs, fmt):
+    """int8 activations interleave the weight's rows by groups of 16 (quant_dot.c's header): the same
+    outputs, bit for bit, on every tier, and the same rows back for the lookup and the fp32 path."""
+    weight, _ = make_weight(fmt, 40, 576, torch.float32, seed=7)  # two whole groups, then 8 rows in order
+    interleaved = weight.with_activations(True)
+    assert interleaved.interleaved and not torch.equal(interleaved.data[:32], weight.data[:32])
+    assert torch.equal(interleaved.data[32:], weight.data[32:])
+    in_order = replace(weight, int8_activations=True)
+    x = _hard_rows(5, 576, torch.float32, seed=2)
+    for tier, lib in libs.items():
+        assert torch.equal(quant.run_kernel(lib, x, interleaved, None), quant.run_kernel(lib, x, in_order, None)), tier
+    ids = torch.tensor([[0, 15, 16], [31, 33, 39]])
+    assert torch.equal(interleaved[ids], weight[ids])  # the embedding lookup of a tied lm_head
+    assert torch.equal(interleaved.row_data(), weight.data)
+    back = interleaved.with_activations(False)
+    assert not back.interleaved and torch.equal(back.data, weight.data)
 
 
 def test_the_rounding_rule():

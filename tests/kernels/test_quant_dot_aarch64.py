@@ -45,7 +45,7 @@ def test_aarch64_gives_the_hosts_bits(tmp_path, march):
         bias = torch.randn(n, generator=gen).to(dtype)
         host = quant.run_kernel(quant.declare(cpu_kernels.library()), x, weight, bias)
         assert torch.equal(host, quant.int8_linear_reference(x, weight, bias).to(dtype))
-        header = np.array([m, n, k, weight.fmt, int(dtype == torch.bfloat16), 1, weight.data.numel()], np.int64)
+        header = np.array([m, n, k, weight.kernel_fmt, int(dtype == torch.bfloat16), 1, weight.data.numel()], np.int64)
         blob += header.tobytes() + _bytes(x) + weight.data.numpy().tobytes() + _bytes(bias)
         expected.append(_bytes(host))
     (tmp_path / "in.bin").write_bytes(blob)
