@@ -241,6 +241,9 @@ typedef __m512i wv;
 /* s with the sign of w per byte (w = 0: any, |w| is 0); s is never -128 */
 #define WV_SIGN8(s, w) _mm512_mask_sub_epi8(s, _mm512_movepi8_mask(w), _mm512_setzero_si512(), s)
 #define WV_LOAD(p) _mm512_loadu_si512((const void *)(p))
+/* the 4 bytes at p in every 32-bit lane: a broadcast from memory (the load port), where the same
+ * values brought through a general register went through a register-to-vector move each */
+#define WV_BCAST4(p) _mm512_castps_si512(_mm512_broadcastss_ps(_mm_load_ss((const float *)(const void *)(p))))
 #if defined(__AVX512VNNI__)
 #define VNNI 1
 #endif
@@ -288,6 +291,7 @@ typedef __m256i wv;
 #define WV_MADD(a, b) _mm256_madd_epi16(a, b)
 #define WV_SIGN8(s, w) _mm256_sign_epi8(s, w)
 #define WV_LOAD(p) _mm256_loadu_si256((const __m256i *)(p))
+#define WV_BCAST4(p) _mm256_castps_si256(_mm256_broadcast_ss((const float *)(const void *)(p)))
 
 INLINE void transpose_load(const uint8_t *const p[COLS], wv out[4]) {
     wv z[4];
@@ -400,8 +404,12 @@ INLINE iv block_isums(int fmt, const Prepared *pw, const int8_t *xq, int32_t xsu
     int32_t group[8];
     memcpy(group, xq, 32);
 #if defined(VNNI)
+    /* four chains of two (integer sums: any order gives the same total), not one of eight: a
+     * vpdpbusd waits for the one before it in its chain */
+    wv part[4] = {WV_ZERO, WV_ZERO, WV_ZERO, WV_ZERO};
     for (int g = 0; g < 8; g++)
-        total = _mm512_dpbusd_epi32(total, pw->w[g], WV_SET32(group[g]));
+        part[g % 4] = _mm512_dpbusd_epi32(part[g % 4], pw->w[g], WV_BCAST4(xq + 4 * g));
+    total = WV_ADD32(WV_ADD32(part[0], part[1]), WV_ADD32(part[2], part[3]));
 #else
     if (fmt == FMT_Q4_0 || fmt == FMT_Q4_1) {
         wv pairs = WV_ZERO;
@@ -538,6 +546,7 @@ INLINE void tile(const int rows, const int cols, const int fmt, const int interl
             prepare(fmt, wr, b, fmt == FMT_INT8 && b == full && tail != 0 ? tail : QBLOCK,
                     raw_scales[b % SCALE_BLOCKS], &pw);
         }
+#pragma GCC unroll 8 /* every row's accumulator its own register (a loop kept them in memory) */
         for (int r = 0; r < rows; r++) {
             const int64_t at = (r0 + r) * blocks + b;
             const iv isum = block_isums(fmt, &pw, a->q + at * QBLOCK, a->sum[at]);
