@@ -530,7 +530,7 @@ INLINE void tile(const int rows, const int cols, const int fmt, const int interl
      * memory at 2/3 of the fp32-activation kernel's rate and was slower than it */
     const int64_t span = (cols * row_bytes + blocks - 1) / blocks;
     const uint8_t *ahead = w + cols * row_bytes; /* interleaved: the next group once, from its first tile */
-    const int fetch = r0 == 0 && lane0 == 0;
+    const int fetch = r0 == 0 && !interleaved;
     for (int64_t b = 0; b < blocks; b++) {
         if (fetch)
             for (int64_t offset = b * span; offset < (b + 1) * span + 63; offset += 64)
