@@ -88,6 +88,7 @@
 #endif
 #endif
 #define OUT_CHUNK 32 /* outputs a thread takes at a time */
+#define MAX_FOLD_GROUPS 64 /* quant_linear_int8_groups' most K groups */
 #define SCALE_BLOCKS 64 /* blocks whose d, m a tile copies out at a time */
 #define TINY 7.52316384526264e-37f /* 2^-120 */
 
@@ -205,6 +206,17 @@ static void quantize_rows(const void *x, int64_t ldx, int64_t m, int64_t k, int 
         }
     }
 }
+
+static int act_alloc(ActQ *a, int64_t m, int64_t k) {
+    a->blocks = (k + QBLOCK - 1) / QBLOCK;
+    a->q = malloc((size_t)(m * a->blocks * QBLOCK));
+    a->d = malloc(sizeof(float) * (size_t)(m * a->blocks));
+    a->sx = malloc(sizeof(float) * (size_t)(m * a->blocks));
+    a->sum = malloc(sizeof(int32_t) * (size_t)(m * a->blocks));
+    return a->q == NULL || a->d == NULL || a->sx == NULL || a->sum == NULL ? KERNEL_OUT_OF_MEMORY : KERNEL_OK;
+}
+
+static void act_free(ActQ *a) { free(a->q), free(a->d), free(a->sx), free(a->sum); }
 
 /* ---- one block's integer dot products for COLS outputs ------------------------------------ */
 #if defined(__AVX2__)
@@ -511,9 +523,10 @@ INLINE iv block_isums(int fmt, const Prepared *pw, const int8_t *xq, int32_t xsu
 
 /* ---- the tile ---------------------------------------------------------------------------- */
 /* rows (1..ROWS) of quantized x from row r0, outputs n0 .. n0 + cols (cols 1..COLS) */
+/* partial (not NULL): the fp32 values go to partial[r * COLS + c] (a K group's, for the fold), not to out */
 INLINE void tile(const int rows, const int cols, const int fmt, const int interleaved, const ActQ *a, int64_t r0,
                  const uint8_t *w, int64_t row_bytes, int64_t k, const void *bias, void *out, int64_t ldo, int64_t n0,
-                 int out_bf16) {
+                 int out_bf16, float *partial) {
     /* interleaved: the tile's group of 16 outputs and its first output in it */
     const int lane0 = interleaved ? (int)(n0 % 16) : 0;
     const uint8_t *group = w - lane0 * row_bytes;
@@ -566,6 +579,10 @@ INLINE void tile(const int rows, const int cols, const int fmt, const int interl
     }
     for (int r = 0; r < rows; r++) {
         const fv value = fmav(acc[r], scale, add);
+        if (partial != NULL) { /* every lane (past cols: a repeated row's, never stored) */
+            memcpy(partial + r * COLS, &value, sizeof value);
+            continue;
+        }
         for (int c = 0; c < cols; c++) {
             if (out_bf16)
                 ((uint16_t *)out)[(r0 + r) * ldo + n0 + c] = float_to_bf16(value[c]);
@@ -578,23 +595,24 @@ INLINE void tile(const int rows, const int cols, const int fmt, const int interl
  * stay in registers: with a variable row count they went through memory, a store and a load on
  * every block's chain) */
 #define TILE_CASE(R, FMT, IL)                                                                               \
-    case R: tile(R, cols, FMT, IL, a, r0, w, row_bytes, k, bias, out, ldo, n0, out_bf16); return;
+    case R: tile(R, cols, FMT, IL, a, r0, w, row_bytes, k, bias, out, ldo, n0, out_bf16, partial); return;
 #if ROWS == 8
 #define TILE_ROWS(FMT, IL)                                                                                   \
     switch (rows) {                                                                                          \
     TILE_CASE(1, FMT, IL) TILE_CASE(2, FMT, IL) TILE_CASE(3, FMT, IL) TILE_CASE(4, FMT, IL)                  \
     TILE_CASE(5, FMT, IL) TILE_CASE(6, FMT, IL) TILE_CASE(7, FMT, IL)                                         \
-    default: tile(ROWS, cols, FMT, IL, a, r0, w, row_bytes, k, bias, out, ldo, n0, out_bf16); return;         \
+    default: tile(ROWS, cols, FMT, IL, a, r0, w, row_bytes, k, bias, out, ldo, n0, out_bf16, partial); return;         \
     }
 #else
 #define TILE_ROWS(FMT, IL)                                                                                   \
     switch (rows) {                                                                                          \
     TILE_CASE(1, FMT, IL) TILE_CASE(2, FMT, IL) TILE_CASE(3, FMT, IL)                                         \
-    default: tile(ROWS, cols, FMT, IL, a, r0, w, row_bytes, k, bias, out, ldo, n0, out_bf16); return;         \
+    default: tile(ROWS, cols, FMT, IL, a, r0, w, row_bytes, k, bias, out, ldo, n0, out_bf16, partial); return;         \
     }
 #endif
 static void tile_any(int rows, int cols, int fmt, int interleaved, const ActQ *a, int64_t r0, const uint8_t *w,
-                     int64_t row_bytes, int64_t k, const void *bias, void *out, int64_t ldo, int64_t n0, int out_bf16) {
+                     int64_t row_bytes, int64_t k, const void *bias, void *out, int64_t ldo, int64_t n0, int out_bf16,
+                     float *partial) {
     if (interleaved) {
         switch (fmt) {
         case FMT_Q4_0: TILE_ROWS(FMT_Q4_0, 1)
@@ -624,16 +642,9 @@ int quant_linear_int8(const void *x, int64_t ldx, const void *w, int fmt, const 
     if (m == 0 || n == 0)
         return KERNEL_OK;
     ActQ a;
-    a.blocks = (k + QBLOCK - 1) / QBLOCK;
-    a.q = malloc((size_t)(m * a.blocks * QBLOCK));
-    a.d = malloc(sizeof(float) * (size_t)(m * a.blocks));
-    a.sx = malloc(sizeof(float) * (size_t)(m * a.blocks));
-    a.sum = malloc(sizeof(int32_t) * (size_t)(m * a.blocks));
-    int status = KERNEL_OK;
-    if (a.q == NULL || a.d == NULL || a.sx == NULL || a.sum == NULL) {
-        status = KERNEL_OUT_OF_MEMORY;
+    int status = act_alloc(&a, m, k);
+    if (status != KERNEL_OK)
         goto done;
-    }
     quantize_rows(x, ldx, m, k, is_bf16, &a, num_threads);
     const uint8_t *weights = w;
     const int64_t chunks = (n + OUT_CHUNK - 1) / OUT_CHUNK;
@@ -645,11 +656,68 @@ int quant_linear_int8(const void *x, int64_t ldx, const void *w, int fmt, const 
             for (int64_t c = c0; c < c1; c += COLS) {
                 const int cols = c1 - c < COLS ? (int)(c1 - c) : COLS;
                 tile_any(rows, cols, fmt, c < grouped, &a, r, weights + c * row_bytes, row_bytes, k, bias, out, ldo, c,
-                         out_bf16);
+                         out_bf16, NULL);
             }
         }
     }
 done:
-    free(a.q), free(a.d), free(a.sx), free(a.sum);
+    act_free(&a);
+    return status;
+}
+
+/* row_parallel_linear's int8-activation path in one process: the G groups' weights [n, kg] one after
+ * the other (each interleaved or not, as fmt says), out [m, n] (x's dtype) = their partials folded in
+ * the order 0..G-1, as fold_partials folds them: each tile's G partials are the tile's values of
+ * quant_linear_int8 on the group (bias none, out fp32), added in order in registers and rounded once,
+ * so the bits are those of the partials and the fold, without their memory, G + 1 parallel regions
+ * and G quantization calls. Each group's columns of x are quantized from the group's first column,
+ * as the group's own call does. */
+int quant_linear_int8_groups(const void *x, int64_t ldx, const void *w, int fmt, int64_t groups, int64_t m, int64_t n,
+                             int64_t kg, int is_bf16, void *out, int64_t ldo, int num_threads) {
+    const int interleaved = (fmt & QUANT_INTERLEAVED) != 0;
+    fmt &= ~QUANT_INTERLEAVED;
+    const int64_t row_bytes = quant_row_bytes(fmt, kg);
+    if (row_bytes == 0 || groups < 1 || groups > MAX_FOLD_GROUPS || (interleaved && fmt == FMT_INT8 && kg % QBLOCK))
+        return KERNEL_BAD_SHAPE;
+    if (m == 0 || n == 0)
+        return KERNEL_OK;
+    ActQ a[MAX_FOLD_GROUPS];
+    int status = KERNEL_OK;
+    int64_t made = 0;
+    for (; made < groups && status == KERNEL_OK; made++)
+        status = act_alloc(&a[made], m, kg);
+    if (status == KERNEL_OK)
+        for (int64_t g = 0; g < groups; g++)
+            quantize_rows((const char *)x + g * kg * (is_bf16 ? 2 : 4), ldx, m, kg, is_bf16, &a[g], num_threads);
+    const uint8_t *weights = w;
+    const int64_t group_bytes = n * row_bytes, grouped = interleaved ? n / 16 * 16 : 0;
+    const int64_t chunks = status == KERNEL_OK ? (n + OUT_CHUNK - 1) / OUT_CHUNK : 0;
+#pragma omp parallel for schedule(static) num_threads(num_threads)
+    for (int64_t chunk = 0; chunk < chunks; chunk++) {
+        const int64_t c0 = chunk * OUT_CHUNK, c1 = c0 + OUT_CHUNK < n ? c0 + OUT_CHUNK : n;
+        float total[ROWS * COLS], part[ROWS * COLS];
+        for (int64_t r = 0; r < m; r += ROWS) {
+            const int rows = m - r < ROWS ? (int)(m - r) : ROWS;
+            for (int64_t c = c0; c < c1; c += COLS) {
+                const int cols = c1 - c < COLS ? (int)(c1 - c) : COLS;
+                for (int64_t g = 0; g < groups; g++) {
+                    tile_any(rows, cols, fmt, c < grouped, &a[g], r, weights + g * group_bytes + c * row_bytes,
+                             row_bytes, kg, NULL, NULL, 0, c, 0, g == 0 ? total : part);
+                    if (g > 0)
+                        for (int i = 0; i < rows * COLS; i++)
+                            total[i] += part[i];
+                }
+                for (int i = 0; i < rows; i++)
+                    for (int j = 0; j < cols; j++) {
+                        if (is_bf16)
+                            ((uint16_t *)out)[(r + i) * ldo + c + j] = float_to_bf16(total[i * COLS + j]);
+                        else
+                            ((float *)out)[(r + i) * ldo + c + j] = total[i * COLS + j];
+                    }
+            }
+        }
+    }
+    for (int64_t g = 0; g < made; g++)
+        act_free(&a[g]);
     return status;
 }

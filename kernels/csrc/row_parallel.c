@@ -9,7 +9,9 @@
  * in rank order) every rank folds the same G partials in the same order, so the bits do not depend
  * on how many ranks computed them. A single process (no gather) runs row_parallel_linear: gemm.c's
  * weights in one pass over K that folds each group's chain into a running fp32 total in registers
- * (linear_groups_into), the same bits without the partials' memory and the G calls.
+ * (linear_groups_into), the same bits without the partials' memory and the G calls; quantized weights
+ * with int8 activations fold each tile's G partials in registers (quant_dot.c's
+ * quant_linear_int8_groups), to the same end.
  *
  * The local groups' weights lie one after the other, each packed (gemm.c) or as rows of blocks
  * (quant_gemm.c) of its own [n, kg], row_parallel_group_bytes apart. No bias: none of the
@@ -54,6 +56,12 @@ int row_parallel_linear(const void *x, int64_t ldx, const void *w, int fmt, int6
     if (fmt == 0) {
         linear_groups_into(x, ldx, w, groups, out, ldo, m, n, kg, is_bf16, is_bf16, num_threads, next);
         return KERNEL_OK;
+    }
+    if (fmt & QUANT_ACT_INT8) { /* the groups' tiles folded in registers (quant_dot.c) */
+        const int fused = quant_linear_int8_groups(x, ldx, w, fmt & ~QUANT_ACT_INT8, groups, m, n, kg, is_bf16, out, ldo,
+                                                   num_threads);
+        if (fused != KERNEL_BAD_SHAPE)
+            return fused;
     }
     const int status = row_parallel_partials(x, ldx, w, fmt, groups, m, n, kg, is_bf16, partials, num_threads, next);
     if (status == KERNEL_OK)

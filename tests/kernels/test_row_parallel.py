@@ -128,3 +128,22 @@ def test_one_pass_over_k_gives_the_bits_of_partials_and_their_fold(cpu_tier, dty
         for rows in (1, 2, 5, 9, 17, 100):
             x = torch.randn(rows, groups * kg, generator=gen).to(dtype)
             assert torch.equal(whole(x, None), whole.fold(whole.partials(x), dtype)), (out_features, groups, rows)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("fmt", ["int8", "q4_0", "q4_1", "q8_0"])
+def test_int8_activations_fold_the_groups_in_one_pass(cpu_tier, fmt, dtype):
+    """With int8 activations one process folds each tile's group partials in registers (quant_dot.c's
+    quant_linear_int8_groups); a rank computes the partials and folds them after the gather. The same
+    bits, with interleaved groups of 16 rows and rows past them (40, 100 outputs), int8 groups that end
+    inside a block (45 columns), and row counts across the tile's edges."""
+    gen = torch.Generator().manual_seed(6)
+    shapes = [(40, 3, 64), (100, 2, 96)] + ([(24, 3, 45)] if fmt == "int8" else [])
+    for out_features, groups, kg in shapes:
+        dense = torch.randn(out_features, groups * kg, generator=gen).to(dtype)
+        parts = [p.with_activations(True) for p in _parts(dense, fmt, dtype, groups)]
+        assert parts[0].interleaved == (kg % 32 == 0 or fmt != "int8")
+        whole = RowParallelWeight.build(parts, groups)
+        for rows in (1, 3, 8, 9, 17):
+            x = torch.randn(rows, groups * kg, generator=gen).to(dtype)
+            assert torch.equal(whole(x, None), whole.fold(whole.partials(x), dtype)), (out_features, groups, rows)
