@@ -190,7 +190,7 @@ def verify_cost(llm, context: int, batches: tuple[int, ...], rows: tuple[int, ..
     def once(batch: int, n: int) -> float:
         scheduled = [(SeqState(seq_id=b, prompt_token_ids=[100 + i % 997 for i in range(context)], output_token_ids=[],
                                block_ids=list(range(b * per_seq, (b + 1) * per_seq)), num_computed_tokens=context - n,
-                               params=SamplingParams(temperature=0), seed=0, sample_index=0), n)
+                               params=SamplingParams(temperature=0, seed=0), sample_index=0), n)
                      for b in range(batch)]
         prepared = runner._prepare(scheduled)
         start = time.perf_counter()
@@ -226,6 +226,8 @@ def main() -> None:
     parser.add_argument("--num-threads", type=int, default=None,
                         help="the engines' threads (default: the engine's); 1 on a host loaded past its cores, where "
                              "two threads' OpenMP barriers wait on each other's preemption")
+    parser.add_argument("--activation-quant", default=None,
+                        help="the engines' activation_quant (auto, none, int8; default: the engine's own)")
     args = parser.parse_args()
 
     from pagedserve import LLM
@@ -238,6 +240,8 @@ def main() -> None:
     tokenizer = Tokenizer(folder)
     spec = SpeculativeConfig.of(args.spec)
     engine = {"num_gpu_blocks": 512} | ({"num_threads": args.num_threads} if args.num_threads else {})
+    if args.activation_quant:
+        engine["activation_quant"] = args.activation_quant
     off = LLM(str(folder), **engine)
     on = LLM(str(folder), **engine, speculative_config=spec)
     workloads = args.workloads.split(",")
