@@ -152,3 +152,15 @@ def test_quant_serve_reports_the_fp32_ceiling_of_its_workload(tmp_path, monkeypa
     text = bench._ceiling_text(serve)
     assert f"no fp32 kernel can pass {6e9 / flops:.0f} output tok/s" in text
     assert f"10x the baseline would need {10 * 1e6 * flops / 6 / 1e9:.0f} GFLOP/s" in text
+
+
+def test_spec_verify_cost_runs_the_model_runner_as_the_worker_does(model_dir):
+    """bench/spec.py's cost section builds the worker's own SeqState and batch: a field it no longer
+    has (the seed moved into the sampling params) broke it without a test."""
+    from tests.conftest import make_llm
+
+    spec = load_bench("spec")
+    with make_llm(model_dir("llama", "tiny"), num_gpu_blocks=64) as llm:
+        cost = spec.verify_cost(llm, context=20, batches=(1, 2), rows=(1, 4), repeats=1)
+    assert sorted(cost) == [1, 2] and all(sorted(cost[b]) == [1, 4] for b in cost)
+    assert all(seconds > 0 for per_rows in cost.values() for seconds in per_rows.values())
