@@ -79,8 +79,13 @@ class Server:
         """llama.cpp's `top` most likely next tokens after the ids, (id, logprob) best first, the
         logprobs a softmax over the whole vocabulary (no sampler, no EOS mask). The slot's KV cache is
         reused (cache_prompt), so a call that extends the previous one's ids by one token evaluates
-        that one token only, as a decode step does."""
+        that one token only, as a decode step does. llama-server leaves out the probabilities of a
+        token that ends inside a UTF-8 character (it holds the text back until the character is whole,
+        and later tokens' probabilities come without it), so such a position is refused by name."""
         answer = self._completion(prompt_ids, 1, False, n_probs=top, cache_prompt=True)
+        if not answer.get("completion_probabilities"):
+            raise RuntimeError(f"llama-server gave no probabilities for token {answer.get('tokens')} after "
+                               f"{len(prompt_ids)} tokens (a token that ends inside a UTF-8 character)")
         return [(t["id"], t["logprob"]) for t in answer["completion_probabilities"][0]["top_logprobs"]]
 
     def _completion(self, prompt_ids: list[int], max_tokens: int, ignore_eos: bool, **extra) -> dict:

@@ -11,7 +11,8 @@ contender runs as on a CPU of that tier: on an AVX-512 host, transformers' bf16 
 AVX-512 BF16 kernels as it would on an AVX2-only CPU.
 
 --quantization (default auto) picks the weights of (a), (b), (b') and (f): auto serves the default
-model from its Q4_1 GGUF, as the server does; none its fp32/bf16 safetensors; int8 per channel.
+model from its Q4_1 GGUF, as the server does (with the server's default --activation-quant, auto);
+none its fp32/bf16 safetensors; int8 per channel.
 
 Modes (per dtype): engine (a, the in-process LLM, batch-invariant), services (b, the three
 services over gRPC, started here with `python -m services up` unless --services-address, one

@@ -15,7 +15,8 @@ quantization (WorkerConfig.quantization):
 
 activation_quant (WorkerConfig.activation_quant, resolved by `resolve_activation_quant`): int8 makes
 every quantized weight (GGUF or int8, the lm_head included) multiply activations rounded to int8
-per block of 32 (kernels/csrc/quant_dot.c: integer dot products, the same bits on every CPU tier).
+per block of 32 (kernels/csrc/quant_dot.c: integer dot products, the same bits on every CPU tier);
+auto is AUTO_ACTIVATION_QUANT for quantized weights and none for dense ones.
 
 A rank of a tensor x pipeline parallel worker group (services/worker/parallel.py, `shard`) reads
 only its part of each tensor: safetensors' get_slice, the mapped GGUF file's rows and blocks.

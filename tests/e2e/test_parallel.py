@@ -73,10 +73,12 @@ def test_a_sequence_gives_the_same_bits_in_any_micro_batch(folder, single):
     assert len(timers) == 2 and all(0 < t["busy_seconds"] <= t["forward_seconds"] for t in timers)
 
 
-def test_quantized_weights_give_the_same_bits_at_tp_2(folder):
-    """int8: o_proj and down_proj are quantized per K group, so each rank quantizes what it holds."""
-    want, _ = _run(folder, quantization="int8")
-    got, _ = _run(folder, quantization="int8", tensor_parallel_size=2)
+@pytest.mark.parametrize("activation_quant", ["none", "int8"])
+def test_quantized_weights_give_the_same_bits_at_tp_2(folder, activation_quant):
+    """int8: o_proj and down_proj are quantized per K group, so each rank quantizes what it holds; with
+    int8 activations each group folds its own chain."""
+    want, _ = _run(folder, quantization="int8", activation_quant=activation_quant)
+    got, _ = _run(folder, quantization="int8", activation_quant=activation_quant, tensor_parallel_size=2)
     assert got == want
 
 
@@ -87,7 +89,8 @@ def test_a_layout_the_model_cannot_take_is_refused_naming_the_constraint(folder)
         make_llm(folder, pipeline_parallel_size=8)
 
 
-def test_the_default_model_at_tp_3_and_pp_2_gives_the_bits_of_one_process():
+@pytest.mark.parametrize("activation_quant", ["none", "int8"])
+def test_the_default_model_at_tp_3_and_pp_2_gives_the_bits_of_one_process(activation_quant):
     """SmolLM2-135M (9 heads, 3 KV heads, 30 layers, its GGUF's blocks): 3 reduction groups, so TP 3."""
     from services.tools.default_model import ensure_default_model
 
@@ -97,7 +100,7 @@ def test_the_default_model_at_tp_3_and_pp_2_gives_the_bits_of_one_process():
               SamplingParams(temperature=0.8, seed=3, max_tokens=6, logprobs=1)]
     runs = []
     for layout in ({}, {"tensor_parallel_size": 3}, {"pipeline_parallel_size": 2}):
-        with make_llm(model, kv_cache_memory_bytes=32 << 20, **layout) as llm:
+        with make_llm(model, kv_cache_memory_bytes=32 << 20, activation_quant=activation_quant, **layout) as llm:
             runs.append([(o.outputs[0].token_ids, o.outputs[0].logprobs)
                          for o in llm.generate(prompts, params, use_tqdm=False)])
     assert runs[1] == runs[0] and runs[2] == runs[0]

@@ -1,4 +1,4 @@
-"""The real default model (SmolLM2-135M-Instruct, fp32) matches transformers token for token."""
+"""The real default model (SmolLM2-135M-Instruct, fp32 activations) matches transformers token for token."""
 from __future__ import annotations
 
 import pytest
@@ -26,7 +26,9 @@ def default_model():
 def test_chat_greedy_matches_transformers(default_model):
     from transformers import AutoModelForCausalLM
 
-    llm = make_llm(default_model, dtype="float32")
+    # fp32 activations: the GGUF's weights are the safetensors' exactly, so this is transformers' arithmetic;
+    # the last lines ask the quickstart's question with the default settings (what `up` serves)
+    llm = make_llm(default_model, dtype="float32", activation_quant="none")
     prompts = [llm.tokenizer.encode(llm.tokenizer.apply_chat_template([{"role": "user", "content": c}]))
                for c in CHATS]
     outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=32), use_tqdm=False)
@@ -37,3 +39,7 @@ def test_chat_greedy_matches_transformers(default_model):
         got = out.outputs[0].token_ids
         assert got == want[:len(got)], (llm.tokenizer.decode(got), llm.tokenizer.decode(want))
     assert "Paris" in outs[0].outputs[0].text
+    llm.close()
+    with make_llm(default_model) as served:
+        assert "Paris" in served.generate(prompts[:1], SamplingParams(temperature=0, max_tokens=32),
+                                          use_tqdm=False)[0].outputs[0].text

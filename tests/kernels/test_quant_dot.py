@@ -12,7 +12,7 @@ import torch
 
 from kernels import cpu_kernels, quant
 from kernels.row_parallel import RowParallelWeight, fold_reference, split_quant
-from services.core.config import WorkerConfig
+from services.core.config import AUTO_ACTIVATION_QUANT, WorkerConfig
 from services.core.errors import InvalidArgument
 from services.worker.loader import resolve_activation_quant
 from tests.conftest import greedy, make_llm, random_prompts
@@ -148,7 +148,11 @@ def test_the_setting():
     assert WorkerConfig().activation_quant == "auto"
     with pytest.raises(InvalidArgument, match="activation_quant"):
         WorkerConfig(activation_quant="int4")
-    assert resolve_activation_quant("auto", "none") == "none"
+    assert resolve_activation_quant("auto", "none") == "none"  # dense weights: nothing to round
+    assert AUTO_ACTIVATION_QUANT in ("none", "int8")  # quantized weights' default (README, 'Int8 activations')
+    assert resolve_activation_quant("auto", "gguf") == AUTO_ACTIVATION_QUANT
+    assert resolve_activation_quant("auto", "int8") == AUTO_ACTIVATION_QUANT
+    assert resolve_activation_quant("none", "gguf") == "none"  # the old behaviour, asked for
     assert resolve_activation_quant("int8", "gguf") == "int8"
     with pytest.raises(InvalidArgument, match="activation_quant"):
         resolve_activation_quant("int8", "none")
@@ -189,6 +193,28 @@ def gguf_folder(model_dir, tmp_path_factory):
     shutil.copytree(model_dir("llama", "tiny", head_dim=32), folder)
     write_gguf(folder, folder / "tiny.Q4_1.gguf")
     return folder
+
+
+@pytest.mark.parametrize("quantization", ["gguf", "int8", "none"])
+def test_auto_resolves_per_weights_and_the_worker_reports_it(gguf_folder, quantization):
+    """activation_quant left at auto: AUTO_ACTIVATION_QUANT for quantized weights, none for dense ones;
+    the worker's attribute and its worker_ready log line say which, and it serves the tokens and
+    logprobs of that setting asked for by name (and not those of the other one)."""
+    from structlog.testing import capture_logs
+
+    want = "none" if quantization == "none" else AUTO_ACTIVATION_QUANT
+    prompts = random_prompts(3, 512, 4, 40, seed=5)
+    params = [greedy(8, logprobs=2) for _ in prompts]
+    with capture_logs() as logs, make_llm(gguf_folder, quantization=quantization) as llm:
+        assert next(iter(llm.engine.workers.values())).activation_quant == want
+        default = _run(llm, prompts, params)
+    assert [e["activation_quant"] for e in logs if e["event"] == "worker_ready"] == [want]
+    with make_llm(gguf_folder, quantization=quantization, activation_quant=want) as llm:
+        assert _run(llm, prompts, params) == default
+    if quantization != "none":
+        other = "none" if want == "int8" else "int8"
+        with make_llm(gguf_folder, quantization=quantization, activation_quant=other) as llm:
+            assert _run(llm, prompts, params) != default  # the other setting, asked for by name, is live
 
 
 @pytest.mark.slow

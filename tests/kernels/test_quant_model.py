@@ -102,12 +102,13 @@ def test_a_gguf_tensor_type_that_is_not_served_is_named(gguf_folder, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("activation_quant", ["none", "int8"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("quantization", ["gguf", "int8"])
-def test_quantized_paths_are_batch_invariant(gguf_folder, quantization, dtype):
+def test_quantized_paths_are_batch_invariant(gguf_folder, quantization, dtype, activation_quant):
     prompts = random_prompts(12, 512, 1, 120, seed=7)
     params = [greedy(16, logprobs=2) for _ in prompts]
-    args = dict(dtype=dtype, quantization=quantization)
+    args = dict(dtype=dtype, quantization=quantization, activation_quant=activation_quant)
     alone = run(make_llm(gguf_folder, **args), prompts, params, one_at_a_time=True)
     assert run(make_llm(gguf_folder, **args), prompts, params) == alone
     chunked = make_llm(gguf_folder, max_num_batched_tokens=40, **args)
