@@ -171,16 +171,21 @@ def deinterleave(data: torch.Tensor, fmt: int, in_features: int) -> torch.Tensor
 
 
 def row_bytes_of(data: torch.Tensor, fmt: int, in_features: int, ids: torch.Tensor) -> torch.Tensor:
-    """Rows `ids` of interleaved data, in row order (uint8 [R, row_bytes]): a gather, no copy of the rest."""
+    """Rows `ids` of interleaved data, in row order (uint8 [R, row_bytes]): one gather, no copy of the rest
+    (a decode step's embedding lookup of a tied lm_head)."""
     width = data.shape[1]
     whole = data.shape[0] // GROUP * GROUP
     ids = ids.to(torch.int64)
-    inverse = torch.from_numpy(_inverse_order(fmt, in_features)).view(GROUP, width)
-    grouped = ids < whole
-    safe = torch.where(grouped, ids, 0)
-    starts = (safe // GROUP * GROUP * width)[:, None]
-    gathered = data.reshape(-1)[starts + inverse[safe % GROUP]]
-    return torch.where(grouped[:, None], gathered, data[torch.where(grouped, 0, ids)])
+    if not bool((ids < whole).all()):  # rows past the last whole group are in row order
+        return torch.stack([data[i] if i >= whole else row_bytes_of(data, fmt, in_features, i.view(1))[0]
+                            for i in ids]) if len(ids) else data[ids]
+    return data.view(-1)[(ids // GROUP * (GROUP * width))[:, None] + _row_gather(fmt, in_features)[ids % GROUP]]
+
+
+@functools.lru_cache(maxsize=64)
+def _row_gather(fmt: int, in_features: int) -> torch.Tensor:
+    """[16, row_bytes]: where row c's bytes lie in its interleaved group."""
+    return torch.from_numpy(_inverse_order(fmt, in_features)).view(GROUP, -1)
 
 
 def quantize_int8(weight: torch.Tensor, dtype: torch.dtype | None = None) -> QuantWeight:
