@@ -154,19 +154,19 @@ def _inverse_order(fmt: int, in_features: int) -> np.ndarray:
 def interleave(data: torch.Tensor, fmt: int, in_features: int) -> torch.Tensor:
     """Rows in row order [N, row_bytes] -> each whole group of 16 rows interleaved in place of its rows
     (the same shape and bytes; the rows past the last whole group as they were)."""
-    whole = data.shape[0] // GROUP * GROUP
-    out = data.numpy().copy()
-    span = GROUP * data.shape[1]
-    out[:whole] = out[:whole].reshape(-1, span)[:, interleave_order(fmt, in_features)].reshape(whole, -1)
-    return torch.from_numpy(out)
+    return _reorder_groups(data, interleave_order(fmt, in_features))
 
 
 def deinterleave(data: torch.Tensor, fmt: int, in_features: int) -> torch.Tensor:
     """`interleave` undone: the rows in row order."""
+    return _reorder_groups(data, _inverse_order(fmt, in_features))
+
+
+def _reorder_groups(data: torch.Tensor, order: np.ndarray) -> torch.Tensor:
+    """A copy of data with each whole group of 16 rows' bytes taken in `order`."""
     whole = data.shape[0] // GROUP * GROUP
     out = data.numpy().copy()
-    span = GROUP * data.shape[1]
-    out[:whole] = out[:whole].reshape(-1, span)[:, _inverse_order(fmt, in_features)].reshape(whole, -1)
+    out[:whole] = out[:whole].reshape(-1, GROUP * data.shape[1])[:, order].reshape(whole, -1)
     return torch.from_numpy(out)
 
 

@@ -218,6 +218,16 @@ static int act_alloc(ActQ *a, int64_t m, int64_t k) {
 
 static void act_free(ActQ *a) { free(a->q), free(a->d), free(a->sx), free(a->sum); }
 
+/* interleaved rows (the header's layout): block b of a group of 16 outputs (its scales first), and
+ * where its k-groups start */
+INLINE const uint8_t *interleaved_block(int fmt, const uint8_t *group, int64_t b) {
+    return fmt == FMT_INT8 ? group + 64 + b * 16 * QBLOCK : group + b * 16 * block_bytes(fmt);
+}
+
+INLINE const uint8_t *interleaved_values(int fmt, const uint8_t *block) {
+    return fmt == FMT_INT8 ? block : block + (fmt == FMT_Q4_1 ? 64 : 32);
+}
+
 /* ---- one block's integer dot products for COLS outputs ------------------------------------ */
 #if defined(__AVX2__)
 /* x86: the weights of COLS outputs are transposed in registers, block by block, into k-groups:
@@ -397,8 +407,7 @@ INLINE void prepare(int fmt, const uint8_t *const w[COLS], int64_t b, int64_t co
 /* block b of COLS outputs of interleaved rows: `group` the first byte of their group of 16, `lane0`
  * the tile's first output in it (0; 8 for a second half of 8 outputs) */
 INLINE void prepare_interleaved(int fmt, const uint8_t *group, int64_t b, int lane0, Prepared *out) {
-    const uint8_t *block = fmt == FMT_INT8 ? group + 64 + b * 16 * QBLOCK : group + b * 16 * block_bytes(fmt);
-    const uint8_t *values = fmt == FMT_INT8 ? block : block + (fmt == FMT_Q4_1 ? 64 : 32);
+    const uint8_t *block = interleaved_block(fmt, group, b), *values = interleaved_values(fmt, block);
     wv raw[8];
     for (int g = 0; g < (fmt == FMT_Q4_0 || fmt == FMT_Q4_1 ? 4 : 8); g++)
         raw[g] = WV_LOAD(values + g * 64 + lane0 * 4);
@@ -456,8 +465,7 @@ typedef struct {
 
 /* interleaved rows (the header's layout): block b of outputs lane0 .. lane0 + COLS of a group of 16 */
 INLINE void prepare_interleaved(int fmt, const uint8_t *group, int64_t b, int lane0, Prepared *out) {
-    const uint8_t *block = fmt == FMT_INT8 ? group + 64 + b * 16 * QBLOCK : group + b * 16 * block_bytes(fmt);
-    const uint8_t *values = fmt == FMT_INT8 ? block : block + (fmt == FMT_Q4_1 ? 64 : 32);
+    const uint8_t *block = interleaved_block(fmt, group, b), *values = interleaved_values(fmt, block);
     const int groups = fmt == FMT_Q4_0 || fmt == FMT_Q4_1 ? 4 : 8;
     out->count = QBLOCK;
     out->dw = splatv(1.0f), out->mw = splatv(0.0f);
@@ -542,7 +550,7 @@ INLINE void tile(const int rows, const int cols, const int fmt, const int interl
      * order, as quant_gemm.c's tile does: without it batch-1 Q8_0 (the default model's lm_head) read
      * memory at 2/3 of the fp32-activation kernel's rate and was slower than it */
     const int64_t span = (cols * row_bytes + blocks - 1) / blocks;
-    const uint8_t *ahead = w + cols * row_bytes; /* interleaved: the next group once, from its first tile */
+    const uint8_t *ahead = w + cols * row_bytes; /* interleaved rows: one stream, the hardware prefetcher's */
     const int fetch = r0 == 0 && !interleaved;
     for (int64_t b = 0; b < blocks; b++) {
         if (fetch)
