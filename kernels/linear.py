@@ -13,9 +13,12 @@ row the same bits for every M >= 2, at any position, with 1 or 2 threads (M = 2.
 on Zen 5, torch 2.13); only M = 1 takes a matrix-vector path with other bits, so a single
 row is padded to ONEDNN_MIN_ROWS.
 
-Dense weights (no oneDNN, or a caller that did not pack) go through F.linear, where MKL
-computes fp32 rows in micro-tiles of 4 and the rows of a last, partial tile get other
-bits: M is padded up to a multiple of MKL_ROW_MULTIPLE. On CUDA, where the library
+Dense weights (no oneDNN, or a caller that did not pack) go through F.linear, whose fp32 row
+bits depend on M: on AMD (Zen 3-5) MKL computes rows in micro-tiles of 4 and only a last,
+partial tile's rows differ; on an Intel Xeon with AVX-512 it also switches kernels with M
+(576 -> 1536: rows of M >= 13 differ from M <= 12; 100 -> 37 at M >= 5). So every F.linear
+call takes exactly MKL_ROW_MULTIPLE rows: M is padded to a multiple of it and the tiles are
+multiplied one call each, and no call's M varies. On CUDA, where the library
 picks a kernel per shape, rows run in fixed tiles of CUDA_ROW_TILE (the last one padded).
 """
 from __future__ import annotations
@@ -83,7 +86,7 @@ def invariant_linear(x: torch.Tensor, weight: torch.Tensor | GemmWeight | QuantW
         return _padded(x, ONEDNN_MIN_ROWS, lambda rows: _onednn(rows, weight, bias), at_least=True)
     if x.is_cuda:
         return _tiled(x, weight, bias)
-    return _padded(x, MKL_ROW_MULTIPLE, lambda rows: F.linear(rows, weight, bias), at_least=False)
+    return _row_tiles(x, MKL_ROW_MULTIPLE, lambda rows: F.linear(rows, weight, bias))
 
 
 def plain_linear(x: torch.Tensor, weight: torch.Tensor | GemmWeight | QuantWeight,
@@ -107,6 +110,15 @@ def _padded(x: torch.Tensor, multiple: int, fn, at_least: bool) -> torch.Tensor:
     if num_padded == num_rows:
         return fn(x)
     return fn(F.pad(x, (0, 0, 0, num_padded - num_rows)))[:num_rows]
+
+
+def _row_tiles(x: torch.Tensor, rows: int, fn) -> torch.Tensor:
+    """fn over x in calls of exactly `rows` rows (the last one zero-padded), concatenated."""
+    num_rows = x.shape[0]
+    if num_rows <= rows:
+        return _padded(x, rows, fn, at_least=True)
+    padded = F.pad(x, (0, 0, 0, -(-num_rows // rows) * rows - num_rows))
+    return torch.cat([fn(tile) for tile in padded.split(rows)])[:num_rows]
 
 
 def _tiled(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

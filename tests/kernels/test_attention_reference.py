@@ -58,3 +58,17 @@ def test_accepts_precomputed_layout(attention):
 def test_cpu_kernel_takes_the_reference_for_shapes_it_does_not_cover():
     batch = make_paged_batch([(40, 3)], 4, 2, 8, 16, device="cpu")  # head_dim 8: not a multiple of 16
     assert torch.equal(paged_attention_cpu(**batch), paged_attention_ref(**batch))
+
+
+@pytest.mark.parametrize("seq,heads,kv_heads", [((300, 100), 9, 3), ((129, 129), 12, 4)])
+def test_reference_gives_a_prefill_row_the_bits_of_its_decode_step(seq, heads, kv_heads):
+    """The chunk path's products have M = the chunk's rows x group, the decode path's a padded group:
+    MKL keeps a row's bits across those M (on Zen and on an Intel Xeon, whose sgemm switches
+    kernels with M for the linear layers' shapes)."""
+    context, queries = seq
+    batch = make_paged_batch([seq], heads, kv_heads, 64, 16, device="cpu")
+    chunk = paged_attention_ref(**batch)
+    for i in range(0, queries, 7):
+        one = {**batch, "q": batch["q"][i:i + 1], "seq_lens": torch.tensor([context - queries + i + 1]),
+               "query_start_loc": torch.tensor([0, 1])}
+        assert torch.equal(paged_attention_ref(**one)[0], chunk[i]), i
