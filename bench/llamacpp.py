@@ -44,6 +44,14 @@ def bench_prefill(bench: Path, gguf: Path, threads: int, tokens: int = 512) -> f
     return float(json.loads(out)[0]["avg_ts"])
 
 
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM it when the bench process dies, however it dies (a killed
+    bench run otherwise leaves llama-server holding its port and threads, skewing the next run)."""
+    import ctypes
+    import signal
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -59,7 +67,7 @@ class Server:
         self.proc = subprocess.Popen(
             [str(path), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(self.port), "-t", str(threads),
              "-tb", str(threads), "-np", str(slots), "-c", str(slots * ctx_per_slot), "--no-warmup", *extra_args],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=_die_with_parent)
         deadline = time.time() + 120
         while time.time() < deadline:
             try:
@@ -79,14 +87,24 @@ class Server:
         """llama.cpp's `top` most likely next tokens after the ids, (id, logprob) best first, the
         logprobs a softmax over the whole vocabulary (no sampler, no EOS mask). The slot's KV cache is
         reused (cache_prompt), so a call that extends the previous one's ids by one token evaluates
-        that one token only, as a decode step does. llama-server leaves out the probabilities of a
-        token that ends inside a UTF-8 character (it holds the text back until the character is whole,
-        and later tokens' probabilities come without it), so such a position is refused by name."""
-        answer = self._completion(prompt_ids, 1, False, n_probs=top, cache_prompt=True)
-        if not answer.get("completion_probabilities"):
-            raise RuntimeError(f"llama-server gave no probabilities for token {answer.get('tokens')} after "
-                               f"{len(prompt_ids)} tokens (a token that ends inside a UTF-8 character)")
-        return [(t["id"], t["logprob"]) for t in answer["completion_probabilities"][0]["top_logprobs"]]
+        that one token only, as a decode step does.
+
+        llama-server leaves out the probabilities of a sampled token that ends inside a UTF-8
+        character (it holds the text back until the character is whole). The probabilities come
+        from the raw logits (get_token_probabilities), before any sampler, so such a token is
+        banned with logit_bias and the call repeated: the sampler then draws the next best
+        token, and the returned top-k, the banned token included, are the same distribution."""
+        banned: list[int] = []
+        for _ in range(16):
+            extra = {"logit_bias": [[t, False] for t in banned]} if banned else {}
+            answer = self._completion(prompt_ids, 1, False, n_probs=top, cache_prompt=True, **extra)
+            if answer.get("completion_probabilities"):
+                return [(t["id"], t["logprob"]) for t in answer["completion_probabilities"][0]["top_logprobs"]]
+            banned.extend(answer.get("tokens") or [])
+            if not answer.get("tokens"):
+                break
+        raise RuntimeError(f"llama-server gave no probabilities after {len(prompt_ids)} tokens, with tokens "
+                           f"{banned} banned (each ends inside a UTF-8 character)")
 
     def _completion(self, prompt_ids: list[int], max_tokens: int, ignore_eos: bool, **extra) -> dict:
         body = {"prompt": prompt_ids, "n_predict": max_tokens, "temperature": 0.0, "top_k": 1, "samplers": ["top_k"],

@@ -164,3 +164,29 @@ def test_spec_verify_cost_runs_the_model_runner_as_the_worker_does(model_dir):
         cost = spec.verify_cost(llm, context=20, batches=(1, 2), rows=(1, 4), repeats=1)
     assert sorted(cost) == [1, 2] and all(sorted(cost[b]) == [1, 4] for b in cost)
     assert all(seconds > 0 for per_rows in cost.values() for seconds in per_rows.values())
+
+
+def test_llama_server_top_k_bans_a_token_that_ends_inside_a_character_and_keeps_its_logprob():
+    """llama-server omits completion_probabilities when the sampled token ends mid-UTF-8; the probabilities
+    come from the raw logits, so banning the token (logit_bias) gives the same top-k, the banned one in it."""
+    llamacpp = load_bench("llamacpp")
+    top = [{"id": 7, "logprob": -0.1}, {"id": 9, "logprob": -2.5}, {"id": 3, "logprob": -4.0}]
+    partial = {7, 9}  # tokens whose text ends inside a character
+    calls = []
+
+    def completion(prompt_ids, max_tokens, ignore_eos, **extra):
+        calls.append(extra.get("logit_bias", []))
+        banned = {t for t, allowed in extra.get("logit_bias", []) if allowed is False}
+        sampled = next((t["id"] for t in top if t["id"] not in banned), None)
+        if sampled is None:  # nothing left to sample: no token, no probabilities
+            return {"tokens": [], "completion_probabilities": []}
+        return {"tokens": [sampled], "completion_probabilities": [] if sampled in partial else
+                [{"id": sampled, "top_logprobs": top}]}
+
+    server = llamacpp.Server.__new__(llamacpp.Server)
+    server._completion = completion
+    assert server.next_token_top([1, 2], 3) == [(7, -0.1), (9, -2.5), (3, -4.0)]
+    assert calls == [[], [[7, False]], [[7, False], [9, False]]]
+    partial.add(3)
+    with pytest.raises(RuntimeError, match=r"tokens \[7, 9, 3\] banned"):
+        server.next_token_top([1, 2], 3)
