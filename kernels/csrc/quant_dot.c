@@ -420,18 +420,28 @@ INLINE void prepare_interleaved(int fmt, const uint8_t *group, int64_t b, int la
 }
 
 /* lane c: output c's isum against one row's 32 quantized activations (integer sum xsum) */
-INLINE iv block_isums(int fmt, const Prepared *pw, const int8_t *xq, int32_t xsum) {
+INLINE iv block_isums(int fmt, const Prepared *pw, const int8_t *xq, int32_t xsum, int rows) {
     wv total = WV_ZERO;
     int32_t group[8];
     memcpy(group, xq, 32);
 #if defined(VNNI)
-    /* four chains of two (integer sums: any order gives the same total), not one of eight: a
-     * vpdpbusd waits for the one before it in its chain */
-    wv part[4] = {WV_ZERO, WV_ZERO, WV_ZERO, WV_ZERO};
-    for (int g = 0; g < 8; g++)
-        part[g % 4] = _mm512_dpbusd_epi32(part[g % 4], pw->w[g], WV_BCAST4(xq + 4 * g));
-    total = WV_ADD32(WV_ADD32(part[0], part[1]), WV_ADD32(part[2], part[3]));
+    /* integer sums: any order gives the same total. One row: four chains of two, not one of
+     * eight (a vpdpbusd waits for the one before it in its chain). Several rows (rows is a
+     * constant in each tile): their chains run side by side anyway, so two chains of four, and
+     * one add instead of three */
+    if (rows == 1) {
+        wv part[4] = {WV_ZERO, WV_ZERO, WV_ZERO, WV_ZERO};
+        for (int g = 0; g < 8; g++)
+            part[g % 4] = _mm512_dpbusd_epi32(part[g % 4], pw->w[g], WV_BCAST4(xq + 4 * g));
+        total = WV_ADD32(WV_ADD32(part[0], part[1]), WV_ADD32(part[2], part[3]));
+    } else {
+        wv part[2] = {WV_ZERO, WV_ZERO};
+        for (int g = 0; g < 8; g++)
+            part[g % 2] = _mm512_dpbusd_epi32(part[g % 2], pw->w[g], WV_BCAST4(xq + 4 * g));
+        total = WV_ADD32(part[0], part[1]);
+    }
 #else
+    (void)rows;
     if (fmt == FMT_Q4_0 || fmt == FMT_Q4_1) {
         wv pairs = WV_ZERO;
         for (int g = 0; g < 8; g++)
@@ -496,7 +506,8 @@ INLINE void prepare(int fmt, const uint8_t *const w[COLS], int64_t b, int64_t co
 }
 
 /* isum[c] for the prepared weight rows against one row's 32 quantized activations (sum xsum) */
-INLINE iv block_isums(int fmt, const Prepared *pw, const int8_t *xq, int32_t xsum) {
+INLINE iv block_isums(int fmt, const Prepared *pw, const int8_t *xq, int32_t xsum, int rows) {
+    (void)rows;
     iv out;
     for (int c = 0; c < COLS; c++) {
         const uint8_t *p = pw->p[c];
@@ -570,7 +581,7 @@ INLINE void tile(const int rows, const int cols, const int fmt, const int interl
 #pragma GCC unroll 8 /* every row's accumulator its own register (a loop kept them in memory) */
         for (int r = 0; r < rows; r++) {
             const int64_t at = (r0 + r) * blocks + b;
-            const iv isum = block_isums(fmt, &pw, a->q + at * QBLOCK, a->sum[at]);
+            const iv isum = block_isums(fmt, &pw, a->q + at * QBLOCK, a->sum[at], rows);
             const fv sums = __builtin_convertvector(isum, fv);
             const fv scale = fmt == FMT_INT8 ? splatv(a->d[at]) : pw.dw * splatv(a->d[at]);
             acc[r] = fmav(scale, sums, acc[r]);
