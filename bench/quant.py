@@ -65,6 +65,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--prefill-len", type=int, default=512)
     parser.add_argument("--serve-activations", default="none",
                         help="serve: the engine's contenders, one per activation mode (none, int8 or none,int8)")
+    parser.add_argument("--serve-dtypes", default="float32",
+                        help="serve: the engine's activation and KV-cache dtypes, each with every activation mode "
+                             "(float32, bfloat16 or both; the checkpoint's, bfloat16, is what dtype auto runs)")
     parser.add_argument("--out", default="quant")
     add_cpu_isa(parser)
     return parser.parse_args()
@@ -226,12 +229,14 @@ def section_serve(folder: Path, args, server_bin) -> dict:
         return sum(len(o.outputs[0].token_ids) for o in outs) / (time.perf_counter() - start)
 
     contenders = {}
-    for mode in args.serve_activations.split(","):
-        llm = engine(folder, quantization="gguf", dtype="float32", num_threads=args.threads,
-                     max_num_seqs=len(requests), activation_quant=mode)
-        ours(llm)  # warm-up
-        name = "(e) engine, GGUF Q4_1, all at once" + ("" if mode == "none" else f", {mode} activations")
-        contenders[name] = lambda llm=llm: ours(llm)
+    for dtype in args.serve_dtypes.split(","):
+        for mode in args.serve_activations.split(","):
+            llm = engine(folder, quantization="gguf", dtype=dtype, num_threads=args.threads,
+                         max_num_seqs=len(requests), activation_quant=mode)
+            ours(llm)  # warm-up
+            name = ("(e) engine, GGUF Q4_1, all at once" + ("" if mode == "none" else f", {mode} activations")
+                    + ("" if dtype == "float32" else f", {dtype}"))
+            contenders[name] = lambda llm=llm: ours(llm)
     skipped, servers = {}, []
     first = requests[:args.single_requests]
     peer, why = llamacpp.bindings(args.llama_cpp_dir)
