@@ -129,9 +129,9 @@ class SpeculativeConfig:
     # break-even at batch 1: 1 + rate * k tokens a verify = the verify's cost, (1.69 - 1) / 3 = 0.23 (the costlier of
     # the two measured costs), rounded up
     min_acceptance_rate: float = setting(
-        0.25, "a request stops drafting once, after min_draft_tokens drafted tokens, fewer than this share "
-              "were accepted")
-    min_draft_tokens: int = setting(32, "drafted tokens of a request before its acceptance is judged")
+        0.25, "a request pauses drafting when fewer than this share of its last min_draft_tokens drafted tokens "
+              "were accepted: for min_draft_tokens generated tokens, twice as many after each further pause")
+    min_draft_tokens: int = setting(32, "drafted tokens of a request between two judgements of its acceptance")
 
     def __post_init__(self) -> None:
         _check_choice("method", self.method, SPECULATIVE_METHODS)

@@ -16,7 +16,7 @@ before the worker sees it, and a drafter needs nothing but token ids. The worker
 was: it computes what it is sent.
 
 `Speculator` keeps one drafter per sequence, each request's acceptance (a request whose drafts
-keep failing stops drafting), the batch size above which nothing is drafted, and the counters
+keep failing pauses drafting, for longer each time), the batch size above which nothing is drafted, and the counters
 /metrics shows under vLLM's names (pagedserve:spec_decode_*).
 """
 from __future__ import annotations
@@ -47,9 +47,11 @@ class SpecStats:
 class _SeqSpec:
     drafter: NgramDrafter | SuffixDrafter
     num_fed: int = 0  # tokens of the sequence given to the drafter
-    num_drafted: int = 0
-    num_accepted: int = 0
-    disabled: bool = False  # its acceptance fell below the threshold: no more drafts
+    window_drafted: int = 0  # drafted and accepted tokens since its acceptance was last judged
+    window_accepted: int = 0
+    pauses: int = 0  # times its acceptance fell below the threshold
+    pause_tokens: int = 0  # > 0: no drafts until the sequence has grown by this many tokens
+    paused_at: int | None = None  # its length when the pause began (set at the next propose)
 
 
 class Speculator:
@@ -71,7 +73,13 @@ class Speculator:
         state = self._seqs.get(seq_id)
         if state is None:
             state = self._seqs[seq_id] = _SeqSpec(drafter=self._new_drafter(seq_id))
-        if state.disabled or k < 1:
+        if state.pause_tokens:
+            if state.paused_at is None:
+                state.paused_at = len(token_ids)
+            if len(token_ids) - state.paused_at < state.pause_tokens:
+                return []
+            state.pause_tokens, state.paused_at = 0, None
+        if k < 1:
             return []
         state.drafter.extend(token_ids[state.num_fed:])
         state.num_fed = len(token_ids)
@@ -88,11 +96,17 @@ class Speculator:
         state = self._seqs.get(seq_id)
         if state is None:
             return
-        state.num_drafted += num_drafts
-        state.num_accepted += num_accepted
-        if state.num_drafted >= self.config.min_draft_tokens and \
-                state.num_accepted < self.config.min_acceptance_rate * state.num_drafted:
-            state.disabled = True
+        state.window_drafted += num_drafts
+        state.window_accepted += num_accepted
+        if state.window_drafted < self.config.min_draft_tokens:
+            return
+        if state.window_accepted < self.config.min_acceptance_rate * state.window_drafted:
+            # a pause, not an end: an answer that opens with prose and then copies code would
+            # otherwise lose its drafts for good on the prose (bench/spec.py's copy workload at
+            # k = 4 lost a quarter of its accepted tokens that way)
+            state.pause_tokens = self.config.min_draft_tokens << min(state.pauses, 16)
+            state.pauses += 1
+        state.window_drafted = state.window_accepted = 0
 
     def forget(self, seq_id: int, output_token_ids: list[int] | None = None) -> None:
         """The sequence ended; a finished one's output joins the global tree (suffix, when kept)."""

@@ -224,6 +224,37 @@ def test_structured_outputs_check_drafts_with_the_grammar(tiny_llama):
     assert llm.scheduler.stats().spec_decode_num_accepted_tokens > 0
 
 
+def test_a_request_whose_drafts_fail_pauses_for_longer_each_time_then_drafts_again():
+    """Acceptance is judged per window of min_draft_tokens drafted tokens; below the rate, drafting pauses
+    for min_draft_tokens generated tokens, then twice as long, and a window at the rate keeps drafting."""
+    from services.core.spec_decode import Speculator
+    spec = Speculator(SpeculativeConfig(method="ngram", num_speculative_tokens=2, prompt_lookup_max=2,
+                                        prompt_lookup_min=1, min_draft_tokens=4, min_acceptance_rate=0.5))
+    tokens = [1, 2] * 4  # a repeating sequence: always a draft to propose
+    drafted = []
+
+    def step(accepted: int) -> None:
+        draft = spec.propose(0, tokens, 8)
+        if draft:
+            spec.record(0, len(draft), min(accepted, len(draft)))
+        drafted.append(len(draft))
+        for _ in range(min(accepted, len(draft)) + 1):  # what the verify kept, then the sampler's token
+            tokens.append(3 - tokens[-1])  # 1, 2, 1, 2, ...: the last two tokens always occurred before
+
+    for accepted in [0] * 16 + [1] * 8:
+        step(accepted)
+    assert drafted == ([2, 2] + [0] * 4  # 0 of 4 accepted: a pause of 4 tokens
+                       + [2, 2] + [0] * 8  # again: 8 tokens
+                       + [2] * 8)  # then 1 of 2 accepted each step: at the rate, drafting goes on
+    spec = Speculator(SpeculativeConfig(method="ngram", num_speculative_tokens=2, prompt_lookup_max=2,
+                                        prompt_lookup_min=1, min_draft_tokens=4, min_acceptance_rate=0.5))
+    tokens, drafted = [1, 2] * 4, []
+    for accepted in [0, 0] + [0] * 4 + [1] * 12:  # fails once, then half its drafts pass: never paused again
+        step(accepted)
+    assert drafted == [2, 2, 0, 0, 0, 0] + [2] * 12
+    assert spec.stats.num_draft_tokens == 28 and spec.stats.num_accepted_tokens == 12
+
+
 def test_no_drafts_at_batch_sizes_where_it_does_not_pay_and_for_requests_it_does_not_help(tiny_llama, prompts):
     llm = make_llm(tiny_llama, dtype="float32", speculative_config={**NGRAM, "disable_by_batch_size": 3})
     llm.generate(prompts, SamplingParams(temperature=0, max_tokens=4, ignore_eos=True), use_tqdm=False)
@@ -234,7 +265,9 @@ def test_no_drafts_at_batch_sizes_where_it_does_not_pay_and_for_requests_it_does
     never = oracle(never, make_llm(tiny_llama, dtype="float32").generate(prompts[:1], params, use_tqdm=False),
                    corrupt_at=lambda position: True)
     never.generate(prompts[:1], params, use_tqdm=False)
-    assert never.scheduler.stats().spec_decode_num_draft_tokens == 8  # judged after 8, then no more
+    # judged after 8 drafted tokens (2 verifies): a pause of 8 generated tokens, then drafts again, each capped by
+    # the tokens left (4 + 3 + 2, when the window is judged again and the next pause outlasts the request)
+    assert never.scheduler.stats().spec_decode_num_draft_tokens == 8 + 4 + 3 + 2
 
 
 @pytest.fixture(scope="module")
