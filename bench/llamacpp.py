@@ -100,9 +100,10 @@ class Server:
             answer = self._completion(prompt_ids, 1, False, n_probs=top, cache_prompt=True, **extra)
             if answer.get("completion_probabilities"):
                 return [(t["id"], t["logprob"]) for t in answer["completion_probabilities"][0]["top_logprobs"]]
-            banned.extend(answer.get("tokens") or [])
-            if not answer.get("tokens"):
+            sampled = answer.get("tokens") or []
+            if not sampled:
                 break
+            banned.extend(sampled)
         raise RuntimeError(f"llama-server gave no probabilities after {len(prompt_ids)} tokens, with tokens "
                            f"{banned} banned (each ends inside a UTF-8 character)")
 

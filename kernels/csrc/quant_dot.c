@@ -429,17 +429,13 @@ INLINE iv block_isums(int fmt, const Prepared *pw, const int8_t *xq, int32_t xsu
      * eight (a vpdpbusd waits for the one before it in its chain). Several rows (rows is a
      * constant in each tile): their chains run side by side anyway, so two chains of four, and
      * one add instead of three */
-    if (rows == 1) {
-        wv part[4] = {WV_ZERO, WV_ZERO, WV_ZERO, WV_ZERO};
-        for (int g = 0; g < 8; g++)
-            part[g % 4] = _mm512_dpbusd_epi32(part[g % 4], pw->w[g], WV_BCAST4(xq + 4 * g));
-        total = WV_ADD32(WV_ADD32(part[0], part[1]), WV_ADD32(part[2], part[3]));
-    } else {
-        wv part[2] = {WV_ZERO, WV_ZERO};
-        for (int g = 0; g < 8; g++)
-            part[g % 2] = _mm512_dpbusd_epi32(part[g % 2], pw->w[g], WV_BCAST4(xq + 4 * g));
-        total = WV_ADD32(part[0], part[1]);
-    }
+    const int chains = rows == 1 ? 4 : 2;
+    wv part[4] = {WV_ZERO, WV_ZERO, WV_ZERO, WV_ZERO};
+    for (int g = 0; g < 8; g++)
+        part[g % chains] = _mm512_dpbusd_epi32(part[g % chains], pw->w[g], WV_BCAST4(xq + 4 * g));
+    total = WV_ADD32(part[0], part[1]);
+    if (chains == 4)
+        total = WV_ADD32(total, WV_ADD32(part[2], part[3]));
 #else
     (void)rows;
     if (fmt == FMT_Q4_0 || fmt == FMT_Q4_1) {

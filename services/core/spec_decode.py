@@ -50,8 +50,7 @@ class _SeqSpec:
     window_drafted: int = 0  # drafted and accepted tokens since its acceptance was last judged
     window_accepted: int = 0
     pauses: int = 0  # times its acceptance fell below the threshold
-    pause_tokens: int = 0  # > 0: no drafts until the sequence has grown by this many tokens
-    paused_at: int | None = None  # its length when the pause began (set at the next propose)
+    resume_at: int = 0  # no drafts while the sequence is shorter than this
 
 
 class Speculator:
@@ -73,13 +72,7 @@ class Speculator:
         state = self._seqs.get(seq_id)
         if state is None:
             state = self._seqs[seq_id] = _SeqSpec(drafter=self._new_drafter(seq_id))
-        if state.pause_tokens:
-            if state.paused_at is None:
-                state.paused_at = len(token_ids)
-            if len(token_ids) - state.paused_at < state.pause_tokens:
-                return []
-            state.pause_tokens, state.paused_at = 0, None
-        if k < 1:
+        if len(token_ids) < state.resume_at or k < 1:
             return []
         state.drafter.extend(token_ids[state.num_fed:])
         state.num_fed = len(token_ids)
@@ -104,7 +97,9 @@ class Speculator:
             # a pause, not an end: an answer that opens with prose and then copies code would
             # otherwise lose its drafts for good on the prose (bench/spec.py's copy workload at
             # k = 4 lost a quarter of its accepted tokens that way)
-            state.pause_tokens = self.config.min_draft_tokens << min(state.pauses, 16)
+            # the sequence now ends after the num_fed tokens drafted from, the kept drafts and the sampler's token
+            pause = self.config.min_draft_tokens << min(state.pauses, 16)
+            state.resume_at = state.num_fed + num_accepted + 1 + pause
             state.pauses += 1
         state.window_drafted = state.window_accepted = 0
 
