@@ -111,10 +111,19 @@ class SpeculativeConfig:
     or a SpeculativeConfig to LLM(speculative_config=...)."""
 
     method: str = setting("ngram", f"one of {SPECULATIVE_METHODS}")
-    # 3: a verify pass of k + 1 = 4 rows is one row tile of the quantized linear kernels and cost 1.4-1.7x a decode
-    # step at batch 1, 5 rows 2.2-2.4x (bench/results/spec.md, `cost`), more than a fourth draft brings
-    num_speculative_tokens: int = setting(3, "tokens drafted per step (k); the verify pass runs k + 1")
-    prompt_lookup_max: int = setting(4, "ngram: the longest suffix of the context looked up")
+    # k + 1 = 8 rows is one row tile of the int8 linear kernels (8 rows cost 1.7x a decode step at batch 1, 9 rows
+    # 1.9x: bench/results/spec_int8_final_intel_t2.md, `cost`); drafts grow to it only while the copy runs on
+    num_speculative_tokens: int = setting(7, "most tokens drafted per step (k); the verify pass runs k + 1")
+    # adaptive length: a copy runs on once it has run, so a verify that keeps every draft doubles the next draft and
+    # one that does not falls back; on the copy workload ngram 3..7 (lookup 2..8) gave 4.8 tokens a verify and 2.41x,
+    # a fixed k = 3 (lookup 2..4) 3.1 and 1.83x, in one run (bench/results/spec.md); a fixed k = 7 would pay 8 rows
+    # for every guess
+    min_speculative_tokens: int | None = setting(
+        None, "adaptive draft length: drafts start at this many tokens, double (up to num_speculative_tokens) "
+              "after a verify that kept every draft, and fall back to max(this, kept + 1) after one that did not; "
+              "equal to num_speculative_tokens: a fixed length (default: min(3, num_speculative_tokens))")
+    _DEFAULT_MIN_SPECULATIVE_TOKENS = 3
+    prompt_lookup_max: int = setting(8, "ngram: the longest suffix of the context looked up")
     prompt_lookup_min: int = setting(2, "ngram: the shortest")
     # suffix decoding (Arctic's): a tree over the request's prompt and output, and one over past outputs
     suffix_max_depth: int = setting(24, "suffix: the longest context suffix matched in the trees")
@@ -137,6 +146,9 @@ class SpeculativeConfig:
         _check_choice("method", self.method, SPECULATIVE_METHODS)
         check(1 <= self.num_speculative_tokens <= 32, "num_speculative_tokens",
               f"must be in 1..32, got {self.num_speculative_tokens}")
+        check(self.min_speculative_tokens is None or 1 <= self.min_speculative_tokens <= self.num_speculative_tokens,
+              "min_speculative_tokens", f"must be in 1..num_speculative_tokens ({self.num_speculative_tokens}), got "
+              f"{self.min_speculative_tokens}")
         check(1 <= self.prompt_lookup_min <= self.prompt_lookup_max, "prompt_lookup_min",
               f"need 1 <= prompt_lookup_min <= prompt_lookup_max, got {self.prompt_lookup_min}, "
               f"{self.prompt_lookup_max}")
@@ -146,6 +158,13 @@ class SpeculativeConfig:
         check(self.disable_by_batch_size >= 0, "disable_by_batch_size", "must be >= 0")
         check(0.0 <= self.min_acceptance_rate <= 1.0, "min_acceptance_rate", "must be in [0, 1]")
         check(self.min_draft_tokens >= 1, "min_draft_tokens", "must be >= 1")
+
+    @property
+    def shortest_draft(self) -> int:
+        """The length a request's drafts start at and fall back to (min_speculative_tokens, or its default)."""
+        if self.min_speculative_tokens is not None:
+            return self.min_speculative_tokens
+        return min(self._DEFAULT_MIN_SPECULATIVE_TOKENS, self.num_speculative_tokens)
 
     @classmethod
     def of(cls, value: SpeculativeConfig | dict | str | None) -> SpeculativeConfig | None:

@@ -15,7 +15,8 @@ block tables (rule 2): it needs the drafts to size the step (token budget, KV sl
 before the worker sees it, and a drafter needs nothing but token ids. The worker stays what it
 was: it computes what it is sent.
 
-`Speculator` keeps one drafter per sequence, each request's acceptance (a request whose drafts
+`Speculator` keeps one drafter per sequence, each request's draft length (adaptive: it doubles after a
+verify that kept every draft and falls back after a miss), each request's acceptance (a request whose drafts
 keep failing pauses drafting, for longer each time), the batch size above which nothing is drafted, and the counters
 /metrics shows under vLLM's names (pagedserve:spec_decode_*).
 """
@@ -51,6 +52,7 @@ class _SeqSpec:
     window_accepted: int = 0
     pauses: int = 0  # times its acceptance fell below the threshold
     resume_at: int = 0  # no drafts while the sequence is shorter than this
+    draft_len: int = 0  # tokens the next draft may have (adaptive length; fixed: num_speculative_tokens)
 
 
 class Speculator:
@@ -68,10 +70,11 @@ class Speculator:
 
     def propose(self, seq_id: int, token_ids: list[int], max_drafts: int) -> list[int]:
         """Up to min(k, max_drafts) tokens that may follow token_ids (the sequence's prompt + output)."""
-        k = min(self.config.num_speculative_tokens, max_drafts)
         state = self._seqs.get(seq_id)
         if state is None:
-            state = self._seqs[seq_id] = _SeqSpec(drafter=self._new_drafter(seq_id))
+            state = self._seqs[seq_id] = _SeqSpec(drafter=self._new_drafter(seq_id),
+                                                  draft_len=self.config.shortest_draft)
+        k = min(state.draft_len, max_drafts)
         if len(token_ids) < state.resume_at or k < 1:
             return []
         state.drafter.extend(token_ids[state.num_fed:])
@@ -89,6 +92,11 @@ class Speculator:
         state = self._seqs.get(seq_id)
         if state is None:
             return
+        if num_drafts:
+            # adaptive length (min_speculative_tokens): a copy that ran through the whole draft likely runs on;
+            # a miss starts over short, or as long as what was kept
+            state.draft_len = min(state.draft_len * 2, self.config.num_speculative_tokens) \
+                if num_accepted == num_drafts else max(self.config.shortest_draft, num_accepted + 1)
         state.window_drafted += num_drafts
         state.window_accepted += num_accepted
         if state.window_drafted < self.config.min_draft_tokens:

@@ -18,8 +18,8 @@ from tests.conftest import make_llm, random_prompts
 from tests.waits import is_idle
 
 # drafted at every batch size (the default stops at 3 running): these tests are about the bits, not the speed
-NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 1,
-         "disable_by_batch_size": 0}
+NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "min_speculative_tokens": 4, "prompt_lookup_max": 4,
+         "prompt_lookup_min": 1, "disable_by_batch_size": 0}
 K = 4
 
 
@@ -91,6 +91,28 @@ def test_speculative_config_is_spelled_as_vllm_spells_it():
         SpeculativeConfig.of({"method": "eagle"})
     with pytest.raises(InvalidArgument, match="^speculative_config: not JSON"):
         SpeculativeConfig.of("{method: ngram}")
+    with pytest.raises(InvalidArgument, match=r"^speculative_config: min_speculative_tokens: must be in 1\.\.num_"):
+        SpeculativeConfig.of({"num_speculative_tokens": 4, "min_speculative_tokens": 5})
+
+
+def test_adaptive_draft_length_doubles_after_a_full_accept_and_falls_back_after_a_miss():
+    """min_speculative_tokens: drafts start short, double while every draft is kept (up to
+    num_speculative_tokens), and after a miss restart at max(min, kept + 1)."""
+    from services.core.spec_decode import Speculator
+    spec = Speculator(SpeculativeConfig(method="ngram", num_speculative_tokens=7, min_speculative_tokens=2,
+                                        prompt_lookup_max=2, prompt_lookup_min=1, min_acceptance_rate=0.0))
+    tokens = list(range(1, 40)) + [1, 2]  # "1 2" occurred before, followed by 37 tokens: a draft as long as asked
+    drafted = []
+    for kept in [2, 4, 7, 7, 5, 6, 0, 2, 1]:  # how many of each draft the verify keeps (all of the first four)
+        draft = spec.propose(0, tokens, 100)
+        drafted.append(len(draft))
+        spec.record(0, len(draft), min(kept, len(draft)))
+    # 8 capped at 7; a miss keeping 5 -> 6, kept whole -> 7; keeping 0 -> 2; 2 of 2 -> 4
+    assert drafted == [2, 4, 7, 7, 7, 6, 7, 2, 4]
+    assert spec.stats.accepted_per_pos == [8, 7, 5, 5, 4, 3, 2]
+    fixed = Speculator(SpeculativeConfig(method="ngram", num_speculative_tokens=3, prompt_lookup_max=2,
+                                         prompt_lookup_min=1))
+    assert [len(fixed.propose(0, tokens, 100)) for _ in range(2)] == [3, 3]  # unset: the fixed length
 
 
 # ---- the engine: on equals off -----------------------------------------------------------
@@ -164,12 +186,15 @@ def test_a_verify_chunk_of_k_plus_1_tokens_gets_the_decode_steps_logits_to_the_b
         assert torch.equal(verify_rows[i], decode_rows[i]), f"position {len(prompt) + i}"
 
 
-@pytest.mark.parametrize("method", ["ngram", "suffix"])
+@pytest.mark.parametrize("method", ["ngram", "ngram-adaptive", "suffix"])
 def test_real_drafters_give_the_same_tokens_and_logprobs(tiny_llama, prompts, reference, method):
-    config = NGRAM if method == "ngram" else {"method": "suffix", "num_speculative_tokens": K,
-                                              "suffix_global_max_tokens": 4096, "disable_by_batch_size": 0}
+    config = {"ngram": NGRAM,
+              "ngram-adaptive": {**NGRAM, "num_speculative_tokens": 7, "min_speculative_tokens": 2,
+                                 "prompt_lookup_max": 8},
+              "suffix": {"method": "suffix", "num_speculative_tokens": K, "suffix_global_max_tokens": 4096,
+                         "disable_by_batch_size": 0}}[method]
     llm = make_llm(tiny_llama, dtype="float32", speculative_config=config)
-    for name in ("greedy", "seeded") if method == "ngram" else ("greedy",):
+    for name in ("greedy", "seeded") if method != "suffix" else ("greedy",):
         assert results(llm.generate(prompts, PARAMS[name], use_tqdm=False)) == results(reference[name]), name
     assert llm.scheduler.stats().spec_decode_num_accepted_tokens > 0
 
