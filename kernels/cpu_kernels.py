@@ -15,7 +15,9 @@ Tiers: the same sources are compiled once per instruction set (TIER_FLAGS), one 
 each, and the C code picks its paths from the compiler's target macros (`#if
 defined(__AVX512F__)` / `#elif defined(__AVX2__) && defined(__FMA__)` / `#else`):
   avx512   -march=native on a CPU with AVX-512 (x86-64-v4); bf16 GEMM by AVX-512 BF16 where
-           the CPU has it, else by widening bf16 to fp32 in registers
+           the CPU has it, else by widening bf16 to fp32 in registers; int8-activation linear
+           layers of 10+ rows by AMX tiles where the CPU has AMX-INT8 and Linux grants it, the
+           same bits (quant_dot.c; PAGEDSERVE_NO_AMX=1 turns it off)
   avx2     -march=x86-64-v3 (AVX2 + FMA, 8 lanes), bf16 widened to fp32 on load
   generic  the compiler's baseline target and GCC vector extensions (x86-64 SSE2, aarch64
            NEON, anything else)
@@ -54,14 +56,17 @@ CSRC = Path(__file__).with_name("csrc")
 SOURCES = [CSRC / name for name in ("paged_attention.c", "elementwise.c", "gemm.c", "decoder.c", "quant_gemm.c", "quant_dot.c", "row_parallel.c")]  # one library
 COMMON_FLAGS = ["-O3", "-fopenmp", "-fPIC", "-std=gnu11", "-Wno-psabi"]
 TIERS = ("avx512", "avx2", "generic")  # best first; services.core.config.CPU_ISAS is ("auto", *TIERS)
+# the test tiers that stand for older AVX-512 CPUs leave out quant_dot.c's AMX path (their CPUs have no AMX),
+# so that on an AMX host they still run the VNNI / vpmaddubsw tiles they test
+NO_AMX = ["-mno-amx-tile", "-mno-amx-int8", "-mno-amx-bf16"]
 TIER_FLAGS = {
     "avx512": ["-march=native"],  # only selected on a CPU with AVX-512, so native has it
     "avx2": ["-march=x86-64-v3"],
     "generic": [],  # the compiler's baseline target
-    # tests only: the AVX-512 tier as built on an AVX-512 CPU without AVX-512 BF16
-    "avx512-nobf16": ["-march=native", "-mno-avx512bf16"],
+    # tests only: the AVX-512 tier as built on an AVX-512 CPU without AVX-512 BF16 (nor AMX, which came later)
+    "avx512-nobf16": ["-march=native", "-mno-avx512bf16", *NO_AMX],
     # tests only: AVX-512 without VNNI (quant_dot.c's vpmaddubsw path on an AVX-512 CPU)
-    "avx512-novnni": ["-march=native", "-mno-avx512vnni", "-mno-avx512bf16"],
+    "avx512-novnni": ["-march=native", "-mno-avx512vnni", "-mno-avx512bf16", *NO_AMX],
 }
 # what each x86 tier needs from /proc/cpuinfo (x86-64-v3; v4 adds AVX-512 F/BW/CD/DQ/VL)
 _X86_V3 = {"avx", "avx2", "fma", "bmi1", "bmi2", "f16c", "movbe", "abm", "xsave"}

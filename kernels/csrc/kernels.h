@@ -67,6 +67,9 @@ int quant_linear(const void *x, int64_t ldx, const void *w, int fmt, const void 
 /* quant_dot.c: quant_linear_into's path for a format with QUANT_ACT_INT8 (passed without the bit) */
 int quant_linear_int8(const void *x, int64_t ldx, const void *w, int fmt, const void *bias, void *out, int64_t ldo,
                       int64_t m, int64_t n, int64_t k, int is_bf16, int out_bf16, int num_threads);
+/* quant_dot.c: 1 where quant_linear_int8 takes its AMX tiles (compiled with AMX-INT8, the CPU has it, the kernel
+ * granted the tile data), else 0 */
+int quant_dot_amx(void);
 /* quant_dot.c: row_parallel_linear's int8-activation groups in one pass (fmt without QUANT_ACT_INT8) */
 int quant_linear_int8_groups(const void *x, int64_t ldx, const void *w, int fmt, int64_t groups, int64_t m, int64_t n,
                              int64_t kg, int is_bf16, void *out, int64_t ldo, int num_threads);

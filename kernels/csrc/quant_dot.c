@@ -42,6 +42,9 @@
  *                      w q exactly, w = -128 included), and |q| <= 127 (activations are never -128), so
  *                      a pair is at most 32512 <= 32767: it never saturates, and the sums are exact.
  *   aarch64 with dotprod   sdot; without it, and the generic tier: integer loops per output.
+ *   AMX (the avx512 tier where the CPU has AMX-INT8 and Linux grants the tile data; interleaved groups,
+ *   10+ rows, Q4_1 13+): one tile product per block gives 16 rows x 16 outputs (the section "AMX int8
+ *   tiles" below). PAGEDSERVE_NO_AMX=1 in the environment turns it off (read per call).
  * The tile, the lanes and the instructions differ; the integers and the fold on them do not.
  *
  * Interleaved rows (QUANT_INTERLEAVED; kernels/quant.py `interleave` makes them at load, and reads
@@ -644,6 +647,274 @@ static void tile_any(int rows, int cols, int fmt, int interleaved, const ActQ *a
     }
 }
 
+/* ---- AMX int8 tiles (the avx512 tier on a CPU with AMX-INT8: the interleaved groups, m >= AMX_MIN_ROWS) --
+ * The same integers and the same fold as the tiles above, so the same bits: per block b, one tile
+ * product gives the isum of 16 rows of x by a group's 16 outputs,
+ *   C[16 rows x 16 outputs, int32] = A[16 rows x 32 bytes: the rows' q of block b, in place in ActQ]
+ *                                  . B[8 k-groups x 64 bytes: output c's 4 bytes of k-group g at 4 c]
+ * and B is the interleaved layout's block as stored (Q8_0, INT8: read in place), or for Q4 its nibbles
+ * unpacked once per group into a thread's buffer (k-groups 0-3 the low nibbles, 4-7 the high: the
+ * elements in order). Q8_0, INT8, and Q4_0 as u - 8 (so isum = sum (u - 8) q directly): tdpbssd;
+ * Q4_1 (u unsigned): tdpbsud. Row r of C is then output-lanes for row r, as a tile's isum vector,
+ * and the fold is the tiles' (scale = dw_b * dx_b rounded once, then fma, Q4_1's fma of mw, sx after).
+ * The tile unit runs its loads, products and stores one after the other, and the fold does not
+ * overlap them much: blocks are issued two ahead of their fold (four C tiles in flight), which gave
+ * a little over issuing each block just before its fold.
+ * Rows: the A tiles read a copy of the quantized rows packed per tile of 16 rows (AmxRows; the rows
+ * past m zero, their outputs never stored); a last part tile of fewer than amx_min_rows rows takes
+ * the VNNI tiles.
+ * Runtime: the CPU must report AMX-TILE and AMX-INT8 (CPUID 7.0 EDX bits 24, 25) and Linux must
+ * grant this process the tile data (arch_prctl ARCH_REQ_XCOMP_PERM, asked once per process; a
+ * refusal, e.g. an older kernel, leaves the VNNI tiles); each thread loads its tile configuration
+ * in its parallel region and releases the tiles at its end. PAGEDSERVE_NO_AMX=1 (read per call) turns
+ * the AMX path off: the tests compare both, bit for bit. */
+#if COLS == 16 && defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__x86_64__) && defined(__linux__)
+#define AMX 1
+#include <sys/syscall.h>
+#include <unistd.h>
+#include <cpuid.h>
+/* rows of x from which a 16-row AMX tile beats the VNNI tiles (measured at 1 thread, n x k = 576 x 576
+ * and 1536 x 576: at 8 rows AMX took 0.9-1.05x the VNNI time, at 10 rows 0.8-0.9x, Q4_1 0.97-1.1x; Q4_1
+ * folds one more fma per block, which the AMX path does not speed up) */
+INLINE int amx_min_rows(int fmt) { return fmt == FMT_Q4_1 ? 13 : 10; }
+#define AMX_ROWS 16
+
+static int amx_permitted(void) { /* once per process: CPUID, then the kernel's permission */
+    static int state; /* 0 not asked, 1 yes, -1 no */
+    int seen = __atomic_load_n(&state, __ATOMIC_ACQUIRE);
+    if (seen != 0)
+        return seen > 0;
+    unsigned int eax, ebx, ecx, edx;
+    int ok = __get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) && (edx >> 24 & 1) && (edx >> 25 & 1);
+    if (ok) { /* ARCH_REQ_XCOMP_PERM XFEATURE_XTILEDATA, then ARCH_GET_XCOMP_PERM to confirm */
+        unsigned long features = 0;
+        ok = syscall(SYS_arch_prctl, 0x1023, 18) == 0 && syscall(SYS_arch_prctl, 0x1022, &features) == 0 &&
+             (features >> 18 & 1);
+    }
+    __atomic_store_n(&state, ok ? 1 : -1, __ATOMIC_RELEASE);
+    return ok;
+}
+
+static int amx_wanted(int fmt, int64_t m) {
+    if (m < amx_min_rows(fmt))
+        return 0;
+    const char *off = getenv("PAGEDSERVE_NO_AMX");
+    if (off != NULL && off[0] != '\0' && strcmp(off, "0") != 0)
+        return 0;
+    return amx_permitted();
+}
+
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} __attribute__((packed)) AmxConfig;
+
+static void amx_configure(void) { /* tmm0, 1: A (16 rows x 32 bytes); tmm2, 3: B (8 x 64); tmm4-7: C (16 x 64) */
+    AmxConfig config;
+    memset(&config, 0, sizeof config);
+    config.palette = 1;
+    for (int t = 0; t < 8; t++) {
+        config.colsb[t] = t < 2 ? 32 : 64;
+        config.rows[t] = t == 2 || t == 3 ? 8 : 16;
+    }
+    _tile_loadconfig(&config);
+}
+
+/* a group's Q4 values -> per block 512 bytes of B (k-groups 0-3: low nibbles, 4-7: high; Q4_0 as u - 8) */
+static void amx_unpack4(int fmt, const uint8_t *group, int64_t blocks, uint8_t *out) {
+    const __m512i mask = _mm512_set1_epi8(0x0f), eight = _mm512_set1_epi8(fmt == FMT_Q4_0 ? 8 : 0);
+    for (int64_t b = 0; b < blocks; b++) {
+        const uint8_t *values = interleaved_values(fmt, interleaved_block(fmt, group, b));
+        for (int g = 0; g < 4; g++) {
+            const __m512i raw = _mm512_loadu_si512(values + 64 * g);
+            const __m512i lo = _mm512_and_si512(raw, mask), hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), mask);
+            _mm512_store_si512(out + b * 512 + 64 * g, _mm512_sub_epi8(lo, eight));
+            _mm512_store_si512(out + b * 512 + 64 * (g + 4), _mm512_sub_epi8(hi, eight));
+        }
+    }
+}
+
+/* block b's isum (C, as stored: row r at 16 r) into the 16 rows' chains */
+INLINE void amx_fold(int fmt, const uint8_t *block, const int32_t *isum, const float *d, const float *sx,
+                     fv acc[AMX_ROWS]) {
+    fv dw = splatv(1.0f), mw = splatv(0.0f);
+    if (fmt != FMT_INT8)
+        dw = scales_at(block);
+    if (fmt == FMT_Q4_1)
+        mw = scales_at(block + 32);
+#pragma GCC unroll 16
+    for (int r = 0; r < AMX_ROWS; r++) {
+        iv sums;
+        memcpy(&sums, isum + 16 * r, sizeof sums);
+        const fv scale = fmt == FMT_INT8 ? splatv(d[r]) : dw * splatv(d[r]);
+        acc[r] = fmav(scale, __builtin_convertvector(sums, fv), acc[r]);
+        if (fmt == FMT_Q4_1)
+            acc[r] = fmav(mw, splatv(sx[r]), acc[r]);
+    }
+}
+
+/* x's rows as the A tiles read them: per tile of 16 rows (the rows past m zero) and block, the 16 rows'
+ * q (512 bytes, one contiguous stream per tile: with the rows in place, 16 lines apart, prefill's
+ * tile loads waited on L2 one after the other), then their d and sx (16 floats each) */
+typedef struct {
+    int8_t *q;
+    float *d, *sx;
+} AmxRows;
+
+static int amx_rows_pack(const ActQ *a, int64_t m, AmxRows *out) {
+    const int64_t tiles = (m + AMX_ROWS - 1) / AMX_ROWS, blocks = a->blocks;
+    out->q = aligned_alloc(64, (size_t)(tiles * blocks * AMX_ROWS * QBLOCK));
+    out->d = malloc(sizeof(float) * (size_t)(tiles * blocks * AMX_ROWS));
+    out->sx = malloc(sizeof(float) * (size_t)(tiles * blocks * AMX_ROWS));
+    if (out->q == NULL || out->d == NULL || out->sx == NULL)
+        return KERNEL_OUT_OF_MEMORY;
+    for (int64_t t = 0; t < tiles; t++)
+        for (int64_t b = 0; b < blocks; b++)
+            for (int64_t r = 0; r < AMX_ROWS; r++) {
+                const int64_t row = t * AMX_ROWS + r, at = (t * blocks + b) * AMX_ROWS + r;
+                if (row < m) {
+                    memcpy(out->q + at * QBLOCK, a->q + (row * blocks + b) * QBLOCK, QBLOCK);
+                    out->d[at] = a->d[row * blocks + b], out->sx[at] = a->sx[row * blocks + b];
+                } else {
+                    memset(out->q + at * QBLOCK, 0, QBLOCK);
+                    out->d[at] = 0.0f, out->sx[at] = 0.0f;
+                }
+            }
+    return KERNEL_OK;
+}
+
+static void amx_rows_free(AmxRows *p) { free(p->q), free(p->d), free(p->sx); }
+
+/* rows r0 .. r0 + 15 of x (rows of them stored; r0 a multiple of 16) by the interleaved group at `group`
+ * (outputs n0 .. n0 + 15); unpacked: the group's B blocks for Q4 (amx_unpack4), else NULL (read in place) */
+INLINE void amx_tile(const int fmt, const AmxRows *x, int64_t blocks, int64_t r0, int rows, const uint8_t *group,
+                     const uint8_t *unpacked, const void *bias, void *out, int64_t ldo, int64_t n0, int out_bf16) {
+    const int64_t tile0 = r0 / AMX_ROWS * blocks;
+    const int8_t *q = x->q + tile0 * AMX_ROWS * QBLOCK;
+    const float *d = x->d + tile0 * AMX_ROWS, *sx = x->sx + tile0 * AMX_ROWS;
+    fv acc[AMX_ROWS];
+    for (int r = 0; r < AMX_ROWS; r++)
+        acc[r] = splatv(0.0f);
+    int32_t isum[4][AMX_ROWS * 16] __attribute__((aligned(64)));
+/* block B: its product into tile TC (A in TA, B in TB); then, later, stored and folded */
+#define AMX_ISSUE(B, TA, TB, TC)                                                                            \
+    if ((B) < blocks) {                                                                                     \
+        _tile_loadd(TA, q + (B) * AMX_ROWS * QBLOCK, QBLOCK);                                                              \
+        _tile_loadd(TB, unpacked != NULL ? unpacked + (B) * 512                                             \
+                                         : interleaved_values(fmt, interleaved_block(fmt, group, (B))), 64); \
+        _tile_zero(TC);                                                                                      \
+        if (fmt == FMT_Q4_1)                                                                                 \
+            _tile_dpbsud(TC, TA, TB);                                                                        \
+        else                                                                                                 \
+            _tile_dpbssd(TC, TA, TB);                                                                        \
+    }
+#define AMX_DRAIN(B, TC)                                                                                     \
+    if ((B) >= 0 && (B) < blocks) {                                                                          \
+        _tile_stored(TC, isum[(TC) - 4], 64);                                                                \
+        amx_fold(fmt, interleaved_block(fmt, group, (B)), isum[(TC) - 4], d + (B) * AMX_ROWS,                \
+                 sx + (B) * AMX_ROWS, acc);                                                                   \
+    }
+    for (int64_t b = 0; b < blocks + 2; b += 4) { /* block b issued two ahead of its fold; folds in block order */
+        AMX_ISSUE(b, 0, 2, 4)
+        AMX_DRAIN(b - 2, 6)
+        AMX_ISSUE(b + 1, 1, 3, 5)
+        AMX_DRAIN(b - 1, 7)
+        AMX_ISSUE(b + 2, 0, 2, 6)
+        AMX_DRAIN(b, 4)
+        AMX_ISSUE(b + 3, 1, 3, 7)
+        AMX_DRAIN(b + 1, 5)
+    }
+#undef AMX_ISSUE
+#undef AMX_DRAIN
+    fv scale = splatv(1.0f), add = splatv(0.0f);
+    for (int c = 0; c < 16; c++) {
+        if (fmt == FMT_INT8)
+            memcpy(&scale[c], group + 4 * c, 4);
+        if (bias != NULL)
+            add[c] = out_bf16 ? bf16_to_float(((const uint16_t *)bias)[n0 + c]) : ((const float *)bias)[n0 + c];
+    }
+    for (int r = 0; r < rows; r++) {
+        const fv value = fmav(acc[r], scale, add);
+        for (int c = 0; c < 16; c++) {
+            if (out_bf16)
+                ((uint16_t *)out)[(r0 + r) * ldo + n0 + c] = float_to_bf16(value[c]);
+            else
+                ((float *)out)[(r0 + r) * ldo + n0 + c] = value[c];
+        }
+    }
+}
+
+static void amx_tile_any(int fmt, const AmxRows *x, int64_t blocks, int64_t r0, int rows, const uint8_t *group,
+                         const uint8_t *unpacked, const void *bias, void *out, int64_t ldo, int64_t n0, int out_bf16) {
+    switch (fmt) {
+    case FMT_Q4_0: amx_tile(FMT_Q4_0, x, blocks, r0, rows, group, unpacked, bias, out, ldo, n0, out_bf16); return;
+    case FMT_Q4_1: amx_tile(FMT_Q4_1, x, blocks, r0, rows, group, unpacked, bias, out, ldo, n0, out_bf16); return;
+    case FMT_Q8_0: amx_tile(FMT_Q8_0, x, blocks, r0, rows, group, unpacked, bias, out, ldo, n0, out_bf16); return;
+    default: amx_tile(FMT_INT8, x, blocks, r0, rows, group, unpacked, bias, out, ldo, n0, out_bf16); return;
+    }
+}
+
+/* the whole groups of 16 outputs (`groups` of them, interleaved) for all m rows of a (x: a's rows packed) */
+static void amx_groups(int fmt, const ActQ *a, const AmxRows *x, int64_t m, const uint8_t *w, int64_t row_bytes,
+                       int64_t k, int64_t groups, const void *bias, void *out, int64_t ldo, int out_bf16,
+                       int num_threads) {
+    const int q4 = fmt == FMT_Q4_0 || fmt == FMT_Q4_1;
+    const int64_t whole = m / AMX_ROWS * AMX_ROWS, tail = m - whole;
+    const int64_t amx_rows = tail >= amx_min_rows(fmt) ? m : whole; /* rows the AMX tiles take; the rest: VNNI */
+    /* rows per pass over the groups: Q8_0, INT8 one tile (its A stream stays in L1 while the groups' B
+     * stream by; all rows at once, prefill's A tiles came from L2 and each load waited: m = 512 ran
+     * 1.35x the VNNI tiles' speed, one tile at a time 1.85x); Q4 all the rows, each group unpacked once
+     * (one tile at a time, the unpacking repeated per tile: 1.45x at m = 128 against 1.65x) */
+    const int64_t panel = q4 ? amx_rows : AMX_ROWS;
+#pragma omp parallel num_threads(num_threads)
+    {
+        uint8_t *unpacked = q4 ? aligned_alloc(64, (size_t)(a->blocks * 512)) : NULL;
+        const int use_amx = !q4 || unpacked != NULL; /* out of memory: this thread's groups by the VNNI tiles */
+        if (use_amx)
+            amx_configure();
+        for (int64_t p0 = 0; p0 < amx_rows; p0 += panel) {
+            const int64_t p1 = p0 + panel < amx_rows ? p0 + panel : amx_rows;
+#pragma omp for schedule(static)
+            for (int64_t g = 0; g < groups; g++) {
+                const uint8_t *group = w + g * 16 * row_bytes;
+                if (!use_amx) {
+                    for (int64_t r = p0; r < p1; r += ROWS)
+                        tile_any(p1 - r < ROWS ? (int)(p1 - r) : ROWS, COLS, fmt, 1, a, r, group, row_bytes, k, bias,
+                                 out, ldo, g * 16, out_bf16, NULL);
+                    continue;
+                }
+                if (q4)
+                    amx_unpack4(fmt, group, a->blocks, unpacked);
+                for (int64_t r = p0; r < p1; r += AMX_ROWS)
+                    amx_tile_any(fmt, x, a->blocks, r, m - r < AMX_ROWS ? (int)(m - r) : AMX_ROWS, group, unpacked,
+                                 bias, out, ldo, g * 16, out_bf16);
+            }
+        }
+        if (amx_rows < m) /* a last part tile of few rows: the VNNI tiles */
+#pragma omp for schedule(static)
+            for (int64_t g = 0; g < groups; g++)
+                for (int64_t r = amx_rows; r < m; r += ROWS)
+                    tile_any(m - r < ROWS ? (int)(m - r) : ROWS, COLS, fmt, 1, a, r, w + g * 16 * row_bytes, row_bytes,
+                             k, bias, out, ldo, g * 16, out_bf16, NULL);
+        if (use_amx)
+            _tile_release();
+        free(unpacked);
+    }
+}
+#endif
+
+/* whether this build takes the AMX path where it applies: compiled with AMX-INT8, the CPU has it and Linux
+ * granted the tile data (asks for it once); PAGEDSERVE_NO_AMX is not read here (the tests check this
+ * first, so that their AMX-against-VNNI comparisons are not two runs of the VNNI tiles) */
+int quant_dot_amx(void) {
+#if defined(AMX)
+    return amx_permitted();
+#else
+    return 0;
+#endif
+}
+
 /* quant_linear_into's int8-activation path (fmt without QUANT_ACT_INT8, with QUANT_INTERLEAVED where
  * the rows are): the same contract */
 int quant_linear_int8(const void *x, int64_t ldx, const void *w, int fmt, const void *bias, void *out, int64_t ldo,
@@ -657,15 +928,35 @@ int quant_linear_int8(const void *x, int64_t ldx, const void *w, int fmt, const 
     if (m == 0 || n == 0)
         return KERNEL_OK;
     ActQ a;
+    const uint8_t *weights = w;
+    int64_t first = 0; /* outputs from here: the VNNI tiles (the AMX path: those past the whole groups) */
+#if defined(AMX)
+    const int amx = grouped > 0 && amx_wanted(fmt, m);
     int status = act_alloc(&a, m, k);
     if (status != KERNEL_OK)
         goto done;
     quantize_rows(x, ldx, m, k, is_bf16, &a, num_threads);
-    const uint8_t *weights = w;
-    const int64_t chunks = (n + OUT_CHUNK - 1) / OUT_CHUNK;
-#pragma omp parallel for schedule(static) num_threads(num_threads)
+    if (amx) {
+        AmxRows rows;
+        status = amx_rows_pack(&a, m, &rows);
+        if (status == KERNEL_OK) {
+            amx_groups(fmt, &a, &rows, m, weights, row_bytes, k, grouped / 16, bias, out, ldo, out_bf16, num_threads);
+            first = grouped;
+        }
+        amx_rows_free(&rows);
+        if (status != KERNEL_OK)
+            goto done;
+    }
+#else
+    int status = act_alloc(&a, m, k);
+    if (status != KERNEL_OK)
+        goto done;
+    quantize_rows(x, ldx, m, k, is_bf16, &a, num_threads);
+#endif
+    const int64_t chunks = (n - first + OUT_CHUNK - 1) / OUT_CHUNK;
+#pragma omp parallel for schedule(static) num_threads(num_threads) if (first == 0)
     for (int64_t chunk = 0; chunk < chunks; chunk++) {
-        const int64_t c0 = chunk * OUT_CHUNK, c1 = c0 + OUT_CHUNK < n ? c0 + OUT_CHUNK : n;
+        const int64_t c0 = first + chunk * OUT_CHUNK, c1 = c0 + OUT_CHUNK < n ? c0 + OUT_CHUNK : n;
         for (int64_t r = 0; r < m; r += ROWS) {
             const int rows = m - r < ROWS ? (int)(m - r) : ROWS;
             for (int64_t c = c0; c < c1; c += COLS) {

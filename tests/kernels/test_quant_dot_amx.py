@@ -1,0 +1,113 @@
+"""quant_dot.c's AMX tiles (the avx512 tier on a CPU with AMX-INT8, m >= 10 rows, interleaved groups of 16
+outputs): the VNNI tiles' bits (PAGEDSERVE_NO_AMX=1 forces those) on every format, row count 1..40 (whole
+tiles of 16, a last part tile by AMX or by VNNI), output counts with and without a part group, block counts
+around the four-block pipeline, bias or none, fp32 and bf16; and the reference's."""
+from __future__ import annotations
+
+import ctypes
+import os
+import subprocess
+import sys
+from dataclasses import replace
+
+import pytest
+import torch
+
+from kernels import cpu_kernels, quant
+from tests.kernels.test_quant import make_weight
+from tests.kernels.test_quant_dot import _bits, _hard_rows
+
+FORMATS = ["q4_0", "q4_1", "q8_0", "int8"]
+OFF = "PAGEDSERVE_NO_AMX"
+
+
+@pytest.fixture(scope="module")
+def lib():
+    if "avx512" not in cpu_kernels.host_tiers():
+        pytest.skip("no AVX-512 tier here")
+    lib = quant.declare(cpu_kernels.tier_library("avx512"))
+    lib.quant_dot_amx.argtypes, lib.quant_dot_amx.restype = [], ctypes.c_int
+    if not lib.quant_dot_amx():
+        pytest.skip("no AMX path here (CPU, compiler or kernel permission)")
+    return lib
+
+
+def _both(lib, monkeypatch, x, weight, bias):
+    monkeypatch.delenv(OFF, raising=False)
+    amx = quant.run_kernel(lib, x, weight, bias)
+    monkeypatch.setenv(OFF, "1")
+    vnni = quant.run_kernel(lib, x, weight, bias)
+    monkeypatch.delenv(OFF)
+    return amx, vnni
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_every_row_count_gives_the_vnni_bits(lib, monkeypatch, fmt, dtype):
+    weight, _ = make_weight(fmt, 40, 160, dtype, seed=11)  # 2 groups of 16 and 8 rows in order; 5 blocks
+    weight = weight.with_activations(True)
+    assert weight.interleaved
+    x = _hard_rows(40, 160, dtype, seed=4)
+    bias = torch.randn(40).to(dtype)
+    for m in range(1, 41):
+        for b in (bias, None):
+            amx, vnni = _both(lib, monkeypatch, x[:m], weight, b)
+            assert torch.equal(_bits(amx), _bits(vnni)), (m, b is None)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("k", [32, 64, 96, 128, 576])
+@pytest.mark.parametrize("n", [16, 33, 70])
+def test_every_shape_gives_the_vnni_and_reference_bits(lib, monkeypatch, fmt, k, n):
+    weight, _ = make_weight(fmt, n, k, torch.float32, seed=n + k)
+    weight = weight.with_activations(True)
+    for m, dtype in ((16, torch.float32), (29, torch.bfloat16), (35, torch.float32)):
+        x = _hard_rows(m, k, dtype, seed=m)
+        bias = torch.randn(n).to(dtype)
+        w = replace(weight, dtype=dtype)
+        amx, vnni = _both(lib, monkeypatch, x, w, bias)
+        assert torch.equal(_bits(amx), _bits(vnni)), (m, dtype)
+        want = quant.int8_linear_reference(x, w, bias).to(dtype)
+        assert torch.equal(_bits(amx), _bits(want)), (m, dtype)
+
+
+def test_threads_and_rows_in_place(lib, monkeypatch):
+    """The bits do not depend on the thread count, a row's place in the batch, or the row stride."""
+    weight, _ = make_weight("q8_0", 96, 576, torch.float32, seed=5)
+    weight = weight.with_activations(True)
+    wide = _hard_rows(48, 700, torch.float32, seed=9)
+    x = wide[:, :576]  # a row stride of 700
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        amx2, vnni = _both(lib, monkeypatch, x, weight, None)
+        torch.set_num_threads(1)
+        amx1, _ = _both(lib, monkeypatch, x, weight, None)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(amx1, vnni) and torch.equal(amx2, vnni)
+    assert torch.equal(quant.run_kernel(lib, x[7:30], weight, None), vnni[7:30])
+
+
+def test_the_tile_permission_with_a_small_signal_stack():
+    """A process whose thread already has a small sigaltstack (faulthandler's): Linux may refuse the tile data
+    then; the kernel must give the VNNI bits either way, and not die (a subprocess, as llama.cpp's AMX
+    kernels died with SIGILL on a VM where a small program ran AMX)."""
+    code = (
+        "import faulthandler, torch; faulthandler.enable()\n"
+        "from kernels import cpu_kernels, quant\n"
+        "from tests.kernels.test_quant import make_weight\n"
+        "lib = quant.declare(cpu_kernels.tier_library('avx512'))\n"
+        "w, _ = make_weight('q4_1', 48, 576, torch.float32); w = w.with_activations(True)\n"
+        "x = torch.randn(16, 576)\n"
+        "a = quant.run_kernel(lib, x, w, None)\n"
+        "import os; os.environ['PAGEDSERVE_NO_AMX'] = '1'\n"
+        "b = quant.run_kernel(lib, x, w, None)\n"
+        "assert torch.equal(a, b)\n"
+        "print('amx', lib.quant_dot_amx())\n")
+    if "avx512" not in cpu_kernels.host_tiers():
+        pytest.skip("no AVX-512 tier here")
+    env = {**os.environ, "OMP_NUM_THREADS": "2"}
+    env.pop(OFF, None)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
