@@ -192,10 +192,58 @@ INLINE void quantize_block(const float *v, int8_t *q, float *d, int32_t *sum, fl
     *sx = *d * (float)total;
 }
 
+#if COLS == 16
+/* quantize_block on AVX-512, reading the row in place (its dtype's values widened exactly, the lanes past k
+ * zero): the same operations lane by lane (bit-pattern max, one product, cvtps2dq's round half to even),
+ * the integer sum in any order; the scalar element loops made quantize_rows a third of a 16-row
+ * 576 x 576 layer's time */
+INLINE __m512 act_load16(const void *x, int64_t at, int64_t count, int is_bf16) { /* count: 0..16 lanes */
+    const __mmask16 lanes = count >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (count > 0 ? count : 0)) - 1);
+    if (is_bf16)
+        return _mm512_castsi512_ps(_mm512_slli_epi32(
+            _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(lanes, (const uint16_t *)x + at)), 16));
+    return _mm512_maskz_loadu_ps(lanes, (const float *)x + at);
+}
+
+INLINE void quantize_block16(const void *x, int64_t at, int64_t count, int is_bf16, int8_t *q, float *d, int32_t *sum,
+                             float *sx) {
+    const __m512 lo = act_load16(x, at, count, is_bf16), hi = act_load16(x, at + 16, count - 16, is_bf16);
+    const __m512i magnitude = _mm512_set1_epi32(0x7fffffff);
+    const uint32_t amax_bits = (uint32_t)_mm512_reduce_max_epu32(
+        _mm512_max_epu32(_mm512_and_si512(_mm512_castps_si512(lo), magnitude),
+                         _mm512_and_si512(_mm512_castps_si512(hi), magnitude)));
+    float amax;
+    memcpy(&amax, &amax_bits, 4);
+    if (amax_bits >= 0x7f800000u || amax < TINY) {
+        memset(q, 0, QBLOCK);
+        *d = amax_bits >= 0x7f800000u ? __builtin_nanf("") : 0.0f;
+        *sum = 0;
+        *sx = 0.0f;
+        return;
+    }
+    const float inv = 127.0f / amax;
+    const __m512 vinv = _mm512_set1_ps(inv);
+    const __m512i qlo = _mm512_cvtps_epi32(_mm512_mul_ps(lo, vinv)), qhi = _mm512_cvtps_epi32(_mm512_mul_ps(hi, vinv));
+    _mm_storeu_si128((__m128i *)q, _mm512_cvtepi32_epi8(qlo)); /* |q| <= 127: the truncation is the value */
+    _mm_storeu_si128((__m128i *)(q + 16), _mm512_cvtepi32_epi8(qhi));
+    const int32_t total = _mm512_reduce_add_epi32(_mm512_add_epi32(qlo, qhi));
+    *d = amax / 127.0f;
+    *sum = total;
+    *sx = *d * (float)total;
+}
+#endif
+
 static void quantize_rows(const void *x, int64_t ldx, int64_t m, int64_t k, int is_bf16, ActQ *a, int num_threads) {
     const int64_t blocks = a->blocks;
 #pragma omp parallel for schedule(static) num_threads(num_threads) if (m * k > 65536)
     for (int64_t r = 0; r < m; r++) {
+#if COLS == 16
+        for (int64_t b = 0; b < blocks; b++) {
+            const int64_t at = r * blocks + b;
+            quantize_block16(x, r * ldx + b * QBLOCK, k - b * QBLOCK, is_bf16, a->q + at * QBLOCK, a->d + at,
+                             a->sum + at, a->sx + at);
+        }
+#else
         for (int64_t b = 0; b < blocks; b++) {
             float v[QBLOCK];
             const int64_t start = b * QBLOCK, count = k - start < QBLOCK ? k - start : QBLOCK;
@@ -207,6 +255,7 @@ static void quantize_rows(const void *x, int64_t ldx, int64_t m, int64_t k, int 
             const int64_t at = r * blocks + b;
             quantize_block(v, a->q + at * QBLOCK, a->d + at, a->sum + at, a->sx + at);
         }
+#endif
     }
 }
 
