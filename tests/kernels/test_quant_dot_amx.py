@@ -111,3 +111,26 @@ def test_the_tile_permission_with_a_small_signal_stack():
     env.pop(OFF, None)
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_the_row_parallel_groups_give_the_vnni_bits(lib, monkeypatch, fmt, dtype):
+    """quant_linear_int8_groups (o_proj and down_proj, TP = 1): each K group's AMX partial, folded in group order,
+    the VNNI tiles' bits; whole groups of 16 outputs and the rows past them (40 outputs), row counts around the
+    tile's edges and the AMX threshold, 2 and 3 K groups."""
+    from kernels.row_parallel import RowParallelWeight
+    from tests.kernels.test_row_parallel import _parts
+    gen = torch.Generator().manual_seed(8)
+    for out_features, groups, kg in ((40, 3, 64), (48, 2, 192)):
+        dense = torch.randn(out_features, groups * kg, generator=gen).to(dtype)
+        whole = RowParallelWeight.build([p.with_activations(True) for p in _parts(dense, fmt, dtype, groups)], groups)
+        x = _hard_rows(40, groups * kg, dtype, seed=kg)
+        for m in (9, 10, 13, 16, 17, 26, 29, 32, 40):
+            monkeypatch.delenv(OFF, raising=False)
+            amx = whole(x[:m], None)
+            monkeypatch.setenv(OFF, "1")
+            vnni = whole(x[:m], None)
+            monkeypatch.delenv(OFF)
+            assert torch.equal(_bits(amx), _bits(vnni)), (out_features, groups, m)
+            assert torch.equal(_bits(amx), _bits(whole.fold(whole.partials(x[:m]), dtype))), (out_features, m)
