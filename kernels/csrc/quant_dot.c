@@ -150,6 +150,28 @@ typedef struct {
     int64_t blocks;
 } ActQ;
 
+/* a block's amax (its bit pattern, the largest |x_i|) as a float, or 0 after writing the block of a zero, tiny or
+ * non-finite amax (q = 0, d = 0 or NaN); the rule is the header's, shared by every quantize_block */
+INLINE float block_amax(uint32_t amax_bits, int8_t *q, float *d, int32_t *sum, float *sx) {
+    float amax;
+    memcpy(&amax, &amax_bits, 4);
+    if (amax_bits >= 0x7f800000u || amax < TINY) {
+        memset(q, 0, QBLOCK);
+        *d = amax_bits >= 0x7f800000u ? __builtin_nanf("") : 0.0f;
+        *sum = 0;
+        *sx = 0.0f;
+        return 0.0f;
+    }
+    return amax;
+}
+
+/* a quantized block's d, integer sum and sx = d (float)sum */
+INLINE void block_sums(float amax, int32_t total, float *d, int32_t *sum, float *sx) {
+    *d = amax / 127.0f;
+    *sum = total;
+    *sx = *d * (float)total;
+}
+
 /* One block of 32 fp32 values (zero-padded) -> q, d, sum, sx: the rule in the header. */
 INLINE void quantize_block(const float *v, int8_t *q, float *d, int32_t *sum, float *sx) {
     uint32_t amax_bits = 0;
@@ -159,15 +181,9 @@ INLINE void quantize_block(const float *v, int8_t *q, float *d, int32_t *sum, fl
         bits &= 0x7fffffffu;
         amax_bits = bits > amax_bits ? bits : amax_bits;
     }
-    float amax;
-    memcpy(&amax, &amax_bits, 4);
-    if (amax_bits >= 0x7f800000u || amax < TINY) {
-        memset(q, 0, QBLOCK);
-        *d = amax_bits >= 0x7f800000u ? __builtin_nanf("") : 0.0f;
-        *sum = 0;
-        *sx = 0.0f;
+    const float amax = block_amax(amax_bits, q, d, sum, sx);
+    if (amax == 0.0f)
         return;
-    }
     const float inv = 127.0f / amax;
     int32_t total = 0;
 #if defined(__AVX2__)
@@ -187,9 +203,7 @@ INLINE void quantize_block(const float *v, int8_t *q, float *d, int32_t *sum, fl
         total += value;
     }
 #endif
-    *d = amax / 127.0f;
-    *sum = total;
-    *sx = *d * (float)total;
+    block_sums(amax, total, d, sum, sx);
 }
 
 #if COLS == 16
@@ -212,24 +226,16 @@ INLINE void quantize_block16(const void *x, int64_t at, int64_t count, int is_bf
     const uint32_t amax_bits = (uint32_t)_mm512_reduce_max_epu32(
         _mm512_max_epu32(_mm512_and_si512(_mm512_castps_si512(lo), magnitude),
                          _mm512_and_si512(_mm512_castps_si512(hi), magnitude)));
-    float amax;
-    memcpy(&amax, &amax_bits, 4);
-    if (amax_bits >= 0x7f800000u || amax < TINY) {
-        memset(q, 0, QBLOCK);
-        *d = amax_bits >= 0x7f800000u ? __builtin_nanf("") : 0.0f;
-        *sum = 0;
-        *sx = 0.0f;
+    const float amax = block_amax(amax_bits, q, d, sum, sx);
+    if (amax == 0.0f)
         return;
-    }
     const float inv = 127.0f / amax;
     const __m512 vinv = _mm512_set1_ps(inv);
     const __m512i qlo = _mm512_cvtps_epi32(_mm512_mul_ps(lo, vinv)), qhi = _mm512_cvtps_epi32(_mm512_mul_ps(hi, vinv));
     _mm_storeu_si128((__m128i *)q, _mm512_cvtepi32_epi8(qlo)); /* |q| <= 127: the truncation is the value */
     _mm_storeu_si128((__m128i *)(q + 16), _mm512_cvtepi32_epi8(qhi));
     const int32_t total = _mm512_reduce_add_epi32(_mm512_add_epi32(qlo, qhi));
-    *d = amax / 127.0f;
-    *sum = total;
-    *sx = *d * (float)total;
+    block_sums(amax, total, d, sum, sx);
 }
 #endif
 
