@@ -44,7 +44,8 @@
  *   aarch64 with dotprod   sdot; without it, and the generic tier: integer loops per output.
  *   AMX (the avx512 tier where the CPU has AMX-INT8 and Linux grants the tile data; interleaved groups,
  *   10+ rows, Q4_1 13+): one tile product per block gives 16 rows x 16 outputs (the section "AMX int8
- *   tiles" below); quant_linear_int8_groups (o_proj, down_proj) too, each K group's partial folded in order. PAGEDSERVE_NO_AMX=1 in the environment turns it off (read per call).
+ *   tiles" below); quant_linear_int8_groups (o_proj, down_proj) too, each K group's partial folded in
+ *   order. PAGEDSERVE_NO_AMX=1 in the environment turns it off (read per call).
  * The tile, the lanes and the instructions differ; the integers and the fold on them do not.
  *
  * Interleaved rows (QUANT_INTERLEAVED; kernels/quant.py `interleave` makes them at load, and reads
@@ -702,10 +703,10 @@ static void tile_any(int rows, int cols, int fmt, int interleaved, const ActQ *a
     }
 }
 
-/* ---- AMX int8 tiles (the avx512 tier on a CPU with AMX-INT8: the interleaved groups, m >= AMX_MIN_ROWS) --
+/* ---- AMX int8 tiles (the avx512 tier on a CPU with AMX-INT8: the interleaved groups, m >= amx_min_rows) --
  * The same integers and the same fold as the tiles above, so the same bits: per block b, one tile
  * product gives the isum of 16 rows of x by a group's 16 outputs,
- *   C[16 rows x 16 outputs, int32] = A[16 rows x 32 bytes: the rows' q of block b, in place in ActQ]
+ *   C[16 rows x 16 outputs, int32] = A[16 rows x 32 bytes: the rows' q of block b, packed (AmxRows)]
  *                                  . B[8 k-groups x 64 bytes: output c's 4 bytes of k-group g at 4 c]
  * and B is the interleaved layout's block as stored (Q8_0, INT8: read in place), or for Q4 its nibbles
  * unpacked once per group into a thread's buffer (k-groups 0-3 the low nibbles, 4-7 the high: the
@@ -733,6 +734,12 @@ static void tile_any(int rows, int cols, int fmt, int interleaved, const ActQ *a
  * folds one more fma per block, which the AMX path does not speed up) */
 INLINE int amx_min_rows(int fmt) { return fmt == FMT_Q4_1 ? 13 : 10; }
 #define AMX_ROWS 16
+
+/* rows [0, this) of m take the AMX tiles: the whole tiles of 16, and a last part tile of amx_min_rows or more */
+INLINE int64_t amx_row_count(int fmt, int64_t m) {
+    const int64_t whole = m / AMX_ROWS * AMX_ROWS;
+    return m - whole >= amx_min_rows(fmt) ? m : whole;
+}
 
 static int amx_permitted(void) { /* once per process: CPUID, then the kernel's permission */
     static int state; /* 0 not asked, 1 yes, -1 no */
@@ -780,13 +787,14 @@ static void amx_configure(void) { /* tmm0, 1: A (16 rows x 32 bytes); tmm2, 3: B
 static void amx_unpack4(int fmt, const uint8_t *group, int64_t blocks, uint8_t *out) {
     const __m512i mask = _mm512_set1_epi8(0x0f), eight = _mm512_set1_epi8(fmt == FMT_Q4_0 ? 8 : 0);
     const int64_t group_bytes = interleaved_block(fmt, group, blocks) - group; /* the next group starts there */
+    const int64_t block_span = 16 * block_bytes(fmt); /* a Q4 block of the group's 16 outputs */
     for (int64_t b = 0; b < blocks; b++) {
         /* the group after next's block, into L2 while this group's tiles run: the weights stream from memory
          * once per call, and without it this loop waited on them about as long as the tiles took (batch 16 on the
          * default model, 1 thread: 25% of the step here; L1 prefetches one group ahead filled the line buffers
          * and stalled the loop; L2 two ahead: 471-490 tok/s against 442-445 by the VNNI tiles, 463 with the L1 ones) */
         const uint8_t *block = interleaved_block(fmt, group, b);
-        for (int64_t line = 0; line < interleaved_block(fmt, group, 1) - group; line += 64)
+        for (int64_t line = 0; line < block_span; line += 64)
             _mm_prefetch((const char *)block + 2 * group_bytes + line, _MM_HINT_T1);
         const uint8_t *values = interleaved_values(fmt, block);
         for (int g = 0; g < 4; g++) {
@@ -931,8 +939,7 @@ static void amx_groups(int fmt, const ActQ *a, const AmxRows *x, int64_t m, cons
                        int64_t k, int64_t groups, const void *bias, void *out, int64_t ldo, int out_bf16,
                        int num_threads) {
     const int q4 = fmt == FMT_Q4_0 || fmt == FMT_Q4_1;
-    const int64_t whole = m / AMX_ROWS * AMX_ROWS, tail = m - whole;
-    const int64_t amx_rows = tail >= amx_min_rows(fmt) ? m : whole; /* rows the AMX tiles take; the rest: VNNI */
+    const int64_t amx_rows = amx_row_count(fmt, m); /* the rest: VNNI */
     /* rows per pass over the groups: Q8_0, INT8 one tile (its A stream stays in L1 while the groups' B
      * stream by; all rows at once, prefill's A tiles came from L2 and each load waited: m = 512 ran
      * 1.35x the VNNI tiles' speed, one tile at a time 1.85x); Q4 all the rows, each group unpacked once
@@ -1053,13 +1060,12 @@ int quant_linear_int8(const void *x, int64_t ldx, const void *w, int fmt, const 
     ActQ a;
     const uint8_t *weights = w;
     int64_t first = 0; /* outputs from here: the VNNI tiles (the AMX path: those past the whole groups) */
-#if defined(AMX)
-    const int amx = grouped > 0 && amx_wanted(fmt, m);
     int status = act_alloc(&a, m, k);
     if (status != KERNEL_OK)
         goto done;
     quantize_rows(x, ldx, m, k, is_bf16, &a, num_threads);
-    if (amx) {
+#if defined(AMX)
+    if (grouped > 0 && amx_wanted(fmt, m)) {
         AmxRows rows;
         status = amx_rows_pack(&a, m, &rows);
         if (status == KERNEL_OK) {
@@ -1070,11 +1076,6 @@ int quant_linear_int8(const void *x, int64_t ldx, const void *w, int fmt, const 
         if (status != KERNEL_OK)
             goto done;
     }
-#else
-    int status = act_alloc(&a, m, k);
-    if (status != KERNEL_OK)
-        goto done;
-    quantize_rows(x, ldx, m, k, is_bf16, &a, num_threads);
 #endif
     const int64_t chunks = (n - first + OUT_CHUNK - 1) / OUT_CHUNK;
 #pragma omp parallel for schedule(static) num_threads(num_threads) if (first == 0)
@@ -1128,8 +1129,7 @@ int quant_linear_int8_groups(const void *x, int64_t ldx, const void *w, int fmt,
         for (; done < groups && status == KERNEL_OK; done++)
             status = amx_rows_pack(&a[done], m, &packed[done]);
         if (status == KERNEL_OK) {
-            const int64_t whole = m / AMX_ROWS * AMX_ROWS;
-            const int64_t rows = m - whole >= amx_min_rows(fmt) ? m : whole; /* a last few rows: VNNI */
+            const int64_t rows = amx_row_count(fmt, m); /* the rest: VNNI */
             if (amx_fold_groups(fmt, packed, groups, a[0].blocks, rows, weights, row_bytes, group_bytes, grouped / 16,
                                 is_bf16, out, ldo, num_threads))
                 amx_rows = rows, amx_cols = grouped;

@@ -115,9 +115,9 @@ class SpeculativeConfig:
     # 1.9x: bench/results/spec_int8_final_intel_t2.md, `cost`); drafts grow to it only while the copy runs on
     num_speculative_tokens: int = setting(7, "most tokens drafted per step (k); the verify pass runs k + 1")
     # adaptive length: a copy runs on once it has run, so a verify that keeps every draft doubles the next draft and
-    # one that does not falls back; on the copy workload ngram 3..7 (lookup 2..8) gave 4.8 tokens a verify and 2.41x,
-    # a fixed k = 3 (lookup 2..4) 3.1 and 1.83x, in one run (bench/results/spec.md); a fixed k = 7 would pay 8 rows
-    # for every guess
+    # one that does not falls back; on the copy workload ngram 3..7 (lookup 2..8) gave 4.84 tokens a verify and 2.59x,
+    # a fixed k = 3 (lookup 2..4) 3.13 and 2.11x the minute after (bench/results/spec_adaptive_intel_t2.md,
+    # spec_fixed3_intel_t2.md); a fixed k = 7 would pay 8 rows for every guess
     min_speculative_tokens: int | None = setting(
         None, "adaptive draft length: drafts start at this many tokens, double (up to num_speculative_tokens) "
               "after a verify that kept every draft, and fall back to max(this, kept + 1) after one that did not; "

@@ -69,7 +69,7 @@ class Speculator:
         return limit == 0 or num_running < limit
 
     def propose(self, seq_id: int, token_ids: list[int], max_drafts: int) -> list[int]:
-        """Up to min(k, max_drafts) tokens that may follow token_ids (the sequence's prompt + output)."""
+        """Up to min(its draft length, max_drafts) tokens that may follow token_ids (prompt + output)."""
         state = self._seqs.get(seq_id)
         if state is None:
             state = self._seqs[seq_id] = _SeqSpec(drafter=self._new_drafter(seq_id),
