@@ -53,7 +53,7 @@ from kernels.norm import rms_norm_ref
 from kernels.rotary import apply_rotary_ref
 
 CSRC = Path(__file__).with_name("csrc")
-SOURCES = [CSRC / name for name in ("paged_attention.c", "elementwise.c", "gemm.c", "decoder.c", "quant_gemm.c", "quant_dot.c", "row_parallel.c")]  # one library
+SOURCES = [CSRC / name for name in ("paged_attention.c", "elementwise.c", "gemm.c", "decoder.c", "quant_gemm.c", "quant_dot.c", "row_parallel.c", "scratch.c")]  # one library
 COMMON_FLAGS = ["-O3", "-fopenmp", "-fPIC", "-std=gnu11", "-Wno-psabi"]
 TIERS = ("avx512", "avx2", "generic")  # best first; services.core.config.CPU_ISAS is ("auto", *TIERS)
 # the test tiers that stand for older AVX-512 CPUs leave out quant_dot.c's AMX path (their CPUs have no AMX),

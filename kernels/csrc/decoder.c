@@ -102,7 +102,7 @@ static int layer_linear(const DecoderStack *m, int64_t i, int which, const void 
     return KERNEL_OK;
 }
 
-/* Aligned scratch rows for every intermediate of a layer, one allocation. */
+/* Aligned scratch rows for every intermediate of a layer, one buffer (kept between calls: scratch.c). */
 typedef struct {
     char *base;
     void *res, *h, *qkv, *qn, *kn, *q, *k, *attn, *x, *gate_up, *act;
@@ -117,7 +117,7 @@ static int scratch_alloc(Scratch *s, const DecoderStack *m, int64_t num_tokens) 
         sizes[i] = ((size_t)(num_tokens * widths[i] * elem) + 63) / 64 * 64;
         total += sizes[i];
     }
-    s->base = aligned_alloc(64, total > 0 ? total : 64);
+    s->base = scratch_take(SCRATCH_DECODER, total);
     if (s->base == NULL)
         return KERNEL_OUT_OF_MEMORY;
     size_t offset = 0;
@@ -200,6 +200,6 @@ int decoder_stack(const DecoderStack *m, const void *x, const void *res_in, void
     } else if (status == KERNEL_OK) {
         rms_norm(s.x, hidden, s.res, hidden, m->final_norm, out, s.res, num_tokens, hidden, m->eps, bf16, num_threads);
     }
-    free(s.base);
+    scratch_give(SCRATCH_DECODER);
     return status;
 }

@@ -1,6 +1,7 @@
 /* The compiled CPU kernels' entry points, as kernels/cpu_kernels.py declares them to ctypes.
  * Each source file that defines or calls one includes this, so the compiler checks both sides. */
 #pragma once
+#include <stddef.h>
 #include <stdint.h>
 
 enum { KERNEL_OK = 0, KERNEL_OUT_OF_MEMORY = 1, KERNEL_BAD_SHAPE = 2 };
@@ -10,6 +11,19 @@ enum { QUANT_ACT_INT8 = 0x100 };
 /* with QUANT_ACT_INT8 only: the weight's rows are interleaved by groups of 16 outputs (quant_dot.c's
  * header has the layout; kernels/quant.py `interleave` makes it at load) */
 enum { QUANT_INTERLEAVED = 0x200 };
+
+/* scratch.c: a thread's buffers kept between calls, one per slot (64-byte aligned, NULL when out of
+ * memory; scratch_give after the call: a slot keeps at most 1 MiB). A slot is held by one call at a time. */
+enum {
+    SCRATCH_DECODER,   /* decoder.c: a layer's intermediates */
+    SCRATCH_ATTENTION, /* paged_attention.c: a thread's scores and sums (inside its parallel region) */
+    SCRATCH_ACT,       /* quant_dot.c: the quantized rows of x (every K group's) */
+    SCRATCH_AMX_ROWS,  /* quant_dot.c: those rows packed for the AMX tiles */
+    SCRATCH_UNPACKED,  /* quant_dot.c: a thread's unpacked Q4 blocks (inside its parallel region) */
+    SCRATCH_SLOTS
+};
+void *scratch_take(int slot, size_t bytes);
+void scratch_give(int slot);
 
 int paged_attention(const void *q, int64_t q_stride, int io_bf16, float scale, const void *k_cache,
                     const void *v_cache, int is_bf16, const int64_t *block_tables, int64_t max_blocks,

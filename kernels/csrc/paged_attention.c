@@ -323,10 +323,14 @@ int paged_attention(const void *q, int64_t q_stride, int io_bf16, float scale, c
     int status = KERNEL_OK;
 #pragma omp parallel num_threads(num_threads)
     {
-        float *scores = malloc(sizeof(float) * score_floats);
-        av *acc = aligned_alloc(sizeof(vf), sizeof(av) * acc_vectors);
-        float *scaled = aligned_alloc(sizeof(vf), sizeof(float) * (size_t)width);
-        if (scores == NULL || acc == NULL || scaled == NULL) status = KERNEL_OUT_OF_MEMORY;
+        /* this thread's sums, scaled q and scores, one buffer kept between calls (scratch.c): the sums
+         * and q first, each a whole number of 64-byte vectors */
+        const size_t acc_bytes = sizeof(av) * acc_vectors, scaled_bytes = (sizeof(float) * (size_t)width + 63) / 64 * 64;
+        char *base = scratch_take(SCRATCH_ATTENTION, acc_bytes + scaled_bytes + sizeof(float) * score_floats);
+        av *acc = (av *)base;
+        float *scaled = base != NULL ? (float *)(base + acc_bytes) : NULL;
+        float *scores = base != NULL ? (float *)(base + acc_bytes + scaled_bytes) : NULL;
+        if (base == NULL) status = KERNEL_OUT_OF_MEMORY;
 #pragma omp for schedule(dynamic, 1)
         for (int64_t t = 0; t < num_tokens; t++) {
             if (scores == NULL || acc == NULL || scaled == NULL) continue;
@@ -348,9 +352,7 @@ int paged_attention(const void *q, int64_t q_stride, int io_bf16, float scale, c
                 is_bf16 ? ATTEND(1, head_dim) : ATTEND(0, head_dim);
 #undef ATTEND
         }
-        free(scores);
-        free(acc);
-        free(scaled);
+        scratch_give(SCRATCH_ATTENTION);
     }
     return status;
 }

@@ -266,16 +266,23 @@ static void quantize_rows(const void *x, int64_t ldx, int64_t m, int64_t k, int 
     }
 }
 
-static int act_alloc(ActQ *a, int64_t m, int64_t k) {
-    a->blocks = (k + QBLOCK - 1) / QBLOCK;
-    a->q = malloc((size_t)(m * a->blocks * QBLOCK));
-    a->d = malloc(sizeof(float) * (size_t)(m * a->blocks));
-    a->sx = malloc(sizeof(float) * (size_t)(m * a->blocks));
-    a->sum = malloc(sizeof(int32_t) * (size_t)(m * a->blocks));
-    return a->q == NULL || a->d == NULL || a->sx == NULL || a->sum == NULL ? KERNEL_OUT_OF_MEMORY : KERNEL_OK;
+INLINE size_t align64(size_t bytes) { return (bytes + 63) / 64 * 64; }
+
+/* the bytes of `count` ActQ of m rows by k, carved from one buffer (act_carve) */
+static size_t act_bytes(int64_t count, int64_t m, int64_t k) {
+    const size_t blocks = (size_t)((k + QBLOCK - 1) / QBLOCK), rows = (size_t)m;
+    return (size_t)count * (align64(rows * blocks * QBLOCK) + 3 * align64(sizeof(float) * rows * blocks));
 }
 
-static void act_free(ActQ *a) { free(a->q), free(a->d), free(a->sx), free(a->sum); }
+/* a's arrays from *cursor (one ActQ's act_bytes), which moves past them */
+static void act_carve(ActQ *a, char **cursor, int64_t m, int64_t k) {
+    a->blocks = (k + QBLOCK - 1) / QBLOCK;
+    const size_t cells = (size_t)(m * a->blocks);
+    a->q = (int8_t *)*cursor, *cursor += align64(cells * QBLOCK);
+    a->d = (float *)*cursor, *cursor += align64(sizeof(float) * cells);
+    a->sx = (float *)*cursor, *cursor += align64(sizeof(float) * cells);
+    a->sum = (int32_t *)*cursor, *cursor += align64(sizeof(int32_t) * cells);
+}
 
 /* interleaved rows (the header's layout): block b of a group of 16 outputs (its scales first), and
  * where its k-groups start */
@@ -833,13 +840,19 @@ typedef struct {
     float *d, *sx;
 } AmxRows;
 
-static int amx_rows_pack(const ActQ *a, int64_t m, AmxRows *out) {
+/* the bytes of one AmxRows of m rows by `blocks` (amx_rows_pack's share of its buffer) */
+static size_t amx_rows_bytes(int64_t m, int64_t blocks) {
+    const size_t cells = (size_t)((m + AMX_ROWS - 1) / AMX_ROWS * blocks * AMX_ROWS);
+    return align64(cells * QBLOCK) + 2 * align64(sizeof(float) * cells);
+}
+
+/* a's rows into out, its arrays from *cursor (amx_rows_bytes of it), which moves past them */
+static void amx_rows_pack(const ActQ *a, int64_t m, AmxRows *out, char **cursor) {
     const int64_t tiles = (m + AMX_ROWS - 1) / AMX_ROWS, blocks = a->blocks;
-    out->q = aligned_alloc(64, (size_t)(tiles * blocks * AMX_ROWS * QBLOCK));
-    out->d = malloc(sizeof(float) * (size_t)(tiles * blocks * AMX_ROWS));
-    out->sx = malloc(sizeof(float) * (size_t)(tiles * blocks * AMX_ROWS));
-    if (out->q == NULL || out->d == NULL || out->sx == NULL)
-        return KERNEL_OUT_OF_MEMORY;
+    const size_t cells = (size_t)(tiles * blocks * AMX_ROWS);
+    out->q = (int8_t *)*cursor, *cursor += align64(cells * QBLOCK);
+    out->d = (float *)*cursor, *cursor += align64(sizeof(float) * cells);
+    out->sx = (float *)*cursor, *cursor += align64(sizeof(float) * cells);
     for (int64_t t = 0; t < tiles; t++)
         for (int64_t b = 0; b < blocks; b++)
             for (int64_t r = 0; r < AMX_ROWS; r++) {
@@ -852,10 +865,7 @@ static int amx_rows_pack(const ActQ *a, int64_t m, AmxRows *out) {
                     out->d[at] = 0.0f, out->sx[at] = 0.0f;
                 }
             }
-    return KERNEL_OK;
 }
-
-static void amx_rows_free(AmxRows *p) { free(p->q), free(p->d), free(p->sx); }
 
 /* rows r0 .. r0 + 15 of x (rows of them stored; r0 a multiple of 16) by the interleaved group at `group`
  * (outputs n0 .. n0 + 15); unpacked: the group's B blocks for Q4 (amx_unpack4), else NULL (read in place) */
@@ -947,7 +957,7 @@ static void amx_groups(int fmt, const ActQ *a, const AmxRows *x, int64_t m, cons
     const int64_t panel = q4 ? amx_rows : AMX_ROWS;
 #pragma omp parallel num_threads(num_threads)
     {
-        uint8_t *unpacked = q4 ? aligned_alloc(64, (size_t)(a->blocks * 512)) : NULL;
+        uint8_t *unpacked = q4 ? scratch_take(SCRATCH_UNPACKED, (size_t)(a->blocks * 512)) : NULL;
         const int use_amx = !q4 || unpacked != NULL; /* out of memory: this thread's groups by the VNNI tiles */
         if (use_amx)
             amx_configure();
@@ -977,7 +987,8 @@ static void amx_groups(int fmt, const ActQ *a, const AmxRows *x, int64_t m, cons
                              k, bias, out, ldo, g * 16, out_bf16, NULL);
         if (use_amx)
             _tile_release();
-        free(unpacked);
+        if (q4)
+            scratch_give(SCRATCH_UNPACKED);
     }
 }
 
@@ -994,7 +1005,7 @@ static int amx_fold_groups(int fmt, const AmxRows *x, int64_t groups, int64_t bl
 #pragma omp parallel num_threads(num_threads)
     {
         /* Q4: each K group's B blocks of the output group, unpacked once for all its row tiles */
-        uint8_t *unpacked = q4 ? aligned_alloc(64, (size_t)(groups * blocks * 512)) : NULL;
+        uint8_t *unpacked = q4 ? scratch_take(SCRATCH_UNPACKED, (size_t)(groups * blocks * 512)) : NULL;
         float total[AMX_ROWS * 16] __attribute__((aligned(64))), part[AMX_ROWS * 16] __attribute__((aligned(64)));
         const int use_amx = !q4 || unpacked != NULL;
         if (use_amx)
@@ -1028,7 +1039,8 @@ static int amx_fold_groups(int fmt, const AmxRows *x, int64_t groups, int64_t bl
         }
         if (use_amx)
             _tile_release();
-        free(unpacked);
+        if (q4)
+            scratch_give(SCRATCH_UNPACKED);
     }
     return complete;
 }
@@ -1060,21 +1072,22 @@ int quant_linear_int8(const void *x, int64_t ldx, const void *w, int fmt, const 
     ActQ a;
     const uint8_t *weights = w;
     int64_t first = 0; /* outputs from here: the VNNI tiles (the AMX path: those past the whole groups) */
-    int status = act_alloc(&a, m, k);
+    char *cursor = scratch_take(SCRATCH_ACT, act_bytes(1, m, k));
+    int status = cursor != NULL ? KERNEL_OK : KERNEL_OUT_OF_MEMORY;
     if (status != KERNEL_OK)
         goto done;
+    act_carve(&a, &cursor, m, k);
     quantize_rows(x, ldx, m, k, is_bf16, &a, num_threads);
 #if defined(AMX)
     if (grouped > 0 && amx_wanted(fmt, m)) {
         AmxRows rows;
-        status = amx_rows_pack(&a, m, &rows);
-        if (status == KERNEL_OK) {
+        char *packed = scratch_take(SCRATCH_AMX_ROWS, amx_rows_bytes(m, a.blocks));
+        if (packed != NULL) {
+            amx_rows_pack(&a, m, &rows, &packed);
             amx_groups(fmt, &a, &rows, m, weights, row_bytes, k, grouped / 16, bias, out, ldo, out_bf16, num_threads);
             first = grouped;
         }
-        amx_rows_free(&rows);
-        if (status != KERNEL_OK)
-            goto done;
+        scratch_give(SCRATCH_AMX_ROWS); /* out of memory for the packed rows: the VNNI tiles do it all */
     }
 #endif
     const int64_t chunks = (n - first + OUT_CHUNK - 1) / OUT_CHUNK;
@@ -1091,7 +1104,7 @@ int quant_linear_int8(const void *x, int64_t ldx, const void *w, int fmt, const 
         }
     }
 done:
-    act_free(&a);
+    scratch_give(SCRATCH_ACT);
     return status;
 }
 
@@ -1112,34 +1125,33 @@ int quant_linear_int8_groups(const void *x, int64_t ldx, const void *w, int fmt,
     if (m == 0 || n == 0)
         return KERNEL_OK;
     ActQ a[MAX_FOLD_GROUPS];
-    int status = KERNEL_OK;
-    int64_t made = 0;
-    for (; made < groups && status == KERNEL_OK; made++)
-        status = act_alloc(&a[made], m, kg);
-    if (status == KERNEL_OK)
-        for (int64_t g = 0; g < groups; g++)
-            quantize_rows((const char *)x + g * kg * (is_bf16 ? 2 : 4), ldx, m, kg, is_bf16, &a[g], num_threads);
+    char *cursor = scratch_take(SCRATCH_ACT, act_bytes(groups, m, kg));
+    int status = cursor != NULL ? KERNEL_OK : KERNEL_OUT_OF_MEMORY;
+    for (int64_t g = 0; g < groups && status == KERNEL_OK; g++) {
+        act_carve(&a[g], &cursor, m, kg);
+        quantize_rows((const char *)x + g * kg * (is_bf16 ? 2 : 4), ldx, m, kg, is_bf16, &a[g], num_threads);
+    }
     const uint8_t *weights = w;
     const int64_t group_bytes = n * row_bytes, grouped = interleaved ? n / 16 * 16 : 0;
     int64_t amx_rows = 0, amx_cols = 0; /* the tiles the AMX path made: rows [0, amx_rows) x outputs [0, amx_cols) */
 #if defined(AMX)
     if (status == KERNEL_OK && grouped > 0 && amx_wanted(fmt, m)) {
         AmxRows packed[MAX_FOLD_GROUPS];
-        int64_t done = 0;
-        for (; done < groups && status == KERNEL_OK; done++)
-            status = amx_rows_pack(&a[done], m, &packed[done]);
-        if (status == KERNEL_OK) {
+        char *rows_at = scratch_take(SCRATCH_AMX_ROWS, (size_t)groups * amx_rows_bytes(m, a[0].blocks));
+        if (rows_at != NULL) { /* else (out of memory) the VNNI tiles do it all */
+            for (int64_t g = 0; g < groups; g++)
+                amx_rows_pack(&a[g], m, &packed[g], &rows_at);
             const int64_t rows = amx_row_count(fmt, m); /* the rest: VNNI */
             if (amx_fold_groups(fmt, packed, groups, a[0].blocks, rows, weights, row_bytes, group_bytes, grouped / 16,
                                 is_bf16, out, ldo, num_threads))
                 amx_rows = rows, amx_cols = grouped;
         }
-        for (int64_t g = 0; g < done; g++)
-            amx_rows_free(&packed[g]);
+        scratch_give(SCRATCH_AMX_ROWS);
     }
 #endif
-    const int64_t chunks = status == KERNEL_OK ? (n + OUT_CHUNK - 1) / OUT_CHUNK : 0;
-#pragma omp parallel for schedule(static) num_threads(num_threads)
+    /* what the AMX tiles left (nothing at all at their usual 16+ rows: no parallel region then) */
+    const int64_t chunks = status == KERNEL_OK && (amx_rows < m || amx_cols < n) ? (n + OUT_CHUNK - 1) / OUT_CHUNK : 0;
+#pragma omp parallel for schedule(static) num_threads(num_threads) if (chunks > 0)
     for (int64_t chunk = 0; chunk < chunks; chunk++) {
         const int64_t c0 = chunk * OUT_CHUNK, c1 = c0 + OUT_CHUNK < n ? c0 + OUT_CHUNK : n;
         float total[ROWS * COLS], part[ROWS * COLS];
@@ -1166,7 +1178,6 @@ int quant_linear_int8_groups(const void *x, int64_t ldx, const void *w, int fmt,
             }
         }
     }
-    for (int64_t g = 0; g < made; g++)
-        act_free(&a[g]);
+    scratch_give(SCRATCH_ACT);
     return status;
 }
