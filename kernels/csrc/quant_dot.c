@@ -840,31 +840,49 @@ typedef struct {
     float *d, *sx;
 } AmxRows;
 
-/* the bytes of one AmxRows of m rows by `blocks` (amx_rows_pack's share of its buffer) */
+/* the bytes of one AmxRows of m rows by `blocks` (amx_rows_carve's share of a buffer) */
 static size_t amx_rows_bytes(int64_t m, int64_t blocks) {
     const size_t cells = (size_t)((m + AMX_ROWS - 1) / AMX_ROWS * blocks * AMX_ROWS);
     return align64(cells * QBLOCK) + 2 * align64(sizeof(float) * cells);
 }
 
-/* a's rows into out, its arrays from *cursor (amx_rows_bytes of it), which moves past them */
-static void amx_rows_pack(const ActQ *a, int64_t m, AmxRows *out, char **cursor) {
-    const int64_t tiles = (m + AMX_ROWS - 1) / AMX_ROWS, blocks = a->blocks;
-    const size_t cells = (size_t)(tiles * blocks * AMX_ROWS);
+/* out's arrays for m rows by `blocks` from *cursor, which moves past them */
+static void amx_rows_carve(AmxRows *out, int64_t m, int64_t blocks, char **cursor) {
+    const size_t cells = (size_t)((m + AMX_ROWS - 1) / AMX_ROWS * blocks * AMX_ROWS);
     out->q = (int8_t *)*cursor, *cursor += align64(cells * QBLOCK);
     out->d = (float *)*cursor, *cursor += align64(sizeof(float) * cells);
     out->sx = (float *)*cursor, *cursor += align64(sizeof(float) * cells);
-    for (int64_t t = 0; t < tiles; t++)
-        for (int64_t b = 0; b < blocks; b++)
-            for (int64_t r = 0; r < AMX_ROWS; r++) {
-                const int64_t row = t * AMX_ROWS + r, at = (t * blocks + b) * AMX_ROWS + r;
-                if (row < m) {
-                    memcpy(out->q + at * QBLOCK, a->q + (row * blocks + b) * QBLOCK, QBLOCK);
-                    out->d[at] = a->d[row * blocks + b], out->sx[at] = a->sx[row * blocks + b];
-                } else {
-                    memset(out->q + at * QBLOCK, 0, QBLOCK);
-                    out->d[at] = 0.0f, out->sx[at] = 0.0f;
-                }
+}
+
+/* The A rows of out[0 .. groups) (m rows by `blocks` each, the rows past m zero): group g's from a[g]
+ * (quantize_rows' rows, copied) or, where a is NULL, quantized here from x's columns g kg .. (ldx,
+ * is_bf16; kg columns) by the same quantize_block16: the same bytes either way, and no ActQ where the AMX
+ * tiles make every output. A worksharing loop: called inside the parallel region of the tiles that read
+ * them, so both threads quantize and no region of its own waits on one. Its unit is a block of a tile's
+ * 16 rows, which owns its 512 bytes of q and its line of d and of sx (by rows, two threads wrote the same
+ * lines of d and sx in turn, and the step ran 13% slower than with quantize_rows on one thread). */
+static void amx_rows_fill(AmxRows *out, int64_t groups, int64_t m, int64_t blocks, const ActQ *a, const void *x,
+                          int64_t ldx, int64_t kg, int is_bf16) {
+    const int64_t cells = (m + AMX_ROWS - 1) / AMX_ROWS * blocks; /* per group */
+#pragma omp for schedule(static)
+    for (int64_t cell = 0; cell < groups * cells; cell++) {
+        const int64_t g = cell / cells, t = cell % cells / blocks, b = cell % blocks;
+        const AmxRows *rows = &out[g];
+        for (int64_t r = 0; r < AMX_ROWS; r++) {
+            const int64_t row = t * AMX_ROWS + r, at = (t * blocks + b) * AMX_ROWS + r;
+            if (row >= m) {
+                memset(rows->q + at * QBLOCK, 0, QBLOCK);
+                rows->d[at] = 0.0f, rows->sx[at] = 0.0f;
+            } else if (a != NULL) {
+                memcpy(rows->q + at * QBLOCK, a[g].q + (row * blocks + b) * QBLOCK, QBLOCK);
+                rows->d[at] = a[g].d[row * blocks + b], rows->sx[at] = a[g].sx[row * blocks + b];
+            } else {
+                int32_t sum; /* the A rows keep d and sx only */
+                quantize_block16(x, row * ldx + g * kg + b * QBLOCK, kg - b * QBLOCK, is_bf16, rows->q + at * QBLOCK,
+                                 rows->d + at, &sum, rows->sx + at);
             }
+        }
+    }
 }
 
 /* rows r0 .. r0 + 15 of x (rows of them stored; r0 a multiple of 16) by the interleaved group at `group`
@@ -944,10 +962,23 @@ static void amx_tile_any(int fmt, const AmxRows *x, int64_t blocks, int64_t r0, 
 #undef AMX_TILE
 }
 
-/* the whole groups of 16 outputs (`groups` of them, interleaved) for all m rows of a (x: a's rows packed) */
-static void amx_groups(int fmt, const ActQ *a, const AmxRows *x, int64_t m, const uint8_t *w, int64_t row_bytes,
-                       int64_t k, int64_t groups, const void *bias, void *out, int64_t ldo, int out_bf16,
-                       int num_threads) {
+/* Q4: a thread's buffer for a group's unpacked B blocks (its own scratch: one buffer of the calling thread,
+ * cut in two, ran the batch-16 step 7% slower), or NULL with *complete cleared (out of memory) */
+static uint8_t *amx_unpacked(int q4, size_t bytes, int *complete) {
+    uint8_t *unpacked = q4 ? scratch_take(SCRATCH_UNPACKED, bytes) : NULL;
+    if (q4 && unpacked == NULL)
+        __atomic_store_n(complete, 0, __ATOMIC_RELAXED);
+    return unpacked;
+}
+
+/* the whole groups of 16 outputs (`groups` of them, interleaved) for all m rows: x's A rows filled first
+ * (amx_rows_fill, from `a` or, a NULL, quantized from src), then per group its tiles; the rows past
+ * amx_row_count by the VNNI tiles (a then holds them). Returns 0 where a thread had no memory for its
+ * unpacked Q4 blocks: the caller's VNNI tiles then make every output. */
+static int amx_groups(int fmt, const ActQ *a, const void *src, int64_t ldx, int is_bf16, AmxRows *x, int64_t m,
+                      int64_t blocks, const uint8_t *w, int64_t row_bytes, int64_t k, int64_t groups,
+                      const void *bias, void *out, int64_t ldo, int out_bf16, int num_threads) {
+    int complete = 1;
     const int q4 = fmt == FMT_Q4_0 || fmt == FMT_Q4_1;
     const int64_t amx_rows = amx_row_count(fmt, m); /* the rest: VNNI */
     /* rows per pass over the groups: Q8_0, INT8 one tile (its A stream stays in L1 while the groups' B
@@ -957,25 +988,20 @@ static void amx_groups(int fmt, const ActQ *a, const AmxRows *x, int64_t m, cons
     const int64_t panel = q4 ? amx_rows : AMX_ROWS;
 #pragma omp parallel num_threads(num_threads)
     {
-        uint8_t *unpacked = q4 ? scratch_take(SCRATCH_UNPACKED, (size_t)(a->blocks * 512)) : NULL;
-        const int use_amx = !q4 || unpacked != NULL; /* out of memory: this thread's groups by the VNNI tiles */
-        if (use_amx)
-            amx_configure();
+        uint8_t *unpacked = amx_unpacked(q4, (size_t)(blocks * 512), &complete);
+        amx_rows_fill(x, 1, m, blocks, a, src, ldx, k, is_bf16); /* its loop's barrier: the rows are filled */
+        amx_configure();
         for (int64_t p0 = 0; p0 < amx_rows; p0 += panel) {
             const int64_t p1 = p0 + panel < amx_rows ? p0 + panel : amx_rows;
 #pragma omp for schedule(static)
             for (int64_t g = 0; g < groups; g++) {
                 const uint8_t *group = w + g * 16 * row_bytes;
-                if (!use_amx) {
-                    for (int64_t r = p0; r < p1; r += ROWS)
-                        tile_any(p1 - r < ROWS ? (int)(p1 - r) : ROWS, COLS, fmt, 1, a, r, group, row_bytes, k, bias,
-                                 out, ldo, g * 16, out_bf16, NULL);
+                if (q4 && unpacked == NULL)
                     continue;
-                }
                 if (q4)
-                    amx_unpack4(fmt, group, a->blocks, unpacked);
+                    amx_unpack4(fmt, group, blocks, unpacked);
                 for (int64_t r = p0; r < p1; r += AMX_ROWS)
-                    amx_tile_any(fmt, x, a->blocks, r, m - r < AMX_ROWS ? (int)(m - r) : AMX_ROWS, group, unpacked,
+                    amx_tile_any(fmt, x, blocks, r, m - r < AMX_ROWS ? (int)(m - r) : AMX_ROWS, group, unpacked,
                                  bias, out, ldo, g * 16, out_bf16, NULL);
             }
         }
@@ -985,11 +1011,11 @@ static void amx_groups(int fmt, const ActQ *a, const AmxRows *x, int64_t m, cons
                 for (int64_t r = amx_rows; r < m; r += ROWS)
                     tile_any(m - r < ROWS ? (int)(m - r) : ROWS, COLS, fmt, 1, a, r, w + g * 16 * row_bytes, row_bytes,
                              k, bias, out, ldo, g * 16, out_bf16, NULL);
-        if (use_amx)
-            _tile_release();
+        _tile_release();
         if (q4)
             scratch_give(SCRATCH_UNPACKED);
     }
+    return complete;
 }
 
 /* quant_linear_int8_groups' AMX part: rows [0, amx_rows) x the whole groups of 16 outputs (`out_groups`);
@@ -997,24 +1023,22 @@ static void amx_groups(int fmt, const ActQ *a, const AmxRows *x, int64_t m, cons
  * `partial`: fma(acc, scale, 0) in fp32), added in K-group order into the first, then stored (bf16:
  * rounded once), as the VNNI loop of quant_linear_int8_groups does. x[g], w + g group_bytes: K group g's
  * packed rows and weights. */
-static int amx_fold_groups(int fmt, const AmxRows *x, int64_t groups, int64_t blocks, int64_t amx_rows,
-                           const uint8_t *w, int64_t row_bytes, int64_t group_bytes, int64_t out_groups, int is_bf16,
-                           void *out, int64_t ldo, int num_threads) {
+static int amx_fold_groups(int fmt, AmxRows *x, const ActQ *a, const void *src, int64_t ldx, int is_bf16,
+                           int64_t m, int64_t kg, int64_t groups, int64_t blocks, int64_t amx_rows, const uint8_t *w,
+                           int64_t row_bytes, int64_t group_bytes, int64_t out_groups, void *out, int64_t ldo,
+                           int num_threads) {
     const int q4 = fmt == FMT_Q4_0 || fmt == FMT_Q4_1;
     int complete = 1; /* 0: a thread had no memory for its unpacked blocks; the caller's VNNI tiles then do all */
 #pragma omp parallel num_threads(num_threads)
     {
         /* Q4: each K group's B blocks of the output group, unpacked once for all its row tiles */
-        uint8_t *unpacked = q4 ? scratch_take(SCRATCH_UNPACKED, (size_t)(groups * blocks * 512)) : NULL;
+        uint8_t *unpacked = amx_unpacked(q4, (size_t)(groups * blocks * 512), &complete);
         float total[AMX_ROWS * 16] __attribute__((aligned(64))), part[AMX_ROWS * 16] __attribute__((aligned(64)));
-        const int use_amx = !q4 || unpacked != NULL;
-        if (use_amx)
-            amx_configure();
-        else
-            __atomic_store_n(&complete, 0, __ATOMIC_RELAXED);
+        amx_rows_fill(x, groups, m, blocks, a, src, ldx, kg, is_bf16); /* each K group's A rows, from its first column */
+        amx_configure();
 #pragma omp for schedule(static)
         for (int64_t j = 0; j < out_groups; j++) {
-            if (!use_amx)
+            if (q4 && unpacked == NULL)
                 continue;
             if (q4)
                 for (int64_t g = 0; g < groups; g++)
@@ -1037,8 +1061,7 @@ static int amx_fold_groups(int fmt, const AmxRows *x, int64_t groups, int64_t bl
                     }
             }
         }
-        if (use_amx)
-            _tile_release();
+        _tile_release();
         if (q4)
             scratch_give(SCRATCH_UNPACKED);
     }
@@ -1069,27 +1092,43 @@ int quant_linear_int8(const void *x, int64_t ldx, const void *w, int fmt, const 
     const int64_t grouped = interleaved ? n / 16 * 16 : 0; /* outputs in whole interleaved groups */
     if (m == 0 || n == 0)
         return KERNEL_OK;
-    ActQ a;
+    ActQ a; /* x's quantized rows for the VNNI tiles (quantize_rows), where they make any output */
     const uint8_t *weights = w;
     int64_t first = 0; /* outputs from here: the VNNI tiles (the AMX path: those past the whole groups) */
-    char *cursor = scratch_take(SCRATCH_ACT, act_bytes(1, m, k));
-    int status = cursor != NULL ? KERNEL_OK : KERNEL_OUT_OF_MEMORY;
-    if (status != KERNEL_OK)
-        goto done;
-    act_carve(&a, &cursor, m, k);
-    quantize_rows(x, ldx, m, k, is_bf16, &a, num_threads);
+    int have_rows = 0, status = KERNEL_OK;
+    char *cursor;
 #if defined(AMX)
     if (grouped > 0 && amx_wanted(fmt, m)) {
-        AmxRows rows;
-        char *packed = scratch_take(SCRATCH_AMX_ROWS, amx_rows_bytes(m, a.blocks));
-        if (packed != NULL) {
-            amx_rows_pack(&a, m, &rows, &packed);
-            amx_groups(fmt, &a, &rows, m, weights, row_bytes, k, grouped / 16, bias, out, ldo, out_bf16, num_threads);
-            first = grouped;
-        }
-        scratch_give(SCRATCH_AMX_ROWS); /* out of memory for the packed rows: the VNNI tiles do it all */
+        /* the AMX tiles quantize x straight into their A rows, unless the VNNI tiles also make some outputs (a
+         * last part tile of rows, the outputs past the whole groups): then both read quantize_rows' rows */
+        const int vnni_too = amx_row_count(fmt, m) < m || grouped < n;
+        const int64_t blocks = (k + QBLOCK - 1) / QBLOCK;
+        cursor = vnni_too ? scratch_take(SCRATCH_ACT, act_bytes(1, m, k)) : NULL;
+        char *packed = scratch_take(SCRATCH_AMX_ROWS, amx_rows_bytes(m, blocks));
+        if ((cursor != NULL || !vnni_too) && packed != NULL) {
+            if (vnni_too) {
+                act_carve(&a, &cursor, m, k);
+                quantize_rows(x, ldx, m, k, is_bf16, &a, num_threads);
+                have_rows = 1;
+            }
+            AmxRows rows;
+            amx_rows_carve(&rows, m, blocks, &packed);
+            if (amx_groups(fmt, vnni_too ? &a : NULL, x, ldx, is_bf16, &rows, m, blocks, weights, row_bytes, k,
+                           grouped / 16, bias, out, ldo, out_bf16, num_threads))
+                first = grouped;
+        } /* else (or a thread's unpacked blocks) out of memory for the AMX path: the VNNI tiles do it all */
+        scratch_give(SCRATCH_AMX_ROWS);
     }
 #endif
+    if (first < n && !have_rows) {
+        cursor = scratch_take(SCRATCH_ACT, act_bytes(1, m, k));
+        if (cursor == NULL) {
+            status = KERNEL_OUT_OF_MEMORY;
+            goto done;
+        }
+        act_carve(&a, &cursor, m, k);
+        quantize_rows(x, ldx, m, k, is_bf16, &a, num_threads);
+    }
     const int64_t chunks = (n - first + OUT_CHUNK - 1) / OUT_CHUNK;
 #pragma omp parallel for schedule(static) num_threads(num_threads) if (first == 0)
     for (int64_t chunk = 0; chunk < chunks; chunk++) {
@@ -1124,33 +1163,45 @@ int quant_linear_int8_groups(const void *x, int64_t ldx, const void *w, int fmt,
         return KERNEL_BAD_SHAPE;
     if (m == 0 || n == 0)
         return KERNEL_OK;
-    ActQ a[MAX_FOLD_GROUPS];
-    char *cursor = scratch_take(SCRATCH_ACT, act_bytes(groups, m, kg));
-    int status = cursor != NULL ? KERNEL_OK : KERNEL_OUT_OF_MEMORY;
-    for (int64_t g = 0; g < groups && status == KERNEL_OK; g++) {
-        act_carve(&a[g], &cursor, m, kg);
-        quantize_rows((const char *)x + g * kg * (is_bf16 ? 2 : 4), ldx, m, kg, is_bf16, &a[g], num_threads);
-    }
+    ActQ a[MAX_FOLD_GROUPS]; /* each K group's quantized rows for the VNNI tiles, where they make any output */
     const uint8_t *weights = w;
     const int64_t group_bytes = n * row_bytes, grouped = interleaved ? n / 16 * 16 : 0;
     int64_t amx_rows = 0, amx_cols = 0; /* the tiles the AMX path made: rows [0, amx_rows) x outputs [0, amx_cols) */
+    int have_rows = 0, status = KERNEL_OK;
+    char *cursor;
 #if defined(AMX)
-    if (status == KERNEL_OK && grouped > 0 && amx_wanted(fmt, m)) {
-        AmxRows packed[MAX_FOLD_GROUPS];
-        char *rows_at = scratch_take(SCRATCH_AMX_ROWS, (size_t)groups * amx_rows_bytes(m, a[0].blocks));
-        if (rows_at != NULL) { /* else (out of memory) the VNNI tiles do it all */
+    if (grouped > 0 && amx_wanted(fmt, m)) { /* as quant_linear_int8's AMX path, per K group */
+        const int64_t rows = amx_row_count(fmt, m), blocks = (kg + QBLOCK - 1) / QBLOCK; /* the rest: VNNI */
+        const int vnni_too = rows < m || grouped < n;
+        cursor = vnni_too ? scratch_take(SCRATCH_ACT, act_bytes(groups, m, kg)) : NULL;
+        char *rows_at = scratch_take(SCRATCH_AMX_ROWS, (size_t)groups * amx_rows_bytes(m, blocks));
+        if ((cursor != NULL || !vnni_too) && rows_at != NULL) {
+            for (int64_t g = 0; vnni_too && g < groups; g++) {
+                act_carve(&a[g], &cursor, m, kg);
+                quantize_rows((const char *)x + g * kg * (is_bf16 ? 2 : 4), ldx, m, kg, is_bf16, &a[g], num_threads);
+            }
+            have_rows = vnni_too;
+            AmxRows packed[MAX_FOLD_GROUPS];
             for (int64_t g = 0; g < groups; g++)
-                amx_rows_pack(&a[g], m, &packed[g], &rows_at);
-            const int64_t rows = amx_row_count(fmt, m); /* the rest: VNNI */
-            if (amx_fold_groups(fmt, packed, groups, a[0].blocks, rows, weights, row_bytes, group_bytes, grouped / 16,
-                                is_bf16, out, ldo, num_threads))
+                amx_rows_carve(&packed[g], m, blocks, &rows_at);
+            if (amx_fold_groups(fmt, packed, vnni_too ? a : NULL, x, ldx, is_bf16, m, kg, groups, blocks, rows,
+                                weights, row_bytes, group_bytes, grouped / 16, out, ldo, num_threads))
                 amx_rows = rows, amx_cols = grouped;
-        }
+        } /* else (or a thread's unpacked blocks) out of memory for the AMX path: the VNNI tiles do it all */
         scratch_give(SCRATCH_AMX_ROWS);
     }
 #endif
+    const int vnni_left = amx_rows < m || amx_cols < n; /* none at the AMX tiles' usual 16+ rows */
+    if (vnni_left && !have_rows) {
+        cursor = scratch_take(SCRATCH_ACT, act_bytes(groups, m, kg));
+        status = cursor != NULL ? KERNEL_OK : KERNEL_OUT_OF_MEMORY;
+        for (int64_t g = 0; g < groups && status == KERNEL_OK; g++) {
+            act_carve(&a[g], &cursor, m, kg);
+            quantize_rows((const char *)x + g * kg * (is_bf16 ? 2 : 4), ldx, m, kg, is_bf16, &a[g], num_threads);
+        }
+    }
     /* what the AMX tiles left (nothing at all at their usual 16+ rows: no parallel region then) */
-    const int64_t chunks = status == KERNEL_OK && (amx_rows < m || amx_cols < n) ? (n + OUT_CHUNK - 1) / OUT_CHUNK : 0;
+    const int64_t chunks = status == KERNEL_OK && vnni_left ? (n + OUT_CHUNK - 1) / OUT_CHUNK : 0;
 #pragma omp parallel for schedule(static) num_threads(num_threads) if (chunks > 0)
     for (int64_t chunk = 0; chunk < chunks; chunk++) {
         const int64_t c0 = chunk * OUT_CHUNK, c1 = c0 + OUT_CHUNK < n ? c0 + OUT_CHUNK : n;
