@@ -30,7 +30,7 @@ def _bytes(t: torch.Tensor) -> bytes:
 @pytest.mark.parametrize("march", ["armv8.2-a+dotprod"])
 def test_aarch64_gives_the_hosts_bits(tmp_path, march):
     exe = tmp_path / "quant_dot_check"
-    sources = [cpu_kernels.CSRC / "quant_gemm.c", cpu_kernels.CSRC / "quant_dot.c", HARNESS]  # what quant_linear needs
+    sources = [cpu_kernels.CSRC / name for name in ("quant_gemm.c", "quant_dot.c", "scratch.c")] + [HARNESS]  # what quant_linear needs
     cpu_kernels.compile_sources(CROSS_CC, ["-static", f"-march={march}", f"-I{cpu_kernels.CSRC}"], str(exe), sources,
                                 ("-lm",))
     blob, expected = b"", []
