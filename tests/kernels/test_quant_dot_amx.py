@@ -1,7 +1,8 @@
 """quant_dot.c's AMX tiles (the avx512 tier on a CPU with AMX-INT8, m >= 10 rows, interleaved groups of 16
 outputs): the VNNI tiles' bits (PAGEDSERVE_NO_AMX=1 forces those) on every format, row count 1..40 (whole
 tiles of 16, a last part tile by AMX or by VNNI), output counts with and without a part group, block counts
-around the four-block pipeline, bias or none, fp32 and bf16; and the reference's."""
+around the four-block pipeline, bias or none, fp32 and bf16; and the reference's. An allocation the AMX
+path is refused (out of memory) leaves the VNNI tiles' bits too."""
 from __future__ import annotations
 
 import ctypes
@@ -134,3 +135,65 @@ def test_the_row_parallel_groups_give_the_vnni_bits(lib, monkeypatch, fmt, dtype
             monkeypatch.delenv(OFF)
             assert torch.equal(_bits(amx), _bits(vnni)), (out_features, groups, m)
             assert torch.equal(_bits(amx), _bits(whole.fold(whole.partials(x[:m]), dtype))), (out_features, m)
+
+
+FAIL_SHIM = r"""
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+/* aligned_alloc refused for one size (FAIL_ALIGNED_ALLOC_BYTES): the kernels' scratch asking for it is out of memory */
+void *aligned_alloc(size_t alignment, size_t size) {
+    static void *(*real)(size_t, size_t);
+    if (real == NULL)
+        real = (void *(*)(size_t, size_t))dlsym(RTLD_NEXT, "aligned_alloc");
+    const char *refused = getenv("FAIL_ALIGNED_ALLOC_BYTES");
+    if (refused != NULL && (size_t)atol(refused) == size) {
+        fprintf(stderr, "refused aligned_alloc %zu\n", size);
+        errno = ENOMEM;
+        return NULL;
+    }
+    return real(alignment, size);
+}
+"""
+
+
+# (format, the bytes refused): 16 rows by 5 blocks of 32 (k = 160). 3200: the packed A rows (2560 bytes of q,
+# d and sx 320 each rounded to 64); 2560: a thread's unpacked Q4 blocks (5 x 512)
+@pytest.mark.parametrize("fmt, refused", [("q8_0", 3200), ("q4_1", 3200), ("q4_1", 2560)])
+@pytest.mark.parametrize("rows_parallel", [False, True], ids=["linear", "row-parallel"])
+def test_out_of_memory_for_the_amx_buffers_falls_back_to_the_vnni_tiles(lib, tmp_path, fmt, refused, rows_parallel):
+    """A refused allocation of the AMX path's buffers (a fresh process, so the scratch is empty): the
+    VNNI tiles make every output, with their bits, instead of a MemoryError."""
+    (tmp_path / "shim.c").write_text(FAIL_SHIM)
+    shim = tmp_path / "fail_alloc.so"
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(shim), str(tmp_path / "shim.c"), "-ldl"], check=True)
+    if rows_parallel:  # o_proj's path: two K groups of 160
+        make = ("from kernels.row_parallel import RowParallelWeight\n"
+                "from tests.kernels.test_row_parallel import _parts\n"
+                f"w = RowParallelWeight.build([p.with_activations(True) for p in _parts(torch.randn(32, 320), "
+                f"'{fmt}', torch.float32, 2)], 2)\n"
+                "run = lambda x: w(x, None)\n")
+        k = 320
+    else:
+        make = (f"w, _ = make_weight('{fmt}', 32, 160, torch.float32); w = w.with_activations(True)\n"
+                "run = lambda x: quant.run_kernel(lib, x, w, None)\n")
+        k = 160
+    code = ("import os, torch\n"
+            "from kernels import cpu_kernels, quant\n"
+            "from tests.kernels.test_quant import make_weight\n"
+            "lib = quant.declare(cpu_kernels.tier_library('avx512'))\n"
+            + make +
+            f"x = torch.randn(16, {k}, generator=torch.Generator().manual_seed(3))\n"
+            "got = run(x)\n"
+            "os.environ['PAGEDSERVE_NO_AMX'] = '1'\n"
+            "want = run(x)\n"
+            "assert torch.equal(got.view(torch.int32), want.view(torch.int32))\n")
+    if rows_parallel:  # both K groups' buffers in one
+        refused *= 2
+    env = {**os.environ, "OMP_NUM_THREADS": "2", "LD_PRELOAD": str(shim), "FAIL_ALIGNED_ALLOC_BYTES": str(refused)}
+    env.pop(OFF, None)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert f"refused aligned_alloc {refused}" in result.stderr  # the path under test ran
