@@ -333,7 +333,7 @@ int paged_attention(const void *q, int64_t q_stride, int io_bf16, float scale, c
         if (base == NULL) status = KERNEL_OUT_OF_MEMORY;
 #pragma omp for schedule(dynamic, 1)
         for (int64_t t = 0; t < num_tokens; t++) {
-            if (scores == NULL || acc == NULL || scaled == NULL) continue;
+            if (base == NULL) continue;
             for (int64_t i = 0; i < width; i += LANES) {
                 const vf value = load16(q, io_bf16, t * q_stride + i) * scale;
                 memcpy(scaled + i, &value, sizeof value);

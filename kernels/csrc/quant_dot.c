@@ -284,6 +284,20 @@ static void act_carve(ActQ *a, char **cursor, int64_t m, int64_t k) {
     a->sum = (int32_t *)*cursor, *cursor += align64(sizeof(int32_t) * cells);
 }
 
+/* a[0 .. groups): the rows of x's K groups of kg columns (group g from column g kg), quantized into the
+ * calling thread's SCRATCH_ACT (the caller gives it back); KERNEL_OUT_OF_MEMORY without it */
+static int act_quantize(ActQ *a, int64_t groups, const void *x, int64_t ldx, int64_t m, int64_t kg, int is_bf16,
+                        int num_threads) {
+    char *cursor = scratch_take(SCRATCH_ACT, act_bytes(groups, m, kg));
+    if (cursor == NULL)
+        return KERNEL_OUT_OF_MEMORY;
+    for (int64_t g = 0; g < groups; g++) {
+        act_carve(&a[g], &cursor, m, kg);
+        quantize_rows((const char *)x + g * kg * (is_bf16 ? 2 : 4), ldx, m, kg, is_bf16, &a[g], num_threads);
+    }
+    return KERNEL_OK;
+}
+
 /* interleaved rows (the header's layout): block b of a group of 16 outputs (its scales first), and
  * where its k-groups start */
 INLINE const uint8_t *interleaved_block(int fmt, const uint8_t *group, int64_t b) {
@@ -1096,21 +1110,15 @@ int quant_linear_int8(const void *x, int64_t ldx, const void *w, int fmt, const 
     const uint8_t *weights = w;
     int64_t first = 0; /* outputs from here: the VNNI tiles (the AMX path: those past the whole groups) */
     int have_rows = 0, status = KERNEL_OK;
-    char *cursor;
 #if defined(AMX)
     if (grouped > 0 && amx_wanted(fmt, m)) {
         /* the AMX tiles quantize x straight into their A rows, unless the VNNI tiles also make some outputs (a
          * last part tile of rows, the outputs past the whole groups): then both read quantize_rows' rows */
         const int vnni_too = amx_row_count(fmt, m) < m || grouped < n;
         const int64_t blocks = (k + QBLOCK - 1) / QBLOCK;
-        cursor = vnni_too ? scratch_take(SCRATCH_ACT, act_bytes(1, m, k)) : NULL;
+        have_rows = vnni_too && act_quantize(&a, 1, x, ldx, m, k, is_bf16, num_threads) == KERNEL_OK;
         char *packed = scratch_take(SCRATCH_AMX_ROWS, amx_rows_bytes(m, blocks));
-        if ((cursor != NULL || !vnni_too) && packed != NULL) {
-            if (vnni_too) {
-                act_carve(&a, &cursor, m, k);
-                quantize_rows(x, ldx, m, k, is_bf16, &a, num_threads);
-                have_rows = 1;
-            }
+        if (have_rows == vnni_too && packed != NULL) { /* the VNNI tiles' rows quantized, where they need any */
             AmxRows rows;
             amx_rows_carve(&rows, m, blocks, &packed);
             if (amx_groups(fmt, vnni_too ? &a : NULL, x, ldx, is_bf16, &rows, m, blocks, weights, row_bytes, k,
@@ -1120,15 +1128,10 @@ int quant_linear_int8(const void *x, int64_t ldx, const void *w, int fmt, const 
         scratch_give(SCRATCH_AMX_ROWS);
     }
 #endif
-    if (first < n && !have_rows) {
-        cursor = scratch_take(SCRATCH_ACT, act_bytes(1, m, k));
-        if (cursor == NULL) {
-            status = KERNEL_OUT_OF_MEMORY;
-            goto done;
-        }
-        act_carve(&a, &cursor, m, k);
-        quantize_rows(x, ldx, m, k, is_bf16, &a, num_threads);
-    }
+    if (first < n && !have_rows)
+        status = act_quantize(&a, 1, x, ldx, m, k, is_bf16, num_threads);
+    if (status != KERNEL_OK)
+        goto done;
     const int64_t chunks = (n - first + OUT_CHUNK - 1) / OUT_CHUNK;
 #pragma omp parallel for schedule(static) num_threads(num_threads) if (first == 0)
     for (int64_t chunk = 0; chunk < chunks; chunk++) {
@@ -1168,19 +1171,13 @@ int quant_linear_int8_groups(const void *x, int64_t ldx, const void *w, int fmt,
     const int64_t group_bytes = n * row_bytes, grouped = interleaved ? n / 16 * 16 : 0;
     int64_t amx_rows = 0, amx_cols = 0; /* the tiles the AMX path made: rows [0, amx_rows) x outputs [0, amx_cols) */
     int have_rows = 0, status = KERNEL_OK;
-    char *cursor;
 #if defined(AMX)
     if (grouped > 0 && amx_wanted(fmt, m)) { /* as quant_linear_int8's AMX path, per K group */
         const int64_t rows = amx_row_count(fmt, m), blocks = (kg + QBLOCK - 1) / QBLOCK; /* the rest: VNNI */
         const int vnni_too = rows < m || grouped < n;
-        cursor = vnni_too ? scratch_take(SCRATCH_ACT, act_bytes(groups, m, kg)) : NULL;
+        have_rows = vnni_too && act_quantize(a, groups, x, ldx, m, kg, is_bf16, num_threads) == KERNEL_OK;
         char *rows_at = scratch_take(SCRATCH_AMX_ROWS, (size_t)groups * amx_rows_bytes(m, blocks));
-        if ((cursor != NULL || !vnni_too) && rows_at != NULL) {
-            for (int64_t g = 0; vnni_too && g < groups; g++) {
-                act_carve(&a[g], &cursor, m, kg);
-                quantize_rows((const char *)x + g * kg * (is_bf16 ? 2 : 4), ldx, m, kg, is_bf16, &a[g], num_threads);
-            }
-            have_rows = vnni_too;
+        if (have_rows == vnni_too && rows_at != NULL) { /* the VNNI tiles' rows quantized, where they need any */
             AmxRows packed[MAX_FOLD_GROUPS];
             for (int64_t g = 0; g < groups; g++)
                 amx_rows_carve(&packed[g], m, blocks, &rows_at);
@@ -1192,14 +1189,8 @@ int quant_linear_int8_groups(const void *x, int64_t ldx, const void *w, int fmt,
     }
 #endif
     const int vnni_left = amx_rows < m || amx_cols < n; /* none at the AMX tiles' usual 16+ rows */
-    if (vnni_left && !have_rows) {
-        cursor = scratch_take(SCRATCH_ACT, act_bytes(groups, m, kg));
-        status = cursor != NULL ? KERNEL_OK : KERNEL_OUT_OF_MEMORY;
-        for (int64_t g = 0; g < groups && status == KERNEL_OK; g++) {
-            act_carve(&a[g], &cursor, m, kg);
-            quantize_rows((const char *)x + g * kg * (is_bf16 ? 2 : 4), ldx, m, kg, is_bf16, &a[g], num_threads);
-        }
-    }
+    if (vnni_left && !have_rows)
+        status = act_quantize(a, groups, x, ldx, m, kg, is_bf16, num_threads);
     /* what the AMX tiles left (nothing at all at their usual 16+ rows: no parallel region then) */
     const int64_t chunks = status == KERNEL_OK && vnni_left ? (n + OUT_CHUNK - 1) / OUT_CHUNK : 0;
 #pragma omp parallel for schedule(static) num_threads(num_threads) if (chunks > 0)

@@ -55,7 +55,7 @@ void *scratch_take(int slot, size_t bytes) {
     if (slots == NULL)
         return NULL;
     Slot *s = &slots[slot];
-    if (bytes <= s->bytes)
+    if (s->base != NULL && bytes <= s->bytes) /* (a first request of 0 bytes still gets a buffer) */
         return s->base;
     free(s->base);
     const size_t rounded = (bytes + 63) / 64 * 64;
