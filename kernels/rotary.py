@@ -14,6 +14,8 @@ def inverse_frequencies(head_dim: int, theta: float, scaling: dict | None = None
     kind = scaling.get("rope_type", scaling.get("type"))
     if kind == "default":
         return inv_freq
+    if kind == "freq_factors":  # a GGUF file's rope_freqs (Llama 3.1+ scaling as llama.cpp stores it)
+        return inv_freq / torch.tensor(scaling["factors"], dtype=torch.float32)
     if kind != "llama3":
         raise ValueError(f"rope_scaling: unsupported type {kind!r}")
     factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]

@@ -25,7 +25,7 @@ class LLM:
     def __init__(self, model: str | None = None, num_workers: int = 1, **engine_args):
         self.args = EngineArgs.from_kwargs(model or "default", **engine_args)
         self.engine = Engine(self.args, num_workers)
-        self.tokenizer = Tokenizer(self.engine.model_path)
+        self.tokenizer = Tokenizer(self.engine.tokenizer_path)
         self._ids = itertools.count()
 
     def close(self) -> None:

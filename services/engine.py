@@ -17,6 +17,7 @@ class Engine:
         self.workers = {f"worker-{i}": Worker(args.worker_config(), args.cache_config()) for i in range(num_workers)}
         first = next(iter(self.workers.values()))
         self.model_path = first.model_path
+        self.tokenizer_path = first.tokenizer_path
         self.info = first.info
         self.scheduler = Scheduler(args.scheduler_config(first.info.max_model_len))
         for worker_id, worker in self.workers.items():

@@ -29,7 +29,7 @@ DTYPES = ("float32", "bfloat16", "float16", "auto")
 DEVICES = ("auto", "cpu", "cuda")
 KERNEL_BACKENDS = ("auto", "torch", "cpu", "triton")
 CPU_ISAS = ("auto", "avx512", "avx2", "generic")  # the CPU kernels' tiers (kernels.cpu_kernels.TIERS)
-# auto: gguf where the model folder holds a GGUF file (the default model) and the device is the CPU, else none
+# auto: gguf where the model is a GGUF file or a folder holding one (the default model) and the device is the CPU, else none
 QUANTIZATIONS = ("auto", "none", "gguf", "int8")
 ACTIVATION_QUANTS = ("auto", "none", "int8")
 AUTO_ACTIVATION_QUANT = "none"  # what auto means, measured in bench/results/activation_quality.md  # quantized weights' activations (kernels/csrc/quant_dot.c)
@@ -57,6 +57,12 @@ def model_cache_dir_setting() -> Any:
     # environment variable PAGEDSERVE_CACHE (the --cache alias) is still read.
     return setting(DEFAULT_MODEL_CACHE_DIR, 'the folder the "default" model is converted into and read from',
                    aliases=("--cache",))
+
+
+def tokenizer_setting() -> Any:
+    # held by the worker (structured outputs' vocabulary) and the frontend: one definition
+    return setting("", "a Hugging Face folder whose tokenizer.json, tokenizer_config.json (and chat template) "
+                       "replace the model's own (default: the model's; a GGUF file's from its metadata)")
 
 
 def _check_block_size(block_size: int) -> None:
@@ -250,8 +256,9 @@ class SchedulerConfig:
 class WorkerConfig:
     """The model a worker loads and the kernels it runs."""
 
-    model: str = setting("default", 'a model folder, a hub id, or "default" (SmolLM2-135M-Instruct)')
+    model: str = setting("default", 'a model folder, a GGUF file, a hub id, or "default" (SmolLM2-135M-Instruct)')
     model_cache_dir: str = model_cache_dir_setting()
+    tokenizer: str = tokenizer_setting()
     dtype: str = setting("auto", f"one of {DTYPES}; auto: the checkpoint's (fp16 becomes bf16 on the CPU)")
     device: str = setting("auto", "cpu, cuda (the current GPU), cuda:N (the GPU with index N) or auto (cuda when "
                                   "available)")
@@ -265,8 +272,9 @@ class WorkerConfig:
     num_threads: int = setting(0, "CPU threads for the worker's math (0: the library default); a worker group that "
                                   "its rank 0 starts splits them (or every core) equally across its ranks")
     quantization: str = setting(
-        "auto", "the weights: auto (on the CPU, the folder's GGUF if it has one; else none), none, gguf or int8 (per "
-                "channel, at load); gguf and int8 run on the CPU only")
+        "auto", "the weights: auto (on the CPU, the GGUF file given or the folder's one; else none), none (a GGUF "
+                "file's tensors dequantized at load), gguf or int8 (per channel, at load); gguf and int8 run on the CPU "
+                "only")
     activation_quant: str = setting(
         "auto", "the activations a quantized weight multiplies: none (the model's dtype), int8 (rounded per row in "
                 "blocks of 32, integer dot products; the same bits on every CPU tier); auto: "

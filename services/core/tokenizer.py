@@ -1,4 +1,4 @@
-"""The model's tokenizer (tokenizer.json) and chat template, without transformers or torch."""
+"""The model's tokenizer (tokenizer.json, or a GGUF file's) and chat template, without transformers or torch."""
 from __future__ import annotations
 
 import json
@@ -17,17 +17,25 @@ def _raise(message: str):
 
 
 class Tokenizer:
-    def __init__(self, folder: str | Path):
-        folder = Path(folder)
-        if not (folder / "tokenizer.json").is_file():
-            raise InvalidArgument("model", f"no tokenizer.json in {folder}")
-        self._tok = HFTokenizer.from_file(str(folder / "tokenizer.json"))
-        config_path = folder / "tokenizer_config.json"
-        config = json.loads(config_path.read_text()) if config_path.is_file() else {}
-        self.bos_token = _token_text(config.get("bos_token"))
-        self.eos_token = _token_text(config.get("eos_token"))
-        self.add_bos = bool(config.get("add_bos_token", False)) and self.bos_token is not None
-        template = config.get("chat_template")
+    """`source`: a Hugging Face folder (tokenizer.json, tokenizer_config.json) or a GGUF file
+    (tokenizer.ggml.* and tokenizer.chat_template, services/core/gguf_tokenizer.py)."""
+
+    def __init__(self, source: str | Path):
+        source = Path(source)
+        if source.is_file() and source.suffix.lower() == ".gguf":
+            from services.core.gguf_tokenizer import load_gguf_tokenizer
+
+            loaded = load_gguf_tokenizer(source)
+            self._tok = loaded.tokenizer
+            self.bos_token, self.eos_token = loaded.bos_token, loaded.eos_token
+            self.add_bos = loaded.add_bos
+            template = loaded.chat_template
+        else:
+            self._tok, config = _from_folder(source)
+            self.bos_token = _token_text(config.get("bos_token"))
+            self.eos_token = _token_text(config.get("eos_token"))
+            self.add_bos = bool(config.get("add_bos_token", False)) and self.bos_token is not None
+            template = config.get("chat_template")
         if isinstance(template, list):  # named templates: take the default one
             template = next((t["template"] for t in template if t.get("name") == "default"), None)
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)  # client text is never evaluated
@@ -85,6 +93,14 @@ class Tokenizer:
                                          bos_token=self.bos_token or "", eos_token=self.eos_token or "")
         except jinja2.exceptions.TemplateError as exc:
             raise InvalidArgument("messages", f"chat template refused the messages: {exc}") from exc
+
+
+def _from_folder(folder: Path) -> tuple[HFTokenizer, dict]:
+    if not (folder / "tokenizer.json").is_file():
+        raise InvalidArgument("model", f"no tokenizer.json in {folder}")
+    config_path = folder / "tokenizer_config.json"
+    config = json.loads(config_path.read_text()) if config_path.is_file() else {}
+    return HFTokenizer.from_file(str(folder / "tokenizer.json")), config
 
 
 def _byte_level_alphabet() -> dict[str, int]:

@@ -5,7 +5,7 @@ also reads PAGEDSERVE_<FLAG> from the environment.
 """
 from __future__ import annotations
 
-from services.core.model_path import resolve_model_path
+from services.core.model_path import resolve_model_path, resolve_tokenizer_path
 from services.frontend.config import CLI_CONFIGS, FrontendConfig
 from services.frontend.server import FrontendServer
 from services.launch.service_main import ServiceMain, stop_requested
@@ -15,7 +15,8 @@ PROG, parse_args, build_config = MAIN.prog, MAIN.parse_args, MAIN.build_configs
 
 
 async def serve(config: FrontendConfig) -> None:
-    server = FrontendServer(config, resolve_model_path(config.model, config.model_cache_dir))
+    model = resolve_model_path(config.model, config.model_cache_dir)
+    server = FrontendServer(config, resolve_tokenizer_path(config.tokenizer, model))
     await server.start()
     await stop_requested().wait()
     await server.drain()

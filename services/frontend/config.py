@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from services.core.config import LogConfig, model_cache_dir_setting, setting
+from services.core.config import LogConfig, model_cache_dir_setting, setting, tokenizer_setting
 from services.core.errors import check
 from services.core.structured import GrammarLimits
 from services.frontend.response_store import ResponseStoreLimits
@@ -11,8 +11,10 @@ from services.frontend.response_store import ResponseStoreLimits
 
 @dataclass(frozen=True, kw_only=True)
 class FrontendConfig:
-    model: str = setting("default", "the tokenizer's model folder (the workers' --model), 'default' or a hub id")
+    model: str = setting("default", "the workers' --model (its tokenizer and chat template): a folder, a GGUF file, "
+                                    "'default' or a hub id")
     model_cache_dir: str = model_cache_dir_setting()
+    tokenizer: str = tokenizer_setting()
     served_model_name: str = setting("", "the model's id for clients (default: the --model value)")
     scheduler_address: str = setting("127.0.0.1:50052", "the scheduler's HOST:PORT; several, comma-separated: "
                                                         "one is active, the next takes over when it is lost")

@@ -28,10 +28,10 @@ SERVICE_NAME = generate_pb2.DESCRIPTOR.services_by_name["Generation"].full_name
 class FrontendServer:
     """Health is SERVING while the scheduler reports a registered worker, until `drain`."""
 
-    def __init__(self, config: FrontendConfig, model_path: Path):
+    def __init__(self, config: FrontendConfig, tokenizer_path: Path):
         self.config = config
         self.scheduler = SchedulerClient(config.scheduler_address, config.scheduler_failover_timeout_s)
-        self.core = FrontendCore(Tokenizer(model_path), self.scheduler, config.model_id, config.max_pending,
+        self.core = FrontendCore(Tokenizer(tokenizer_path), self.scheduler, config.model_id, config.max_pending,
                                  config.grammar)
         servicer = GenerationServicer(self.core)
         self.grpc = GrpcServer(lambda server: generate_pb2_grpc.add_GenerationServicer_to_server(servicer, server),

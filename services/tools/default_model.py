@@ -197,7 +197,7 @@ def _convert_tensors(reader, config) -> dict:
     for tensor in tqdm(reader.tensors, desc=f"converting {MODEL_NAME}", unit="tensor"):
         shape = tuple(int(n) for n in reversed(tensor.shape))  # ggml lists dims innermost first
         weight = dequantize(tensor.data, tensor.tensor_type).astype(np.float32).reshape(shape)
-        name = hf_name(tensor.name)
+        name = hf_name(tensor.name, "llama")
         if name.endswith("q_proj.weight"):
             weight = unpermute(weight, config.num_attention_heads)
         elif name.endswith("k_proj.weight"):

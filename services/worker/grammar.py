@@ -111,9 +111,10 @@ def _bit(index: int) -> int:
 class Grammars:
     """A worker's compiler (its tokenizer, built on first use) and the masks of a step."""
 
-    def __init__(self, model_path: Path, vocab_size: int, eos_token_ids: tuple[int, ...],
+    def __init__(self, tokenizer_path: Path, vocab_size: int, eos_token_ids: tuple[int, ...],
                  limits: GrammarLimits = GrammarLimits()):
-        self.model_path, self.vocab_size, self.eos_token_ids = Path(model_path), vocab_size, eos_token_ids
+        """tokenizer_path: a folder with a tokenizer.json, or a GGUF file (services/core/tokenizer.py)."""
+        self.tokenizer_path, self.vocab_size, self.eos_token_ids = Path(tokenizer_path), vocab_size, eos_token_ids
         self.limits = limits
         self._cache: GrammarCache | None = None
         # compiles run here, beside the forward pass (llguidance drops the GIL while it builds)
@@ -128,7 +129,9 @@ class Grammars:
     @property
     def cache(self) -> GrammarCache:
         if self._cache is None:
-            text = (self.model_path / "tokenizer.json").read_text()
+            from services.core.tokenizer import Tokenizer
+
+            text = Tokenizer(self.tokenizer_path).to_json()
             self._cache = GrammarCache(make_tokenizer(text, self.vocab_size, self.eos_token_ids), self.limits)
         return self._cache
 

@@ -70,12 +70,12 @@ def resolve_dtype(name: str, cfg: ModelArchConfig, device: torch.device) -> torc
 
 
 def resolve_quantization(name: str, folder: Path, device_type: str = "cpu") -> str:
-    """auto: gguf where the folder holds a GGUF file and the worker runs on the CPU (the quantized
-    kernels are CPU kernels), else none."""
+    """auto: gguf where the model is a GGUF file or a folder holding one and the worker runs on the CPU (the
+    quantized kernels are CPU kernels), else none (a GGUF file's tensors dequantized at load)."""
     if name == "auto":
         return "gguf" if device_type == "cpu" and find_gguf_file(folder) is not None else "none"
     if name == "gguf" and find_gguf_file(folder) is None:
-        raise InvalidArgument("quantization", f"gguf: {folder} holds no *.gguf file")
+        raise InvalidArgument("quantization", f"gguf: {folder} is no GGUF file and holds none")
     return name
 
 
@@ -106,7 +106,7 @@ def load_model(folder: Path, dtype: torch.dtype, device: torch.device, ops: Ops,
     """The model, or with `shard` this rank's part of it (comm: the worker group's transport);
     activation_quant int8: every quantized weight multiplies int8 activations (kernels/csrc/quant_dot.c)."""
     int8_activations = activation_quant == "int8"
-    cfg = ModelArchConfig.from_folder(folder)
+    cfg = ModelArchConfig.from_model(folder)
     shard = shard or Shard(align=gguf_align(quantization))
     model = LlamaForCausalLM(cfg, ops, linear, shard, comm)
     if quantization != "none" and device.type != "cpu":
@@ -116,22 +116,13 @@ def load_model(folder: Path, dtype: torch.dtype, device: torch.device, ops: Ops,
     parts: dict[str, dict[int, torch.Tensor]] = {}  # fused weights gathered piece by piece
     params = dict(model.named_parameters())
     loaded: set[str] = set()
-    files = sorted(Path(folder).glob("*.safetensors"))
-    if not files:
-        raise InvalidArgument("model", f"no *.safetensors in {folder}")
-    for file in files:
-        with safe_open(file, framework="pt") as reader:
-            for name in reader.keys():
-                target = _target(name, cfg, shard)
-                if target is None:
-                    continue
-                path, part = target
-                tensor = _read(reader, name, shard.slice_for(name, cfg))
-                if part is None:
-                    _assign(params, path, tensor)
-                    loaded.add(path)
-                else:
-                    parts.setdefault(path, {})[part] = tensor
+    tensors = _gguf_dense(folder, cfg, shard) if Path(folder).is_file() else _safetensors(folder, cfg, shard)
+    for (path, part), tensor in tensors:
+        if part is None:
+            _assign(params, path, tensor)
+            loaded.add(path)
+        else:
+            parts.setdefault(path, {})[part] = tensor
     for path, pieces in parts.items():
         _assign(params, path, torch.cat([pieces[i] for i in sorted(pieces)], dim=0))
         loaded.add(path)
@@ -155,6 +146,38 @@ def load_model(folder: Path, dtype: torch.dtype, device: torch.device, ops: Ops,
     model = model.to(device=device, dtype=dtype)
     model.prepack(prepack)
     return model
+
+
+def _safetensors(folder: Path, cfg: ModelArchConfig, shard: Shard):
+    """((target, part), tensor) for each checkpoint tensor this rank holds, its rows or columns only."""
+    files = sorted(Path(folder).glob("*.safetensors"))
+    if not files:
+        raise InvalidArgument("model", f"no *.safetensors in {folder}")
+    for file in files:
+        with safe_open(file, framework="pt") as reader:
+            for name in reader.keys():
+                target = _target(name, cfg, shard)
+                if target is not None:
+                    yield target, _read(reader, name, shard.slice_for(name, cfg))
+
+
+def _gguf_dense(path: Path, cfg: ModelArchConfig, shard: Shard):
+    """The same from a GGUF file, every tensor dequantized to float32 by the `gguf` package (quantization
+    none: a GGUF on a GPU, or any type the quantized kernels do not serve)."""
+    import numpy as np
+    from gguf import GGMLQuantizationType, dequantize
+
+    for tensor in read_tensors(path, cfg.num_heads, cfg.num_kv_heads):
+        target = _target(tensor.hf_name, cfg, shard)
+        if target is None:
+            continue
+        values = dequantize(tensor.data, GGMLQuantizationType(tensor.type_id)).astype(np.float32)
+        dense = torch.from_numpy(np.ascontiguousarray(values.reshape(tensor.shape)))
+        part = shard.slice_for(tensor.hf_name, cfg)
+        if part is not None:
+            dim, start, stop = part
+            dense = dense[start:stop] if dim == 0 else dense[:, start:stop].contiguous()
+        yield target, dense
 
 
 def gguf_align(quantization: str) -> int:

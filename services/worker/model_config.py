@@ -1,4 +1,4 @@
-"""The architecture facts the worker needs, read from a Hugging Face config.json."""
+"""The architecture facts the worker needs, read from a Hugging Face config.json or a GGUF file's metadata."""
 from __future__ import annotations
 
 import json
@@ -35,6 +35,15 @@ class ModelArchConfig:
     qk_norm: bool
     eos_token_ids: tuple[int, ...]
     torch_dtype: str
+
+    @classmethod
+    def from_model(cls, model: str | Path) -> ModelArchConfig:
+        """A model folder's config.json, or a GGUF file's metadata (services/worker/gguf_arch.py)."""
+        if Path(model).is_file():
+            from services.worker.gguf_arch import config_dict
+
+            return cls.from_dict(config_dict(model))
+        return cls.from_folder(model)
 
     @classmethod
     def from_folder(cls, folder: str | Path) -> ModelArchConfig:

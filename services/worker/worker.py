@@ -16,7 +16,7 @@ from kernels import cpu_kernels
 from kernels.ops import get_ops
 from services.core.config import CacheConfig, WorkerConfig
 from services.core.errors import InvalidArgument, Unavailable, UnknownSequence
-from services.core.model_path import resolve_model_path
+from services.core.model_path import resolve_model_path, resolve_tokenizer_path
 from services.core.step import StepDelta, StepResult, WorkerInfo
 from services.worker.kv_cache import KVCache, block_bytes, num_blocks_for
 from kernels.linear import invariant_linear, plain_linear
@@ -58,7 +58,8 @@ class Worker:
         self.config = config
         self.device = pick_device(config.device)
         self.model_path = resolve_model_path(config.model, config.model_cache_dir)
-        arch = ModelArchConfig.from_folder(self.model_path)
+        self.tokenizer_path = resolve_tokenizer_path(config.tokenizer, self.model_path)
+        arch = ModelArchConfig.from_model(self.model_path)
         tp, pp = config.tensor_parallel_size, config.pipeline_parallel_size
         self.quantization = resolve_quantization(config.quantization, self.model_path, self.device.type)
         align = gguf_align(self.quantization)
@@ -91,7 +92,7 @@ class Worker:
         if self.comm is not None:  # the group's capacity: every rank's cache holds every block id
             num_blocks, num_cpu_blocks = self.comm.min_over_ranks(num_blocks), self.comm.min_over_ranks(num_cpu_blocks)
         kv_cache = KVCache(local, num_blocks, num_cpu_blocks, cache.block_size, self.dtype, self.device)
-        grammars = Grammars(self.model_path, arch.vocab_size, arch.eos_token_ids)
+        grammars = Grammars(self.tokenizer_path, arch.vocab_size, arch.eos_token_ids)
         self.runner = AsyncModelRunner(model, kv_cache, self.device, config.batch_invariant, grammars)
         self.info = WorkerInfo(
             model=str(self.model_path), dtype=str(self.dtype).removeprefix("torch."), block_size=cache.block_size,

@@ -63,7 +63,7 @@ def prepare(args) -> Plan:
 
     model_path = resolve_model_path(args.model)
     cases = load_cases(args.prompts, Tokenizer(model_path), sampling_defaults(args))
-    arch = ModelArchConfig.from_folder(model_path)
+    arch = ModelArchConfig.from_model(model_path)
     device = pick_device("auto")
     dtype = str(resolve_dtype(args.dtype, arch, device)).removeprefix("torch.")
     num_threads = args.num_threads or torch.get_num_threads()

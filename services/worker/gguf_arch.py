@@ -1,0 +1,134 @@
+"""What each GGUF architecture served is: its model type, tensor names and hyperparameter keys.
+
+One row per `general.architecture` (`ARCHITECTURES`); an architecture added to the models
+(services/worker/model_config.py `SUPPORTED`) is served from a bare GGUF file by a row here: the
+model_type it is, its layer tensors beyond the common ones, and whether llama.cpp's converter
+permuted its q/k rows (convert_hf_to_gguf.py does for `llama`, `undo_permute`; not for qwen2/qwen3).
+The hyperparameters are read under `{arch}.` with llama.cpp's key names and handed to
+`ModelArchConfig.from_dict` as the config.json keys they stand for.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from services.core.errors import InvalidArgument
+from services.core.gguf_file import read_metadata, read_tensor, tensor_shapes
+
+# GGUF (llama.cpp) tensor names -> Hugging Face names; {i} is the layer index.
+GLOBAL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+LAYER_NAMES = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+}
+QKV_BIAS = {"attn_q.bias": "self_attn.q_proj.bias", "attn_k.bias": "self_attn.k_proj.bias",
+            "attn_v.bias": "self_attn.v_proj.bias"}
+QK_NORM = {"attn_q_norm.weight": "self_attn.q_norm.weight", "attn_k_norm.weight": "self_attn.k_norm.weight"}
+ROPE_FREQS = "rope_freqs.weight"  # Llama 3's rotary scaling, as llama.cpp stores it: a factor per frequency
+
+
+@dataclass(frozen=True, kw_only=True)
+class GgufArch:
+    model_type: str  # services/worker/model_config.py SUPPORTED's key
+    permuted_qk: bool  # llama.cpp's converter permuted the q/k rows for its rotary layout
+    layer_names: dict[str, str] = field(default_factory=dict)  # beyond LAYER_NAMES (biases are optional)
+
+
+ARCHITECTURES = {  # general.architecture -> how it is served (Mistral's GGUF files say "llama")
+    "llama": GgufArch(model_type="llama", permuted_qk=True, layer_names=QKV_BIAS),
+    "qwen2": GgufArch(model_type="qwen2", permuted_qk=False, layer_names=QKV_BIAS),
+    "qwen3": GgufArch(model_type="qwen3", permuted_qk=False, layer_names=QK_NORM),
+}
+
+
+def architecture(meta: dict, path: Path) -> tuple[str, GgufArch]:
+    arch = meta.get("general.architecture")
+    if arch not in ARCHITECTURES:
+        raise InvalidArgument("model", f"{path.name}: architecture {arch!r} (general.architecture) is not served; "
+                                       f"served GGUF architectures: {', '.join(sorted(ARCHITECTURES))}")
+    return arch, ARCHITECTURES[arch]
+
+
+def hf_name(gguf_name: str, arch: str) -> str | None:
+    """The Hugging Face name of a GGUF tensor; None for rope_freqs (read into the config)."""
+    if gguf_name in GLOBAL_NAMES:
+        return GLOBAL_NAMES[gguf_name]
+    if gguf_name == ROPE_FREQS:
+        return None
+    prefix, layer, rest = gguf_name.split(".", 2) if gguf_name.startswith("blk.") else ("", "", "")
+    names = {**LAYER_NAMES, **ARCHITECTURES[arch].layer_names}
+    if prefix == "blk" and layer.isdigit() and rest in names:
+        return f"model.layers.{int(layer)}.{names[rest]}"
+    raise InvalidArgument("model", f"GGUF tensor {gguf_name!r} is not part of a served {arch} model "
+                                   f"(layer tensors: {', '.join(sorted(names))})")
+
+
+def config_dict(path: str | Path) -> dict:
+    """The file's hyperparameters as config.json keys (for ModelArchConfig.from_dict)."""
+    path = Path(path)
+    meta, shapes = read_metadata(path), tensor_shapes(path)
+    arch, spec = architecture(meta, path)
+
+    def key(name: str, default=None):
+        value = meta.get(f"{arch}.{name}", default)
+        if value is None:
+            raise InvalidArgument("model", f"{path.name} lacks {arch}.{name}")
+        if isinstance(value, list):
+            raise InvalidArgument("model", f"{path.name}: {arch}.{name} varies per layer; not served")
+        return value
+
+    heads, hidden = int(key("attention.head_count")), int(key("embedding_length"))
+    head_dim = int(meta.get(f"{arch}.attention.key_length") or hidden // heads)
+    rope_dim = meta.get(f"{arch}.rope.dimension_count")
+    if rope_dim is not None and int(rope_dim) != head_dim:
+        raise InvalidArgument("model", f"{path.name}: rotary on {rope_dim} of {head_dim} head dimensions "
+                                       "(partial rotary) is not served")
+    if "token_embd.weight" not in shapes:
+        raise InvalidArgument("model", f"{path.name} has no token_embd.weight")
+    eos = [meta.get(f"tokenizer.ggml.{name}") for name in ("eos_token_id", "eot_token_id", "eom_token_id")]
+    return {
+        "model_type": spec.model_type,
+        "hidden_size": hidden,
+        "num_hidden_layers": int(key("block_count")),
+        "num_attention_heads": heads,
+        "num_key_value_heads": int(key("attention.head_count_kv", heads)),
+        "head_dim": head_dim,
+        "intermediate_size": int(key("feed_forward_length")),
+        "vocab_size": shapes["token_embd.weight"][0],
+        "rms_norm_eps": f32(key("attention.layer_norm_rms_epsilon")),
+        "rope_theta": f32(key("rope.freq_base", 10000.0)),
+        "rope_scaling": _rope_scaling(meta, arch, path, ROPE_FREQS in shapes),
+        "max_position_embeddings": int(key("context_length")),
+        "tie_word_embeddings": "output.weight" not in shapes,
+        "attention_bias": f"blk.0.attn_q.bias" in shapes,
+        "eos_token_id": [int(e) for e in dict.fromkeys(eos) if e is not None],
+        "bos_token_id": meta.get("tokenizer.ggml.bos_token_id"),
+        "torch_dtype": "float32",
+    }
+
+
+def _rope_scaling(meta: dict, arch: str, path: Path, has_freqs: bool) -> dict | None:
+    kind = meta.get(f"{arch}.rope.scaling.type")
+    if kind not in (None, "none"):
+        raise InvalidArgument("model", f"{path.name}: rope scaling {kind!r} ({arch}.rope.scaling.type) is not served")
+    if has_freqs:  # Llama 3.1+: inverse frequencies divided by these factors
+        return {"rope_type": "freq_factors", "factors": [float(f) for f in read_tensor(path, ROPE_FREQS)]}
+    return None
+
+
+def f32(value: float) -> float:
+    """The shortest decimal naming the same float32 (GGUF stores 1e-5 as 9.99999974e-06)."""
+    import numpy as np
+
+    return float(repr(np.float32(value)).removeprefix("np.float32(").removesuffix(")"))
