@@ -1,0 +1,121 @@
+"""GGUF files for tests, written with the `gguf` package from a make_model folder the way llama.cpp's
+convert_hf_to_gguf.py lays them out: its metadata keys, its tensor names, q/k rows permuted for
+llama only, the tokenizer as tokenizer.ggml.* (byte-level BPE: tokens, merges, token types, the
+pre-tokenizer's name) and the chat template. No test needs llama.cpp."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+CONTROL, NORMAL = 3, 1
+LLAMA_CPP_PERMUTES = ("llama",)  # convert_hf_to_gguf.py's LlamaModel.undo_permute; Qwen2Model/Qwen3Model do not
+QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+               r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+STYLES = {"gpt-2": None, "qwen2": QWEN2_SPLIT, "llama-bpe": LLAMA3_SPLIT}  # tokenizer.ggml.pre -> split regex
+
+
+def restyle_tokenizer(folder: Path, pre: str) -> None:
+    """Give the folder's byte-level tokenizer.json the pre-tokenizer of a qwen2 or llama-3 tokenizer
+    (its split regex, then the byte mapping), as those models' own tokenizer.json files have it."""
+    split = STYLES[pre]
+    if split is None:
+        return
+    data = json.loads((folder / "tokenizer.json").read_text())
+    data["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [
+        {"type": "Split", "pattern": {"Regex": split}, "behavior": "Isolated", "invert": False},
+        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False}]}
+    if pre == "llama-bpe":
+        data["model"]["ignore_merges"] = True
+    (folder / "tokenizer.json").write_text(json.dumps(data, ensure_ascii=False))
+
+
+def write_gguf(folder: Path, out: Path, tensor_type: str = "f32", pre: str = "gpt-2", arch: str | None = None,
+               with_tensors: bool = True, types: dict[str, str] | None = None) -> Path:
+    """The folder as one GGUF file. tensor_type: the 2-D weights' type (f32, f16, q8_0, mixed: q8_0 for
+    the linear layers and f16 for the embedding); norms and biases stay f32; `types`: HF name -> type."""
+    from gguf import GGUFWriter
+
+    config = json.loads((folder / "config.json").read_text())
+    arch = arch or config["model_type"]
+    writer = GGUFWriter(str(out), arch)
+    _hyperparameters(writer, arch, config)
+    _tokenizer(writer, folder, pre)
+    if with_tensors:
+        _tensors(writer, folder, arch, config, tensor_type, types or {})
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return out
+
+
+def _hyperparameters(writer, arch: str, config: dict) -> None:
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    for key, value in {"context_length": config["max_position_embeddings"], "embedding_length": config["hidden_size"],
+                       "feed_forward_length": config["intermediate_size"], "block_count": config["num_hidden_layers"],
+                       "attention.head_count": config["num_attention_heads"],
+                       "attention.head_count_kv": config["num_key_value_heads"],
+                       "attention.key_length": head_dim, "attention.value_length": head_dim,
+                       "rope.dimension_count": head_dim, "vocab_size": config["vocab_size"]}.items():
+        writer.add_uint32(f"{arch}.{key}", value)
+    theta = config.get("rope_theta") or (config.get("rope_parameters") or {}).get("rope_theta", 10000.0)
+    writer.add_float32(f"{arch}.rope.freq_base", theta)
+    writer.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", config["rms_norm_eps"])
+
+
+def _tokenizer(writer, folder: Path, pre: str) -> None:
+    data = json.loads((folder / "tokenizer.json").read_text())
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    vocab = data["model"]["vocab"]
+    tokens = [None] * len(vocab)
+    for token, index in vocab.items():
+        tokens[index] = token
+    special = {t["content"] for t in data["added_tokens"] if t["special"]}
+    merges = [m if isinstance(m, str) else " ".join(m) for m in data["model"]["merges"]]
+    writer.add_string("tokenizer.ggml.model", "gpt2")
+    writer.add_string("tokenizer.ggml.pre", pre)
+    writer.add_array("tokenizer.ggml.tokens", tokens)
+    writer.add_array("tokenizer.ggml.token_type", [CONTROL if t in special else NORMAL for t in tokens])
+    writer.add_array("tokenizer.ggml.merges", merges)
+    writer.add_uint32("tokenizer.ggml.bos_token_id", vocab[config["bos_token"]])
+    writer.add_uint32("tokenizer.ggml.eos_token_id", vocab[config["eos_token"]])
+    writer.add_bool("tokenizer.ggml.add_bos_token", False)
+    writer.add_string("tokenizer.chat_template", config["chat_template"])
+
+
+def _tensors(writer, folder: Path, arch: str, config: dict, tensor_type: str, types: dict[str, str]) -> None:
+    from gguf import GGMLQuantizationType, quants
+    from safetensors.numpy import load_file
+
+    from services.worker.gguf_arch import ARCHITECTURES, GLOBAL_NAMES, LAYER_NAMES
+
+    to_gguf = {hf: name for name, hf in {**GLOBAL_NAMES, **LAYER_NAMES, **ARCHITECTURES[arch].layer_names}.items()}
+    heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
+    tensors = {}
+    for file in sorted(folder.glob("*.safetensors")):
+        tensors.update(load_file(str(file)))
+    for hf, array in sorted(tensors.items()):
+        array = array.astype(np.float32)
+        if hf.startswith("model.layers."):
+            _, _, layer, rest = hf.split(".", 3)
+            name = f"blk.{layer}.{to_gguf[rest]}"
+        else:
+            name = to_gguf[hf]
+        if arch in LLAMA_CPP_PERMUTES and ("q_proj" in hf or "k_proj" in hf):
+            n = heads if "q_proj" in hf else kv_heads  # llama.cpp's permute: interleaved rotary pairs
+            array = array.reshape(n, 2, array.shape[0] // n // 2, *array.shape[1:]).swapaxes(1, 2).reshape(array.shape)
+        kind = "f32" if array.ndim == 1 else tensor_type
+        if kind == "mixed":
+            kind = "f16" if hf == "model.embed_tokens.weight" else "q8_0"
+        kind = types.get(hf, kind)
+        if kind == "f32":
+            writer.add_tensor(name, array)
+        elif kind == "f16":
+            writer.add_tensor(name, array.astype(np.float16))
+        else:
+            qtype = GGMLQuantizationType[kind.upper()]
+            writer.add_tensor(name, quants.quantize(array, qtype), raw_dtype=qtype)

@@ -1,0 +1,98 @@
+"""A bare GGUF file is a model (llama, qwen2, qwen3): its metadata gives the architecture, the
+hyperparameters, the tokenizer and the template, and it serves the tokens of the Hugging Face folder it
+was written from; what it cannot serve is refused by name."""
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from services.core.errors import InvalidArgument
+from services.core.model_path import resolve_model_path
+from tests.conftest import greedy, make_llm, random_prompts
+from tests.gguf_files import write_gguf
+
+PROMPTS = random_prompts(4, 512, 1, 40, seed=3)
+MESSAGES = [[{"role": "user", "content": "Write 12 haiku about 日本 🎉"}]]
+
+
+def run(model, **engine_args):
+    llm = make_llm(model, **engine_args)
+    outs = llm.generate(PROMPTS, greedy(12, logprobs=1), use_tqdm=False)
+    chat = llm.chat(MESSAGES, greedy(4), use_tqdm=False)
+    return ([(o.outputs[0].token_ids, [lp.logprob for lp in o.outputs[0].logprobs]) for o in outs],
+            chat[0].prompt_token_ids, llm)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+def test_bare_file_serves_the_folder_tokens(tmp_path, model_dir, arch):
+    """F32 tensors: dequantized at load (quantization none), the bare file gives the folder's tokens and logprobs
+    to the bit; served as it is (auto: gguf, whose K groups are whole blocks of 32, other bits) the folder's
+    and transformers' greedy tokens; the chat prompt is tokenized as the folder's tokenizer does."""
+    from tests.engine.test_engine_parity import check_parity
+
+    folder = model_dir(arch, "tiny")
+    path = write_gguf(folder, tmp_path / f"{arch}.gguf", "f32")
+    want, want_chat_ids, _ = run(folder, quantization="none")
+    got, chat_ids, _ = run(path, quantization="none")
+    assert got == want
+    assert chat_ids == want_chat_ids
+    served, _, llm = run(path)
+    assert llm.engine.workers["worker-0"].quantization == "gguf"  # auto: the file's tensors as they are
+    assert [ids for ids, _ in served] == [ids for ids, _ in want]
+    assert check_parity(folder, [ids for ids, _ in served], PROMPTS, 12) == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_quantized_file_serves_as_the_folder_holding_it(tmp_path, model_dir, arch):
+    """Q8_0 layers and an F16 embedding: the bare file equals a folder with config.json, the tokenizer and
+    this file (the path served before files were models)."""
+    folder = tmp_path / "with-gguf"
+    shutil.copytree(model_dir(arch, "tiny"), folder)
+    path = write_gguf(folder, tmp_path / "m.gguf", "mixed")
+    shutil.copy(path, folder / "m.gguf")
+    assert run(path)[0] == run(folder)[0]
+
+
+def test_unserved_architecture_is_refused(tmp_path, model_dir):
+    path = write_gguf(model_dir("llama", "tiny"), tmp_path / "g.gguf", arch="gemma3", with_tensors=False)
+    from services.worker.model_config import ModelArchConfig
+
+    with pytest.raises(InvalidArgument, match="'gemma3'.*served GGUF architectures: llama, qwen2, qwen3"):
+        ModelArchConfig.from_model(path)
+
+
+def test_unserved_tensor_type_is_refused(tmp_path, model_dir):
+    """A type the quantized kernels do not serve (kernels/quant.py FORMATS) is refused naming the tensor."""
+    from kernels.quant import FORMATS
+
+    kind = next((k for k in ("q5_0", "q5_1") if k not in FORMATS), None)
+    if kind is None:
+        pytest.skip("the kernels serve every type the gguf package quantizes")
+    path = write_gguf(model_dir("llama", "tiny"), tmp_path / "m.gguf", "q8_0",
+                      types={"model.layers.0.mlp.down_proj.weight": kind})
+    with pytest.raises(InvalidArgument, match=f"mlp.down_proj.weight is {kind.upper()}; served types are"):
+        make_llm(path)
+
+
+def test_a_folder_of_several_files_names_them(tmp_path, model_dir):
+    for name in ("a.Q8_0.gguf", "b.F32.gguf"):
+        write_gguf(model_dir("llama", "tiny"), tmp_path / name, with_tensors=False)
+    with pytest.raises(InvalidArgument, match=r"several GGUF files \(a.Q8_0.gguf, b.F32.gguf\).*--model "):
+        resolve_model_path(str(tmp_path))
+    assert resolve_model_path(str(tmp_path / "b.F32.gguf")) == tmp_path / "b.F32.gguf"
+    (tmp_path / "b.F32.gguf").unlink()
+    assert resolve_model_path(str(tmp_path)) == tmp_path / "a.Q8_0.gguf"  # one file: that file
+
+
+def test_a_file_that_is_not_gguf_is_refused(tmp_path):
+    (tmp_path / "x.bin").write_bytes(b"nope")
+    with pytest.raises(InvalidArgument, match="not a GGUF file"):
+        resolve_model_path(str(tmp_path / "x.bin"))
+    (tmp_path / "x.gguf").write_bytes(b"nope")
+    from services.worker.model_config import ModelArchConfig
+
+    with pytest.raises(InvalidArgument, match="not a readable GGUF file"):
+        ModelArchConfig.from_model(tmp_path / "x.gguf")
