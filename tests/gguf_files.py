@@ -98,6 +98,9 @@ def _tensors(writer, folder: Path, arch: str, config: dict, tensor_type: str, ty
     tensors = {}
     for file in sorted(folder.glob("*.safetensors")):
         tensors.update(load_file(str(file)))
+    scaling = config.get("rope_scaling") or config.get("rope_parameters") or {}
+    if scaling.get("rope_type") == "llama3":
+        writer.add_tensor("rope_freqs.weight", _llama3_rope_factors(config, scaling))
     for hf, array in sorted(tensors.items()):
         array = array.astype(np.float32)
         if hf.startswith("model.layers."):
@@ -119,3 +122,25 @@ def _tensors(writer, folder: Path, arch: str, config: dict, tensor_type: str, ty
         else:
             qtype = GGMLQuantizationType[kind.upper()]
             writer.add_tensor(name, quants.quantize(array, qtype), raw_dtype=qtype)
+
+
+def _llama3_rope_factors(config: dict, scaling: dict) -> np.ndarray:
+    """What llama.cpp's converter stores for Llama 3's rope scaling: per frequency, the divisor of the
+    inverse frequency (1 for short wavelengths, `factor` for long ones, blended between)."""
+    import math
+
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    theta = config.get("rope_theta") or scaling.get("rope_theta", 10000.0)
+    factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
+    old_len = scaling["original_max_position_embeddings"]
+    factors = []
+    for i in range(0, head_dim, 2):
+        wavelen = 2 * math.pi * theta ** (i / head_dim)
+        if wavelen < old_len / high:
+            factors.append(1.0)
+        elif wavelen > old_len / low:
+            factors.append(factor)
+        else:
+            smooth = (old_len / wavelen - low) / (high - low)
+            factors.append(1 / ((1 - smooth) / factor + smooth))
+    return np.array(factors, dtype=np.float32)

@@ -45,6 +45,19 @@ def test_bare_file_serves_the_folder_tokens(tmp_path, model_dir, arch):
 
 
 @pytest.mark.slow
+def test_llama3_rope_scaling_from_the_files_rope_freqs(tmp_path, model_dir):
+    """Llama 3.1+ files carry their rope scaling as a rope_freqs tensor: served, it gives the greedy tokens of
+    the folder (whose config.json names llama3 scaling) and of transformers."""
+    from tests.engine.test_engine_parity import check_parity
+
+    folder = model_dir("llama", "tiny", rope_scaling_llama3=True)
+    path = write_gguf(folder, tmp_path / "llama3.gguf", "f32")
+    got = [ids for ids, _ in run(path, quantization="none")[0]]
+    assert got == [ids for ids, _ in run(folder, quantization="none")[0]]
+    assert check_parity(folder, got, PROMPTS, 12) == []
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
 def test_quantized_file_serves_as_the_folder_holding_it(tmp_path, model_dir, arch):
     """Q8_0 layers and an F16 embedding: the bare file equals a folder with config.json, the tokenizer and
