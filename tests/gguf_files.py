@@ -144,3 +144,36 @@ def _llama3_rope_factors(config: dict, scaling: dict) -> np.ndarray:
             smooth = (old_len / wavelen - low) / (high - low)
             factors.append(1 / ((1 - smooth) / factor + smooth))
     return np.array(factors, dtype=np.float32)
+
+
+def write_sentencepiece_gguf(out: Path, vocab_size: int = 2000) -> Path:
+    """A GGUF carrying only a SentencePiece-BPE tokenizer (tokenizer.ggml.model "llama", as Llama 2 and
+    Mistral files have): trained here on make_tokenizer's corpus with byte fallback; scores -id (the
+    merge order, as SentencePiece's BPE scores are), <unk> UNKNOWN, <s> </s> CONTROL, <0xNN> BYTE."""
+    from gguf import GGUFWriter
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    from services.tools.make_tokenizer import CORPUS_PATH
+
+    specials = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
+    tokenizer = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True))
+    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials, show_progress=False)
+    tokenizer.train_from_iterator(CORPUS_PATH.read_text(encoding="utf-8").splitlines(), trainer)
+    vocab = tokenizer.get_vocab()
+    tokens = sorted(vocab, key=vocab.get)
+    types = [2 if t == "<unk>" else 3 if t in ("<s>", "</s>") else 6 if t.startswith("<0x") else NORMAL
+             for t in tokens]
+    writer = GGUFWriter(str(out), "llama")
+    writer.add_string("tokenizer.ggml.model", "llama")
+    writer.add_array("tokenizer.ggml.tokens", tokens)
+    writer.add_array("tokenizer.ggml.scores", [0.0 if kind != NORMAL else -float(i) for i, kind in enumerate(types)])
+    writer.add_array("tokenizer.ggml.token_type", types)
+    writer.add_uint32("tokenizer.ggml.unknown_token_id", 0)
+    writer.add_uint32("tokenizer.ggml.bos_token_id", 1)
+    writer.add_uint32("tokenizer.ggml.eos_token_id", 2)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return out

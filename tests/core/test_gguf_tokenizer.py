@@ -21,6 +21,8 @@ TEXTS = [
     "Ünïcödé façade naïve — “quotes” … ½",
 ]
 
+ENGLISH = "The quick brown fox jumps over the lazy dog; the river rose above its banks."
+
 
 def transformers_ids(folder, name: str, texts: list[str]) -> list[list[int]]:
     from transformers import AutoTokenizer
@@ -83,3 +85,18 @@ def test_default_model_file_matches_transformers():
     assert got == ours(default_model_path(), TEXTS)
     tokenizer = Tokenizer(path)
     assert tokenizer.eos_token == "<|im_end|>" and tokenizer.template_source == reference.chat_template
+
+
+@pytest.mark.slow
+def test_sentencepiece_vocabulary_matches_transformers(tmp_path):
+    """tokenizer.ggml.model "llama": merges from the scores, byte fallback for what the vocabulary lacks
+    (CJK, emoji), a word-boundary prefix, BOS added (llama.cpp's default for this kind)."""
+    from tests.gguf_files import write_sentencepiece_gguf
+
+    path = write_sentencepiece_gguf(tmp_path / "spm.gguf")
+    texts = [t.replace("<|im_start|>", "<s>").replace("<|im_end|>", "</s>") for t in TEXTS] + [ENGLISH]
+    got = ours(path, texts)
+    assert got == transformers_ids(tmp_path, path.name, texts)
+    tokenizer = Tokenizer(path)
+    assert tokenizer.add_bos and tokenizer.encode("hi")[0] == 1
+    assert [tokenizer.decode(ids, skip_special_tokens=False) for ids in got] == texts
