@@ -44,3 +44,21 @@ def test_the_tests_mirror_the_source():
     folders = {path.parent.relative_to(ROOT / "tests").parts[0] for path in (ROOT / "tests").rglob("test_*.py")
                if path.parent != ROOT / "tests"}
     assert sorted(f for f in folders if f not in outside and not (ROOT / "services" / f).is_dir()) == []
+
+
+def test_the_gguf_sections_commands_parse_as_up_commands():
+    """README, "Bringing a GGUF file": every command it shows is one `pagedserve up` takes (its flags exist)."""
+    import argparse
+    import shlex
+
+    from services.__main__ import add_up_parser
+
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## Bringing a GGUF file\n", 1)[1].split("\n## ", 1)[0]
+    commands = re.findall(r"^\.venv/bin/pagedserve up (.+?)(?:\s+#.*)?$", section, re.M)
+    assert len(commands) >= 2, "the section's commands were not found: the pattern is wrong"
+    parser = argparse.ArgumentParser(exit_on_error=False)
+    add_up_parser(parser.add_subparsers())
+    for command in commands:
+        args = parser.parse_args(["up", *shlex.split(command)])
+        assert args.model.endswith((".gguf", "/")), command
