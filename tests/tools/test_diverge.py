@@ -199,3 +199,16 @@ def test_against_a_running_cluster_and_a_worker_killed_mid_request(model_dir, tm
         assert {k: c["status"] for k, c in v["cells"].items()} == {p["id"]: IDENTICAL for p in PROMPTS}, (name, v)
     assert variant(report, "worker-killed")["exercised"], variant(report, "worker-killed")["note"]
     assert code == 0
+
+
+@pytest.mark.slow
+def test_transformers_reference_reads_a_gguf_file(tmp_path, model_dir):
+    """`diverge --model FILE.gguf`: the transformers variant loads the file (transformers dequantizes it) and
+    gives the folder's greedy tokens."""
+    from services.tools.diverge.transformers_ref import TransformersReference
+    from tests.gguf_files import write_gguf
+
+    folder = model_dir("qwen2", "tiny")
+    path = write_gguf(folder, tmp_path / "m.gguf", "f32")
+    want = TransformersReference(folder).greedy([5, 6, 7, 8], 10).token_ids
+    assert TransformersReference(path).greedy([5, 6, 7, 8], 10).token_ids == want

@@ -13,7 +13,10 @@ class TransformersReference:
     def __init__(self, model_path: str | Path):
         from transformers import AutoModelForCausalLM  # only this variant needs it
 
-        self.model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.float32).eval()
+        path = Path(model_path)
+        where = {"pretrained_model_name_or_path": str(path.parent), "gguf_file": path.name} if path.is_file() else \
+            {"pretrained_model_name_or_path": str(path)}  # a GGUF file: transformers dequantizes it
+        self.model = AutoModelForCausalLM.from_pretrained(**where, dtype=torch.float32).eval()
         self.eos = self.model.generation_config.eos_token_id
 
     def greedy(self, prompt: list[int], max_tokens: int, ignore_eos: bool = True) -> Sample:
