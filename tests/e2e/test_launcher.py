@@ -408,7 +408,7 @@ def test_ctrl_c_during_startup_stops_what_started_and_starts_nothing_more(launch
 def test_up_refuses_a_model_that_is_not_there(launch, tmp_path):
     up = launch(["--model", str(tmp_path / "nothing")])
     assert up.finish(timeout=30) == 2
-    assert "neither a folder nor a hub id" in up.log()
+    assert "neither a folder, a GGUF file nor a hub id" in up.log()
 
 
 @pytest.mark.slow
