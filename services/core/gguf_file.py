@@ -20,6 +20,7 @@ from services.core.errors import InvalidArgument
 GGUF_SUFFIX = ".gguf"
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 _STRING, _ARRAY = 8, 9
+_F32 = 0  # ggml's tensor type code
 
 
 def is_gguf_file(path: str | Path) -> bool:
@@ -37,13 +38,14 @@ def tensor_shapes(path: str | Path) -> dict[str, tuple[int, ...]]:
 
 
 def read_tensor(path: str | Path, name: str) -> list[float]:
-    """A small F32 tensor's values (rope_freqs)."""
-    from gguf import GGUFReader
-
-    for tensor in GGUFReader(str(path)).tensors:
-        if tensor.name == name:
-            return [float(v) for v in tensor.data.reshape(-1)]
-    raise InvalidArgument("model", f"{Path(path).name} has no tensor {name!r}")
+    """A small F32 tensor's values (rope_freqs), read at its offset in the data section."""
+    start = dict(_cached(path)[2]).get(name)
+    if start is None:
+        raise InvalidArgument("model", f"{Path(path).name} has no F32 tensor {name!r}")
+    offset, count = start
+    with open(path, "rb") as file:
+        file.seek(offset)
+        return np.frombuffer(file.read(4 * count), "<f4").tolist()
 
 
 def _cached(path: str | Path) -> tuple:
@@ -73,13 +75,17 @@ def _parse(data) -> tuple:
         value = reader.value(reader.scalar("<I"))
         if not key.startswith("GGUF."):
             fields.append((key, value))
-    shapes = []
+    shapes, f32 = [], []
     for _ in range(num_tensors):
         name = reader.string()
         dims = [reader.scalar("<Q") for _ in range(reader.scalar("<I"))]
-        reader.scalar("<I"), reader.scalar("<Q")  # type, offset
+        kind, offset = reader.scalar("<I"), reader.scalar("<Q")
         shapes.append((name, tuple(reversed(dims))))
-    return tuple(fields), tuple(shapes)
+        if kind == _F32:
+            f32.append((name, offset, int(np.prod(dims))))
+    align = int(dict(fields).get("general.alignment", 32))
+    data_start = (reader.pos + align - 1) // align * align
+    return tuple(fields), tuple(shapes), tuple((name, (data_start + offset, count)) for name, offset, count in f32)
 
 
 class _Reader:

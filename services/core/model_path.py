@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from services.core.errors import InvalidArgument
-from services.core.gguf_file import GGUF_SUFFIX
+from services.core.gguf_file import GGUF_SUFFIX, is_gguf_file
 
 DEFAULT_MODEL = "default"
 
@@ -50,7 +50,7 @@ def resolve_tokenizer_path(tokenizer: str | None, model_path: Path) -> Path:
     if not tokenizer:
         return Path(model_path)
     path = Path(tokenizer).expanduser()
-    if path.is_file() and path.suffix.lower() == GGUF_SUFFIX:
+    if is_gguf_file(path):
         return path
     if not (path / "tokenizer.json").is_file():
         raise InvalidArgument("tokenizer", f"{tokenizer!r} is not a folder with a tokenizer.json (nor a GGUF file)")

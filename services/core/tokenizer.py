@@ -10,6 +10,7 @@ from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders
 
 from services.core.errors import InvalidArgument
+from services.core.gguf_file import is_gguf_file
 
 
 def _raise(message: str):
@@ -22,7 +23,7 @@ class Tokenizer:
 
     def __init__(self, source: str | Path):
         source = Path(source)
-        if source.is_file() and source.suffix.lower() == ".gguf":
+        if is_gguf_file(source):
             from services.core.gguf_tokenizer import load_gguf_tokenizer
 
             loaded = load_gguf_tokenizer(source)

@@ -111,7 +111,7 @@ def config_dict(path: str | Path) -> dict:
         "rope_scaling": _rope_scaling(meta, arch, path, ROPE_FREQS in shapes),
         "max_position_embeddings": int(key("context_length")),
         "tie_word_embeddings": "output.weight" not in shapes,
-        "attention_bias": f"blk.0.attn_q.bias" in shapes,
+        "attention_bias": "blk.0.attn_q.bias" in shapes,
         "eos_token_id": [int(e) for e in dict.fromkeys(eos) if e is not None],
         "bos_token_id": meta.get("tokenizer.ggml.bos_token_id"),
         "torch_dtype": "float32",
