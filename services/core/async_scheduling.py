@@ -23,18 +23,19 @@ class AsyncScheduler(Scheduler):
     config.async_scheduling is): the same steps, and a pure decode step's continuation announced."""
 
     def plan_next_step(self, plan: StepPlan) -> bool:
-        """Whether the worker may run this step's continuation early: nothing waits to be admitted,
+        """Whether the worker may run this step's continuation early: nothing waits to be admitted there,
         and the step is a pure decode step over every sequence the worker runs. Each sequence that
         goes on then gets the slot of its next token now (at most one block ahead of time), so the
         continuation needs nothing new, and the next step can neither preempt nor swap it; a
         request that arrives meanwhile joins that step. Called before the delta is filled: it may
         add blocks."""
-        delta, blocks = plan.delta, self.workers[plan.worker_id].blocks
-        if self.waiting or self.swapped or not plan.scheduled:
+        ws = self.workers[plan.worker_id]
+        delta, blocks = plan.delta, ws.blocks
+        if self.waits_for(ws) or ws.swapped or not plan.scheduled:
             return False
         if delta.blocks_to_swap_in or delta.blocks_to_swap_out or delta.blocks_to_copy:
             return False
-        if len(plan.scheduled) != sum(1 for s in self.running.values() if s.worker_id == plan.worker_id):
+        if len(plan.scheduled) != len(ws.running):
             return False
         for seq, num_new in plan.scheduled:
             if seq.num_tokens_on_worker == 0 or num_new != 1 or seq.num_computed_tokens + 1 != seq.num_tokens:

@@ -123,6 +123,17 @@ class BlockManager:
         self._num_prefix_hits += num_hit_tokens
         return num_hit_tokens
 
+    def num_cached_blocks(self, block_hashes: list[bytes]) -> int:
+        """How many of the leading full blocks with these chained hashes (hash_full_blocks) the cache
+        holds; reads only (no reference taken, no stats counted): the scheduler's placement asks
+        every worker before it picks one. 0 when prefix caching is off."""
+        if not self.enable_prefix_caching:
+            return 0
+        for index, block_hash in enumerate(block_hashes):
+            if self._pool.lookup(block_hash) is None:
+                return index
+        return len(block_hashes)
+
     def cache_full_blocks(self, seq_id: int, token_ids: list[int], num_computed_tokens: int) -> None:
         """Register (hash) every block of the sequence that is full and entirely within the
         first num_computed_tokens tokens and not registered yet. No-op when caching is off.

@@ -30,6 +30,10 @@ class WaitingQueue:
     def push(self, seq: Sequence) -> None:
         bisect.insort(self._entries, (policy_key(self.policy, seq), seq.seq_id))
 
+    def __iter__(self):
+        """Sequence ids in policy order (a copy: the queue may change while they are read)."""
+        return iter([seq_id for _, seq_id in self._entries])
+
     def peek(self) -> int:
         return self._entries[0][1]
 

@@ -56,6 +56,7 @@ class Sequence:
     status: SeqStatus = SeqStatus.WAITING
     num_computed_tokens: int = 0
     worker_id: str | None = None  # where its blocks live (running or swapped)
+    placed: str | None = None  # while waiting: the worker placement chose for it (None: not placed yet)
     num_tokens_on_worker: int = 0  # how much of it the worker's mirror holds (0: not held)
     num_blocks_on_worker: int = 0
     finish_reason: str | None = None  # "stop", "length" or "abort"

@@ -27,6 +27,10 @@ class BlockStats:
 class WorkerStats(BlockStats):
     worker_id: str
     num_running: int = 0  # sequences running on it
+    num_waiting: int = 0  # sequences placed on it, waiting to start
+    num_swapped: int = 0  # sequences swapped out of it
+    num_steps: int = 0  # steps it ran since it joined
+    step_time_s: float = 0.0  # its steps' moving average, scheduled to applied (the round trip)
     address: str = ""  # host:port the scheduler steps it at (the service's; empty in process)
 
 
@@ -37,7 +41,7 @@ class SchedulerStats:
     num_swapped: int = 0
     num_preemptions: int = 0  # since the scheduler started
     workers: tuple[WorkerStats, ...] = field(default_factory=tuple)  # sorted by worker_id
-    num_steps: int = 0  # steps run since start (the service's step loop)
+    num_steps: int = 0  # worker-steps run since start, all workers together (the service's step loops)
     max_model_len: int = 0  # prompt + output limit (0 until a worker registered)
     vocab_size: int = 0  # of the served model (0 until a worker registered)
     model: str = ""  # the model folder the workers loaded

@@ -2,7 +2,9 @@
 
 Latencies and token counters are recorded by FrontendCore.generate, the path every
 transport shares, so gRPC and HTTP requests both count. Queue, preemption, KV-cache and
-prefix-cache figures are the scheduler's, read from its GetStats at scrape time.
+prefix-cache figures are the scheduler's, read from its GetStats at scrape time; the
+per-worker ones (label `worker`: running, waiting, swapped, step time, steps, KV usage, prefix
+cache) show a worker that falls behind, since each worker steps at its own pace.
 
 The same queue, running, KV-cache and prefix-cache figures are also exported, summed over the
 workers, under the names the Gateway API Inference Extension's model-server protocol documents
@@ -146,8 +148,25 @@ class SchedulerCollector:
                            [([w.worker_id], w.prefix_cache_queries) for w in workers], ["worker"])
         yield self._family(CounterMetricFamily, "prefix_cache_hits", "Prompt tokens found in the prefix cache.",
                            [([w.worker_id], w.prefix_cache_hits) for w in workers], ["worker"])
+        yield from self._per_worker(stats)
         yield from self._spec_decode(stats)
         yield from self._inference_extension(stats)
+
+    def _per_worker(self, stats: SchedulerStats):
+        """Each worker's queues and pace (label `worker`): the workers step independently, so one
+        slow worker shows here, not in the totals."""
+        workers = stats.workers
+        for kind, name, doc, value in (
+                (GaugeMetricFamily, "worker_num_requests_running", "Sequences running on the worker.",
+                 lambda w: w.num_running),
+                (GaugeMetricFamily, "worker_num_requests_waiting", "Sequences placed on the worker, waiting to start.",
+                 lambda w: w.num_waiting),
+                (GaugeMetricFamily, "worker_num_requests_swapped", "Sequences swapped out of the worker.",
+                 lambda w: w.num_swapped),
+                (GaugeMetricFamily, "worker_step_time_seconds", "The worker's step time, scheduled to applied "
+                                                                "(moving average).", lambda w: w.step_time_s),
+                (CounterMetricFamily, "worker_steps", "Steps the worker ran since it joined.", lambda w: w.num_steps)):
+            yield self._family(kind, name, doc, [([w.worker_id], value(w)) for w in workers], ["worker"])
 
     def _spec_decode(self, stats: SchedulerStats):
         """Speculative decoding's counters, vLLM's names (services/core/spec_decode.py)."""

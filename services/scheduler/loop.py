@@ -1,11 +1,14 @@
-"""The scheduler's async step loop over the core Scheduler, and its worker registry.
+"""The scheduler's step loops over the core Scheduler, one per worker, and its worker registry.
 
-Each round: wait until there is work and a worker; `schedule()`; send every worker its
-Step concurrently; `update()` with each result; route the updates to the requests'
-streams. A worker whose Step fails, or that stops heartbeating, is dropped with
-`Scheduler.remove_worker`: its sequences are recomputed elsewhere, and since only applied
-tokens are streamed, a client sees no error and no repeated token. Everything here runs
-on the one event loop thread, so the core is only touched between awaits.
+Each worker has its own loop (an asyncio task on the one event loop): wait until there is
+work; `schedule_worker()`; send the worker its Step; `update()` with the result; route the
+updates to the requests' streams; again. The workers step at their own pace: a slow, paused or
+hung worker delays only the sequences it runs, never another worker's (the core keeps each
+worker's queues and blocks apart, services/core/worker_scheduler.py). A worker whose Step
+fails, or that stops heartbeating, is dropped with `Scheduler.remove_worker`: its sequences are
+recomputed elsewhere, and since only applied tokens are streamed, a client sees no error and no
+repeated token. Everything here runs on the one event loop thread, so the core is only touched
+between awaits.
 """
 from __future__ import annotations
 
@@ -39,7 +42,8 @@ class StepLoop:
         self.num_steps = 0
         self.draining = False
         self.last_refusal: str | None = None  # why the last worker refused was refused (told to clients)
-        self._wake = asyncio.Event()
+        self._wake = asyncio.Event()  # the supervisor's: a worker joined
+        self._loops: dict[str, tuple[RemoteWorker, asyncio.Task, asyncio.Event]] = {}  # worker_id -> its loop
 
     # ---- requests --------------------------------------------------------------
     def submit(self, request_id: str, prompt: list[int], params: SamplingParams, priority: int,
@@ -53,14 +57,14 @@ class StepLoop:
         check(bool(request_id), "request_id", "must not be empty")
         check(request_id not in self.router.streams, "request_id", f"{request_id!r} is already running")
         stream = self.router.open(self.core.add_request(request_id, prompt, params, priority, continued), deliver)
-        self._wake.set()
+        self._wake_all()
         return stream
 
     def release(self, request_id: str) -> None:
         """The request's call ended or cancelled it; if it is still running the client went away: abort it."""
         if self.router.close(request_id, "request_cancelled"):
             self.core.abort(request_id)
-            self._wake.set()
+            self._wake_all()
 
     def stop_sample(self, request_id: str, sample_index: int) -> None:
         """End one sample of a running request (a stop string matched at the frontend): reason stop."""
@@ -70,7 +74,7 @@ class StepLoop:
         self.core.stop_sample(request_id, sample_index)
         if stream is not None and sample_index not in stream.finish_reasons:
             self.router.route([stream.stopped(sample_index)])
-        self._wake.set()
+        self._wake_all()
 
     async def drain(self) -> None:
         """Refuse new requests and wait until the running ones finish."""
@@ -97,7 +101,7 @@ class StepLoop:
         self.workers[worker_id] = RemoteWorker(worker_id, address, info, self.config.step_timeout_s)
         log.info("worker_registered", worker_id=worker_id, address=address, num_gpu_blocks=info.num_gpu_blocks,
                  num_cpu_blocks=info.num_cpu_blocks, device=info.device, dtype=info.dtype)
-        self._wake.set()
+        self._wake_all()
         return None
 
     def _admit(self, worker_id: str, info: WorkerInfo) -> None:
@@ -120,7 +124,7 @@ class StepLoop:
         num_moved = self.core.remove_worker(worker_id)
         log.warning("worker_dropped", worker_id=worker_id, address=handle.address, reason=reason,
                     num_recomputed=num_moved)
-        self._wake.set()
+        self._wake_all()
         await handle.close()
 
     async def close(self) -> None:
@@ -137,19 +141,53 @@ class StepLoop:
             for handle in [h for h in self.workers.values() if h.last_seen < deadline]:
                 await self.drop(handle.worker_id, "missed heartbeats")
 
-    # ---- the loop --------------------------------------------------------------
+    # ---- the loops -------------------------------------------------------------
     async def run(self) -> None:
-        while True:
-            while not (self.core and self.workers and self.core.has_unfinished()):
-                await self._sleep()
+        """Keep one step loop running per registered worker (started when it joins, ended when it
+        is dropped); cancelling this cancels them all."""
+        try:
+            while True:
+                for worker_id, handle in list(self.workers.items()):
+                    if worker_id not in self._loops or self._loops[worker_id][0] is not handle:
+                        wake = asyncio.Event()
+                        task = asyncio.create_task(self._worker_loop(handle, wake), name=f"step-loop-{worker_id}")
+                        self._loops[worker_id] = (handle, task, wake)
+                await self._wake.wait()
+                self._wake.clear()
+        finally:
+            tasks = [task for _, task, _ in self._loops.values()]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            self._loops.clear()
+
+    def _wake_all(self) -> None:
+        """Something changed that any worker's loop may act on (a request, an abort, a worker)."""
+        self._wake.set()
+        for _, _, wake in self._loops.values():
+            wake.set()
+
+    def _wake_others(self, worker_id: str) -> None:
+        for other, (_, _, wake) in self._loops.items():
+            if other != worker_id:
+                wake.set()
+
+    async def _worker_loop(self, handle: RemoteWorker, wake: asyncio.Event) -> None:
+        """Step one worker while it is registered: step after step while it has work, else sleep
+        until woken."""
+        worker_id = handle.worker_id
+        while self.workers.get(worker_id) is handle:
+            wake.clear()
             try:
-                progressed = await self.step()
+                progressed = self.core.has_unfinished() and await self.step_worker(handle)
             except Exception as error:  # a bug, not a worker failure: fail what is in flight, keep serving
-                log.exception("step_failed", step=self.core.step_id)
+                log.exception("step_failed", worker_id=worker_id, step=self.core.step_id)
                 self._fail_all(error)
                 continue
             if not progressed:
-                await self._sleep()  # nothing fits now: wait for a new worker, request or abort
+                await wake.wait()  # nothing fits now: wait for a new worker, request, abort or free seat
+        if self._loops.get(worker_id, (None,))[0] is handle:
+            del self._loops[worker_id]
 
     def _fail_all(self, error: Exception) -> None:
         """End every open stream with the error and abort its request, so its blocks are freed."""
@@ -157,38 +195,42 @@ class StepLoop:
             self.core.abort(request_id)
             self.router.fail(request_id, error)
 
-    async def _sleep(self) -> None:
-        await self._wake.wait()
-        self._wake.clear()
-
-    async def step(self) -> bool:
-        """One round over every worker; False when no worker had anything to do."""
-        deltas = self.core.schedule()
-        if not deltas:
+    async def step_worker(self, handle: RemoteWorker) -> bool:
+        """One step of one worker; False when it had nothing to do."""
+        worker_id = handle.worker_id
+        delta = self.core.schedule_worker(worker_id)
+        if delta is None:
             return False
-        now = time.monotonic()
-        for stream in self.router.streams.values():
-            stream.mark_scheduled(now)
-        handles = [self.workers[worker_id] for worker_id in deltas]
-        results = await asyncio.gather(*(h.step(deltas[h.worker_id]) for h in handles), return_exceptions=True)
+        self._mark_scheduled(delta)
+        try:
+            result = await handle.step(delta)
+        except WorkerForgot as error:
+            if self.workers.get(worker_id) is handle:
+                await self._resend_in_full(handle, str(error))
+            return True
+        except WorkerLost as error:
+            await self.drop(worker_id, str(error))
+            return True
         self.num_steps += 1
-        updates = []
-        for handle, result in zip(handles, results):
-            if self.workers.get(handle.worker_id) is not handle:
-                continue  # dropped while stepping; its sequences are already waiting again
-            if isinstance(result, WorkerForgot):
-                await self._resend_in_full(handle, str(result))
-            elif isinstance(result, WorkerLost):
-                await self.drop(handle.worker_id, str(result))
-            elif isinstance(result, BaseException):
-                raise result
-            else:
-                handle.forgot = False
-                updates += self.core.update(handle.worker_id, result)
+        if self.workers.get(worker_id) is not handle:
+            return True  # dropped while stepping; its sequences are already waiting again
+        handle.forgot = False
+        updates = self.core.update(worker_id, result)
         self.router.route(updates)
-        log.debug("step", step=self.core.step_id, num_workers=len(deltas), num_updates=len(updates),
-                  num_tokens=sum(d.num_scheduled_tokens for d in deltas.values()))
+        if len(self.core.waiting):  # a finished sequence may have freed room another worker's turn can use
+            self._wake_others(worker_id)
+        log.debug("step", worker_id=worker_id, step=delta.step_id, num_updates=len(updates),
+                  num_tokens=delta.num_scheduled_tokens)
         return True
+
+    def _mark_scheduled(self, delta) -> None:
+        """The queue time of each request whose sequence this step starts."""
+        now = time.monotonic()
+        for new in delta.new_seqs:
+            seq = self.core.seqs.get(new.seq_id)
+            stream = self.router.streams.get(seq.request.request_id) if seq is not None else None
+            if stream is not None:
+                stream.mark_scheduled(now)
 
     async def _resend_in_full(self, handle: RemoteWorker, reason: str) -> None:
         """FAILED_PRECONDITION: the worker does not hold a sequence it was sent. Its sequences are
@@ -200,7 +242,7 @@ class StepLoop:
         handle.forgot = True
         num_resent = self.core.reset_worker(handle.worker_id)
         log.warning("worker_state_lost", worker_id=handle.worker_id, reason=reason, num_resent=num_resent)
-        self._wake.set()
+        self._wake_all()
 
     # ---- stats -----------------------------------------------------------------
     def stats(self) -> SchedulerStats:

@@ -102,7 +102,7 @@ class GetStatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class WorkerStats(_message.Message):
-    __slots__ = ("worker_id", "address", "num_gpu_blocks", "num_free_gpu_blocks", "num_cpu_blocks", "num_free_cpu_blocks", "prefix_cache_queries", "prefix_cache_hits", "num_running")
+    __slots__ = ("worker_id", "address", "num_gpu_blocks", "num_free_gpu_blocks", "num_cpu_blocks", "num_free_cpu_blocks", "prefix_cache_queries", "prefix_cache_hits", "num_running", "num_waiting", "num_swapped", "num_steps", "step_time_s")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     NUM_GPU_BLOCKS_FIELD_NUMBER: _ClassVar[int]
@@ -112,6 +112,10 @@ class WorkerStats(_message.Message):
     PREFIX_CACHE_QUERIES_FIELD_NUMBER: _ClassVar[int]
     PREFIX_CACHE_HITS_FIELD_NUMBER: _ClassVar[int]
     NUM_RUNNING_FIELD_NUMBER: _ClassVar[int]
+    NUM_WAITING_FIELD_NUMBER: _ClassVar[int]
+    NUM_SWAPPED_FIELD_NUMBER: _ClassVar[int]
+    NUM_STEPS_FIELD_NUMBER: _ClassVar[int]
+    STEP_TIME_S_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     address: str
     num_gpu_blocks: int
@@ -121,7 +125,11 @@ class WorkerStats(_message.Message):
     prefix_cache_queries: int
     prefix_cache_hits: int
     num_running: int
-    def __init__(self, worker_id: _Optional[str] = ..., address: _Optional[str] = ..., num_gpu_blocks: _Optional[int] = ..., num_free_gpu_blocks: _Optional[int] = ..., num_cpu_blocks: _Optional[int] = ..., num_free_cpu_blocks: _Optional[int] = ..., prefix_cache_queries: _Optional[int] = ..., prefix_cache_hits: _Optional[int] = ..., num_running: _Optional[int] = ...) -> None: ...
+    num_waiting: int
+    num_swapped: int
+    num_steps: int
+    step_time_s: float
+    def __init__(self, worker_id: _Optional[str] = ..., address: _Optional[str] = ..., num_gpu_blocks: _Optional[int] = ..., num_free_gpu_blocks: _Optional[int] = ..., num_cpu_blocks: _Optional[int] = ..., num_free_cpu_blocks: _Optional[int] = ..., prefix_cache_queries: _Optional[int] = ..., prefix_cache_hits: _Optional[int] = ..., num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., num_swapped: _Optional[int] = ..., num_steps: _Optional[int] = ..., step_time_s: _Optional[float] = ...) -> None: ...
 
 class GetStatsResponse(_message.Message):
     __slots__ = ("num_waiting", "num_running", "num_swapped", "num_preemptions", "workers", "max_model_len", "vocab_size", "model", "num_steps", "batch_invariant", "spec_decode_num_drafts", "spec_decode_num_draft_tokens", "spec_decode_num_accepted_tokens", "spec_decode_num_accepted_tokens_per_pos")

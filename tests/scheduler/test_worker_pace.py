@@ -1,0 +1,115 @@
+"""The step loop with stand-in workers: each worker steps at its own pace. A worker whose Step
+does not answer holds back only its own sequences; the other worker's keep getting tokens, and
+the held ones go on with the same tokens once it answers."""
+from __future__ import annotations
+
+import asyncio
+import time
+
+from services.core.config import SchedulerConfig
+from services.core.sampling_params import SamplingParams
+from services.core.step import SeqOutput, StepDelta, StepResult, WorkerInfo
+from services.scheduler.config import SchedulerServiceConfig
+from services.scheduler.loop import StepLoop
+
+INFO = WorkerInfo(model="stand-in", dtype="float32", block_size=8, num_gpu_blocks=64, num_cpu_blocks=0,
+                  vocab_size=100, max_model_len=256, eos_token_ids=(1,), device="cpu", batch_invariant=True)
+MAX_TOKENS = 24
+
+
+def token_at(length: int) -> int:
+    """What a stand-in samples after `length` tokens: a function of the position only, as a seeded
+    greedy sample is of the tokens before it (never 1, the eos)."""
+    return 3 + (length * 7) % 50
+
+
+class StandIn:
+    """The RemoteWorker interface without a wire: mirrors sequences and samples token_at. Its Step
+    waits on `gate` (set: answers at once) from its `gate_from`-th step on."""
+
+    def __init__(self, worker_id: str, gate_from: int | None = None):
+        self.worker_id, self.address, self.info = worker_id, f"stand-in/{worker_id}", INFO
+        self.last_seen, self.forgot = time.monotonic(), False
+        self.lengths: dict[int, int] = {}
+        self.num_steps, self.gate_from, self.gate = 0, gate_from, asyncio.Event()
+        self.gate.set()
+        self.seq_ids: set[int] = set()  # every sequence it ran
+
+    async def step(self, delta: StepDelta) -> StepResult:
+        self.num_steps += 1
+        if self.gate_from is not None and self.num_steps >= self.gate_from:
+            await self.gate.wait()
+        await asyncio.sleep(0.002)  # a step takes a moment
+        for seq_id in delta.finished_seq_ids:
+            self.lengths.pop(seq_id, None)
+        result = StepResult(delta.step_id)
+        for new in delta.new_seqs:
+            self.lengths[new.seq_id] = len(new.prompt_token_ids) + len(new.output_token_ids)
+        for cached in delta.cached_seqs:
+            self.lengths[cached.seq_id] += len(cached.new_token_ids)
+        for seq in delta.new_seqs + delta.cached_seqs:
+            self.seq_ids.add(seq.seq_id)
+            if seq.num_computed_tokens + seq.num_scheduled_tokens == self.lengths[seq.seq_id]:
+                result.outputs.append(SeqOutput(seq.seq_id, [token_at(self.lengths[seq.seq_id])]))
+        self.last_seen = time.monotonic()
+        return result
+
+    async def close(self) -> None:
+        pass
+
+
+class Client:
+    """Each request's tokens as delivered, and when the last one came."""
+
+    def __init__(self):
+        self.tokens: dict[str, list[int]] = {}
+        self.done: dict[str, asyncio.Event] = {}
+
+    async def all_started(self) -> None:
+        while not all(self.tokens.values()):
+            await asyncio.sleep(0.01)
+
+    def deliver(self, request_id: str):
+        self.tokens[request_id], self.done[request_id] = [], asyncio.Event()
+
+        def take(item) -> None:
+            if item is None or isinstance(item, Exception):
+                self.done[request_id].set()
+            else:
+                self.tokens[request_id] += [t for update in item for t in update.token_ids]
+        return take
+
+
+def test_a_worker_whose_step_hangs_holds_back_only_its_own_sequences():
+    prompts = {f"r{i}": [10 + i] * (5 + 3 * i) for i in range(4)}
+
+    async def main():
+        loop = StepLoop(SchedulerServiceConfig(scheduler=SchedulerConfig(block_size=8, async_scheduling=False)))
+        workers = {"w0": StandIn("w0"), "w1": StandIn("w1", gate_from=3)}
+        for worker_id, handle in workers.items():
+            loop._admit(worker_id, INFO)
+            loop.workers[worker_id] = handle
+        running = asyncio.create_task(loop.run())
+        client = Client()
+        try:
+            workers["w1"].gate.clear()  # w1 answers its first two steps, then hangs
+            for request_id, prompt in prompts.items():
+                loop.submit(request_id, prompt, SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True),
+                            0, (), client.deliver(request_id))
+            await asyncio.wait_for(client.all_started(), 5)  # w1 answers its first steps
+            on_w1 = {loop.core.seqs[seq_id].request.request_id for seq_id in workers["w1"].seq_ids}
+            on_w0 = set(prompts) - on_w1
+            assert on_w0 and on_w1, "the requests are spread over both workers"
+            # while w1 hangs, w0's requests run to their end
+            await asyncio.wait_for(asyncio.gather(*(client.done[r].wait() for r in on_w0)), 5)
+            assert all(len(client.tokens[r]) < MAX_TOKENS for r in on_w1), "w1's requests waited for it"
+            workers["w1"].gate.set()
+            await asyncio.wait_for(asyncio.gather(*(client.done[r].wait() for r in on_w1)), 5)
+        finally:
+            running.cancel()
+            await asyncio.gather(running, return_exceptions=True)
+        for request_id, prompt in prompts.items():
+            assert client.tokens[request_id] == [token_at(len(prompt) + i) for i in range(MAX_TOKENS)]
+        assert loop.core.stats().num_running == 0 and not loop.core.requests
+
+    asyncio.run(main())
