@@ -12,7 +12,8 @@ scheduler what a real one does and the worker almost nothing. A client on one Su
 a frontend's, keeps seqs-per-worker x N requests running (16-token prompts, ignore_eos, 4000
 tokens: none ends during the window). The stand-ins and the client share this process.
 
-Per N, over the window: steps/s (rounds over all workers), worker-steps/s, the scheduler's CPU time
+Per N, over the window: steps/s (of the slowest worker; each worker steps at its own pace, its own
+step loop in the scheduler), worker-steps/s, the scheduler's CPU time
 per worker-step, its CPU use (1.0 = one core: its one event loop is saturated), this process's CPU
 use (the stand-ins and the client: when it nears 1.0 they, not the scheduler, set the pace), and the
 latency the scheduler adds per step as a worker sees it: from a worker's answer leaving until its
@@ -191,13 +192,13 @@ async def measure(num_workers: int, seqs_per_worker: int, seconds: float, profil
 
         for worker in workers:
             worker.gaps.clear()
-        steps0 = (await stub.GetStats(scheduler_pb2.GetStatsRequest())).num_steps
-        worker_steps0, tokens0 = sum(w.num_steps for w in workers), load.num_tokens
+        each0, tokens0 = [w.num_steps for w in workers], load.num_tokens
         cpu0, mine0, t0 = cpu_seconds(scheduler), cpu_seconds(me), time.perf_counter()
         await asyncio.sleep(seconds)
         cpu1, mine1, t1 = cpu_seconds(scheduler), cpu_seconds(me), time.perf_counter()
         stats = await stub.GetStats(scheduler_pb2.GetStatsRequest())
-        worker_steps = sum(w.num_steps for w in workers) - worker_steps0
+        each = [w.num_steps - n for w, n in zip(workers, each0)]
+        worker_steps, steps = sum(each), min(each)  # steps: the slowest worker's (each steps at its own pace)
         num_tokens = load.num_tokens - tokens0
         if load.errors or stats.num_running != num_requests:
             raise RuntimeError(f"the load changed during the window: {stats.num_running} running, {load.errors[:3]}")
@@ -205,11 +206,11 @@ async def measure(num_workers: int, seqs_per_worker: int, seconds: float, profil
         wall = t1 - t0
         return {
             "workers": num_workers, "seqs_per_worker": seqs_per_worker, "seconds": wall,
-            "steps_per_s": (stats.num_steps - steps0) / wall,
+            "steps_per_s": steps / wall,
             "worker_steps_per_s": worker_steps / wall,
             "tokens_per_s": num_tokens / wall,
             "scheduler_cpu_ms_per_worker_step": 1e3 * (cpu1 - cpu0) / max(worker_steps, 1),
-            "scheduler_cpu_ms_per_step": 1e3 * (cpu1 - cpu0) / max(stats.num_steps - steps0, 1),
+            "scheduler_cpu_ms_per_step": 1e3 * (cpu1 - cpu0) / max(steps, 1),
             "scheduler_cpu_use": (cpu1 - cpu0) / wall,
             "driver_cpu_use": (mine1 - mine0) / wall,
             "added_latency_ms_p50": 1e3 * statistics.median(gaps),
@@ -235,7 +236,7 @@ def plot(rows: list[dict], path: Path, target_ms: float) -> None:
     import matplotlib.pyplot as plt
     n = [r["workers"] for r in rows]
     fig, (left, middle, right) = plt.subplots(1, 3, figsize=(13, 4))
-    left.plot(n, [r["steps_per_s"] for r in rows], "o-", label="steps/s (rounds)")
+    left.plot(n, [r["steps_per_s"] for r in rows], "o-", label="steps/s (slowest worker's)")
     left.plot(n, [r["worker_steps_per_s"] for r in rows], "s-", label="worker-steps/s")
     left.set_xscale("log", base=2)
     left.set_xlabel("stand-in workers")

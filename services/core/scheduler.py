@@ -101,7 +101,7 @@ class Scheduler:
             return 0
         for seq_id in self.waiting:
             if self.seqs[seq_id].placed == worker_id:
-                self.seqs[seq_id].placed = None  # placed again when a worker schedules
+                self._place(self.seqs[seq_id])  # None while no worker is left: placed when one joins
         moved = ws.evict()
         for seq in moved:
             self.enqueue(seq)
@@ -241,20 +241,29 @@ class Scheduler:
 
     def admit_waiting(self, ws: WorkerScheduler, plan: StepPlan) -> None:
         """Start on ws, in policy order, what waits for it, and what waits for a worker that is
-        stalled or full; stop at the first that does not fit now."""
+        stalled or has no room for it; stop at the first that does not fit now."""
+        if not ws.has_seat() or not self.waiting:
+            return
         now = time.monotonic()
         for seq_id in self.waiting:
             seq = self.seqs[seq_id]
             owner = self.workers.get(seq.placed) or self._place(seq)
-            if owner is not ws and not (owner.is_stalled(now) or not owner.has_seat()):
+            if owner is not ws and not (owner is None or owner.is_stalled(now) or not self._has_room(owner, seq)):
                 continue
             if not ws.admit(seq, plan):
-                return
+                if owner is ws:
+                    return  # its own next one waits for room here: none placed behind it passes it
+                continue
             self._dequeue(seq)
 
     def waits_for(self, ws: WorkerScheduler) -> bool:
-        """Whether a sequence waits that ws would take (placed on it, or not placed yet)."""
-        return ws.num_waiting > 0 or any(self.seqs[s].placed not in self.workers for s in self.waiting)
+        """Whether a sequence placed on ws waits."""
+        return ws.num_waiting > 0
+
+    def _has_room(self, ws: WorkerScheduler, seq: Sequence, num_cached_blocks: int = 0) -> bool:
+        """A seat, and the free blocks seq's tokens need (beyond its cached prefix)."""
+        needed = ws.blocks.num_blocks_needed(seq.num_tokens) - num_cached_blocks
+        return ws.has_seat() and ws.blocks.num_free_blocks >= needed
 
     # ---- placement -------------------------------------------------------------
     def _place(self, seq: Sequence) -> WorkerScheduler | None:
@@ -262,9 +271,13 @@ class Scheduler:
         candidates = [ws for ws in self.workers.values() if ws.serves(seq.request)]
         if len(candidates) > 1:
             now, hashes = time.monotonic(), self._prefix_hashes(seq)
-            candidates.sort(key=lambda ws: (ws.is_stalled(now), ws.load() >= self.config.max_num_seqs,
-                                            -ws.blocks.num_cached_blocks(hashes), ws.load(),
-                                            -ws.blocks.num_free_blocks, ws.step_time_s, ws.worker_id))
+
+            def key(ws: WorkerScheduler) -> tuple:
+                cached = ws.blocks.num_cached_blocks(hashes)
+                no_room = ws.load() >= self.config.max_num_seqs or not self._has_room(ws, seq, cached)
+                return (ws.is_stalled(now), no_room, -cached, ws.load(), -ws.blocks.num_free_blocks, ws.step_time_s,
+                        ws.worker_id)
+            candidates.sort(key=key)
         if not candidates:
             return None
         seq.placed = candidates[0].worker_id

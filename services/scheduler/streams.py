@@ -2,6 +2,7 @@
 (its SubmitMany call's StreamMux) and when it is done."""
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -131,4 +132,9 @@ class StreamMux:
     async def next(self) -> list[tuple[str, float, Delivery]] | None:
         """Everything delivered since the last call; None once the client sends no more requests
         and none is open."""
-        return await self._news.take(lambda: not self.reading and not self.streams)
+        news = await self._news.take(lambda: not self.reading and not self.streams)
+        if news is not None:  # the workers step apart: what their steps that are ready now deliver goes too
+            await asyncio.sleep(0)
+            while len(self._news):
+                news += await self._news.take(lambda: True)
+        return news

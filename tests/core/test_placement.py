@@ -1,0 +1,88 @@
+"""Placement and per-worker steps in the core: a request goes where its prefix is cached; a worker
+whose step is stalled gets no new request and what waited for it runs elsewhere; the workers'
+steps interleave in any order with the same tokens."""
+from __future__ import annotations
+
+import time
+
+from tests.core.test_scheduler import FakeWorker, make_scheduler, params, run_to_end
+
+
+def updates_of(sched, fakes, worker_id):
+    delta = sched.schedule_worker(worker_id)
+    return [] if delta is None else sched.update(worker_id, fakes[worker_id].step(delta))
+
+
+def test_a_follow_up_turn_goes_to_the_worker_that_caches_its_conversation():
+    sched, fakes = make_scheduler(workers=("w0", "w1"))
+    first = {"a": list(range(10, 50)), "b": list(range(60, 100))}
+    for request_id, prompt in first.items():
+        sched.add_request(request_id, prompt, params(4))
+    ran_on = {}
+    for worker_id in ("w0", "w1"):
+        delta = sched.schedule_worker(worker_id)
+        for new in delta.new_seqs:
+            ran_on[sched.seqs[new.seq_id].request.request_id] = worker_id
+        sched.update(worker_id, fakes[worker_id].step(delta))
+    run_to_end(sched, fakes)
+    assert sorted(ran_on.values()) == ["w0", "w1"]
+    # the follow-ups, the one whose conversation w0 holds first (a placement by free blocks alone,
+    # ties to the higher id, put it on w1 and the other on w0: no hit at all)
+    order = sorted(first, key=lambda r: ran_on[r])
+    cached = {}
+    for request_id in order:
+        sched.add_request(f"{request_id}2", first[request_id] + [7, 8, 9], params(2))
+    for _ in range(20):
+        for worker_id in ("w0", "w1"):
+            for update in updates_of(sched, fakes, worker_id):
+                cached[update.request_id] = update.num_cached_tokens
+    assert cached == {"a2": 40, "b2": 40}  # every full block of the earlier prompt came from the cache
+
+
+def test_a_stalled_worker_gets_no_new_request_and_what_waited_for_it_runs_elsewhere(monkeypatch):
+    clock = [1000.0]
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
+    sched, fakes = make_scheduler(workers=("w0", "w1"))
+    sched.add_request("slow", list(range(10, 30)), params(30))
+    sched.add_request("queued", list(range(30, 50)), params(3))  # placed on the other worker, idle
+    holder = sched.seqs[0].placed
+    other = "w1" if holder == "w0" else "w0"
+    assert sched.seqs[1].placed == other
+    stuck = sched.schedule_worker(holder)  # its step goes out and does not come back
+    clock[0] += 0.02
+    sched.update(other, fakes[other].step(sched.schedule_worker(other)))  # a 20 ms step on the other
+    clock[0] += 5.0  # the stuck step is stalled now
+    sched.add_request("new", list(range(50, 70)), params(3))
+    assert sched.seqs[2].placed == other, "a stalled worker is placed on last"
+    finished = {}
+    for _ in range(10):
+        for update in updates_of(sched, fakes, other):
+            finished[update.request_id] = update.finish_reason
+    assert finished == {"queued": "length", "new": "length"}  # ran to the end while the stalled step was out
+    sched.update(holder, fakes[holder].step(stuck))  # it answers at last; its own request goes on
+    got, _ = run_to_end(sched, fakes)
+    assert got == {("slow", 0): "length"}
+    assert sched.stats().num_running == 0
+
+
+def test_workers_stepping_in_any_interleaving_give_the_same_tokens():
+    prompts = {f"r{i}": list(range(10 + i, 30 + 3 * i)) for i in range(6)}
+
+    def run(pattern):
+        sched, fakes = make_scheduler(workers=("w0", "w1"), num_blocks=24)
+        tokens = {r: [] for r in prompts}
+        for request_id, prompt in prompts.items():
+            sched.add_request(request_id, prompt, params(12))
+        for step in range(400):
+            worker_id = pattern[step % len(pattern)]
+            for update in updates_of(sched, fakes, worker_id):
+                tokens[update.request_id] += update.token_ids
+            if not sched.has_unfinished():
+                break
+        assert sched.stats().num_running == 0 and not sched.has_unfinished()
+        return tokens
+
+    lockstep = run(["w0", "w1"])
+    assert all(len(t) == 12 for t in lockstep.values())
+    assert run(["w0", "w0", "w0", "w1"]) == lockstep  # w1 at a quarter of w0's pace
+    assert run(["w1"] * 5 + ["w0"]) == lockstep
