@@ -209,7 +209,8 @@ class StepLoop:
                 await self._resend_in_full(handle, str(error))
             return True
         except WorkerLost as error:
-            await self.drop(worker_id, str(error))
+            if self.workers.get(worker_id) is handle:  # not a restarted worker registered under its id since
+                await self.drop(worker_id, str(error))
             return True
         self.num_steps += 1
         if self.workers.get(worker_id) is not handle:
