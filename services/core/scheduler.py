@@ -3,9 +3,8 @@
 Each worker's own scheduling (its running and swapped sequences, its block manager, its step's
 delta, applying its result) is a WorkerScheduler (services/core/worker_scheduler.py). A new or
 recomputed sequence is placed when it starts waiting (`enqueue`): on the worker that holds the
-longest run of its prompt's blocks in its prefix cache, ties broken by load (sequences running,
-swapped and waiting there, free KV blocks, its measured step time); a worker whose step is stalled,
-or that has no room, is chosen last. A worker takes what was placed on it when it schedules its
+longest run of its prompt's blocks in its prefix cache, ties broken by load; a worker whose step is
+stalled, or that has no room, is chosen last (services/core/placement.py). A worker takes what was placed on it when it schedules its
 next step (`schedule_worker`), in policy order, and also what waits for a worker that is stalled,
 gone or full. Workers step independently: `schedule_worker` / `update` per worker, in any
 interleaving; `schedule` schedules every worker one after another (the in-process engine). Pure
@@ -17,9 +16,9 @@ import itertools
 import random
 import time
 
-from services.core.block_pool import hash_full_blocks
 from services.core.config import SchedulerConfig
 from services.core.errors import ResourceExhausted, check
+from services.core.placement import best_worker, has_room
 from services.core.policy import WaitingQueue
 from services.core.sampling_params import SamplingParams
 from services.core.seeding import new_request_seed
@@ -248,7 +247,7 @@ class Scheduler:
         for seq_id in self.waiting:
             seq = self.seqs[seq_id]
             owner = self.workers.get(seq.placed) or self._place(seq)
-            if owner is not ws and not (owner is None or owner.is_stalled(now) or not self._has_room(owner, seq)):
+            if owner is not ws and not (owner is None or owner.is_stalled(now) or not has_room(owner, seq)):
                 continue
             if not ws.admit(seq, plan):
                 if owner is ws:
@@ -260,36 +259,16 @@ class Scheduler:
         """Whether a sequence placed on ws waits."""
         return ws.num_waiting > 0
 
-    def _has_room(self, ws: WorkerScheduler, seq: Sequence, num_cached_blocks: int = 0) -> bool:
-        """A seat, and the free blocks seq's tokens need (beyond its cached prefix)."""
-        needed = ws.blocks.num_blocks_needed(seq.num_tokens) - num_cached_blocks
-        return ws.has_seat() and ws.blocks.num_free_blocks >= needed
-
     # ---- placement -------------------------------------------------------------
     def _place(self, seq: Sequence) -> WorkerScheduler | None:
-        """Place a waiting sequence (the module's docstring says how); None while no worker serves it."""
+        """Place a waiting sequence (services/core/placement.py says how); None while no worker serves it."""
         candidates = [ws for ws in self.workers.values() if ws.serves(seq.request)]
-        if len(candidates) > 1:
-            now, hashes = time.monotonic(), self._prefix_hashes(seq)
-
-            def key(ws: WorkerScheduler) -> tuple:
-                cached = ws.blocks.num_cached_blocks(hashes)
-                no_room = ws.load() >= self.config.max_num_seqs or not self._has_room(ws, seq, cached)
-                return (ws.is_stalled(now), no_room, -cached, ws.load(), -ws.blocks.num_free_blocks, ws.step_time_s,
-                        ws.worker_id)
-            candidates.sort(key=key)
         if not candidates:
             return None
-        seq.placed = candidates[0].worker_id
-        candidates[0].num_waiting += 1
-        return candidates[0]
-
-    def _prefix_hashes(self, seq: Sequence) -> list[bytes]:
-        """The chained hashes of the blocks a prefix hit could cover (as BlockManager.match_prefix)."""
-        if not self.config.enable_prefix_caching or seq.request.params.prompt_logprobs is not None:
-            return []
-        token_ids, block_size = seq.token_ids, self.config.block_size
-        return hash_full_blocks(token_ids, block_size, (len(token_ids) - 1) // block_size, [])
+        ws = best_worker(candidates, seq, self.config, time.monotonic())
+        seq.placed = ws.worker_id
+        ws.num_waiting += 1
+        return ws
 
     # ---- sequences -------------------------------------------------------------
     def new_seq(self, request: Request, sample_index: int) -> Sequence:
