@@ -1,0 +1,28 @@
+"""Tokenizer folders of reasoning models for the frontend's tests: the tiny test tokenizer with the
+markers Qwen3 and DeepSeek-R1 add as tokens of their own, and their real chat templates
+(tests/frontend/templates, copied from the models' tokenizer_config.json)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tokenizers import AddedToken, Tokenizer
+
+from services.tools.make_tokenizer import tokenizer_json
+
+TEMPLATES = Path(__file__).with_name("templates")
+MARKERS = ["<think>", "</think>", "<tool_call>", "</tool_call>", "<｜User｜>", "<｜Assistant｜>",
+           "<｜end▁of▁sentence｜>", "<｜tool▁calls▁begin｜>", "<｜tool▁outputs▁end｜>"]
+VOCAB_SIZE = 512
+
+
+def reasoning_model(folder: Path, template: str) -> Path:
+    """A tokenizer folder with `template` (a file name under templates/) as its chat template."""
+    folder.mkdir(parents=True, exist_ok=True)
+    tokenizer = Tokenizer.from_str(tokenizer_json(VOCAB_SIZE))
+    tokenizer.add_tokens([AddedToken(m, special=False, normalized=False) for m in MARKERS])
+    (folder / "tokenizer.json").write_text(tokenizer.to_str(), encoding="utf-8")
+    config = {"bos_token": "<|im_start|>", "eos_token": "<|im_end|>", "add_bos_token": False,
+              "chat_template": (TEMPLATES / template).read_text(encoding="utf-8")}
+    (folder / "tokenizer_config.json").write_text(json.dumps(config, ensure_ascii=False), encoding="utf-8")
+    return folder

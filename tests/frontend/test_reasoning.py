@@ -1,0 +1,248 @@
+"""Reasoning models (services/frontend/reasoning.py): the thinking read apart from the answer in
+every API, streamed pieces joining into exactly the whole answer, and constraints after the
+thinking. The real chat templates of Qwen3 and DeepSeek-R1 (tests/frontend/templates) on the
+test tokenizer with their markers as tokens; a scripted fake scheduler emits exact token ids."""
+from __future__ import annotations
+
+import json
+
+import anthropic
+import numpy as np
+import openai
+import pytest
+
+from services.core.errors import InvalidArgument
+from services.core.structured import Constraint, GrammarCache, make_tokenizer
+from services.core.tokenizer import Tokenizer
+from services.frontend import reasoning, tool_calls
+from services.frontend.reasoning import PARSERS, Thinking
+from tests.frontend.reasoning_models import reasoning_model
+from tests.frontend.test_http_api import http_harness
+
+QWEN3, R1 = PARSERS["qwen3"], PARSERS["deepseek_r1"]
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
+
+# (parser, starts inside the thinking, output, reasoning, content)
+OUTPUTS = [
+    (QWEN3, False, "<think>\nLet me add: 2 + 2 = 4.\n</think>\n\nIt is 4.", "Let me add: 2 + 2 = 4.", "It is 4."),
+    (QWEN3, False, "It is 4, no thinking.", None, "It is 4, no thinking."),
+    (QWEN3, False, "<thin k> is not a marker", None, "<thin k> is not a marker"),
+    (QWEN3, False, "<think>cut short by max_tok", "cut short by max_tok", ""),
+    (QWEN3, True, "already inside </thi", "already inside </thi", ""),
+    (R1, True, "Okay, so 2 + 2.\n</think>\n\n**4**", "Okay, so 2 + 2.", "**4**"),
+    (R1, True, "a < b </ c </think>answer < </think>", "a < b </ c", "answer < </think>"),
+    (R1, True, "<think>\nWith its own start.\n</think>\nFour.", "With its own start.", "Four."),
+]
+
+
+def pieces_of(thinking: Thinking, text: str, sizes: int | None) -> tuple[str, str]:
+    """(reasoning, content) joined from the reader fed `sizes` characters at a time (None: at once)."""
+    reader = tool_calls.plan([], "none", None).stream()
+    reader = thinking.reader(reader)
+    step = sizes or len(text) or 1
+    pieces = [p for i in range(0, len(text), step) for p in reader.feed(text[i:i + step])] + reader.finish()
+    return reasoning.split(pieces)[0], "".join(p.text for p in pieces if p.kind == "content")
+
+
+@pytest.mark.parametrize("parser, inside, text, expected_reasoning, expected_content", OUTPUTS)
+def test_streamed_reasoning_joins_into_the_whole_answer(parser, inside, text, expected_reasoning, expected_content):
+    thinking = Thinking(parser, inside)
+    plan = tool_calls.plan([], "none", None)
+    plan.thinking = thinking
+    whole_reasoning, content, _ = plan.read(text)
+    assert (whole_reasoning, content) == (expected_reasoning, expected_content)
+    for size in (1, 2, 3, 7):
+        assert pieces_of(thinking, text, size) == (whole_reasoning or "", content)
+
+
+def test_tool_calls_are_read_from_the_answer_only():
+    plan = tool_calls.plan([WEATHER], "auto", None)
+    plan.thinking = Thinking(QWEN3, False)
+    text = ('<think>I could write <tool_call>{"name": "get_weather", "arguments": {}}</tool_call> but '
+            'I will not.</think>\n\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>')
+    thought, content, calls = plan.read(text)
+    assert thought.startswith("I could write <tool_call>") and content is None
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [("get_weather", {"city": "Oslo"})]
+
+
+@pytest.fixture(scope="module")
+def qwen3_dir(tmp_path_factory):
+    return reasoning_model(tmp_path_factory.mktemp("qwen3"), "qwen3.jinja")
+
+
+@pytest.fixture(scope="module")
+def r1_dir(tmp_path_factory):
+    return reasoning_model(tmp_path_factory.mktemp("r1"), "deepseek_r1.jinja")
+
+
+def test_the_prompt_end_says_whether_the_model_thinks(qwen3_dir, r1_dir):
+    """The real templates: Qwen3 lets the model open its thinking (or closes it when asked not to
+    think); DeepSeek-R1 opens it in the prompt."""
+    messages = [{"role": "user", "content": "2 + 2?"}]
+    qwen3, r1 = Tokenizer(qwen3_dir), Tokenizer(r1_dir)
+    assert reasoning.choose("auto", qwen3.template_source) is QWEN3
+    assert reasoning.choose("auto", r1.template_source) is R1
+    assert reasoning.choose("auto", "{{ messages }}") is None and reasoning.choose("", qwen3.template_source) is None
+    assert Thinking.of(QWEN3, qwen3.apply_chat_template(messages)) == Thinking(QWEN3, False)
+    off = qwen3.apply_chat_template(messages, template_kwargs={"enable_thinking": False})
+    assert off.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n") and Thinking.of(QWEN3, off) is None
+    assert Thinking.of(R1, r1.apply_chat_template(messages)) == Thinking(R1, True)
+    with pytest.raises(InvalidArgument, match="reasoning_parser"):
+        reasoning.choose("gpt_oss_typo", "")
+
+
+def test_earlier_turns_reasoning_is_kept_or_dropped_as_the_template_says(qwen3_dir, r1_dir):
+    turns = [{"role": "user", "content": "2 + 2?"},
+             {"role": "assistant", "content": "4.", "reasoning_content": "Adding two and two."},
+             {"role": "user", "content": "And 3 + 3?"}]
+    qwen3 = Tokenizer(qwen3_dir).apply_chat_template(turns)
+    assert "Adding two and two." not in qwen3 and "<|im_start|>assistant\n4.<|im_end|>" in qwen3  # an earlier query's
+    tool_turn = turns[:2] + [{"role": "user", "content": "<tool_response>\nsunny\n</tool_response>"}]
+    assert "<think>\nAdding two and two.\n</think>\n\n4." in Tokenizer(qwen3_dir).apply_chat_template(tool_turn)
+    r1 = Tokenizer(r1_dir).apply_chat_template(turns[:1] + [{"role": "assistant", "content": "<think>x</think>4."}]
+                                               + turns[2:])
+    assert "<｜Assistant｜>4.<｜end▁of▁sentence｜>" in r1  # R1 drops it
+
+
+# Constraints after the thinking: the grammar the worker's matcher runs (llguidance), checked here.
+
+def _matcher(folder, constraint: Constraint):
+    tokenizer = Tokenizer(folder)
+    cache = GrammarCache(make_tokenizer(tokenizer.to_json(), tokenizer.vocab_size, (2,)))
+    return tokenizer, cache.matcher(constraint)
+
+
+def _allowed(matcher, vocab_size: int) -> list[int]:
+    mask = np.frombuffer(matcher.compute_bitmask(), dtype=np.uint32)
+    return [i for i in range(vocab_size) if (int(mask[i // 32]) >> (i % 32)) & 1]
+
+
+def _marker(tokenizer: Tokenizer):
+    return lambda text: (ids[0] if len(ids := tokenizer.encode(text, False)) == 1 else None)
+
+
+SCHEMA = {"type": "object", "properties": {"answer": {"type": "integer"}}, "required": ["answer"]}
+
+
+def test_a_json_schema_constrains_the_answer_after_free_thinking(qwen3_dir):
+    tokenizer = Tokenizer(qwen3_dir)
+    constraint = reasoning.thinking_constraint(Thinking(QWEN3, False), Constraint.json_schema(SCHEMA), None,
+                                               _marker(tokenizer))
+    tokenizer, matcher = _matcher(qwen3_dir, constraint)
+    free = "<think>Not JSON at all: {[ 'x' ]\n and more.</think>\n\n"
+    for token in tokenizer.encode(free + '{"answer": 4}', False):
+        assert matcher.consume_token(token), tokenizer.decode([token])
+    assert matcher.is_accepting()
+    tokenizer, matcher = _matcher(qwen3_dir, constraint)  # and without thinking: the answer alone, still JSON
+    assert not matcher.consume_token(tokenizer.encode("Hello", False)[0])
+
+
+@pytest.mark.parametrize("constraint", [None, Constraint.choice(["yes", "no"])])
+def test_the_budget_closes_the_thinking_at_n_tokens(r1_dir, constraint):
+    tokenizer = Tokenizer(r1_dir)
+    end = tokenizer.encode("</think>", False)[0]
+    grammar = reasoning.thinking_constraint(Thinking(R1, True), constraint, 5, _marker(tokenizer))
+    tokenizer, matcher = _matcher(r1_dir, grammar)
+    thought = tokenizer.encode("one two three four five six seven", False)
+    for token in thought[:5]:
+        assert matcher.consume_token(token)
+    assert _allowed(matcher, tokenizer.vocab_size) == [end]  # the engine can only close the thinking
+    assert matcher.consume_token(end)
+    answer = tokenizer.encode("yes", False)
+    assert all(matcher.consume_token(t) for t in answer) and matcher.is_accepting()
+
+
+# Over HTTP, with the official clients.
+
+@pytest.fixture(scope="module")
+def qwen3(qwen3_dir):
+    harness = http_harness(qwen3_dir, reasoning_parser="auto")
+    harness.tokenizer = Tokenizer(qwen3_dir)
+    harness.oai = openai.OpenAI(base_url=harness.url + "/v1", api_key="unused", max_retries=0)
+    harness.claude = anthropic.Anthropic(base_url=harness.url, api_key="unused", max_retries=0)
+    yield harness
+    harness.close()
+
+
+def script(harness, text: str) -> None:
+    harness.fake.script = harness.tokenizer.encode(text, False)
+
+
+THOUGHT = "<think>\nThe user asks 2 + 2. That is 4.\n</think>\n\n"
+ASK = [{"role": "user", "content": "2 + 2?"}]
+
+
+def test_chat_completions_reasoning_content_whole_and_streamed(qwen3):
+    script(qwen3, THOUGHT + "It is 4.")
+    message = qwen3.oai.chat.completions.create(model="test-model", messages=ASK).choices[0].message
+    assert (message.reasoning_content, message.content) == ("The user asks 2 + 2. That is 4.", "It is 4.")
+    assert message.model_extra["reasoning"] == message.reasoning_content
+    chunks = list(qwen3.oai.chat.completions.create(model="test-model", messages=ASK, stream=True))
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    assert "".join(d.model_extra.get("reasoning_content") or "" for d in deltas) == message.reasoning_content
+    assert "".join(d.content or "" for d in deltas) == message.content
+    assert not any(d.model_extra.get("reasoning_content") and d.content for d in deltas)  # apart, never mixed
+
+
+def test_enable_thinking_false_renders_the_empty_block_and_gives_no_reasoning(qwen3):
+    script(qwen3, "It is 4.")
+    completion = qwen3.oai.chat.completions.create(model="test-model", messages=ASK,
+                                                   extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    message = completion.choices[0].message
+    assert message.content == "It is 4." and "reasoning_content" not in message.model_extra
+    prompt = qwen3.tokenizer.decode(list(qwen3.fake.submitted[-1].prompt_token_ids), skip_special_tokens=False)
+    assert prompt.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+
+
+def test_a_response_format_reaches_the_worker_after_the_thinking(qwen3):
+    script(qwen3, THOUGHT + '{"answer": 4}')
+    message = qwen3.oai.chat.completions.create(
+        model="test-model", messages=ASK, extra_body={"max_reasoning_tokens": 64},
+        response_format={"type": "json_schema", "json_schema": {"name": "a", "schema": SCHEMA}}).choices[0].message
+    assert json.loads(message.content) == {"answer": 4} and message.reasoning_content.endswith("That is 4.")
+    constraint = qwen3.fake.submitted[-1].params.structured_outputs
+    assert constraint.kind == "grammar" and "think[max_tokens=64]" in constraint.spec
+
+
+def test_messages_thinking_blocks_whole_and_streamed(qwen3):
+    script(qwen3, THOUGHT + "It is 4.")
+    kwargs = dict(model="test-model", max_tokens=100, messages=ASK,
+                  thinking={"type": "enabled", "budget_tokens": 50})
+    message = qwen3.claude.messages.create(**kwargs)
+    assert [b.type for b in message.content] == ["thinking", "text"]
+    assert (message.content[0].thinking, message.content[1].text) == ("The user asks 2 + 2. That is 4.", "It is 4.")
+    assert "think[max_tokens=50]" in qwen3.fake.submitted[-1].params.structured_outputs.spec
+    with qwen3.claude.messages.stream(**kwargs) as stream:
+        events = list(stream)
+        final = stream.get_final_message()
+    assert final.content == message.content
+    thinking_deltas = [e.delta.thinking for e in events if e.type == "content_block_delta"
+                       and e.delta.type == "thinking_delta"]
+    assert "".join(thinking_deltas) == message.content[0].thinking
+
+
+def test_messages_thinking_disabled_turns_the_template_off(qwen3):
+    script(qwen3, "It is 4.")
+    message = qwen3.claude.messages.create(model="test-model", max_tokens=100, messages=ASK,
+                                           thinking={"type": "disabled"})
+    assert [b.type for b in message.content] == ["text"]
+    prompt = qwen3.tokenizer.decode(list(qwen3.fake.submitted[-1].prompt_token_ids), skip_special_tokens=False)
+    assert prompt.endswith("<think>\n\n</think>\n\n")
+
+
+def test_responses_reasoning_items_whole_streamed_and_carried(qwen3):
+    script(qwen3, THOUGHT + "It is 4.")
+    response = qwen3.oai.responses.create(model="test-model", input="2 + 2?")
+    assert [i.type for i in response.output] == ["reasoning", "message"]
+    assert response.output[0].content[0].text == "The user asks 2 + 2. That is 4."
+    assert response.output_text == "It is 4."
+    with qwen3.oai.responses.stream(model="test-model", input="2 + 2?") as stream:
+        events = list(stream)
+        final = stream.get_final_response()
+    deltas = [e.delta for e in events if e.type == "response.reasoning_text.delta"]
+    assert "".join(deltas) == response.output[0].content[0].text == final.output[0].content[0].text
+    script(qwen3, "Six.")
+    qwen3.oai.responses.create(model="test-model", input="<tool_response>\n6\n</tool_response>",
+                               previous_response_id=response.id)
+    prompt = qwen3.tokenizer.decode(list(qwen3.fake.submitted[-1].prompt_token_ids), skip_special_tokens=False)
+    assert "<think>\nThe user asks 2 + 2. That is 4.\n</think>\n\nIt is 4.<|im_end|>" in prompt  # kept, as Qwen3's
