@@ -199,5 +199,16 @@ def _answer(constraint: Constraint | None) -> str:
             schema = {} if schema else {"not": {}}
         return "%json " + json.dumps({**schema, "x-guidance": JSON_DEFAULTS})
     if constraint.kind == "regex":
-        return "/" + constraint.spec.replace("/", "\\/") + "/"
+        return "/" + _lark_regex(constraint.spec) + "/"
     return " | ".join(json.dumps(c) for c in json.loads(constraint.spec))  # choice
+
+
+def _lark_regex(pattern: str) -> str:
+    """The pattern inside a Lark /.../ literal: its unescaped slashes and its line breaks escaped."""
+    out, chars = [], iter(pattern)
+    for char in chars:
+        if char == "\\":
+            out.append(char + next(chars, "\\"))
+        else:
+            out.append({"/": "\\/", "\n": "\\n", "\r": "\\r"}.get(char, char))
+    return "".join(out)

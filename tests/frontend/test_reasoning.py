@@ -247,3 +247,30 @@ def test_responses_reasoning_items_whole_streamed_and_carried(qwen3):
                                previous_response_id=response.id)
     prompt = qwen3.tokenizer.decode(list(qwen3.fake.submitted[-1].prompt_token_ids), skip_special_tokens=False)
     assert "<think>\nThe user asks 2 + 2. That is 4.\n</think>\n\nIt is 4.<|im_end|>" in prompt  # kept, as Qwen3's
+
+
+def test_anthropic_2_16_sends_sampling_settings_in_extra_body(qwen3):
+    """The newest anthropic client takes no temperature argument; extra_body's fields arrive as the
+    body's own."""
+    script(qwen3, "Four.")
+    qwen3.claude.messages.create(model="test-model", max_tokens=10, messages=ASK,
+                                 extra_body={"temperature": 0.25, "top_k": 7, "seed": 3})
+    params = qwen3.fake.submitted[-1].params
+    assert (round(params.temperature, 6), params.top_k, params.seed) == (0.25, 7, 3)
+
+
+def test_grpc_deltas_carry_the_reasoning_apart(qwen3):
+    import grpc
+
+    from pagedserve.v1 import generate_pb2 as pb
+    from pagedserve.v1 import generate_pb2_grpc
+
+    script(qwen3, THOUGHT + "It is 4.")
+    request = pb.GenerateRequest(chat=pb.ChatMessages(messages=[pb.ChatMessage(role="user", content="2 + 2?")]),
+                                 params=pb.SamplingParams(max_tokens=64))
+    with grpc.insecure_channel(qwen3.address) as channel:
+        responses = list(generate_pb2_grpc.GenerationStub(channel).Generate(request, timeout=10))
+    deltas = [d for r in responses for d in r.samples]
+    assert "".join(d.text for d in deltas) == THOUGHT + "It is 4."  # the raw text, as before
+    assert "".join(d.reasoning_text for d in deltas) == "The user asks 2 + 2. That is 4."
+    assert "".join(d.answer_text for d in deltas) == "It is 4."

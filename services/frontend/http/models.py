@@ -179,6 +179,11 @@ ChatMessage = Annotated[Union[Annotated[TextMessage, Tag("text-message")],
                               Annotated[ToolMessage, Tag("tool-message")]], Discriminator(_message_tag)]
 
 
+# names the server gives the chat template itself (services/core/tokenizer.py RESERVED_TEMPLATE_NAMES)
+TEMPLATE_KWARGS = {"propertyNames": {"not": {"enum": ["messages", "tools", "add_generation_prompt", "bos_token",
+                                                      "eos_token"]}}}
+
+
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_CHAT_MESSAGES,
                                         description="Rendered with the model's own chat template.")
@@ -198,7 +203,7 @@ class ChatCompletionRequest(SamplingFields):
         None, description="Default: auto with tools, none without. auto, required or a named function need "
                           "tools, and a named one must be one of them.")
     parallel_tool_calls: bool | None = Field(None, description="Allow more than one call (default true).")
-    chat_template_kwargs: dict[str, Any] | None = Field(None, description=(
+    chat_template_kwargs: dict[str, Any] | None = Field(None, json_schema_extra=TEMPLATE_KWARGS, description=(
         "More variables for the chat template, over the server's --default-chat-template-kwargs, e.g. "
         "{\"enable_thinking\": false} (Qwen3: no thinking)."))
     chat_template: Text | None = Field(None, description=(

@@ -10,7 +10,7 @@ from pydantic import ConfigDict, Field
 
 from services.core.sampling_params import MAX_STOP_STRINGS
 from services.core.widths import SEED_END, UINT32_MAX
-from services.frontend.http.models import Int, StopString, Strict, Text
+from services.frontend.http.models import TEMPLATE_KWARGS, Int, StopString, Strict, Text
 from services.frontend.types import MAX_CHAT_MESSAGES
 
 
@@ -148,7 +148,7 @@ class ResponseRequest(Strict):
         "chat template not to think (enable_thinking false); other values are accepted and not used."))
     max_reasoning_tokens: Int(ge=1, le=UINT32_MAX) | None = Field(None, description=(
         "An extension: the thinking's budget in tokens; the thinking is then closed and the answer follows."))
-    chat_template_kwargs: dict[str, Any] | None = Field(None, description=(
+    chat_template_kwargs: dict[str, Any] | None = Field(None, json_schema_extra=TEMPLATE_KWARGS, description=(
         "An extension: more variables for the chat template, e.g. {\"enable_thinking\": false}."))
     service_tier: Literal["auto", "default", "flex", "priority"] | None = Field(None, description="Accepted.")
     safety_identifier: Text | None = Field(None, description="Accepted; not used.")
