@@ -274,3 +274,31 @@ def test_grpc_deltas_carry_the_reasoning_apart(qwen3):
     assert "".join(d.text for d in deltas) == THOUGHT + "It is 4."  # the raw text, as before
     assert "".join(d.reasoning_text for d in deltas) == "The user asks 2 + 2. That is 4."
     assert "".join(d.answer_text for d in deltas) == "It is 4."
+
+
+@pytest.mark.slow
+def test_a_real_worker_closes_the_thinking_at_the_budget_then_answers_under_the_choice(model_dir, tmp_path):
+    """A tiny random model behind a real scheduler and worker, DeepSeek-R1's template (the prompt
+    opens the thinking): with a budget of 5 tokens the worker's grammar ends the thinking at the 5th
+    token at the latest, and the answer is one of the choices, whatever the random weights want."""
+    import shutil
+
+    from tests.frontend.reasoning_models import MARKERS, VOCAB_SIZE
+    from tests.frontend.test_http_cluster import serve
+
+    model = tmp_path / "r1-tiny"
+    shutil.copytree(model_dir("llama", "tiny", vocab_size=VOCAB_SIZE + len(MARKERS)), model)
+    reasoning_model(model, "deepseek_r1.jinja")
+    served = next(fixture := serve(model, {"reasoning_parser": "auto"}))
+    try:
+        client = openai.OpenAI(base_url=served.url + "/v1", api_key="unused", max_retries=0)
+        for seed in range(3):
+            chat = client.chat.completions.create(
+                model=served.model, messages=ASK, max_tokens=30, temperature=1.0, seed=seed, logprobs=True,
+                extra_body={"max_reasoning_tokens": 5, "structured_outputs": {"choice": ["yes", "no"]}})
+            tokens = [t.token for t in chat.choices[0].logprobs.content]
+            assert "</think>" in tokens[:6], tokens
+            assert chat.choices[0].message.content in ("yes", "no"), tokens
+            assert chat.choices[0].message.reasoning_content == "".join(tokens[:tokens.index("</think>")]).strip()
+    finally:
+        fixture.close()
