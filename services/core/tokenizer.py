@@ -1,6 +1,7 @@
 """The model's tokenizer (tokenizer.json, or a GGUF file's) and chat template, without transformers or torch."""
 from __future__ import annotations
 
+import datetime
 import json
 from pathlib import Path
 
@@ -15,6 +16,10 @@ from services.core.gguf_file import is_gguf_file
 
 MAX_REQUEST_TEMPLATES = 8
 RESERVED_TEMPLATE_NAMES = {"messages", "tools", "add_generation_prompt", "bos_token", "eos_token"}
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.datetime.now().strftime(fmt)
 
 
 def _raise(message: str):
@@ -45,6 +50,7 @@ class Tokenizer:
             template = next((t["template"] for t in template if t.get("name") == "default"), None)
         self._env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)  # client text is never
         self._env.globals["raise_exception"] = _raise                                   # evaluated
+        self._env.globals["strftime_now"] = _strftime_now  # gpt-oss's template dates its system message
         self._compiled: dict[str, jinja2.Template] = {}  # the templates requests gave, most recent last
         self.set_template(template or "")
         self.vocab_size = self._tok.get_vocab_size()

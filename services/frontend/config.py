@@ -38,7 +38,7 @@ class FrontendConfig:
                                            "process exits")
     reasoning_parser: str = setting(
         "", "read reasoning models' thinking apart from the answer (reasoning_content, reasoning items, thinking "
-            "blocks): qwen3, deepseek_r1, auto (by the chat template's markers), or empty for none")
+            "blocks): qwen3, deepseek_r1, gpt_oss, auto (by the chat template's markers), or empty for none")
     chat_template: str = setting("", "a chat template (a file, or the Jinja text itself) to use instead of the "
                                      "model's own (empty: the model's)")
     trust_request_chat_template: bool = setting(

@@ -1,7 +1,8 @@
 """Reasoning models: their thinking kept apart from the answer, and constraints applied after it.
 
 A reasoning parser (`--reasoning-parser`, vLLM's names) knows the markers a model thinks between:
-`qwen3` and `deepseek_r1` both write `<think> ... </think>` and then the answer. Whether an output
+`qwen3` and `deepseek_r1` both write `<think> ... </think>` and then the answer; `gpt_oss` writes
+harmony channels (services/frontend/harmony.py: analysis is the thinking, final the answer). Whether an output
 starts inside the thinking is read from the rendered prompt: a template that opens the thinking
 itself (DeepSeek-R1's `<｜Assistant｜><think>\\n`, Qwen3-Thinking-2507) leaves the start marker
 open at the prompt's end, and one that closes it (Qwen3 with `enable_thinking: false`) leaves an
@@ -27,6 +28,7 @@ from dataclasses import dataclass
 
 from services.core.errors import check
 from services.core.structured import Constraint
+from services.frontend.harmony import HarmonyReader
 from services.frontend.tool_stream import Piece, ToolCallStream
 
 WHITESPACE = " \t\r\n"
@@ -39,9 +41,12 @@ class ReasoningParser:
     start: str = "<think>"
     end: str = "</think>"
     always_thinks: bool = False  # the output is thinking from its first token unless the prompt closed it
+    harmony: bool = False  # gpt-oss: channels, not markers (services/frontend/harmony.py)
 
 
-PARSERS = {"qwen3": ReasoningParser("qwen3"), "deepseek_r1": ReasoningParser("deepseek_r1", always_thinks=True)}
+PARSERS = {"qwen3": ReasoningParser("qwen3"), "deepseek_r1": ReasoningParser("deepseek_r1", always_thinks=True),
+           "gpt_oss": ReasoningParser("gpt_oss", start="<|channel|>analysis<|message|>", end="<|end|>",
+                                      harmony=True)}
 CHOICES = ("", "auto", *PARSERS)  # "": no parser
 
 
@@ -50,6 +55,8 @@ def choose(name: str, template: str) -> ReasoningParser | None:
     check(name in CHOICES, "reasoning_parser", f"must be one of {', '.join(repr(c) for c in CHOICES)}, got {name!r}")
     if name != "auto":
         return PARSERS.get(name)
+    if "<|channel|>" in template:
+        return PARSERS["gpt_oss"]
     if "<think>" not in template:
         return None
     return PARSERS["deepseek_r1" if "<｜Assistant｜>" in template else "qwen3"]
@@ -67,12 +74,14 @@ class Thinking:
         """`prompt_tail`: the rendered prompt's last characters (special tokens kept). None when
         the prompt ends with the thinking closed: the output is all answer."""
         tail = prompt_tail.rstrip(WHITESPACE)
+        if parser.harmony:
+            return cls(parser, False)  # the reply's headers say which channel each part is
         if tail.endswith(parser.end):
             return None
         return cls(parser, tail.endswith(parser.start) or parser.always_thinks)
 
-    def reader(self, answer: ToolCallStream) -> ReasoningReader:
-        return ReasoningReader(self, answer)
+    def reader(self, answer: ToolCallStream) -> ReasoningReader | HarmonyReader:
+        return HarmonyReader(answer) if self.parser.harmony else ReasoningReader(self, answer)
 
 
 class ReasoningReader:
@@ -178,9 +187,15 @@ def thinking_constraint(thinking: Thinking, constraint: Constraint | None, max_r
         return constraint
     parser = thinking.parser
     think = "think" if max_reasoning_tokens is None else f"think[max_tokens={max_reasoning_tokens}]"
-    end = _marker(parser.end, marker_token)
-    body = f"think {end} /[ \\t\\r\\n]*/"
-    prefix = body if thinking.starts_inside else f"({_marker(parser.start, marker_token)} /[ \\t\\r\\n]*/ {body})?"
+    if parser.harmony:  # (the analysis message, then the final channel's header) and the answer
+        channel, message, end, start = (_marker(m, marker_token) for m in ("<|channel|>", "<|message|>",
+                                                                              "<|end|>", "<|start|>"))
+        prefix = f'({channel} "analysis" {message} think {end} {start} "assistant")? {channel} "final" {message}'
+    else:
+        end = _marker(parser.end, marker_token)
+        body = f"think {end} /[ \\t\\r\\n]*/"
+        prefix = body if thinking.starts_inside else \
+            f"({_marker(parser.start, marker_token)} /[ \\t\\r\\n]*/ {body})?"
     lark = f"start: {prefix} answer\n{think}: /(.|\\n)*/\nanswer: {_answer(constraint)}\n"
     return Constraint("grammar", lark, constraint.field if constraint is not None else "max_reasoning_tokens")
 

@@ -302,3 +302,80 @@ def test_a_real_worker_closes_the_thinking_at_the_budget_then_answers_under_the_
             assert chat.choices[0].message.reasoning_content == "".join(tokens[:tokens.index("</think>")]).strip()
     finally:
         fixture.close()
+
+
+# gpt-oss's harmony format (services/frontend/harmony.py)
+
+GPT_OSS = PARSERS["gpt_oss"]
+HARMONY_OUTPUTS = [
+    ("<|channel|>analysis<|message|>User asks 2 + 2.<|end|><|start|>assistant<|channel|>final<|message|>It is 4."
+     "<|return|>", "User asks 2 + 2.", "It is 4.", []),
+    ("<|channel|>analysis<|message|>Need the weather.<|end|><|start|>assistant<|channel|>commentary "
+     'to=functions.get_weather <|constrain|>json<|message|>{"city": "Oslo"}<|call|>', "Need the weather.", None,
+     [("get_weather", {"city": "Oslo"})]),
+    ('<|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>{"city": "Bergen"}<|call|>',
+     None, None, [("get_weather", {"city": "Bergen"})]),
+    ("No harmony at all < here.", None, "No harmony at all < here.", []),
+]
+
+
+@pytest.mark.parametrize("text, expected_reasoning, expected_content, expected_calls", HARMONY_OUTPUTS)
+def test_harmony_channels_streamed_join_into_the_whole(text, expected_reasoning, expected_content, expected_calls):
+    plan = tool_calls.plan([WEATHER], "auto", None)
+    plan.thinking = Thinking(GPT_OSS, False)
+    thought, content, calls = plan.read(text)
+    assert (thought, content) == (expected_reasoning, expected_content)
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == expected_calls
+    for size in (1, 3, 8):
+        reader = plan.stream()
+        pieces = [p for i in range(0, len(text), size) for p in reader.feed(text[i:i + size])] + reader.finish()
+        assert reasoning.split(pieces)[0] == (thought or "")
+        assert [c.arguments for c in reader.calls] == [c.arguments for c in calls]
+
+
+@pytest.fixture(scope="module")
+def gpt_oss_dir(tmp_path_factory):
+    from tests.frontend.reasoning_models import harmony_model
+
+    return harmony_model(tmp_path_factory.mktemp("gpt-oss"))
+
+
+def test_harmony_budget_closes_the_analysis_then_the_final_channel_is_constrained(gpt_oss_dir):
+    tokenizer = Tokenizer(gpt_oss_dir)
+    assert reasoning.choose("auto", tokenizer.template_source) is GPT_OSS
+    grammar = reasoning.thinking_constraint(Thinking(GPT_OSS, False), Constraint.choice(["yes", "no"]), 3,
+                                            _marker(tokenizer))
+    tokenizer, matcher = _matcher(gpt_oss_dir, grammar)
+    ids = lambda text: tokenizer.encode(text, False)  # noqa: E731
+    for token in ids("<|channel|>analysis<|message|>") + ids("one two three four")[:3]:
+        assert matcher.consume_token(token)
+    assert _allowed(matcher, tokenizer.vocab_size) == ids("<|end|>")
+    for token in ids("<|end|><|start|>assistant<|channel|>final<|message|>yes"):
+        assert matcher.consume_token(token), tokenizer.decode([token], skip_special_tokens=False)
+    assert matcher.is_accepting()
+
+
+def test_gpt_oss_over_http_reads_the_analysis_channel_as_reasoning(gpt_oss_dir):
+    harness = http_harness(gpt_oss_dir, reasoning_parser="auto")
+    try:
+        harness.tokenizer = Tokenizer(gpt_oss_dir)
+        script(harness, "<|channel|>analysis<|message|>Sum.<|end|><|start|>assistant<|channel|>final<|message|>4."
+                        "<|return|>")  # short: the chat template's prompt leaves 36 of the 128 tokens
+        client = openai.OpenAI(base_url=harness.url + "/v1", api_key="unused", max_retries=0)
+        message = client.chat.completions.create(model="test-model", messages=ASK).choices[0].message
+        assert (message.reasoning_content, message.content) == ("Sum.", "4.")
+        chunks = list(client.chat.completions.create(model="test-model", messages=ASK, stream=True))
+        deltas = [c.choices[0].delta for c in chunks if c.choices]
+        assert "".join(d.model_extra.get("reasoning_content") or "" for d in deltas) == "Sum."
+        assert "".join(d.content or "" for d in deltas) == "4."
+    finally:
+        harness.close()
+
+
+def test_a_template_may_date_its_system_message(qwen3_dir):
+    """gpt-oss's template calls strftime_now (transformers gives templates that function)."""
+    import datetime
+
+    tokenizer = Tokenizer(qwen3_dir)
+    tokenizer.set_template("Current date: {{ strftime_now('%Y-%m-%d') }}")
+    assert tokenizer.apply_chat_template(ASK) == f"Current date: {datetime.date.today():%Y-%m-%d}"

@@ -86,7 +86,9 @@ async def conversation_request(core: FrontendCore, messages: list[dict], tool_pl
     if tool_plan.thinking is not None:
         constraint = reasoning.thinking_constraint(tool_plan.thinking, sampling.structured_outputs,
                                                    budget.max_tokens, core.marker_token)
-        sampling = replace(sampling, structured_outputs=constraint)
+        harmony = tool_plan.thinking.parser.harmony  # its channels are special tokens: the reader needs them
+        sampling = replace(sampling, structured_outputs=constraint,
+                           skip_special_tokens=False if harmony else sampling.skip_special_tokens)
     return GenerateRequest(prompt=Prompt(token_ids=prompt_ids), params=sampling, request_id=request_id,
                            model=model, priority=priority)
 
@@ -96,6 +98,8 @@ async def conversation_tokens(core: FrontendCore, messages: list[dict], tool_pla
     """The chat's prompt tokens: its messages and the plan's tools through the chat template."""
     source = template.source or core.tokenizer.template_source
     messages, template_tools = tool_calls.template_messages(messages, tool_plan, source)
+    if core.reasoning_parser is not None and core.reasoning_parser.harmony:  # gpt-oss's template calls it thinking
+        messages = [{**m, "thinking": m["reasoning_content"]} if "reasoning_content" in m else m for m in messages]
     return await core.tokenize(Prompt(messages=messages, tools=template_tools, template_kwargs=template.kwargs,
                                       chat_template=template.source))
 
