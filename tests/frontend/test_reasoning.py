@@ -379,3 +379,41 @@ def test_a_template_may_date_its_system_message(qwen3_dir):
     tokenizer = Tokenizer(qwen3_dir)
     tokenizer.set_template("Current date: {{ strftime_now('%Y-%m-%d') }}")
     assert tokenizer.apply_chat_template(ASK) == f"Current date: {datetime.date.today():%Y-%m-%d}"
+
+
+def test_server_template_settings_and_a_request_template(qwen3_dir):
+    """--default-chat-template-kwargs (a request's own win), --chat-template (a file replaces the model's),
+    and a request's chat_template only when trusted."""
+    from tests.frontend.reasoning_models import TEMPLATES
+
+    tokenizer = Tokenizer(qwen3_dir)
+    harness = http_harness(qwen3_dir, reasoning_parser="auto", default_chat_template_kwargs='{"enable_thinking": false}')
+    try:
+        harness.tokenizer = tokenizer
+        script(harness, "4.")
+        client = openai.OpenAI(base_url=harness.url + "/v1", api_key="unused", max_retries=0)
+        prompt = lambda: tokenizer.decode(list(harness.fake.submitted[-1].prompt_token_ids), False)  # noqa: E731
+        client.chat.completions.create(model="test-model", messages=ASK)
+        assert prompt().endswith("<think>\n\n</think>\n\n")
+        client.chat.completions.create(model="test-model", messages=ASK,
+                                       extra_body={"chat_template_kwargs": {"enable_thinking": True}})
+        assert prompt().endswith("<|im_start|>assistant\n")
+        with pytest.raises(openai.BadRequestError, match="chat_template: this server does not take"):
+            client.chat.completions.create(model="test-model", messages=ASK, extra_body={"chat_template": "{{ 1 }}"})
+    finally:
+        harness.close()
+    harness = http_harness(qwen3_dir, reasoning_parser="auto", chat_template=str(TEMPLATES / "deepseek_r1.jinja"),
+                           trust_request_chat_template=True)
+    try:
+        harness.tokenizer = tokenizer
+        script(harness, "Hm.</think>4.")
+        client = openai.OpenAI(base_url=harness.url + "/v1", api_key="unused", max_retries=0)
+        message = client.chat.completions.create(model="test-model", messages=ASK).choices[0].message
+        assert (message.reasoning_content, message.content) == ("Hm.", "4.")  # R1's template: auto reads R1
+        assert tokenizer.decode(list(harness.fake.submitted[-1].prompt_token_ids), False).endswith(
+            "<｜User｜>2 + 2?<｜Assistant｜><think>\n")
+        client.chat.completions.create(model="test-model", messages=ASK,
+                                       extra_body={"chat_template": "Q: {{ messages[0].content }} A:"})
+        assert tokenizer.decode(list(harness.fake.submitted[-1].prompt_token_ids), False) == "Q: 2 + 2? A:"
+    finally:
+        harness.close()
