@@ -1,6 +1,7 @@
 """Tokenizer folders of reasoning models for the frontend's tests: the tiny test tokenizer with the
 markers Qwen3 and DeepSeek-R1 add as tokens of their own, and their real chat templates
-(tests/frontend/templates, copied from the models' tokenizer_config.json)."""
+(tests/frontend/templates, copied from the models' tokenizer_config.json and gpt-oss's
+chat_template.jinja)."""
 from __future__ import annotations
 
 import json
@@ -29,26 +30,14 @@ def reasoning_model(folder: Path, template: str) -> Path:
 
 
 HARMONY_TOKENS = ["<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|return|>", "<|call|>", "<|constrain|>"]
-# gpt-oss's generation prompt and message framing (its real template also renders tools as TypeScript
-# and dates a system message; those parts do not change how the reply is read)
-HARMONY_TEMPLATE = (
-    "{{- '<|start|>system<|message|>Reasoning: ' + (reasoning_effort or 'medium') + '\\n\\n# Valid channels: "
-    "analysis, commentary, final. Channel must be included for every message.<|end|>' -}}"
-    "{%- for message in messages -%}"
-    "{%- if message.role == 'assistant' -%}"
-    "{{- '<|start|>assistant<|channel|>final<|message|>' + message.content + '<|end|>' -}}"
-    "{%- else -%}{{- '<|start|>' + message.role + '<|message|>' + message.content + '<|end|>' -}}{%- endif -%}"
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}<|start|>assistant{%- endif -%}")
-
-
 def harmony_model(folder: Path) -> Path:
-    """A tokenizer folder with gpt-oss's harmony tokens (special ones, as gpt-oss has them)."""
+    """A tokenizer folder with gpt-oss's harmony tokens (special ones, as gpt-oss has them) and its chat
+    template."""
     folder.mkdir(parents=True, exist_ok=True)
     tokenizer = Tokenizer.from_str(tokenizer_json(VOCAB_SIZE))
     tokenizer.add_special_tokens([AddedToken(m, special=True, normalized=False) for m in HARMONY_TOKENS])
     (folder / "tokenizer.json").write_text(tokenizer.to_str(), encoding="utf-8")
     config = {"bos_token": "<|start|>", "eos_token": "<|return|>", "add_bos_token": False,
-              "chat_template": HARMONY_TEMPLATE}
+              "chat_template": (TEMPLATES / "gpt_oss.jinja").read_text(encoding="utf-8")}
     (folder / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
     return folder

@@ -358,9 +358,11 @@ def test_harmony_budget_closes_the_analysis_then_the_final_channel_is_constraine
 def test_gpt_oss_over_http_reads_the_analysis_channel_as_reasoning(gpt_oss_dir):
     harness = http_harness(gpt_oss_dir, reasoning_parser="auto")
     try:
+        harness.fake.max_model_len = 512  # gpt-oss's system message is long in the test tokenizer's tokens
+        assert harness.wait_for(lambda: harness.frontend.core.card.max_model_len == 512)
         harness.tokenizer = Tokenizer(gpt_oss_dir)
         script(harness, "<|channel|>analysis<|message|>Sum.<|end|><|start|>assistant<|channel|>final<|message|>4."
-                        "<|return|>")  # short: the chat template's prompt leaves 36 of the 128 tokens
+                        "<|return|>")
         client = openai.OpenAI(base_url=harness.url + "/v1", api_key="unused", max_retries=0)
         message = client.chat.completions.create(model="test-model", messages=ASK).choices[0].message
         assert (message.reasoning_content, message.content) == ("Sum.", "4.")
@@ -417,3 +419,17 @@ def test_server_template_settings_and_a_request_template(qwen3_dir):
         assert tokenizer.decode(list(harness.fake.submitted[-1].prompt_token_ids), False) == "Q: 2 + 2? A:"
     finally:
         harness.close()
+
+
+def test_gpt_oss_template_renders_earlier_thinking_in_a_tool_loop(gpt_oss_dir):
+    """gpt-oss's real template: the generation prompt opens an assistant message; an earlier tool
+    call's thinking (given as `thinking`, as the server passes reasoning_content) stays in the
+    prompt until a final answer follows."""
+    tokenizer = Tokenizer(gpt_oss_dir)
+    turns = ASK + [{"role": "assistant", "content": "", "thinking": "Need a tool.", "tool_calls": [
+        {"type": "function", "function": {"name": "add", "arguments": {"a": 2, "b": 2}}}]},
+        {"role": "tool", "content": "4"}]
+    prompt = tokenizer.apply_chat_template(turns)
+    assert prompt.endswith("<|start|>assistant")
+    assert "<|start|>assistant<|channel|>analysis<|message|>Need a tool.<|end|>" in prompt
+    assert '<|start|>assistant to=functions.add<|channel|>commentary json<|message|>{"a": 2, "b": 2}<|call|>' in prompt
