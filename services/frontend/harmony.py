@@ -69,8 +69,8 @@ class HarmonyReader:
             return False
         header, self._held = self._header + self._held[:at], self._held[at + len(MESSAGE):]
         self._header, self.state = "", "body"
-        channel = header.split(CHANNEL, 1)[1].split()[0] if CHANNEL in header and header.split(CHANNEL, 1)[1].split() \
-            else ""
+        words = header.split(CHANNEL, 1)[1].split() if CHANNEL in header else []
+        channel = words[0] if words else ""
         recipient = RECIPIENT.search(header)
         self.kind = "reasoning" if channel == "analysis" else "call" if recipient else "content"
         if self.kind == "call":
