@@ -65,6 +65,17 @@ def test_tool_calls_are_read_from_the_answer_only():
     assert [(c.name, json.loads(c.arguments)) for c in calls] == [("get_weather", {"city": "Oslo"})]
 
 
+def test_a_forced_tool_call_is_read_after_the_thinking():
+    """A named tool choice: the grammar lets the model think, then the answer is the arguments."""
+    plan = tool_calls.plan([WEATHER], {"type": "function", "function": {"name": "get_weather"}}, None)
+    plan.thinking = Thinking(R1, True)
+    thought, content, calls = plan.read('Oslo, surely.\n</think>\n\n{"city": "Oslo"}')
+    assert (thought, content) == ("Oslo, surely.", None)
+    assert [(c.name, c.arguments) for c in calls] == [("get_weather", '{"city": "Oslo"}')]
+    grammar = reasoning.thinking_constraint(plan.thinking, plan.constraint(), None, lambda text: None)
+    assert grammar.kind == "grammar" and '"</think>"' in grammar.spec and "%json" in grammar.spec
+
+
 @pytest.fixture(scope="module")
 def qwen3_dir(tmp_path_factory):
     return reasoning_model(tmp_path_factory.mktemp("qwen3"), "qwen3.jinja")

@@ -61,14 +61,16 @@ def add_routes(app: FastAPI, core: FrontendCore, unless_disconnected) -> None:
 
 
 def _template(body: CountTokensRequest) -> ChatTemplate:
-    """thinking: enabled is a reasoning budget, disabled turns the template's thinking off."""
+    """thinking: enabled asks the template to think (over a server default) within a budget,
+    disabled turns the template's thinking off."""
     thinking = body.thinking
     if thinking is None or thinking.type == "adaptive":
         return ChatTemplate()
     if thinking.type == "disabled":
         return ChatTemplate(kwargs={"enable_thinking": False})
     check(thinking.budget_tokens is not None, "thinking.budget_tokens", "is required with type enabled")
-    return ChatTemplate(budget=Budget(thinking.budget_tokens, "thinking.budget_tokens"))
+    budget = Budget(thinking.budget_tokens, "thinking.budget_tokens")
+    return ChatTemplate(kwargs={"enable_thinking": True}, budget=budget)
 
 
 def chat_messages(body: CountTokensRequest) -> list[dict]:
