@@ -40,6 +40,11 @@ class HarmonyReader:
     def calls(self) -> list:
         return self.answer.calls
 
+    @property
+    def thinking(self) -> bool:
+        """Inside the analysis channel: the tokens fed now are reasoning tokens (usage)."""
+        return self.state == "body" and self.kind == "reasoning"
+
     def feed(self, text: str) -> list[Piece]:
         pieces: list[Piece] = []
         self._held += text

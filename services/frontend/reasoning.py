@@ -101,6 +101,11 @@ class ReasoningReader:
     def calls(self) -> list:
         return self.answer.calls
 
+    @property
+    def thinking(self) -> bool:
+        """Inside the thinking: the tokens fed now are reasoning tokens (usage)."""
+        return self.state == "reasoning" or (self.state == "before" and self._otherwise == "reasoning")
+
     def feed(self, text: str) -> list[Piece]:
         pieces: list[Piece] = []
         self._held += text

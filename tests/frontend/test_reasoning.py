@@ -248,6 +248,8 @@ def test_responses_reasoning_items_whole_streamed_and_carried(qwen3):
     assert [i.type for i in response.output] == ["reasoning", "message"]
     assert response.output[0].content[0].text == "The user asks 2 + 2. That is 4."
     assert response.output_text == "It is 4."
+    thought_tokens = qwen3.tokenizer.encode("\nThe user asks 2 + 2. That is 4.\n</think>", False)
+    assert response.usage.output_tokens_details.reasoning_tokens == len(thought_tokens)  # <think> opens it
     with qwen3.oai.responses.stream(model="test-model", input="2 + 2?") as stream:
         events = list(stream)
         final = stream.get_final_response()

@@ -193,6 +193,7 @@ class ResponseBuilder:
         self.open: dict | None = None  # the item being generated
         self.sequence_number = 0
         self.truncated = False
+        self.num_reasoning_tokens = 0  # tokens generated while the model was thinking
 
     def event(self, type_: str, **fields) -> dict:
         self.sequence_number += 1
@@ -209,6 +210,8 @@ class ResponseBuilder:
                 self.event("response.in_progress", response=self.body("in_progress"))]
 
     def feed(self, sample: SampleEvent) -> list[dict]:
+        if getattr(self.reader, "thinking", False):
+            self.num_reasoning_tokens += len(sample.token_ids)
         events = self._pieces(self.reader.feed(sample.text))
         if sample.finish_reason is not None:
             self.truncated = sample.finish_reason == "length"
@@ -221,7 +224,8 @@ class ResponseBuilder:
             events = self._close() + self._open_message()
         events += self._close()
         status = "incomplete" if self.truncated else "completed"
-        return events + [self.event(f"response.{status}", response=self.body(status, _usage(summary)))]
+        usage = _usage(summary, self.num_reasoning_tokens)
+        return events + [self.event(f"response.{status}", response=self.body(status, usage))]
 
     def fail(self, message: str) -> dict:
         return self.event("response.failed", response=self.body("failed", error={"code": "server_error",
@@ -310,12 +314,12 @@ class ResponseBuilder:
         return events + [self.event("response.output_item.done", output_index=index, item=json.loads(json.dumps(item)))]
 
 
-def _usage(summary: Summary | None) -> dict:
+def _usage(summary: Summary | None, num_reasoning_tokens: int = 0) -> dict:
     prompt = summary.num_prompt_tokens if summary else 0
     completion = summary.num_completion_tokens if summary else 0
     return {"input_tokens": prompt, "input_tokens_details": {"cached_tokens": summary.num_cached_tokens if summary
                                                              else 0},
-            "output_tokens": completion, "output_tokens_details": {"reasoning_tokens": 0},
+            "output_tokens": completion, "output_tokens_details": {"reasoning_tokens": num_reasoning_tokens},
             "total_tokens": prompt + completion}
 
 
