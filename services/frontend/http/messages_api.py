@@ -68,7 +68,6 @@ def _template(body: CountTokensRequest) -> ChatTemplate:
         return ChatTemplate()
     if thinking.type == "disabled":
         return ChatTemplate(kwargs={"enable_thinking": False})
-    check(thinking.budget_tokens is not None, "thinking.budget_tokens", "is required with type enabled")
     budget = Budget(thinking.budget_tokens, "thinking.budget_tokens")
     return ChatTemplate(kwargs={"enable_thinking": True}, budget=budget)
 

@@ -109,16 +109,13 @@ class Metadata(Strict):
 
 
 class Thinking(Strict):
-    model_config = ConfigDict(json_schema_extra={
-        "if": {"properties": {"type": {"const": "enabled"}}},
-        "then": {"required": ["budget_tokens"], "properties": {"budget_tokens": {"type": "integer"}}}})
-
     type: Literal["enabled", "disabled", "adaptive"] = Field(description=(
         "A reasoning model's thinking (--reasoning-parser), given as thinking blocks. enabled: at most "
         "budget_tokens of it, then the answer; disabled: the chat template is asked not to think "
         "(enable_thinking false); adaptive, or thinking omitted: as the model's template does by default."))
     budget_tokens: Int(ge=1, le=UINT32_MAX) | None = Field(None, description=(
-        "With enabled: the thinking's budget in tokens (no minimum here); the thinking is then closed."))
+        "With enabled: the thinking's budget in tokens (no minimum here); the thinking is then closed. "
+        "Omitted: no budget."))
 
 
 # Rules between fields, stated in the schema as chat's are (models.py CHAT_RULES); the server checks each.
