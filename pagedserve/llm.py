@@ -68,9 +68,11 @@ class LLM:
 
     def chat(self, messages: list[dict] | Seq[list[dict]],
              sampling_params: SamplingParams | Seq[SamplingParams] | None = None, tools: list[dict] | None = None,
-             use_tqdm: bool = True, add_generation_prompt: bool = True) -> list[RequestOutput]:
+             use_tqdm: bool = True, add_generation_prompt: bool = True, chat_template: str | None = None,
+             chat_template_kwargs: dict | None = None) -> list[RequestOutput]:
         """One conversation (a list of chat messages) or a list of them, rendered with the model's
-        chat template, as vLLM's LLM.chat does; outputs in input order. `tools` are OpenAI function
+        chat template (or `chat_template`, with `chat_template_kwargs` such as
+        `{"enable_thinking": False}`), as vLLM's LLM.chat does; outputs in input order. `tools` are OpenAI function
         definitions, shown to the model as the HTTP API shows them (its chat template's `tools`, or
         the Hermes format); assistant messages may carry OpenAI `tool_calls`, tool messages a
         `tool_call_id`. The output is text: read tool calls from it with
@@ -82,8 +84,9 @@ class LLM:
             if not conversation:
                 raise InvalidArgument(f"messages[{i}]", "a conversation needs at least one message")
             shown, template_tools = chat_tools.template_messages(list(conversation), plan,
-                                                                 self.tokenizer.template_source)
-            texts.append(self.tokenizer.apply_chat_template(shown, add_generation_prompt, template_tools))
+                                                                 chat_template or self.tokenizer.template_source)
+            texts.append(self.tokenizer.apply_chat_template(shown, add_generation_prompt, template_tools,
+                                                            chat_template_kwargs, chat_template))
         outputs = self.generate([self.tokenizer.encode(t, add_special_tokens=False) for t in texts],
                                 sampling_params, use_tqdm)
         for output, text in zip(outputs, texts):

@@ -1,6 +1,7 @@
 """The model's tokenizer (tokenizer.json, or a GGUF file's) and chat template, without transformers or torch."""
 from __future__ import annotations
 
+import datetime
 import json
 from pathlib import Path
 
@@ -11,6 +12,14 @@ from tokenizers import decoders
 
 from services.core.errors import InvalidArgument
 from services.core.gguf_file import is_gguf_file
+
+
+MAX_REQUEST_TEMPLATES = 8
+RESERVED_TEMPLATE_NAMES = {"messages", "tools", "add_generation_prompt", "bos_token", "eos_token"}
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.datetime.now().strftime(fmt)
 
 
 def _raise(message: str):
@@ -39,10 +48,11 @@ class Tokenizer:
             template = config.get("chat_template")
         if isinstance(template, list):  # named templates: take the default one
             template = next((t["template"] for t in template if t.get("name") == "default"), None)
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)  # client text is never evaluated
-        env.globals["raise_exception"] = _raise
-        self._template = env.from_string(template) if template else None
-        self.template_source = template or ""  # what the template uses (e.g. `tools`) decides what it gets
+        self._env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)  # client text is never
+        self._env.globals["raise_exception"] = _raise                                   # evaluated
+        self._env.globals["strftime_now"] = _strftime_now  # gpt-oss's template dates its system message
+        self._compiled: dict[str, jinja2.Template] = {}  # the templates requests gave, most recent last
+        self.set_template(template or "")
         self.vocab_size = self._tok.get_vocab_size()
         self.eos_token_id = self._tok.token_to_id(self.eos_token) if self.eos_token else None
         pieces = self._tok.get_vocab(with_added_tokens=True)
@@ -80,18 +90,45 @@ class Tokenizer:
             return piece.replace("\u2581", " ").encode()
         return self.decode([token_id], skip_special_tokens=False).encode()
 
+    def set_template(self, source: str) -> None:
+        """Replace the model's chat template (--chat-template); "" leaves none."""
+        self._template = self._env.from_string(source) if source else None
+        self.template_source = source  # what the template uses (e.g. `tools`) decides what it gets
+
+    def compile_template(self, source: str) -> jinja2.Template:
+        """A request's own chat template, compiled (the last few are kept). Raises InvalidArgument."""
+        template = self._compiled.pop(source, None)
+        if template is None:
+            try:
+                template = self._env.from_string(source)
+            except jinja2.exceptions.TemplateError as exc:
+                raise InvalidArgument("chat_template", f"is not a valid Jinja template: {exc}") from None
+        self._compiled[source] = template
+        while len(self._compiled) > MAX_REQUEST_TEMPLATES:
+            self._compiled.pop(next(iter(self._compiled)))
+        return template
+
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
-                            tools: list[dict] | None = None) -> str:
-        if self._template is None:
-            raise InvalidArgument("messages", "this model has no chat template")
+                            tools: list[dict] | None = None, template_kwargs: dict | None = None,
+                            template: str | None = None) -> str:
+        """`template_kwargs`: more variables for the template (e.g. enable_thinking); `template`: a
+        template's source to use instead of the model's."""
+        compiled = self.compile_template(template) if template else self._template
+        if compiled is None:
+            raise InvalidArgument("messages", "this model has no chat template (give one: --chat-template, or a "
+                                              "request's chat_template)")
+        reserved = sorted(set(template_kwargs or ()) & RESERVED_TEMPLATE_NAMES)
+        if reserved:
+            raise InvalidArgument(f"chat_template_kwargs.{reserved[0]}", "is set by the server, not by kwargs")
         for i, message in enumerate(messages):
             if not isinstance(message, dict) or not isinstance(message.get("role"), str) \
                     or not isinstance(message.get("content"), str):
                 raise InvalidArgument(f"messages[{i}]", "needs a string role and a string content")
         try:
             extra = {"tools": tools} if tools else {}  # templates test `tools is defined`
-            return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt, **extra,
-                                         bos_token=self.bos_token or "", eos_token=self.eos_token or "")
+            return compiled.render(**(template_kwargs or {}), messages=messages,
+                                   add_generation_prompt=add_generation_prompt, **extra,
+                                   bos_token=self.bos_token or "", eos_token=self.eos_token or "")
         except jinja2.exceptions.TemplateError as exc:
             raise InvalidArgument("messages", f"chat template refused the messages: {exc}") from exc
 

@@ -1,11 +1,14 @@
 """The frontend's settings, validated when built (once, in main)."""
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from services.core.config import LogConfig, model_cache_dir_setting, setting, tokenizer_setting
 from services.core.errors import check
 from services.core.structured import GrammarLimits
+from services.frontend import reasoning
 from services.frontend.response_store import ResponseStoreLimits
 
 
@@ -33,6 +36,17 @@ class FrontendConfig:
     health_poll_s: float = setting(1.0, "how often to ask the scheduler whether a worker is ready")
     drain_timeout_s: float = setting(60.0, "on SIGTERM, seconds the open requests get to finish before the "
                                            "process exits")
+    reasoning_parser: str = setting(
+        "", "read reasoning models' thinking apart from the answer (reasoning_content, reasoning items, thinking "
+            "blocks): qwen3, deepseek_r1, gpt_oss, auto (by the chat template's markers), or empty for none")
+    chat_template: str = setting("", "a chat template (a file, or the Jinja text itself) to use instead of the "
+                                     "model's own (empty: the model's)")
+    trust_request_chat_template: bool = setting(
+        False, "take a request's own chat_template (a Jinja template runs on this server: off, such a request "
+               "is a 400)")
+    default_chat_template_kwargs: str = setting(
+        "", "a JSON object of variables every chat template gets unless a request's chat_template_kwargs "
+            "sets them, e.g. '{\"enable_thinking\": false}'")
     grammar: GrammarLimits = field(default_factory=GrammarLimits)  # structured outputs
     responses: ResponseStoreLimits = field(default_factory=ResponseStoreLimits)  # the Responses API's store
 
@@ -53,7 +67,30 @@ class FrontendConfig:
         check(self.max_message_bytes > 0, "max_message_bytes", f"must be > 0, got {self.max_message_bytes}")
         check(self.max_pending >= 0, "max_pending", f"must be >= 0, got {self.max_pending}")
         check(self.health_poll_s > 0, "health_poll_s", f"must be > 0, got {self.health_poll_s}")
+        reasoning.choose(self.reasoning_parser, "")  # a known name
+        self.template_kwargs()
+        check(not self.chat_template or self.template_source(), "chat_template", "is an empty file")
         check(self.drain_timeout_s >= 0, "drain_timeout_s", f"must be >= 0, got {self.drain_timeout_s}")
+
+
+    def template_kwargs(self) -> dict:
+        if not self.default_chat_template_kwargs:
+            return {}
+        try:
+            kwargs = json.loads(self.default_chat_template_kwargs)
+        except ValueError:
+            kwargs = None
+        check(isinstance(kwargs, dict), "default_chat_template_kwargs", "must be a JSON object")
+        return kwargs
+
+    def template_source(self) -> str:
+        """--chat-template's Jinja: the file's text when it names a file, else the value itself."""
+        path = Path(self.chat_template)
+        if "{" not in self.chat_template and path.is_file():
+            return path.read_text(encoding="utf-8")
+        check("{" in self.chat_template or not self.chat_template, "chat_template",
+              f"is neither a file nor a Jinja template: {self.chat_template!r}")
+        return self.chat_template
 
 
 CLI_CONFIGS = (FrontendConfig, LogConfig)  # python -m services.frontend's flags (services/cli.py)

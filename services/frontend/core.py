@@ -20,6 +20,7 @@ from services.core.structured import GrammarLimits
 from services.core.tokenizer import Tokenizer
 from services.frontend.grammar_check import GrammarCheck
 from services.frontend.metrics import FrontendMetrics
+from services.frontend.reasoning import ReasoningParser, Thinking
 from services.frontend.request_events import RequestEvents
 from services.frontend.types import CHAT_ROLES, GenerateEvent, GenerateRequest, ModelCard, Prompt, UnknownModel
 
@@ -31,12 +32,17 @@ STATS_TIMEOUT_S = 5.0
 # Longer texts (token lists, chats) are tokenized (decoded, rendered) on a thread, off the event loop.
 INLINE_CHARS = 16384
 INLINE_MESSAGES = 64
+THINKING_TAIL_TOKENS = 8  # the prompt's last tokens, read for an open or closed thinking marker
 
 
 class FrontendCore:
     def __init__(self, tokenizer: Tokenizer, scheduler: SchedulerClient, model_id: str, max_pending: int = 0,
-                 grammar_limits: GrammarLimits = GrammarLimits()):
+                 grammar_limits: GrammarLimits = GrammarLimits(), reasoning_parser: ReasoningParser | None = None,
+                 template_kwargs: dict | None = None):
         self.tokenizer, self.scheduler, self.model_id = tokenizer, scheduler, model_id
+        self.reasoning_parser = reasoning_parser  # None: outputs are all answer
+        self.template_kwargs = template_kwargs or {}  # the server's default chat_template_kwargs
+        self.trust_request_chat_template = False  # a request's own chat_template is refused
         self.max_pending = max_pending  # 0: no limit
         self.metrics = FrontendMetrics(model_id)
         self.num_pending = 0
@@ -71,7 +77,22 @@ class FrontendCore:
         for i, message in enumerate(prompt.messages):
             check(message.get("role") in CHAT_ROLES, f"messages[{i}].role",
                   f"unknown role {message.get('role')!r}; expected one of {', '.join(CHAT_ROLES)}")
-        return self.tokenizer.apply_chat_template(prompt.messages, prompt.add_generation_prompt, prompt.tools)
+        return self.tokenizer.apply_chat_template(prompt.messages, prompt.add_generation_prompt, prompt.tools,
+                                                  {**self.template_kwargs, **(prompt.template_kwargs or {})},
+                                                  prompt.chat_template)
+
+    def thinking(self, prompt_ids: list[int]) -> Thinking | None:
+        """How a chat's output reads under the reasoning parser: None without one, or when the
+        rendered prompt ends with the thinking closed (Qwen3's `enable_thinking: false`)."""
+        if self.reasoning_parser is None:
+            return None
+        tail = self.tokenizer.decode(prompt_ids[-THINKING_TAIL_TOKENS:], skip_special_tokens=False)
+        return Thinking.of(self.reasoning_parser, tail)
+
+    def marker_token(self, text: str) -> int | None:
+        """The one token id a reasoning marker is, or None when it takes several."""
+        ids = self.tokenizer.encode(text, add_special_tokens=False)
+        return ids[0] if len(ids) == 1 else None
 
     async def tokenize(self, prompt: Prompt) -> list[int]:
         """The token ids of a text or chat prompt (a chat template brings its own special tokens).

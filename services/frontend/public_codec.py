@@ -81,6 +81,15 @@ def event_to_pb(event: GenerateEvent) -> pb.GenerateResponse:
     return response
 
 
+def split_reasoning(response: pb.GenerateResponse, event: GenerateEvent, readers) -> None:
+    """Each sample's reasoning_text and answer_text, from its reader (`readers[index]`)."""
+    for delta, sample in zip(response.samples, event.samples):
+        reader = readers[sample.index]
+        pieces = reader.feed(sample.text) + (reader.finish() if sample.finish_reason is not None else [])
+        delta.reasoning_text = "".join(p.text for p in pieces if p.kind == "reasoning")
+        delta.answer_text = "".join(p.text for p in pieces if p.kind == "content")
+
+
 def batch_to_pb(items: list[BatchItem]) -> pb.GenerateBatchResponse:
     response = pb.GenerateBatchResponse()
     for item in items:

@@ -12,6 +12,7 @@ import structlog
 from pagedserve.v1 import generate_pb2, generate_pb2_grpc
 from services.core.errors import Unavailable
 from services.core.tokenizer import Tokenizer
+from services.frontend import reasoning
 from services.frontend.config import FrontendConfig
 from services.frontend.core import FrontendCore
 from services.frontend.http.app import build_app
@@ -31,8 +32,13 @@ class FrontendServer:
     def __init__(self, config: FrontendConfig, tokenizer_path: Path):
         self.config = config
         self.scheduler = SchedulerClient(config.scheduler_address, config.scheduler_failover_timeout_s)
-        self.core = FrontendCore(Tokenizer(tokenizer_path), self.scheduler, config.model_id, config.max_pending,
-                                 config.grammar)
+        tokenizer = Tokenizer(tokenizer_path)
+        if config.chat_template:
+            tokenizer.set_template(config.template_source())
+        self.core = FrontendCore(tokenizer, self.scheduler, config.model_id, config.max_pending, config.grammar,
+                                 reasoning.choose(config.reasoning_parser, tokenizer.template_source),
+                                 config.template_kwargs())
+        self.core.trust_request_chat_template = config.trust_request_chat_template
         servicer = GenerationServicer(self.core)
         self.grpc = GrpcServer(lambda server: generate_pb2_grpc.add_GenerationServicer_to_server(servicer, server),
                                SERVICE_NAME, config.reflection, config.max_message_bytes)

@@ -3,6 +3,7 @@ Errors map to statuses in services.rpc.status."""
 from __future__ import annotations
 
 import asyncio
+import collections
 from contextlib import aclosing
 
 from pagedserve.v1 import generate_pb2 as pb
@@ -11,6 +12,8 @@ from services.core.errors import InvalidArgument
 from services.frontend import public_codec
 from services.frontend.batch import run_batch
 from services.frontend.core import FrontendCore
+from services.frontend.tool_stream import ToolCallStream
+from services.frontend.types import GenerateRequest, Prompt
 from services.rpc.status import rpc_errors
 
 LARGE_MESSAGE_BYTES = 64 * 1024
@@ -23,9 +26,24 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
     @rpc_errors
     async def Generate(self, request: pb.GenerateRequest, context):
         generate_request = await _off_loop_if_large(public_codec.generate_request_from_pb, request)
+        readers = await self._reasoning_readers(generate_request)
         async with aclosing(self.core.generate(generate_request)) as events:
             async for event in events:
-                yield public_codec.event_to_pb(event)
+                response = public_codec.event_to_pb(event)
+                if readers is not None:
+                    public_codec.split_reasoning(response, event, readers)
+                yield response
+
+    async def _reasoning_readers(self, request: GenerateRequest):
+        """Per sample, a reader of the thinking apart from the answer: for a chat prompt under a
+        reasoning parser (the prompt is tokenized here, as the core would, to read where it ends)."""
+        if request.prompt.messages is None or self.core.reasoning_parser is None:
+            return None
+        request.prompt = Prompt(token_ids=await self.core.tokenize(request.prompt))
+        thinking = self.core.thinking(request.prompt.token_ids)
+        if thinking is None:
+            return None
+        return collections.defaultdict(lambda: thinking.reader(ToolCallStream("none", set())))
 
     @rpc_errors
     async def GenerateBatch(self, request_iterator, context):

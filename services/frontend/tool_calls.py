@@ -19,6 +19,7 @@ import re
 import uuid
 from dataclasses import dataclass
 
+from services.frontend.reasoning import ReasoningReader, Thinking
 from services.core.errors import InvalidArgument, check
 from services.core.structured import Constraint
 from services.frontend.tool_stream import ToolCallStream
@@ -54,6 +55,7 @@ class ToolPlan:
     mode: str  # none, auto, required or named
     name: str = ""  # the named function
     parallel: bool = True
+    thinking: Thinking | None = None  # a reasoning model's: its thinking is read apart, before the answer
 
     def constraint(self) -> Constraint | None:
         if self.mode == "named":
@@ -68,17 +70,26 @@ class ToolPlan:
             schema["maxItems"] = 1
         return Constraint.json_schema(schema, "tools")
 
-    def stream(self) -> ToolCallStream:
-        """A reader of this request's output, fed as it is generated (services/frontend/tool_stream.py)."""
-        return ToolCallStream(self.mode, {t["function"]["name"] for t in self.tools}, self.name,
-                              lambda name: ToolCall(name, ""))
+    def stream(self) -> ToolCallStream | ReasoningReader:
+        """A reader of this request's output, fed as it is generated (services/frontend/tool_stream.py);
+        a reasoning model's thinking is read first (services/frontend/reasoning.py), its tool calls
+        from the answer only."""
+        reader = ToolCallStream(self.mode, {t["function"]["name"] for t in self.tools}, self.name,
+                                lambda name: ToolCall(name, ""))
+        return self.thinking.reader(reader) if self.thinking is not None else reader
 
     def parse(self, text: str) -> tuple[str | None, list[ToolCall]]:
         """(content, tool calls) of a finished output: the same reader fed the whole text."""
+        return self.read(text)[1:]
+
+    def read(self, text: str) -> tuple[str | None, str | None, list[ToolCall]]:
+        """(reasoning, content, tool calls) of a finished output; reasoning None without a reasoning
+        parser or when the model gave none."""
         reader = self.stream()
         pieces = reader.feed(text) + reader.finish()
+        reasoning = "".join(p.text for p in pieces if p.kind == "reasoning") or None
         content = "".join(p.text for p in pieces if p.kind == "content")
-        return (content.strip() or None) if reader.calls else content, reader.calls
+        return reasoning, (content.strip() or None) if reader.calls else content, reader.calls
 
     def _parameters(self, name: str) -> dict:
         tool = next(t for t in self.tools if t["function"]["name"] == name)

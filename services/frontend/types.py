@@ -35,6 +35,8 @@ class Prompt:
     add_special_tokens: bool = True  # for text
     add_generation_prompt: bool = True  # for messages
     tools: list[dict] | None = None  # for messages: tool definitions the chat template shows
+    template_kwargs: dict | None = None  # for messages: more variables for the template (over the server's)
+    chat_template: str | None = None  # for messages: a template to use instead of the model's
 
 
 @dataclass(kw_only=True)

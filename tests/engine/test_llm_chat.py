@@ -35,3 +35,10 @@ def test_a_list_of_conversations_with_tools_and_one_params_each(llm):
     assert (len(first.outputs[0].token_ids), len(second.outputs[0].token_ids)) == (3, 5)
     with pytest.raises(InvalidArgument, match=r"^messages\[1\]"):
         llm.chat([CHAT, []], greedy(3), use_tqdm=False)
+
+
+def test_a_chat_template_of_its_own_with_kwargs(llm):
+    template = "{% for m in messages %}{{ m.content }}|{% endfor %}{{ 'think' if enable_thinking else 'answer' }}:"
+    [chat] = llm.chat(CHAT, greedy(2), use_tqdm=False, chat_template=template,
+                      chat_template_kwargs={"enable_thinking": False})
+    assert chat.prompt == "Be brief.|Weather in Oslo?|answer:"

@@ -2,7 +2,8 @@
 
 The fake implements SubmitMany / GetStats of the internal proto with a
 deterministic rule: sample i's token at position p is prompt[(i + p) % len(prompt)] (an echo),
-one token per step, finishing with "length" at max_tokens. It records what reached it:
+one token per step, finishing with "length" at max_tokens; with a `script` (token ids), every sample
+emits those instead, one a step, and ends with "stop" after the last. It records what reached it:
 submitted requests, aborts (request id, sample index) and cancelled requests (a cancel on the
 SubmitMany call, or that call ending while they ran).
 """
@@ -45,6 +46,7 @@ class FakeScheduler(scheduler_pb2_grpc.SchedulerServicer):
         self.num_calls = 0  # SubmitMany calls the frontend opened
         self.drop_calls = False  # end every open SubmitMany call with drop_status at its next message
         self.drop_status = (grpc.StatusCode.UNAVAILABLE, "the scheduler is restarting")
+        self.script: list[int] | None = None  # the exact tokens every sample emits (None: the echo)
 
     async def SubmitMany(self, request_iterator, context):
         self.num_calls += 1
@@ -118,8 +120,14 @@ class FakeScheduler(scheduler_pb2_grpc.SchedulerServicer):
         if (request.request_id, index) in self.aborts:
             ended.add(index)
             return scheduler_pb2.SampleDelta(sample_index=index, finish_reason="stop")
-        token = echo_token(list(request.prompt_token_ids), index, position)
+        if self.script is not None:
+            token = self.script[position]
+        else:
+            token = echo_token(list(request.prompt_token_ids), index, position)
         delta = scheduler_pb2.SampleDelta(sample_index=index, token_ids=[token])
+        if self.script is not None and position == len(self.script) - 1 < request.params.max_tokens - 1:
+            delta.finish_reason = "stop"
+            ended.add(index)
         if request.params.logprobs >= 0:
             delta.logprobs.append(fake_logprobs(token, request.params.logprobs))
         if position == request.params.max_tokens - 1:

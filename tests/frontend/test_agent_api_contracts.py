@@ -101,8 +101,8 @@ def test_each_api_has_its_own_error_shape_and_takes_either_key_header(harness):
 
 def test_settings_a_client_sends_that_ask_for_what_the_server_does_anyway_are_accepted(harness):
     """`thinking: disabled` (no thinking: this server's only way), a `service_tier` (there is one tier),
-    `text.verbosity` (a hint, as `reasoning` is) are taken, not refused; thinking enabled is a 400
-    naming thinking.type, in Anthropic's shape."""
+    `text.verbosity` (a hint, as `reasoning` is) are taken, not refused; thinking enabled on a model
+    served without a reasoning parser is a 400 naming thinking.budget_tokens, in Anthropic's shape."""
     message = {"model": MODEL_ID, "messages": QUESTION, "max_tokens": 1}
     for extra in ({"thinking": {"type": "disabled"}}, {"service_tier": "auto"}, {"service_tier": "standard_only"}):
         status, body = post(harness, "/v1/messages", {**message, **extra})
@@ -112,7 +112,8 @@ def test_settings_a_client_sends_that_ask_for_what_the_server_does_anyway_are_ac
     assert counted == post(harness, "/v1/messages/count_tokens", {"model": MODEL_ID, "messages": QUESTION})
     assert counted[0] == 200
     status, body = post(harness, "/v1/messages", {**message, "thinking": {"type": "enabled", "budget_tokens": 1024}})
-    assert status == 400 and body["type"] == "error" and body["error"]["message"].startswith("thinking.type:")
+    assert status == 400 and body["type"] == "error" and body["error"]["message"].startswith(
+        "thinking.budget_tokens: needs a reasoning model")
     status, body = post(harness, "/v1/responses", {"input": "x", "max_output_tokens": 1, "text": {"verbosity": "low"}})
     assert status == 200 and body["text"]["verbosity"] == "low", body
 

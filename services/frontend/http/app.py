@@ -76,7 +76,8 @@ def build_app(core: FrontendCore, is_ready: Callable[[], bool], api_key: str = "
         generate_request, tool_plan = await openai_requests.chat_request(core, body, request_id)
         shared = dict(id=request_id, model=core.model_id, fingerprint=await _fingerprint(core),
                       tokenizer=core.tokenizer, n=generate_request.params.n)
-        renderer = ChatRenderer(**shared) if tool_plan.mode == "none" else ToolChatRenderer(**shared, plan=tool_plan)
+        plain = tool_plan.mode == "none" and tool_plan.thinking is None
+        renderer = ChatRenderer(**shared) if plain else ToolChatRenderer(**shared, plan=tool_plan)
         return await _respond(core, [generate_request], renderer, body, body.logprobs, request)
 
     store = response_store if response_store is not None else ResponseStore()  # (an empty store is falsy)

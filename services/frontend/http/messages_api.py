@@ -1,11 +1,11 @@
 """The Anthropic Messages API: POST /v1/messages and POST /v1/messages/count_tokens.
 
 The request becomes a chat (system, then the messages; tool_use blocks are an assistant's tool
-calls, tool_result blocks tool messages) and goes the chat completions way
+calls, tool_result blocks tool messages, thinking blocks its reasoning_content) and goes the chat completions way
 (openai_requests.conversation_request: the chat template, tool plan, grammar). Tool choice auto,
 any (a call is required), tool (that one) and none map onto the same plan. The output is read by
-the tool-call reader as it is generated and turned into content blocks and events by one builder,
-streamed or not. Errors are in Anthropic's shape (errors.py).
+the reasoning and tool-call readers as it is generated and turned into content blocks (thinking,
+text, tool_use) and events by one builder, streamed or not. Errors are in Anthropic's shape (errors.py).
 """
 from __future__ import annotations
 
@@ -24,8 +24,9 @@ from services.frontend.core import FrontendCore
 from services.frontend.http import messages_schemas as schemas
 from services.frontend.http.errors import anthropic_error_body
 from services.frontend.http.messages_models import CountTokensRequest, MessagesRequest
-from services.frontend.http.openai_requests import conversation_request, conversation_tokens
+from services.frontend.http.openai_requests import Budget, ChatTemplate, conversation_request, conversation_tokens
 from services.frontend.http.streams import build, merge, start
+from services.frontend.reasoning import ReasoningReader
 from services.frontend.tool_stream import Piece, ToolCallStream
 from services.frontend.types import SampleEvent, Summary
 
@@ -38,7 +39,7 @@ def add_routes(app: FastAPI, core: FrontendCore, unless_disconnected) -> None:
         plan = _tool_plan(body)
         generate_request = await conversation_request(
             core, chat_messages(body), plan, message_id, lambda max_tokens: _sampling_params(body, max_tokens, plan),
-            body.max_tokens, body.model)
+            body.max_tokens, body.model, template=_template(body))
         builder = MessageBuilder(message_id, body.model, plan.stream(), len(generate_request.prompt.token_ids))
         events = merge(await start([core.generate(generate_request)]))
         if not body.stream:
@@ -56,7 +57,19 @@ def add_routes(app: FastAPI, core: FrontendCore, unless_disconnected) -> None:
         """The prompt's tokens, as /v1/messages would render the same system, messages and tools."""
         core.check_model(body.model)
         plan = _tool_plan(body)
-        return {"input_tokens": len(await conversation_tokens(core, chat_messages(body), plan))}
+        return {"input_tokens": len(await conversation_tokens(core, chat_messages(body), plan, _template(body)))}
+
+
+def _template(body: CountTokensRequest) -> ChatTemplate:
+    """thinking: enabled asks the template to think (over a server default) within a budget,
+    disabled turns the template's thinking off."""
+    thinking = body.thinking
+    if thinking is None or thinking.type == "adaptive":
+        return ChatTemplate()
+    if thinking.type == "disabled":
+        return ChatTemplate(kwargs={"enable_thinking": False})
+    budget = Budget(thinking.budget_tokens, "thinking.budget_tokens")
+    return ChatTemplate(kwargs={"enable_thinking": True}, budget=budget)
 
 
 def chat_messages(body: CountTokensRequest) -> list[dict]:
@@ -71,6 +84,7 @@ def chat_messages(body: CountTokensRequest) -> list[dict]:
             messages.append({"role": message.role, "content": message.content})
             continue
         text = "".join(b.text for b in blocks if b.type == "text")
+        thought = "".join(b.thinking for b in blocks if b.type == "thinking")
         calls = [{"id": b.id, "type": "function", "function": {"name": b.name, "arguments": json.dumps(b.input)}}
                  for b in blocks if b.type == "tool_use"]
         results = [b for b in blocks if b.type == "tool_result"]
@@ -80,8 +94,10 @@ def chat_messages(body: CountTokensRequest) -> list[dict]:
             messages.append({"role": "tool", "tool_call_id": result.tool_use_id, "content": content or ""})
         if calls:
             messages.append({"role": "assistant", "content": text, "tool_calls": calls})
-        elif text or not results:
+        elif text or thought or not results:
             messages.append({"role": message.role, "content": text})
+        if thought:
+            messages[-1]["reasoning_content"] = thought
     return messages
 
 
@@ -116,7 +132,8 @@ def _sampling_params(body: MessagesRequest, max_tokens: int, plan: tool_calls.To
 class MessageBuilder:
     """One message's content blocks and stream events, from its sample's text as it arrives."""
 
-    def __init__(self, message_id: str, model: str, reader: ToolCallStream, num_prompt_tokens: int):
+    def __init__(self, message_id: str, model: str, reader: ToolCallStream | ReasoningReader,
+                 num_prompt_tokens: int):
         self.id, self.model, self.reader = message_id, model, reader
         self.num_prompt_tokens = num_prompt_tokens
         self.content: list[dict] = []
@@ -160,7 +177,9 @@ class MessageBuilder:
     def _pieces(self, pieces: list[Piece]) -> list[dict]:
         events = []
         for piece in pieces:
-            if piece.kind == "content" and not (self.open and self.content[-1]["type"] == "text"):
+            if piece.kind == "reasoning" and not (self.open and self.content[-1]["type"] == "thinking"):
+                events += self._close() + self._start({"type": "thinking", "thinking": "", "signature": ""})
+            elif piece.kind == "content" and not (self.open and self.content[-1]["type"] == "text"):
                 events += self._close() + self._start({"type": "text", "text": ""})
             elif piece.kind == "call":
                 call = self.reader.calls[piece.index]
@@ -168,7 +187,10 @@ class MessageBuilder:
                                                        "input": {}, "arguments": ""})
                 continue
             block = self.content[-1]
-            if piece.kind == "content":
+            if piece.kind == "reasoning":
+                block["thinking"] += piece.text
+                delta = {"type": "thinking_delta", "thinking": piece.text}
+            elif piece.kind == "content":
                 block["text"] += piece.text
                 delta = {"type": "text_delta", "text": piece.text}
             else:
@@ -191,7 +213,7 @@ class MessageBuilder:
 
 
 def _block(block: dict) -> dict:
-    if block["type"] == "text":
+    if block["type"] in ("text", "thinking"):
         return dict(block)
     try:
         arguments = json.loads(block["arguments"]) if block["arguments"] else {}

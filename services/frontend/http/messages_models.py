@@ -1,7 +1,7 @@
 """The Anthropic Messages API's request bodies (POST /v1/messages and /v1/messages/count_tokens)
 as pydantic models: FastAPI validates with these and builds /openapi.json from them. Unknown
-fields and what this server cannot do (an image block, a thinking block, thinking enabled) are
-refused, a 400 in Anthropic's error shape naming them."""
+fields and what this server cannot do (an image block) are refused, a 400 in Anthropic's error
+shape naming them."""
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
@@ -44,8 +44,20 @@ class ToolResultBlock(Strict):
     cache_control: CacheControl | None = None
 
 
+class ThinkingBlock(Strict):
+    type: Literal["thinking"]
+    thinking: Text = Field(description="An earlier turn's thinking: the chat template keeps or drops it.")
+    signature: Text | None = Field(None, description="Accepted (as the SDK returns it); not checked.")
+
+
+class RedactedThinkingBlock(Strict):
+    type: Literal["redacted_thinking"]
+    data: Text = Field(description="Accepted; dropped (this server never redacts).")
+
+
 UserBlock = Annotated[TextBlock | ToolResultBlock, Field(discriminator="type")]
-AssistantBlock = Annotated[TextBlock | ToolUseBlock, Field(discriminator="type")]
+AssistantBlock = Annotated[TextBlock | ToolUseBlock | ThinkingBlock | RedactedThinkingBlock,
+                           Field(discriminator="type")]
 
 
 class UserMessage(Strict):
@@ -97,8 +109,13 @@ class Metadata(Strict):
 
 
 class Thinking(Strict):
-    type: Literal["disabled"] = Field(description="Only disabled: the model gives no separate thinking "
-                                                  "(enabled or adaptive is refused, a 400 naming thinking.type).")
+    type: Literal["enabled", "disabled", "adaptive"] = Field(description=(
+        "A reasoning model's thinking (--reasoning-parser), given as thinking blocks. enabled: at most "
+        "budget_tokens of it, then the answer; disabled: the chat template is asked not to think "
+        "(enable_thinking false); adaptive, or thinking omitted: as the model's template does by default."))
+    budget_tokens: Int(ge=1, le=UINT32_MAX) | None = Field(None, description=(
+        "With enabled: the thinking's budget in tokens (no minimum here); the thinking is then closed. "
+        "Omitted: no budget."))
 
 
 # Rules between fields, stated in the schema as chat's are (models.py CHAT_RULES); the server checks each.

@@ -13,6 +13,12 @@ class TextContent(BaseModel):
     text: str
 
 
+class ThinkingContent(BaseModel):
+    type: Literal["thinking"]
+    thinking: str
+    signature: str
+
+
 class ToolUseContent(BaseModel):
     type: Literal["tool_use"]
     id: str
@@ -32,7 +38,7 @@ class MessageObject(BaseModel):
     type: Literal["message"]
     role: Literal["assistant"]
     model: str
-    content: list[TextContent | ToolUseContent]
+    content: list[ThinkingContent | TextContent | ToolUseContent]
     stop_reason: Literal["end_turn", "max_tokens", "stop_sequence", "tool_use"] | None
     stop_sequence: str | None
     usage: MessageUsage

@@ -4,7 +4,7 @@
 The ranges here are SamplingParams' own (services/core/sampling_params.py, which checks them
 again for every transport; test_openapi checks that the two agree), written out so that the
 schema states them. Unknown fields are refused rather than ignored, so a field this server
-does not implement (a `chat_template`, `functions`) is a 400 naming it. Every text must be valid
+does not implement (`functions`) is a 400 naming it. Every text must be valid
 Unicode (JSON can carry a lone surrogate such as "\\ud800"; no tokenizer can take it), and an
 integer may come as a whole-number float (`4.0`), as OpenAI accepts it. Every integer is bounded
 by the width that carries it further (services/core/widths.py: top_k is an int32, token ids and
@@ -13,7 +13,7 @@ API's request models (e.g. /v1/responses, /v1/messages) reuse these types: Int, 
 """
 from __future__ import annotations
 
-from typing import Annotated, Literal, Union
+from typing import Annotated, Any, Literal, Union
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag
 
@@ -153,6 +153,9 @@ class AssistantMessage(Strict):
     content: Content | None = Field(None, description="May be null when tool_calls has calls.")
     name: Text | None = None
     tool_calls: list[ToolCallIn] | None = Field(None, description="Its tool calls.")
+    reasoning_content: Text | None = Field(None, description=(
+        "Its thinking (a reasoning model's; the chat template keeps or drops it, as the model was trained)."))
+    reasoning: Text | None = Field(None, description="vLLM's newer name of reasoning_content.")
 
 
 class ToolMessage(Strict):
@@ -176,6 +179,11 @@ ChatMessage = Annotated[Union[Annotated[TextMessage, Tag("text-message")],
                               Annotated[ToolMessage, Tag("tool-message")]], Discriminator(_message_tag)]
 
 
+# names the server gives the chat template itself (services/core/tokenizer.py RESERVED_TEMPLATE_NAMES)
+TEMPLATE_KWARGS = {"propertyNames": {"not": {"enum": ["messages", "tools", "add_generation_prompt", "bos_token",
+                                                      "eos_token"]}}}
+
+
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_CHAT_MESSAGES,
                                         description="Rendered with the model's own chat template.")
@@ -195,5 +203,14 @@ class ChatCompletionRequest(SamplingFields):
         None, description="Default: auto with tools, none without. auto, required or a named function need "
                           "tools, and a named one must be one of them.")
     parallel_tool_calls: bool | None = Field(None, description="Allow more than one call (default true).")
+    chat_template_kwargs: dict[str, Any] | None = Field(None, json_schema_extra=TEMPLATE_KWARGS, description=(
+        "More variables for the chat template, over the server's --default-chat-template-kwargs, e.g. "
+        "{\"enable_thinking\": false} (Qwen3: no thinking)."))
+    chat_template: Text | None = Field(None, description=(
+        "A Jinja chat template to use instead of the model's (only when the server trusts request templates: "
+        "--trust-request-chat-template)."))
+    max_reasoning_tokens: Int(ge=1, le=UINT32_MAX) | None = Field(None, description=(
+        "A reasoning model's thinking budget: after this many thinking tokens the thinking is closed and the "
+        "answer (under response_format or a tool choice, if any) follows. Needs --reasoning-parser."))
 
     model_config = ConfigDict(json_schema_extra={"allOf": SAMPLING_RULES + CHAT_RULES})

@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 from services.core.errors import InvalidArgument, check
 from services.core.sampling_params import SamplingParams
 from services.core.structured import Constraint
-from services.frontend import tool_calls
+from services.frontend import reasoning, tool_calls
 from services.frontend.tool_calls import ToolPlan
 from services.frontend.core import FrontendCore, check_room
 from services.frontend.http.models import MAX_PROMPTS, ChatCompletionRequest, CompletionRequest, SamplingFields
@@ -35,32 +36,72 @@ async def chat_request(core: FrontendCore, body: ChatCompletionRequest,
                            body.parallel_tool_calls)
     field = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
+    check(body.chat_template is None or core.trust_request_chat_template, "chat_template",
+          "this server does not take a request's chat template (--trust-request-chat-template)")
+    template = ChatTemplate(body.chat_template_kwargs, body.chat_template,
+                            Budget(body.max_reasoning_tokens, "max_reasoning_tokens"))
     return await conversation_request(
         core, [_message(i, m) for i, m in enumerate(body.messages)], tool_plan, request_id,
         lambda max_tokens: sampling_params(body, max_tokens, logprobs, tool_plan.constraint()), getattr(body, field),
-        body.model or "", body.priority, field), tool_plan
+        body.model or "", body.priority, field, template), tool_plan
+
+
+@dataclass(frozen=True)
+class Budget:
+    """A reasoning budget in tokens (None: none) and the request field that gave it."""
+
+    max_tokens: int | None = None
+    field: str = "max_reasoning_tokens"
+
+
+@dataclass(frozen=True)
+class ChatTemplate:
+    """A request's say over its chat template and its thinking."""
+
+    kwargs: dict | None = None  # chat_template_kwargs, over the server's defaults
+    source: str | None = None  # a template of its own
+    budget: Budget = Budget()
 
 
 async def conversation_request(core: FrontendCore, messages: list[dict], tool_plan: ToolPlan, request_id: str,
                                params: Callable[[int], SamplingParams], max_tokens: int | None, model: str,
-                               priority: int = 0, max_tokens_field: str = "max_tokens") -> GenerateRequest:
+                               priority: int = 0, max_tokens_field: str = "max_tokens",
+                               template: ChatTemplate = ChatTemplate()) -> GenerateRequest:
     """A chat (messages as the chat template takes them, tool calls as OpenAI's) rendered and
     tokenized here, so max_tokens can default to what the context leaves. Every API's chat-like
     endpoint (chat completions, responses, messages) comes through here; `max_tokens_field` is the
-    name the client gave max_tokens."""
-    prompt_ids = await conversation_tokens(core, messages, tool_plan)
+    name the client gave max_tokens. Under a reasoning parser the prompt's end says whether the
+    model thinks (`tool_plan.thinking`, which its readers then split off); a constraint and the
+    reasoning budget then apply after the thinking (reasoning.thinking_constraint)."""
+    prompt_ids = await conversation_tokens(core, messages, tool_plan, template)
     card = await core.model_card()
     if max_tokens is None:
         max_tokens = max(card.max_model_len - len(prompt_ids), 1)  # a too-long prompt is refused by the core
     check_room(card, len(prompt_ids), max_tokens, max_tokens_field)
-    return GenerateRequest(prompt=Prompt(token_ids=prompt_ids), params=params(max_tokens), request_id=request_id,
+    tool_plan.thinking = core.thinking(prompt_ids)
+    sampling = params(max_tokens)
+    budget = template.budget
+    if budget.max_tokens is not None:
+        check(core.reasoning_parser is not None, budget.field, "needs a reasoning model (--reasoning-parser)")
+    if tool_plan.thinking is not None:
+        constraint = reasoning.thinking_constraint(tool_plan.thinking, sampling.structured_outputs,
+                                                   budget.max_tokens, core.marker_token)
+        harmony = tool_plan.thinking.parser.harmony  # its channels are special tokens: the reader needs them
+        sampling = replace(sampling, structured_outputs=constraint,
+                           skip_special_tokens=False if harmony else sampling.skip_special_tokens)
+    return GenerateRequest(prompt=Prompt(token_ids=prompt_ids), params=sampling, request_id=request_id,
                            model=model, priority=priority)
 
 
-async def conversation_tokens(core: FrontendCore, messages: list[dict], tool_plan: ToolPlan) -> list[int]:
-    """The chat's prompt tokens: its messages and the plan's tools through the model's chat template."""
-    messages, template_tools = tool_calls.template_messages(messages, tool_plan, core.tokenizer.template_source)
-    return await core.tokenize(Prompt(messages=messages, tools=template_tools))
+async def conversation_tokens(core: FrontendCore, messages: list[dict], tool_plan: ToolPlan,
+                              template: ChatTemplate = ChatTemplate()) -> list[int]:
+    """The chat's prompt tokens: its messages and the plan's tools through the chat template."""
+    source = template.source or core.tokenizer.template_source
+    messages, template_tools = tool_calls.template_messages(messages, tool_plan, source)
+    if core.reasoning_parser is not None and core.reasoning_parser.harmony:  # gpt-oss's template calls it thinking
+        messages = [{**m, "thinking": m["reasoning_content"]} if "reasoning_content" in m else m for m in messages]
+    return await core.tokenize(Prompt(messages=messages, tools=template_tools, template_kwargs=template.kwargs,
+                                      chat_template=template.source))
 
 
 def sampling_params(body: SamplingFields, max_tokens: int | None, logprobs: int | None,
@@ -105,6 +146,9 @@ def _message(i: int, m) -> dict:
         message["tool_calls"] = [c.model_dump() for c in tool_calls]
     if tool_call_id is not None:
         message["tool_call_id"] = tool_call_id
+    reasoning_content = getattr(m, "reasoning_content", None) or getattr(m, "reasoning", None)
+    if reasoning_content is not None:  # an earlier turn's thinking: the template keeps or drops it
+        message["reasoning_content"] = reasoning_content
     return message
 
 

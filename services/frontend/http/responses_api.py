@@ -22,7 +22,7 @@ from services.core.structured import Constraint
 from services.frontend import tool_calls
 from services.frontend.core import FrontendCore
 from services.frontend.http import responses_schemas as schemas
-from services.frontend.http.openai_requests import conversation_request
+from services.frontend.http.openai_requests import Budget, ChatTemplate, conversation_request
 from services.frontend.http.responses_models import ResponseRequest
 from services.frontend.http.streams import build, merge, start
 from services.frontend.response_store import ResponseStore
@@ -41,7 +41,7 @@ def add_routes(app: FastAPI, core: FrontendCore, store: ResponseStore, unless_di
         generate_request = await conversation_request(
             core, _instructions(body.instructions) + messages, plan, response_id,
             lambda max_tokens: _sampling_params(body, max_tokens, plan.constraint()), body.max_output_tokens,
-            body.model or "", max_tokens_field="max_output_tokens")
+            body.model or "", max_tokens_field="max_output_tokens", template=_template(body))
         builder = ResponseBuilder(response_id, _echo(body, core.model_id), plan.stream())
         [started] = await start([core.generate(generate_request)])
         events = merge([started])
@@ -92,19 +92,34 @@ def _history(store: ResponseStore, previous_response_id: str | None) -> list[dic
     return list(entry.messages)
 
 
+def _template(body: ResponseRequest) -> ChatTemplate:
+    kwargs = dict(body.chat_template_kwargs or {})
+    if body.reasoning is not None and body.reasoning.effort == "none":
+        kwargs.setdefault("enable_thinking", False)
+    return ChatTemplate(kwargs=kwargs or None, budget=Budget(body.max_reasoning_tokens, "max_reasoning_tokens"))
+
+
 def _instructions(instructions: str | None) -> list[dict]:
     return [{"role": "system", "content": instructions}] if instructions else []
 
 
 def _input_messages(items: str | list) -> list[dict]:
-    """The input items as chat messages; consecutive function_calls are one assistant message."""
+    """The input items as chat messages; consecutive function_calls are one assistant message, and
+    a reasoning item is the reasoning_content of the assistant message it comes before."""
     if isinstance(items, str):
         return [{"role": "user", "content": items}]
     messages: list[dict] = []
     for i, item in enumerate(items):
-        if item.type == "message":
+        last = messages[-1] if messages else None
+        if item.type == "reasoning":
+            thought = "".join(part.text for part in item.content or [])
+            messages.append({"role": "assistant", "content": "", "reasoning_content": thought, "open": True})
+        elif item.type == "message":
             text = item.content if isinstance(item.content, str) else "".join(p.text for p in item.content)
-            messages.append({"role": item.role, "content": text})
+            if item.role == "assistant" and last is not None and last.pop("open", False):
+                last["content"] = text
+            else:
+                messages.append({"role": item.role, "content": text})
         elif item.type == "function_call":
             try:
                 json.loads(item.arguments)
@@ -112,7 +127,6 @@ def _input_messages(items: str | list) -> list[dict]:
                 raise InvalidArgument(f"input[{i}].arguments", "must be JSON text") from None
             call = {"id": item.call_id, "type": "function",
                     "function": {"name": item.name, "arguments": item.arguments}}
-            last = messages[-1] if messages else None
             if last is not None and last["role"] == "assistant":
                 last.setdefault("tool_calls", []).append(call)
             else:
@@ -120,6 +134,8 @@ def _input_messages(items: str | list) -> list[dict]:
         else:
             messages.append({"role": "tool", "tool_call_id": item.call_id, "content": item.output})
     check(bool(messages), "input", "must not be empty")
+    for message in messages:
+        message.pop("open", None)
     return messages
 
 
@@ -177,6 +193,7 @@ class ResponseBuilder:
         self.open: dict | None = None  # the item being generated
         self.sequence_number = 0
         self.truncated = False
+        self.num_reasoning_tokens = 0  # tokens generated while the model was thinking
 
     def event(self, type_: str, **fields) -> dict:
         self.sequence_number += 1
@@ -193,6 +210,8 @@ class ResponseBuilder:
                 self.event("response.in_progress", response=self.body("in_progress"))]
 
     def feed(self, sample: SampleEvent) -> list[dict]:
+        if getattr(self.reader, "thinking", False):
+            self.num_reasoning_tokens += len(sample.token_ids)
         events = self._pieces(self.reader.feed(sample.text))
         if sample.finish_reason is not None:
             self.truncated = sample.finish_reason == "length"
@@ -200,13 +219,13 @@ class ResponseBuilder:
         return events
 
     def end(self, summary: Summary | None) -> list[dict]:
-        if not self.output:
-            events = self._open_message()
-        else:
-            events = []
+        events = []
+        if all(item["type"] == "reasoning" for item in self.output):  # an answer, if only an empty one
+            events = self._close() + self._open_message()
         events += self._close()
         status = "incomplete" if self.truncated else "completed"
-        return events + [self.event(f"response.{status}", response=self.body(status, _usage(summary)))]
+        usage = _usage(summary, self.num_reasoning_tokens)
+        return events + [self.event(f"response.{status}", response=self.body(status, usage))]
 
     def fail(self, message: str) -> dict:
         return self.event("response.failed", response=self.body("failed", error={"code": "server_error",
@@ -216,6 +235,9 @@ class ResponseBuilder:
         """The output as the chat message a continuation (previous_response_id) sees."""
         text = "".join(c["text"] for item in self.output if item["type"] == "message" for c in item["content"])
         message = {"role": "assistant", "content": text}
+        thought = "".join(c["text"] for item in self.output if item["type"] == "reasoning" for c in item["content"])
+        if thought:
+            message["reasoning_content"] = thought
         calls = [{"id": i["call_id"], "type": "function", "function": {"name": i["name"], "arguments": i["arguments"]}}
                  for i in self.output if i["type"] == "function_call"]
         return {**message, "tool_calls": calls} if calls else message
@@ -223,7 +245,13 @@ class ResponseBuilder:
     def _pieces(self, pieces: list[Piece]) -> list[dict]:
         events = []
         for piece in pieces:
-            if piece.kind == "content":
+            if piece.kind == "reasoning":
+                if self.open is None or self.open["type"] != "reasoning":
+                    events += self._close() + self._open_reasoning()
+                self.open["content"][0]["text"] += piece.text
+                events.append(self.event("response.reasoning_text.delta", item_id=self.open["id"],
+                                         output_index=len(self.output) - 1, content_index=0, delta=piece.text))
+            elif piece.kind == "content":
                 if self.open is None or self.open["type"] != "message":
                     events += self._close() + self._open_message()
                 self.open["content"][0]["text"] += piece.text
@@ -254,6 +282,14 @@ class ResponseBuilder:
                                     output_index=len(self.output) - 1, content_index=0,
                                     part={"type": "output_text", "text": "", "annotations": [], "logprobs": []})]
 
+    def _open_reasoning(self) -> list[dict]:
+        events = self._add({"type": "reasoning", "id": f"rs_{uuid.uuid4().hex}", "summary": [], "content": [],
+                            "status": "in_progress"})
+        self.open["content"].append({"type": "reasoning_text", "text": ""})
+        return events + [self.event("response.content_part.added", item_id=self.open["id"],
+                                    output_index=len(self.output) - 1, content_index=0,
+                                    part={"type": "reasoning_text", "text": ""})]
+
     def _close(self) -> list[dict]:
         item, self.open = self.open, None
         if item is None:
@@ -266,18 +302,24 @@ class ResponseBuilder:
                                   content_index=0, text=part["text"], logprobs=[]),
                        self.event("response.content_part.done", item_id=item["id"], output_index=index,
                                   content_index=0, part=dict(part))]
+        elif item["type"] == "reasoning":
+            part = item["content"][0]
+            events += [self.event("response.reasoning_text.done", item_id=item["id"], output_index=index,
+                                  content_index=0, text=part["text"]),
+                       self.event("response.content_part.done", item_id=item["id"], output_index=index,
+                                  content_index=0, part=dict(part))]
         else:
             events.append(self.event("response.function_call_arguments.done", item_id=item["id"],
                                      output_index=index, name=item["name"], arguments=item["arguments"]))
         return events + [self.event("response.output_item.done", output_index=index, item=json.loads(json.dumps(item)))]
 
 
-def _usage(summary: Summary | None) -> dict:
+def _usage(summary: Summary | None, num_reasoning_tokens: int = 0) -> dict:
     prompt = summary.num_prompt_tokens if summary else 0
     completion = summary.num_completion_tokens if summary else 0
     return {"input_tokens": prompt, "input_tokens_details": {"cached_tokens": summary.num_cached_tokens if summary
                                                              else 0},
-            "output_tokens": completion, "output_tokens_details": {"reasoning_tokens": 0},
+            "output_tokens": completion, "output_tokens_details": {"reasoning_tokens": num_reasoning_tokens},
             "total_tokens": prompt + completion}
 
 

@@ -10,7 +10,7 @@ from pydantic import ConfigDict, Field
 
 from services.core.sampling_params import MAX_STOP_STRINGS
 from services.core.widths import SEED_END, UINT32_MAX
-from services.frontend.http.models import Int, StopString, Strict, Text
+from services.frontend.http.models import TEMPLATE_KWARGS, Int, StopString, Strict, Text
 from services.frontend.types import MAX_CHAT_MESSAGES
 
 
@@ -46,7 +46,23 @@ class FunctionCallOutputItem(Strict):
     status: Text | None = None
 
 
-InputItem = Annotated[MessageItem | FunctionCallItem | FunctionCallOutputItem, Field(union_mode="left_to_right")]
+class ReasoningText(Strict):
+    type: Literal["reasoning_text"]
+    text: Text
+
+
+class ReasoningItem(Strict):
+    type: Literal["reasoning"]
+    content: Annotated[list[ReasoningText], Field(max_length=64)] | None = Field(
+        None, description="An earlier turn's thinking: the chat template keeps or drops it.")
+    summary: Annotated[list[dict[str, Any]], Field(max_length=64)] | None = Field(None, description="Accepted.")
+    encrypted_content: Text | None = Field(None, description="Accepted; not used.")
+    id: Text | None = None
+    status: Text | None = None
+
+
+InputItem = Annotated[MessageItem | FunctionCallItem | FunctionCallOutputItem | ReasoningItem,
+                      Field(union_mode="left_to_right")]
 
 
 TOOL_NAME = r"^[A-Za-z0-9_.-]{1,64}$"  # services/frontend/tool_calls.py NAME
@@ -127,6 +143,12 @@ class ResponseRequest(Strict):
     include: Annotated[list[Text], Field(max_length=16)] | None = Field(
         None, description="Accepted; no extra output is added.")
     prompt_cache_key: Text | None = Field(None, description="Accepted; the prefix cache is automatic.")
-    reasoning: Reasoning | None = Field(None, description="Accepted; the model gives no separate reasoning.")
+    reasoning: Reasoning | None = Field(None, description=(
+        "A reasoning model's thinking (--reasoning-parser) is given as a reasoning item; effort none asks the "
+        "chat template not to think (enable_thinking false); other values are accepted and not used."))
+    max_reasoning_tokens: Int(ge=1, le=UINT32_MAX) | None = Field(None, description=(
+        "An extension: the thinking's budget in tokens; the thinking is then closed and the answer follows."))
+    chat_template_kwargs: dict[str, Any] | None = Field(None, json_schema_extra=TEMPLATE_KWARGS, description=(
+        "An extension: more variables for the chat template, e.g. {\"enable_thinking\": false}."))
     service_tier: Literal["auto", "default", "flex", "priority"] | None = Field(None, description="Accepted.")
     safety_identifier: Text | None = Field(None, description="Accepted; not used.")

@@ -24,6 +24,21 @@ class OutputMessage(BaseModel):
     content: list[OutputText]
 
 
+class ReasoningText(BaseModel):
+    type: Literal["reasoning_text"]
+    text: str
+
+
+class ReasoningItem(BaseModel):
+    """A reasoning model's thinking (--reasoning-parser), before the answer."""
+
+    type: Literal["reasoning"]
+    id: str
+    summary: list[Any]
+    content: list[ReasoningText]
+    status: Literal["in_progress", "completed", "incomplete"]
+
+
 class FunctionCall(BaseModel):
     type: Literal["function_call"]
     id: str
@@ -75,7 +90,7 @@ class ResponseObject(BaseModel):
     metadata: dict[str, str]
     user: str | None
     truncation: str
-    output: list[OutputMessage | FunctionCall]
+    output: list[ReasoningItem | OutputMessage | FunctionCall]
     usage: ResponseUsage | None
 
 
@@ -89,7 +104,8 @@ RESPONSE_EVENTS = {"text/event-stream": {"schema": {
     "type": "object", "required": ["data"],
     "properties": {"data": {"type": "string"}, "event": {"type": "string"}},
     "description": "With stream: true, events named by their type (response.created, response.in_progress, "
-                   "response.output_item.added, response.content_part.added, response.output_text.delta, "
+                   "response.output_item.added, response.content_part.added, response.reasoning_text.delta, "
+                   "response.reasoning_text.done, response.output_text.delta, "
                    "response.output_text.done, response.content_part.done, response.function_call_arguments.delta, "
                    "response.function_call_arguments.done, response.output_item.done, then response.completed, "
                    "response.incomplete or response.failed), each's data its JSON."}}}

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Literal
 
 from fastapi import FastAPI
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from services.frontend.types import ModelCard
 
@@ -82,7 +82,11 @@ class ChatLogprobs(BaseModel):
 
 class AssistantMessage(BaseModel):
     role: Literal["assistant"]
-    content: str
+    content: str | None
+    reasoning_content: str | None = Field(None, description=(
+        "A reasoning model's thinking (--reasoning-parser), apart from content; streamed as "
+        "delta.reasoning_content."))
+    reasoning: str | None = Field(None, description="The same as reasoning_content (vLLM's newer name).")
 
 
 class ChatChoice(BaseModel):

@@ -1,4 +1,6 @@
-"""Chat responses of a request with tools: `message.tool_calls` and finish_reason "tool_calls".
+"""Chat responses of a request with tools, or of a reasoning model: `message.tool_calls` and
+finish_reason "tool_calls"; `message.reasoning_content` (and `reasoning`, vLLM's newer name) apart
+from `content`, streamed as `delta.reasoning_content` (and `delta.reasoning`).
 
 Non-streamed, the whole output is read (ToolPlan.parse). Streamed, each sample's text goes through
 the same reader as it arrives (services/frontend/tool_stream.py): content is sent as soon as it is
@@ -11,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from services.frontend.http.responses import ChatRenderer, Choice
+from services.frontend.reasoning import ReasoningReader
 from services.frontend.tool_stream import Piece, ToolCallStream
 from services.frontend.tool_calls import ToolPlan
 from services.frontend.types import SampleEvent
@@ -19,15 +22,17 @@ from services.frontend.types import SampleEvent
 @dataclass
 class ToolChatRenderer(ChatRenderer):
     plan: ToolPlan = None
-    _readers: dict[int, ToolCallStream] = field(default_factory=dict)  # choice index -> its reader
+    _readers: dict[int, ToolCallStream | ReasoningReader] = field(default_factory=dict)  # choice index -> its reader
 
     def choice(self, index: int, choice: Choice, logprobs: bool) -> dict:
         body = super().choice(index, choice, logprobs)
-        content, calls = self.plan.parse(choice.text)
+        reasoning, content, calls = self.plan.read(choice.text)
+        body["message"]["content"] = content
         if calls:
-            body["message"] = {"role": "assistant", "content": content,
-                               "tool_calls": [c.to_openai() for c in calls]}
+            body["message"]["tool_calls"] = [c.to_openai() for c in calls]
             body["finish_reason"] = "tool_calls" if choice.finish_reason == "stop" else choice.finish_reason
+        if self.plan.thinking is not None:
+            body["message"].update(reasoning_content=reasoning, reasoning=reasoning)
         return body
 
     def chunk_choice(self, index: int, sample: SampleEvent, offset: int) -> dict | None:
@@ -42,12 +47,15 @@ class ToolChatRenderer(ChatRenderer):
         return chunk if chunk["delta"] or chunk["finish_reason"] or chunk["logprobs"] else None
 
 
-def openai_delta(pieces: list[Piece], reader: ToolCallStream) -> dict:
-    """A chat chunk's delta from the reader's pieces: content, then tool_calls entries."""
+def openai_delta(pieces: list[Piece], reader: ToolCallStream | ReasoningReader) -> dict:
+    """A chat chunk's delta from the reader's pieces: reasoning, content, then tool_calls entries."""
     delta: dict = {}
     entries: dict[int, dict] = {}
     for piece in pieces:
-        if piece.kind == "content":
+        if piece.kind == "reasoning":
+            delta["reasoning_content"] = delta.get("reasoning_content", "") + piece.text
+            delta["reasoning"] = delta["reasoning_content"]
+        elif piece.kind == "content":
             delta["content"] = delta.get("content", "") + piece.text
         elif piece.kind == "call":
             call = reader.calls[piece.index]
