@@ -35,7 +35,7 @@ WHITESPACE = " \t\r\n"
 JSON_DEFAULTS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}  # structured.py's
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ReasoningParser:
     name: str
     start: str = "<think>"
@@ -44,8 +44,9 @@ class ReasoningParser:
     harmony: bool = False  # gpt-oss: channels, not markers (services/frontend/harmony.py)
 
 
-PARSERS = {"qwen3": ReasoningParser("qwen3"), "deepseek_r1": ReasoningParser("deepseek_r1", always_thinks=True),
-           "gpt_oss": ReasoningParser("gpt_oss", start="<|channel|>analysis<|message|>", end="<|end|>",
+PARSERS = {"qwen3": ReasoningParser(name="qwen3"),
+           "deepseek_r1": ReasoningParser(name="deepseek_r1", always_thinks=True),
+           "gpt_oss": ReasoningParser(name="gpt_oss", start="<|channel|>analysis<|message|>", end="<|end|>",
                                       harmony=True)}
 CHOICES = ("", "auto", *PARSERS)  # "": no parser
 
