@@ -262,6 +262,7 @@ def _load_gguf(model: LlamaForCausalLM, cfg: ModelArchConfig, path: Path, dtype:
 
 
 _GGUF_TOP = {"model.embed_tokens.weight": ("embed", None), "lm_head.weight": ("lm_head", None)}
+_SERVED = {"q4_0": quant.Q4_0, "q4_1": quant.Q4_1, "q8_0": quant.Q8_0}  # the types the linear kernels multiply
 _GGUF_DENSE = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
 
 
@@ -276,7 +277,7 @@ def _gguf_part(tensor, part: tuple[int, int, int] | None):
     shape[dim] = stop - start
     if dim == 0:
         return dataclasses.replace(tensor, shape=tuple(shape), data=tensor.data[start:stop])
-    fmt = quant.FORMATS.get(tensor.type_name.lower())
+    fmt = _SERVED.get(tensor.type_name.lower())
     if fmt is None:
         return dataclasses.replace(tensor, shape=tuple(shape), data=tensor.data[:, start:stop])
     if start % quant.BLOCK or stop % quant.BLOCK:
@@ -289,7 +290,7 @@ def _gguf_part(tensor, part: tuple[int, int, int] | None):
 
 
 def _gguf_value(tensor, dtype: torch.dtype) -> torch.Tensor | quant.QuantWeight:
-    fmt = quant.FORMATS.get(tensor.type_name.lower())
+    fmt = _SERVED.get(tensor.type_name.lower())
     if fmt is not None:
         return quant.from_blocks(tensor.data, fmt, tensor.shape[-1], dtype)
     if tensor.type_name not in _GGUF_DENSE:

@@ -1,5 +1,6 @@
-"""Shared by the quantized-kernel tests: each CPU tier's build of quant_gemm.c, and GGUF blocks
-made by the `gguf` package's own quantizer (whose dequantizer is the oracle)."""
+"""Shared by the quantized-kernel tests: each CPU tier's build of quant_gemm.c, GGUF blocks made by
+the `gguf` package's own quantizer (whose dequantizer is the oracle), and `random_blocks`, a writer
+of valid blocks of every served type (gguf quantizes Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 only)."""
 from __future__ import annotations
 
 import ctypes
@@ -11,6 +12,18 @@ import torch
 from kernels import cpu_kernels, quant
 
 GGUF_TYPES = {"q4_0": quant.Q4_0, "q4_1": quant.Q4_1, "q8_0": quant.Q8_0}
+ALL_TYPES = [name for name, fmt in quant.FORMATS.items() if fmt != quant.INT8]  # every GGUF block type served
+GGUF_QUANTIZES = ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0")  # the types gguf.quants.quantize writes
+
+# where each type's fp16 scales lie in its block: (offset, whether it is a min, kept >= 0), and the
+# typical magnitude of the integer it multiplies (so that values come out near `scale`)
+SCALE_FIELDS = {
+    "q4_0": ([(0, False)], 4), "q4_1": ([(0, False), (2, True)], 8), "q5_0": ([(0, False)], 8),
+    "q5_1": ([(0, False), (2, True)], 16), "q8_0": ([(0, False)], 64), "iq4_nl": ([(0, False)], 64),
+    "q2_k": ([(80, False), (82, True)], 8 * 2), "q3_k": ([(108, False)], 16 * 2),
+    "q4_k": ([(0, False), (2, True)], 32 * 8), "q5_k": ([(0, False), (2, True)], 32 * 16),
+    "q6_k": ([(208, False)], 64 * 16), "iq4_xs": ([(0, False)], 16 * 64),
+}
 
 
 def host_tiers() -> list[str]:
@@ -30,6 +43,30 @@ def gguf_blocks(weight: np.ndarray, name: str) -> tuple[np.ndarray, torch.Tensor
     kind = GGMLQuantizationType[name.upper()]
     blocks = quants.quantize(weight.astype(np.float32), kind)
     return blocks, torch.from_numpy(quants.dequantize(blocks, kind).astype(np.float32))
+
+
+def random_blocks(name: str, rows: int, in_features: int, rng: np.random.Generator,
+                  scale: float = 1.0) -> np.ndarray:
+    """Valid rows of blocks of a GGUF type (uint8 [rows, row_bytes]): every quant, sub-block scale and
+    min random (any bits are valid there), the fp16 scales finite, of random sign (mins: >= 0), so that
+    values are of the order of `scale`. Not a quantizer: the tests need valid bytes of each type."""
+    fmt = quant.FORMATS[name]
+    data = rng.integers(0, 256, size=(rows, quant.row_bytes(fmt, in_features)), dtype=np.uint8)
+    blocks = data.reshape(rows, -1, quant.BLOCK_BYTES[fmt])
+    halves, magnitude = SCALE_FIELDS[name]
+    for offset, is_min in halves:
+        value = rng.uniform(0.25, 2.0, size=blocks.shape[:2]) * scale / magnitude
+        if not is_min:
+            value *= rng.choice([-1.0, 1.0], size=value.shape)
+        blocks[..., offset:offset + 2] = value.astype(np.float16)[..., None].view(np.uint8)
+    return data
+
+
+def gguf_dequantize(blocks: np.ndarray, name: str) -> torch.Tensor:
+    """gguf's dequantizer (the oracle) on rows of blocks, in fp32."""
+    from gguf import GGMLQuantizationType, quants
+
+    return torch.from_numpy(quants.dequantize(blocks, GGMLQuantizationType[name.upper()]).astype(np.float32))
 
 
 def write_gguf(folder: Path, out: Path, linear_type: str = "q4_1", embed_type: str = "q8_0") -> Path:
