@@ -33,6 +33,7 @@ import torch
 
 # as in quant_blocks.h (the GGUF ones are ggml's type ids)
 Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, INT8 = 2, 3, 6, 7, 8, 100
+PARTS = 101  # quant_blocks.h's FMT_PARTS: row-stacked weights of their own formats (`QuantParts`)
 Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS = 10, 11, 12, 13, 14, 20, 23
 FORMATS = {"q4_0": Q4_0, "q4_1": Q4_1, "q5_0": Q5_0, "q5_1": Q5_1, "q8_0": Q8_0, "q2_k": Q2_K, "q3_k": Q3_K,
            "q4_k": Q4_K, "q5_k": Q5_K, "q6_k": Q6_K, "iq4_nl": IQ4_NL, "iq4_xs": IQ4_XS, "int8": INT8}
@@ -43,6 +44,7 @@ BLOCK_BYTES = {Q4_0: 18, Q4_1: 20, Q5_0: 22, Q5_1: 24, Q8_0: 34, IQ4_NL: 18,
                Q2_K: 84, Q3_K: 110, Q4_K: 144, Q5_K: 176, Q6_K: 210, IQ4_XS: 136}
 BLOCK_ELEMS = {fmt: QK_K if fmt in (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS) else BLOCK for fmt in BLOCK_BYTES}
 GGUF_FORMATS = tuple(BLOCK_BYTES)  # every GGUF block format served
+INT8_ACTIVATION_FORMATS = (Q4_0, Q4_1, Q8_0, INT8)  # what quant_dot.c takes (quant_blocks.h's int8_activation_format)
 IQ4_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.float32)
 OK, OUT_OF_MEMORY, BAD_SHAPE = 0, 1, 2  # kernels/csrc/kernels.h
 ACT_INT8 = 0x100  # kernels.h's QUANT_ACT_INT8: a format code with this bit takes int8 activations
@@ -125,12 +127,86 @@ class QuantWeight:
     def with_activations(self, int8: bool) -> QuantWeight:
         """int8: the int8-activation kernels, the rows interleaved for them where they can be (`interleave`);
         else the fp32-activation ones, on rows in row order."""
+        if int8 and self.fmt not in INT8_ACTIVATION_FORMATS:
+            raise ValueError(f"int8 activations: {self.format} weights take fp32 activations only (served with int8 "
+                             f"activations: {', '.join(NAMES[f] for f in INT8_ACTIVATION_FORMATS)})")
         if int8 and not self.interleaved and can_interleave(self.fmt, self.out_features, self.in_features):
             return replace(self, data=interleave(self.data, self.fmt, self.in_features), interleaved=True,
                            int8_activations=True)
         if not int8 and self.interleaved:
             return replace(self, data=self.row_data(), interleaved=False, int8_activations=False)
         return replace(self, int8_activations=int8)
+
+
+@dataclass(frozen=True, kw_only=True)
+class QuantParts:
+    """Quantized weights of their own formats stacked by rows: a fused q/k/v or gate/up whose parts a
+    llama.cpp mix stores in different types (Q4_K_M: attn_v Q6_K, attn_q/k Q4_K). `data` is one buffer,
+    a table (int64: the number of parts, then per part its kernel format, rows and byte offset) and
+    each part's rows (quant_gemm.c's FMT_PARTS), so that quant_linear and decoder.c run it in one call:
+    each output is its part's chain, the bits of that part alone."""
+    parts: tuple[QuantWeight, ...]
+    data: torch.Tensor
+    dtype: torch.dtype
+    fmt: int = PARTS
+
+    @property
+    def out_features(self) -> int:
+        return sum(p.out_features for p in self.parts)
+
+    @property
+    def in_features(self) -> int:
+        return self.parts[0].in_features
+
+    @property
+    def shape(self) -> torch.Size:
+        return torch.Size((self.out_features, self.in_features))
+
+    @property
+    def format(self) -> str:
+        return "+".join(p.format for p in self.parts)
+
+    @property
+    def int8_activations(self) -> bool:
+        return self.parts[0].int8_activations
+
+    @property
+    def kernel_fmt(self) -> int:
+        return PARTS | (ACT_INT8 if self.int8_activations else 0)
+
+    def __call__(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        return quant_linear(x, self, bias)
+
+    def dequantize(self) -> torch.Tensor:
+        return torch.cat([p.dequantize() for p in self.parts])
+
+    def with_dtype(self, dtype: torch.dtype) -> QuantParts:
+        return stack_parts([p.with_dtype(dtype) for p in self.parts], dtype)
+
+    def with_activations(self, int8: bool) -> QuantParts:
+        return stack_parts([p.with_activations(int8) for p in self.parts], self.dtype)
+
+
+def stack_parts(parts: list[QuantWeight], dtype: torch.dtype) -> QuantWeight | QuantParts:
+    """Row-stacked weights: one QuantWeight where the parts share a format (their rows concatenated),
+    else a QuantParts."""
+    if len({p.fmt for p in parts}) == 1 and not any(p.interleaved for p in parts):
+        first = parts[0]
+        return replace(first, data=torch.cat([p.data for p in parts]), out_features=sum(p.out_features for p in parts),
+                       dtype=dtype)
+    if len({p.in_features for p in parts}) != 1 or len({p.int8_activations for p in parts}) != 1:
+        raise ValueError("stack_parts: the parts must take the same inputs and activations")
+    offsets, at = [], 8 * (1 + 3 * len(parts))  # the table, then each part 64-byte aligned
+    for p in parts:
+        at = -(-at // 64) * 64
+        offsets.append(at)
+        at += p.data.numel()
+    data = torch.zeros(at, dtype=torch.uint8)
+    table = [len(parts)] + [v for p, o in zip(parts, offsets) for v in (p.kernel_fmt, p.out_features, o)]
+    data[:8 * len(table)] = torch.tensor(table, dtype=torch.int64).view(torch.uint8)
+    for p, o in zip(parts, offsets):
+        data[o:o + p.data.numel()] = p.data.reshape(-1)
+    return QuantParts(parts=tuple(replace(p, dtype=dtype) for p in parts), data=data, dtype=dtype)
 
 
 def from_blocks(blocks: np.ndarray | torch.Tensor, fmt: int, in_features: int, dtype: torch.dtype) -> QuantWeight:
@@ -384,6 +460,10 @@ def quant_linear(x: torch.Tensor, weight: QuantWeight, bias: torch.Tensor | None
     if bias is not None and bias.numel() != weight.out_features:
         raise ValueError(f"quant_linear: bias has {bias.numel()} elements, the weight gives {weight.out_features}")
     lib = _library() if x.is_cpu and x.dtype in (torch.float32, torch.bfloat16) else None
+    if lib is None and isinstance(weight, QuantParts):  # each part's own fallback, outputs side by side
+        sizes = [p.out_features for p in weight.parts]
+        biases = bias.split(sizes) if bias is not None else [None] * len(sizes)
+        return torch.cat([quant_linear(x, p, b) for p, b in zip(weight.parts, biases)], dim=-1)
     if lib is None and weight.int8_activations:  # the reference gives the kernels' bits
         return int8_linear_reference(x.reshape(-1, weight.in_features), weight, bias).to(x.dtype).view(
             *x.shape[:-1], weight.out_features)

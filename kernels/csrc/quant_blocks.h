@@ -16,7 +16,8 @@
 enum {
     FMT_Q4_0 = 2, FMT_Q4_1 = 3, FMT_Q5_0 = 6, FMT_Q5_1 = 7, FMT_Q8_0 = 8,
     FMT_Q2_K = 10, FMT_Q3_K = 11, FMT_Q4_K = 12, FMT_Q5_K = 13, FMT_Q6_K = 14,
-    FMT_IQ4_NL = 20, FMT_IQ4_XS = 23, FMT_INT8 = 100
+    FMT_IQ4_NL = 20, FMT_IQ4_XS = 23, FMT_INT8 = 100,
+    FMT_PARTS = 101 /* row-stacked weights of their own formats (quant_gemm.c's quant_linear_into has the table) */
 };
 
 #define QBLOCK 32 /* elements per block (INT8: the kernels' blocks; its row has one scale) */
@@ -61,6 +62,11 @@ INLINE int is_gguf_format(int fmt) {
     default:
         return 0;
     }
+}
+
+/* whether quant_dot.c multiplies fmt with int8 activations */
+INLINE int int8_activation_format(int fmt) {
+    return fmt == FMT_Q4_0 || fmt == FMT_Q4_1 || fmt == FMT_Q8_0 || fmt == FMT_INT8;
 }
 
 /* IQ4_NL's and IQ4_XS's 16 values, indexed by a 4-bit code (ggml's kvalues_iq4nl) */

@@ -69,10 +69,13 @@ def gguf_dequantize(blocks: np.ndarray, name: str) -> torch.Tensor:
     return torch.from_numpy(quants.dequantize(blocks, GGMLQuantizationType[name.upper()]).astype(np.float32))
 
 
-def write_gguf(folder: Path, out: Path, linear_type: str = "q4_1", embed_type: str = "q8_0") -> Path:
+def write_gguf(folder: Path, out: Path, linear_type: str = "q4_1", embed_type: str = "q8_0",
+               types: dict[str, str] | None = None, seed: int = 0) -> Path:
     """A GGUF of the HF folder's weights as llama.cpp's converter lays them out (q/k rows permuted
     for its rotary, HF names mapped back), quantized by the gguf package: a small stand-in for a
-    shipped file."""
+    shipped file. `types` names a tensor's own type by its GGUF name (a llama.cpp mix); a type gguf
+    does not quantize is written by `random_blocks` (values of the tensor's spread, not its own), or,
+    where kernels/quant.py does not serve it either, as random bytes of its block size."""
     import json
 
     from gguf import GGMLQuantizationType, GGUFWriter, quants
@@ -84,6 +87,7 @@ def write_gguf(folder: Path, out: Path, linear_type: str = "q4_1", embed_type: s
     heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
     to_gguf = {hf: gguf for gguf, hf in GLOBAL_NAMES.items()}
     writer = GGUFWriter(str(out), "llama")
+    rng = np.random.default_rng(seed)
     tensors = {}
     for file in sorted(folder.glob("*.safetensors")):
         tensors.update(load_file(str(file)))
@@ -98,13 +102,42 @@ def write_gguf(folder: Path, out: Path, linear_type: str = "q4_1", embed_type: s
             n = heads if "q_proj" in hf else kv_heads
             array = array.reshape(n, 2, array.shape[0] // n // 2, *array.shape[1:]).swapaxes(1, 2).reshape(array.shape)
         kind = embed_type if hf == "model.embed_tokens.weight" else linear_type if array.ndim == 2 else "f32"
+        kind = (types or {}).get(name, kind)
         if kind == "f32":
             writer.add_tensor(name, array)
+            continue
+        qtype = GGMLQuantizationType[kind.upper()]
+        if kind in (*GGUF_QUANTIZES, "f16", "bf16"):
+            blocks = quants.quantize(array, qtype)
+        elif kind in ALL_TYPES:
+            blocks = random_blocks(kind, array.shape[0], array.shape[1], rng, scale=float(array.std()))
         else:
-            qtype = GGMLQuantizationType[kind.upper()]
-            writer.add_tensor(name, quants.quantize(array, qtype), raw_dtype=qtype)
+            elems, size = quants.GGML_QUANT_SIZES[qtype]
+            blocks = rng.integers(0, 256, size=(array.shape[0], array.shape[1] // elems * size), dtype=np.uint8)
+        writer.add_tensor(name, blocks, raw_dtype=qtype)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
     return out
+
+
+def fp32_linear_reference(x: torch.Tensor, values: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """quant_gemm.c's fp32-activation product, bit for bit on the tiers with FMA: x [M, K] (fp32 or bf16)
+    times the dequantized weight values [N, K] (fp32), one fused chain per output and lane (lane l of `lo`
+    takes elements 32 b + l, `hi` 32 b + 16 + l, run by run), lo + hi folded by vec.h's tree, the bias
+    added in one rounding, the result rounded to x's dtype."""
+    from kernels.quant import fma32
+
+    xs, w = x.float().numpy(), values.numpy()
+    rows, k = xs.shape
+    n = w.shape[0]
+    acc = np.zeros((rows, n, 32), np.float32)  # lanes 0-15: lo, 16-31: hi
+    for b in range(k // 32):
+        acc = fma32(w[None, :, 32 * b:32 * b + 32], xs[:, None, 32 * b:32 * b + 32], acc)
+    v = acc[..., :16] + acc[..., 16:]
+    for width in (8, 4, 2, 1):
+        v = v[..., :width] + v[..., width:2 * width]
+    add = np.zeros(n, np.float32) if bias is None else bias.float().numpy()
+    out = fma32(v[..., 0], np.ones_like(v[..., 0]), add[None, :])
+    return torch.from_numpy(out).to(x.dtype)
