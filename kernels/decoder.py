@@ -22,7 +22,7 @@ import torch
 
 from kernels import cpu_kernels
 from kernels.linear import GemmWeight
-from kernels.quant import QuantWeight
+from kernels.quant import QuantParts, QuantWeight
 from kernels.row_parallel import RowParallelWeight
 
 OUT_OF_MEMORY, BAD_SHAPE, GATHER_FAILED = 1, 2, 3  # decoder_stack's status codes (kernels.h, decoder.c)
@@ -52,12 +52,12 @@ class LayerWeights:
     """One pre-norm decoder layer's weights (Llama, Mistral, Qwen2 with qkv_bias, Qwen3 with q/k norms)."""
     input_norm: torch.Tensor
     post_attn_norm: torch.Tensor
-    qkv: GemmWeight | QuantWeight  # q, k and v projections stacked: [q + 2 kv, hidden]
+    qkv: GemmWeight | QuantWeight | QuantParts  # q, k and v projections stacked: [q + 2 kv, hidden]
     qkv_bias: torch.Tensor | None
     q_norm: torch.Tensor | None
     k_norm: torch.Tensor | None
     o: RowParallelWeight
-    gate_up: GemmWeight | QuantWeight  # gate and up stacked: [2 inter, hidden]
+    gate_up: GemmWeight | QuantWeight | QuantParts  # gate and up stacked: [2 inter, hidden]
     down: RowParallelWeight
 
 
@@ -109,7 +109,7 @@ class DecoderStack:
             names = ("input_norm", "post_attn_norm", "qkv_bias", "q_norm", "k_norm")
             tensors = [getattr(layer, name) for name in names]
             weights = [layer.qkv, layer.gate_up]
-            if not all(isinstance(w, (GemmWeight, QuantWeight)) and w.dtype == dtype for w in weights):
+            if not all(isinstance(w, (GemmWeight, QuantWeight, QuantParts)) and w.dtype == dtype for w in weights):
                 return None
             rows = [layer.o, layer.down]
             if not all(isinstance(w, RowParallelWeight) and w.fmt is not None and w.dtype == dtype for w in rows):
@@ -208,7 +208,7 @@ class DecoderStack:
         def ptr(t) -> int | None:
             if t is None:
                 return None
-            if isinstance(t, QuantWeight):
+            if isinstance(t, (QuantWeight, QuantParts)):
                 return t.data.data_ptr()
             if isinstance(t, RowParallelWeight):
                 return t.buffer.data_ptr()
@@ -221,7 +221,7 @@ class DecoderStack:
             slot.k_cache, slot.v_cache = k_cache.data_ptr(), v_cache.data_ptr()
             for i, name in enumerate(_LINEARS):  # 0: packed for gemm.c; else quant_gemm.c's format
                 weight = getattr(layer, name)
-                slot.formats[i] = (weight.kernel_fmt if isinstance(weight, QuantWeight) else weight.fmt
+                slot.formats[i] = (weight.kernel_fmt if isinstance(weight, (QuantWeight, QuantParts)) else weight.fmt
                                    if isinstance(weight, RowParallelWeight) else 0)
         first, shape = self.layers[0], self.shape
         stack = _Stack(

@@ -1,9 +1,13 @@
 """Linear layers and embeddings on quantized weights, kept in their storage format.
 
 Formats (kernels/csrc/quant_gemm.c has the block layouts):
-  q4_0, q4_1, q8_0  GGUF's blocks of 32, byte for byte as the file has them (ggml type ids 2, 3, 8);
+  q4_0, q4_1, q5_0, q5_1, q8_0, iq4_nl   GGUF's blocks of 32, byte for byte as the file has them
+                    (ggml type ids 2, 3, 6, 7, 8, 20);
+  q2_k, q3_k, q4_k, q5_k, q6_k, iq4_xs   GGUF's super-blocks of 256 (ggml type ids 10-14, 23);
   int8              weight-only, symmetric, one fp32 scale per output channel, made at load
                     (`quantize_int8`) from a bf16 or fp32 checkpoint.
+`dequantize_rows` gives every format's stored values exactly (each value is the fp32 rounding of
+its exact product, as ggml's and the gguf package's dequantizers compute it).
 
 Per output channel rather than per group for int8: at 8 bits the rounding error of a channel's
 absmax/127 step is already ~0.4% of its largest weight (the greedy tokens of the default model
@@ -27,23 +31,39 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-Q4_0, Q4_1, Q8_0, INT8 = 2, 3, 8, 100  # as in quant_gemm.c (the GGUF ones are ggml's type ids)
-FORMATS = {"q4_0": Q4_0, "q4_1": Q4_1, "q8_0": Q8_0, "int8": INT8}
+# as in quant_blocks.h (the GGUF ones are ggml's type ids)
+Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, INT8 = 2, 3, 6, 7, 8, 100
+PARTS = 101  # quant_blocks.h's FMT_PARTS: row-stacked weights of their own formats (`QuantParts`)
+Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS = 10, 11, 12, 13, 14, 20, 23
+FORMATS = {"q4_0": Q4_0, "q4_1": Q4_1, "q5_0": Q5_0, "q5_1": Q5_1, "q8_0": Q8_0, "q2_k": Q2_K, "q3_k": Q3_K,
+           "q4_k": Q4_K, "q5_k": Q5_K, "q6_k": Q6_K, "iq4_nl": IQ4_NL, "iq4_xs": IQ4_XS, "int8": INT8}
 NAMES = {code: name for name, code in FORMATS.items()}
-BLOCK = 32
-BLOCK_BYTES = {Q4_0: 18, Q4_1: 20, Q8_0: 34}
+BLOCK = 32  # elements per block of the small formats (and the kernels' runs of 32 in a super-block)
+QK_K = 256  # elements per super-block (the K-quants, IQ4_XS)
+BLOCK_BYTES = {Q4_0: 18, Q4_1: 20, Q5_0: 22, Q5_1: 24, Q8_0: 34, IQ4_NL: 18,
+               Q2_K: 84, Q3_K: 110, Q4_K: 144, Q5_K: 176, Q6_K: 210, IQ4_XS: 136}
+BLOCK_ELEMS = {fmt: QK_K if fmt in (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS) else BLOCK for fmt in BLOCK_BYTES}
+GGUF_FORMATS = tuple(BLOCK_BYTES)  # every GGUF block format served
+INT8_ACTIVATION_FORMATS = (Q4_0, Q4_1, Q8_0, INT8)  # what quant_dot.c takes (quant_blocks.h's int8_activation_format)
+IQ4_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.float32)
 OK, OUT_OF_MEMORY, BAD_SHAPE = 0, 1, 2  # kernels/csrc/kernels.h
 ACT_INT8 = 0x100  # kernels.h's QUANT_ACT_INT8: a format code with this bit takes int8 activations
 INTERLEAVED = 0x200  # kernels.h's QUANT_INTERLEAVED: the rows interleaved by groups of GROUP (int8 activations only)
 GROUP = 16  # outputs per interleaved group: one AVX-512 register of int32 lanes (quant_dot.c)
 
 
+def block_elems(fmt: int) -> int:
+    """Elements per block of a GGUF format: 32, or 256 for the super-block formats (INT8: 32, the kernels')."""
+    return BLOCK_ELEMS.get(fmt, BLOCK)
+
+
 def row_bytes(fmt: int, in_features: int) -> int:
     if fmt == INT8:
         return 4 + in_features
-    if fmt not in BLOCK_BYTES or in_features % BLOCK:
-        raise ValueError(f"{NAMES.get(fmt, fmt)}: rows of {in_features} elements are not whole blocks of {BLOCK}")
-    return in_features // BLOCK * BLOCK_BYTES[fmt]
+    if fmt not in BLOCK_BYTES or in_features % BLOCK_ELEMS[fmt]:
+        raise ValueError(f"{NAMES.get(fmt, fmt)}: rows of {in_features} elements are not whole blocks of "
+                         f"{block_elems(fmt)}")
+    return in_features // BLOCK_ELEMS[fmt] * BLOCK_BYTES[fmt]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -107,12 +127,86 @@ class QuantWeight:
     def with_activations(self, int8: bool) -> QuantWeight:
         """int8: the int8-activation kernels, the rows interleaved for them where they can be (`interleave`);
         else the fp32-activation ones, on rows in row order."""
+        if int8 and self.fmt not in INT8_ACTIVATION_FORMATS:
+            raise ValueError(f"int8 activations: {self.format} weights take fp32 activations only (served with int8 "
+                             f"activations: {', '.join(NAMES[f] for f in INT8_ACTIVATION_FORMATS)})")
         if int8 and not self.interleaved and can_interleave(self.fmt, self.out_features, self.in_features):
             return replace(self, data=interleave(self.data, self.fmt, self.in_features), interleaved=True,
                            int8_activations=True)
         if not int8 and self.interleaved:
             return replace(self, data=self.row_data(), interleaved=False, int8_activations=False)
         return replace(self, int8_activations=int8)
+
+
+@dataclass(frozen=True, kw_only=True)
+class QuantParts:
+    """Quantized weights of their own formats stacked by rows: a fused q/k/v or gate/up whose parts a
+    llama.cpp mix stores in different types (Q4_K_M: attn_v Q6_K, attn_q/k Q4_K). `data` is one buffer,
+    a table (int64: the number of parts, then per part its kernel format, rows and byte offset) and
+    each part's rows (quant_gemm.c's FMT_PARTS), so that quant_linear and decoder.c run it in one call:
+    each output is its part's chain, the bits of that part alone."""
+    parts: tuple[QuantWeight, ...]
+    data: torch.Tensor
+    dtype: torch.dtype
+    fmt: int = PARTS
+
+    @property
+    def out_features(self) -> int:
+        return sum(p.out_features for p in self.parts)
+
+    @property
+    def in_features(self) -> int:
+        return self.parts[0].in_features
+
+    @property
+    def shape(self) -> torch.Size:
+        return torch.Size((self.out_features, self.in_features))
+
+    @property
+    def format(self) -> str:
+        return "+".join(p.format for p in self.parts)
+
+    @property
+    def int8_activations(self) -> bool:
+        return self.parts[0].int8_activations
+
+    @property
+    def kernel_fmt(self) -> int:
+        return PARTS | (ACT_INT8 if self.int8_activations else 0)
+
+    def __call__(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        return quant_linear(x, self, bias)
+
+    def dequantize(self) -> torch.Tensor:
+        return torch.cat([p.dequantize() for p in self.parts])
+
+    def with_dtype(self, dtype: torch.dtype) -> QuantParts:
+        return stack_parts([p.with_dtype(dtype) for p in self.parts], dtype)
+
+    def with_activations(self, int8: bool) -> QuantParts:
+        return stack_parts([p.with_activations(int8) for p in self.parts], self.dtype)
+
+
+def stack_parts(parts: list[QuantWeight], dtype: torch.dtype) -> QuantWeight | QuantParts:
+    """Row-stacked weights: one QuantWeight where the parts share a format (their rows concatenated),
+    else a QuantParts."""
+    if len({p.fmt for p in parts}) == 1 and not any(p.interleaved for p in parts):
+        first = parts[0]
+        return replace(first, data=torch.cat([p.data for p in parts]), out_features=sum(p.out_features for p in parts),
+                       dtype=dtype)
+    if len({p.in_features for p in parts}) != 1 or len({p.int8_activations for p in parts}) != 1:
+        raise ValueError("stack_parts: the parts must take the same inputs and activations")
+    offsets, at = [], 8 * (1 + 3 * len(parts))  # the table, then each part 64-byte aligned
+    for p in parts:
+        at = -(-at // 64) * 64
+        offsets.append(at)
+        at += p.data.numel()
+    data = torch.zeros(at, dtype=torch.uint8)
+    table = [len(parts)] + [v for p, o in zip(parts, offsets) for v in (p.kernel_fmt, p.out_features, o)]
+    data[:8 * len(table)] = torch.tensor(table, dtype=torch.int64).view(torch.uint8)
+    for p, o in zip(parts, offsets):
+        data[o:o + p.data.numel()] = p.data.reshape(-1)
+    return QuantParts(parts=tuple(replace(p, dtype=dtype) for p in parts), data=data, dtype=dtype)
 
 
 def from_blocks(blocks: np.ndarray | torch.Tensor, fmt: int, in_features: int, dtype: torch.dtype) -> QuantWeight:
@@ -125,6 +219,8 @@ def from_blocks(blocks: np.ndarray | torch.Tensor, fmt: int, in_features: int, d
 # ---- interleaved rows (quant_dot.c's header has the layout) -------------------------------------
 def can_interleave(fmt: int, out_features: int, in_features: int) -> bool:
     """At least one whole group of 16 rows, and (INT8) whole blocks of 32 per row."""
+    if fmt not in (Q4_0, Q4_1, Q8_0, INT8):  # the interleaved layouts quant_dot.c reads
+        return False
     return out_features >= GROUP and (fmt != INT8 or in_features % BLOCK == 0)
 
 
@@ -205,6 +301,9 @@ def quantize_int8(weight: torch.Tensor, dtype: torch.dtype | None = None) -> Qua
 def dequantize_rows(data: torch.Tensor, fmt: int, in_features: int) -> torch.Tensor:
     """uint8 rows [R, row_bytes] -> fp32 [R, in_features], exactly the stored values."""
     num_rows = data.shape[0]
+    if fmt in _NUMPY_DEQUANTIZERS:
+        blocks = data.numpy().reshape(num_rows, in_features // BLOCK_ELEMS[fmt], BLOCK_BYTES[fmt])
+        return torch.from_numpy(_NUMPY_DEQUANTIZERS[fmt](blocks).reshape(num_rows, in_features))
     if fmt == INT8:
         scale = data[:, :4].contiguous().view(torch.float32)  # [R, 1]
         return data[:, 4:].contiguous().view(torch.int8).float() * scale
@@ -219,6 +318,140 @@ def dequantize_rows(data: torch.Tensor, fmt: int, in_features: int) -> torch.Ten
     return values.reshape(num_rows, in_features)
 
 
+# ---- the formats added with the K-quants, in numpy (ggml's layouts; each value rounded once) ------
+# Each takes blocks uint8 [R, B, block bytes] and gives fp32 [R, B, block elements]. Every product of a
+# scale and a quant is exact in fp32 but the last one, so the value is the fp32 rounding of the exact
+# d * sc * q (- dmin * m): the same bits whatever the order of the exact products.
+def _half(raw: np.ndarray) -> np.ndarray:
+    """uint8 [..., 2] (little-endian IEEE halves) -> fp32 [..., 1]."""
+    return np.ascontiguousarray(raw).view(np.float16).astype(np.float32)
+
+
+def _nibbles(qs: np.ndarray) -> np.ndarray:
+    """16 bytes of nibbles [..., 16] -> their 32 values [..., 32]: byte j holds element j low, j + 16 high."""
+    return np.concatenate([qs & 0x0F, qs >> 4], axis=-1)
+
+
+def _bits(raw: np.ndarray) -> np.ndarray:
+    """uint8 [..., n] -> its 8 n bits [..., 8 n], bit i of byte i // 8 at i (a little-endian integer's)."""
+    return np.unpackbits(raw, axis=-1, bitorder="little")
+
+
+def _dequant_q5_0(blocks: np.ndarray) -> np.ndarray:  # fp16 d, 4 bytes qh, 16 bytes qs: (q - 16) d
+    q = _nibbles(blocks[..., 6:22]) | (_bits(blocks[..., 2:6]) << 4)
+    return (q.astype(np.float32) - np.float32(16)) * _half(blocks[..., 0:2])
+
+
+def _dequant_q5_1(blocks: np.ndarray) -> np.ndarray:  # fp16 d, fp16 m, 4 bytes qh, 16 bytes qs: q d + m
+    q = _nibbles(blocks[..., 8:24]) | (_bits(blocks[..., 4:8]) << 4)
+    return q.astype(np.float32) * _half(blocks[..., 0:2]) + _half(blocks[..., 2:4])
+
+
+def _dequant_iq4_nl(blocks: np.ndarray) -> np.ndarray:  # fp16 d, 16 bytes of 4-bit codes: d IQ4_VALUES[code]
+    return IQ4_VALUES[_nibbles(blocks[..., 2:18])] * _half(blocks[..., 0:2])
+
+
+def _dequant_q2_k(blocks: np.ndarray) -> np.ndarray:
+    """16 bytes of (scale | min << 4) per 16 elements, 64 bytes of 2-bit quants, fp16 d, fp16 dmin:
+    element 128 n + 32 j + 16 s + l is (qs[32 n + 16 s + l] >> 2 j) & 3, scale 8 n + 2 j + s."""
+    scales, qs = blocks[..., 0:16], blocks[..., 16:80]
+    d, dmin = _half(blocks[..., 80:82]), _half(blocks[..., 82:84])
+    shifts = (2 * np.arange(4, dtype=np.uint8)).reshape(4, 1, 1)
+    q = (qs.reshape(*qs.shape[:-1], 2, 1, 2, 16) >> shifts) & 3  # [.., n, j, s, l]
+    q = q.reshape(*qs.shape[:-1], 16, 16).astype(np.float32)
+    dl = (d * (scales & 0x0F).astype(np.float32))[..., None]
+    ml = (dmin * (scales >> 4).astype(np.float32))[..., None]
+    return (dl * q - ml).reshape(*qs.shape[:-1], QK_K)
+
+
+def _q3_k_scales(raw: np.ndarray) -> np.ndarray:
+    """Q3_K's 12 bytes -> its 16 signed 6-bit scales (fp32): low 4 bits from bytes 0-7 (j < 8: low
+    nibble of byte j, else high nibble of byte j - 8), high 2 bits from byte 8 + j % 4 at 2 (j // 4)."""
+    j = np.arange(16)
+    low = np.where(j < 8, raw[..., j % 8] & 0x0F, raw[..., j % 8] >> 4)
+    high = (raw[..., 8 + j % 4] >> (2 * (j // 4)).astype(np.uint8)) & 3
+    return ((low | (high << 4)).astype(np.int32) - 32).astype(np.float32)
+
+
+def _dequant_q3_k(blocks: np.ndarray) -> np.ndarray:
+    """32 bytes hmask, 64 bytes of 2-bit quants, 12 bytes of scales, fp16 d: element 128 n + 32 j + 16 s + l
+    is ((qs[32 n + 16 s + l] >> 2 j) & 3) - (4 unless bit 4 n + j of hmask[16 s + l]), scale 8 n + 2 j + s."""
+    hmask, qs, lead = blocks[..., 0:32], blocks[..., 32:96], blocks.shape[:-1]
+    scales, d = _q3_k_scales(blocks[..., 96:108]), _half(blocks[..., 108:110])
+    shifts = (2 * np.arange(4, dtype=np.uint8)).reshape(4, 1, 1)
+    low = ((qs.reshape(*lead, 2, 1, 2, 16) >> shifts) & 3).astype(np.int8)  # [.., n, j, s, l]
+    high = _bits(hmask[..., :, None]).reshape(*lead, 2, 16, 2, 4)  # [.., s, l, n, j]: bit 4 n + j of hmask[16 s + l]
+    high = np.moveaxis(high, (-2, -1), (-4, -3))  # [.., n, j, s, l]
+    q = (low - np.where(high == 1, 0, 4).astype(np.int8)).reshape(*lead, 16, 16).astype(np.float32)
+    return ((d * scales)[..., None] * q).reshape(*lead, QK_K)
+
+
+def _k4_scales(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Q4_K's and Q5_K's 12 bytes -> 8 scales, 8 mins (6 bits each; ggml's get_scale_min_k4), as fp32."""
+    j = np.arange(4)
+    sc_low, m_low = raw[..., j] & 63, raw[..., j + 4] & 63
+    sc_high = (raw[..., j + 8] & 0x0F) | ((raw[..., j] >> 6) << 4)
+    m_high = (raw[..., j + 8] >> 4) | ((raw[..., j + 4] >> 6) << 4)
+    return (np.concatenate([sc_low, sc_high], axis=-1).astype(np.float32),
+            np.concatenate([m_low, m_high], axis=-1).astype(np.float32))
+
+
+def _dequant_q4_k(blocks: np.ndarray) -> np.ndarray:
+    """fp16 d, fp16 dmin, 12 bytes of scales and mins, 128 bytes of nibbles: run j of 32 is the low
+    (j even) or high nibbles of bytes 32 (j // 2) .. + 31, d sc_j q - dmin m_j."""
+    lead = blocks.shape[:-1]
+    d, dmin = _half(blocks[..., 0:2]), _half(blocks[..., 2:4])
+    sc, m = _k4_scales(blocks[..., 4:16])
+    qs = blocks[..., 16:144].reshape(*lead, 4, 1, 32)
+    q = ((qs >> np.array([0, 4], np.uint8).reshape(2, 1)) & 0x0F).reshape(*lead, 8, 32).astype(np.float32)
+    return ((d * sc)[..., None] * q - (dmin * m)[..., None]).reshape(*lead, QK_K)
+
+
+def _dequant_q5_k(blocks: np.ndarray) -> np.ndarray:
+    """Q4_K's with 32 bytes qh after the scales: run j's element l has bit j of qh[l] as its fifth bit."""
+    lead = blocks.shape[:-1]
+    d, dmin = _half(blocks[..., 0:2]), _half(blocks[..., 2:4])
+    sc, m = _k4_scales(blocks[..., 4:16])
+    qs = blocks[..., 48:176].reshape(*lead, 4, 1, 32)
+    low = ((qs >> np.array([0, 4], np.uint8).reshape(2, 1)) & 0x0F).reshape(*lead, 8, 32)
+    high = np.moveaxis(_bits(blocks[..., 16:48, None]), -1, -2)  # [.., j, l]: bit j of qh[l]
+    q = (low | (high << 4)).astype(np.float32)
+    return ((d * sc)[..., None] * q - (dmin * m)[..., None]).reshape(*lead, QK_K)
+
+
+def _dequant_q6_k(blocks: np.ndarray) -> np.ndarray:
+    """128 bytes ql, 64 bytes qh, 16 int8 scales, fp16 d: element 128 n + 32 r + l has low 4 bits from
+    ql[64 n + 32 (r % 2) + l] (r < 2: low nibble, else high), high 2 from qh[32 n + l] >> 2 r, minus 32;
+    scale 8 n + 2 r + l // 16."""
+    lead = blocks.shape[:-1]
+    ql, qh = blocks[..., 0:128].reshape(*lead, 2, 1, 2, 32), blocks[..., 128:192].reshape(*lead, 2, 1, 32)
+    scales = np.ascontiguousarray(blocks[..., 192:208]).view(np.int8).astype(np.float32)
+    d = _half(blocks[..., 208:210])
+    low = (ql >> np.array([0, 4], np.uint8).reshape(2, 1, 1)) & 0x0F  # [.., n, r // 2, r % 2, l]
+    high = (qh >> (2 * np.arange(4, dtype=np.uint8)).reshape(4, 1)) & 3  # [.., n, r, l]
+    q = (low.reshape(*lead, 2, 4, 32) | (high << 4)).astype(np.int8) - np.int8(32)
+    return ((d * scales)[..., None] * q.reshape(*lead, 16, 16).astype(np.float32)).reshape(*lead, QK_K)
+
+
+def _dequant_iq4_xs(blocks: np.ndarray) -> np.ndarray:
+    """fp16 d, 2 bytes scales_h, 4 bytes scales_l, 128 bytes of codes: run j of 32 is d (ls_j - 32)
+    IQ4_VALUES[code] with ls_j 4 bits from scales_l[j // 2] (j even: low) and 2 from scales_h at 2 j,
+    the codes as IQ4_NL's 16 bytes at 16 j."""
+    lead = blocks.shape[:-1]
+    d = _half(blocks[..., 0:2])
+    j = np.arange(8)
+    high = np.ascontiguousarray(blocks[..., 2:4]).view(np.uint16)  # [.., 1]
+    low = (blocks[..., 4 + j // 2] >> (4 * (j % 2)).astype(np.uint8)) & 0x0F
+    ls = (low.astype(np.int32) | (((high >> (2 * j).astype(np.uint16)) & 3).astype(np.int32) << 4)) - 32
+    q = IQ4_VALUES[_nibbles(blocks[..., 8:136].reshape(*lead, 8, 16))]
+    return ((d * ls.astype(np.float32))[..., None] * q).reshape(*lead, QK_K)
+
+
+_NUMPY_DEQUANTIZERS = {Q5_0: _dequant_q5_0, Q5_1: _dequant_q5_1, IQ4_NL: _dequant_iq4_nl, Q2_K: _dequant_q2_k,
+                       Q3_K: _dequant_q3_k, Q4_K: _dequant_q4_k, Q5_K: _dequant_q5_k, Q6_K: _dequant_q6_k,
+                       IQ4_XS: _dequant_iq4_xs}
+
+
 # ---- the compiled kernel -----------------------------------------------------------------
 def quant_linear(x: torch.Tensor, weight: QuantWeight, bias: torch.Tensor | None) -> torch.Tensor:
     """x [..., K] W^T + bias -> [..., N] in x's dtype; batch-invariant on every path."""
@@ -227,6 +460,10 @@ def quant_linear(x: torch.Tensor, weight: QuantWeight, bias: torch.Tensor | None
     if bias is not None and bias.numel() != weight.out_features:
         raise ValueError(f"quant_linear: bias has {bias.numel()} elements, the weight gives {weight.out_features}")
     lib = _library() if x.is_cpu and x.dtype in (torch.float32, torch.bfloat16) else None
+    if lib is None and isinstance(weight, QuantParts):  # each part's own fallback, outputs side by side
+        sizes = [p.out_features for p in weight.parts]
+        biases = bias.split(sizes) if bias is not None else [None] * len(sizes)
+        return torch.cat([quant_linear(x, p, b) for p, b in zip(weight.parts, biases)], dim=-1)
     if lib is None and weight.int8_activations:  # the reference gives the kernels' bits
         return int8_linear_reference(x.reshape(-1, weight.in_features), weight, bias).to(x.dtype).view(
             *x.shape[:-1], weight.out_features)

@@ -34,14 +34,17 @@ MAX_GROUPS = 8  # more groups only cost (fp32 partials, folds) once every useful
 Gather = Callable[[torch.Tensor], torch.Tensor]  # local partials [G_local, T, N] -> all [G, T, N], rank order
 
 
-def reduction_groups(num_heads: int, intermediate_size: int, head_dim: int = 0, align: int = 1) -> int:
+def reduction_groups(num_heads: int, intermediate_size: int, head_dim: int = 0,
+                     align: int | tuple[int, int] = 1) -> int:
     """G: the largest divisor of gcd(num_heads, intermediate_size) that is at most MAX_GROUPS and keeps
-    each group `align` columns wide (32 for GGUF's blocks: a group holds whole blocks). A group of
+    each group a multiple of `align` columns wide (GGUF's blocks: a group holds whole blocks of 32, or of
+    256 for the K-quants; a pair: o_proj's and down_proj's, whose types may differ). A group of
     o_proj is whole heads and one of down_proj whole MLP columns, so every TP size that divides G
     splits both layers at group boundaries (SmolLM2-135M: gcd(9, 1536) = 3, so TP 1 and 3)."""
+    align_o, align_down = align if isinstance(align, tuple) else (align, align)
     common = math.gcd(num_heads, intermediate_size)
     return max(d for d in range(1, MAX_GROUPS + 1) if common % d == 0
-               and (num_heads * head_dim // d) % align == 0 and (intermediate_size // d) % align == 0)
+               and (num_heads * head_dim // d) % align_o == 0 and (intermediate_size // d) % align_down == 0)
 
 
 def fold_reference(partials: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:  # [G, T, N] fp32 -> [T, N]

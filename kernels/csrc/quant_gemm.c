@@ -4,10 +4,18 @@
  *   Q4_0 (ggml type 2)  blocks of 32: fp16 d, 16 bytes of nibbles      w = (q - 8) d
  *   Q4_1 (ggml type 3)  blocks of 32: fp16 d, fp16 m, 16 bytes          w = q d + m
  *   Q8_0 (ggml type 8)  blocks of 32: fp16 d, 32 int8                   w = q d
+ *   Q5_0 (6)            blocks of 32: fp16 d, 4 bytes qh, 16 bytes      w = (q - 16) d, bit 4 of q_i: bit i of qh
+ *   Q5_1 (7)            blocks of 32: fp16 d, fp16 m, qh, 16 bytes      w = q d + m
+ *   IQ4_NL (20)         blocks of 32: fp16 d, 16 bytes of 4-bit codes   w = d IQ4_VALUES[code]
+ *   Q2_K .. Q6_K (10-14), IQ4_XS (23): super-blocks of 256 (kernels/quant.py's dequantizers spell
+ *                       out each layout); read as 8 runs of 32 elements, each run's 16-element halves
+ *                       with their own scale (and min): w = q (d sc) - dmin m, or q (d sc)
  *   INT8 (our own)      one block per row: fp32 s, K int8               w = q s
  * In a 4-bit block byte j holds element j in its low nibble and element j + 16 in its high one
  * (ggml's layout). GGUF rows are blocks of the file, byte for byte; nothing is dequantized
- * ahead of time.
+ * ahead of time. Every weight is the fp32 rounding of its exact value (the products of a
+ * scale and a quant are exact in fp32 but the last, and a min is subtracted in the same
+ * rounding by an FMA): the bits of kernels/quant.py's and the gguf package's dequantizers.
  *
  * Each block is dequantized into registers (two vectors of 16 lanes: elements 0-15, 16-31)
  * and multiplied into fp32 accumulators. Output element (m, n) is two chains of fused
@@ -15,8 +23,9 @@
  * block from b = 0, then lo + hi folded by a fixed tree (vec.h's fold), scaled (INT8), biased
  * and rounded once. Which tile, thread or batch computes (m, n) never changes that chain, so
  * a row's bits depend on its own data alone: the same at every batch size, position and
- * thread count, as in gemm.c. Tiers (AVX-512, AVX2 + FMA, generic vectors) differ from each
- * other in bits, never within themselves.
+ * thread count, as in gemm.c. The tiers with FMA instructions (AVX-512, AVX2 + FMA, aarch64
+ * NEON) run the same fused operations lane for lane and give the same bits; the x86 generic
+ * tier (no FMA: a product and a sum, rounded apart) differs from them, never within itself.
  *
  * bf16 activations are widened to fp32 once per call (exact); results are rounded to bf16
  * (nearest even) at the end.
@@ -48,11 +57,9 @@ int64_t quant_row_bytes(int fmt, int64_t k) {
     fmt &= ~(QUANT_ACT_INT8 | QUANT_INTERLEAVED); /* the activations' mode and the rows' order keep the bytes */
     if (fmt == FMT_INT8)
         return 4 + k;
-    if (k % BLOCK)
+    if (!is_gguf_format(fmt) || k % block_elems(fmt))
         return 0;
-    if (fmt == FMT_Q4_0 || fmt == FMT_Q4_1 || fmt == FMT_Q8_0)
-        return k / BLOCK * block_bytes(fmt);
-    return 0;
+    return k / block_elems(fmt) * block_bytes(fmt);
 }
 
 /* every lane = value (a broadcast; `(vf){0} + value` would add 0 first) */
@@ -166,8 +173,158 @@ INLINE void nibbles_lut(const uint8_t *qs, float dh, float offset, vf *lo, vf *h
 }
 #endif
 
-/* Block b of a row dequantized: lo = elements 0-15, hi = 16-31 (INT8: the raw q, s applied at the end). */
+/* ---- the formats added with the K-quants: run b of 32 elements of a row -> lo (0-15), hi (16-31) ---- */
+
+/* 16 bytes from p */
+INLINE vb load_bytes(const uint8_t *p) {
+    vb out;
+    memcpy(&out, p, 16);
+    return out;
+}
+
+/* 16 where bit i of the 16 bits at p (little-endian) is set, else 0, lane i */
+INLINE vb bits16(const uint8_t *p) {
+    const vb select = {1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128};
+    const vb spread = {p[0], p[0], p[0], p[0], p[0], p[0], p[0], p[0], p[1], p[1], p[1], p[1], p[1], p[1], p[1], p[1]};
+    return (vb)((spread & select) != 0) & 16;
+}
+
+/* IQ4_VALUES[code] for each byte's code (0-15) */
+INLINE vsb iq4_lookup(vb codes) {
+    vsb table;
+    memcpy(&table, IQ4_VALUES, 16);
+    return __builtin_shuffle(table, (vsb)codes);
+}
+
+/* (v >> shift) & 3 for a run's 2-bit field (shift 0, 2, 4, 6) */
+INLINE vb two_bits(vb v, int shift) { return (v >> (uint8_t)shift) & 3; }
+
+/* Q5_0, Q5_1: 32 five-bit q */
+INLINE void q5_values(const uint8_t *qh, const uint8_t *qs, vb *lo, vb *hi) {
+    const vb bytes = load_bytes(qs);
+    *lo = (bytes & 0x0f) | bits16(qh);
+    *hi = (bytes >> 4) | bits16(qh + 2);
+}
+
+/* Q3_K's scale i (of 16), signed 6 bits: low 4 bits in bytes 0-7, high 2 in bytes 8-11 */
+INLINE int q3_scale(const uint8_t *sc, int i) {
+    const int low = i < 8 ? sc[i] & 15 : sc[i - 8] >> 4, high = (sc[8 + i % 4] >> (2 * (i / 4))) & 3;
+    return (low | high << 4) - 32;
+}
+
+/* Q4_K's and Q5_K's scale and min of run j (ggml's get_scale_min_k4) */
+INLINE void k4_scale_min(const uint8_t *sc, int j, int *scale, int *min) {
+    if (j < 4) {
+        *scale = sc[j] & 63, *min = sc[j + 4] & 63;
+    } else {
+        *scale = (sc[j + 4] & 15) | ((sc[j - 4] >> 6) << 4);
+        *min = (sc[j + 4] >> 4) | ((sc[j] >> 6) << 4);
+    }
+}
+
+/* run b of a row of a format added with the K-quants (b: the run of 32, super-block b / 8) */
+INLINE void dequant_more(int fmt, const uint8_t *row, int64_t b, vf *lo, vf *hi) {
+    const int j = (int)(b & 7), n = j >> 2, r = j & 3; /* a super-block's run, its half of 128, its step */
+    const uint8_t *super = row + (b >> 3) * block_bytes(fmt);
+    vb ql, qh;
+    switch (fmt) {
+    case FMT_Q5_0: {
+        const uint8_t *blk = row + b * 22;
+        const float d = half_to_float(blk);
+        q5_values(blk + 2, blk + 6, &ql, &qh);
+        *lo = fma16(u8_to_f32(ql), splat(d), splat(-16.0f * d)); /* (q - 16) d: both products exact */
+        *hi = fma16(u8_to_f32(qh), splat(d), splat(-16.0f * d));
+        return;
+    }
+    case FMT_Q5_1: {
+        const uint8_t *blk = row + b * 24;
+        float d, m;
+        two_halves(blk, &d, &m);
+        q5_values(blk + 4, blk + 8, &ql, &qh);
+        *lo = fma16(u8_to_f32(ql), splat(d), splat(m));
+        *hi = fma16(u8_to_f32(qh), splat(d), splat(m));
+        return;
+    }
+    case FMT_IQ4_NL: {
+        const uint8_t *blk = row + b * 18;
+        const vf d = splat(half_to_float(blk));
+        const vb codes = load_bytes(blk + 2);
+        *lo = s8_to_f32(iq4_lookup(codes & 0x0f)) * d;
+        *hi = s8_to_f32(iq4_lookup(codes >> 4)) * d;
+        return;
+    }
+    case FMT_IQ4_XS: { /* fp16 d, 2 bytes scales_h, 4 bytes scales_l, 128 bytes of codes (16 a run) */
+        const uint16_t high = (uint16_t)(super[2] | super[3] << 8);
+        const int ls = ((super[4 + j / 2] >> (4 * (j & 1))) & 15) | (((high >> (2 * j)) & 3) << 4);
+        const vf d = splat(half_to_float(super) * (float)(ls - 32));
+        const vb codes = load_bytes(super + 8 + 16 * j);
+        *lo = s8_to_f32(iq4_lookup(codes & 0x0f)) * d;
+        *hi = s8_to_f32(iq4_lookup(codes >> 4)) * d;
+        return;
+    }
+    case FMT_Q2_K: { /* 16 bytes of scale | min << 4, 64 bytes of 2-bit q, fp16 d, fp16 dmin */
+        float d, dmin;
+        two_halves(super + 80, &d, &dmin);
+        const uint8_t s0 = super[8 * n + 2 * r], s1 = super[8 * n + 2 * r + 1];
+        const uint8_t *qs = super + 16 + 32 * n;
+        *lo = fma16(u8_to_f32(two_bits(load_bytes(qs), 2 * r)), splat(d * (float)(s0 & 15)),
+                    splat(-(dmin * (float)(s0 >> 4))));
+        *hi = fma16(u8_to_f32(two_bits(load_bytes(qs + 16), 2 * r)), splat(d * (float)(s1 & 15)),
+                    splat(-(dmin * (float)(s1 >> 4))));
+        return;
+    }
+    case FMT_Q3_K: { /* 32 bytes hmask, 64 bytes of 2-bit q, 12 bytes of scales, fp16 d */
+        const float d = half_to_float(super + 108);
+        const uint8_t *qs = super + 32 + 32 * n, bit = (uint8_t)(1u << j);
+        const vsb low0 = (vsb)two_bits(load_bytes(qs), 2 * r), low1 = (vsb)two_bits(load_bytes(qs + 16), 2 * r);
+        const vsb minus0 = (vsb)((load_bytes(super) & bit) == 0) & 4, minus1 = (vsb)((load_bytes(super + 16) & bit) == 0) & 4;
+        *lo = s8_to_f32(low0 - minus0) * splat(d * (float)q3_scale(super + 96, 8 * n + 2 * r));
+        *hi = s8_to_f32(low1 - minus1) * splat(d * (float)q3_scale(super + 96, 8 * n + 2 * r + 1));
+        return;
+    }
+    case FMT_Q4_K:
+    case FMT_Q5_K: { /* fp16 d, fp16 dmin, 12 bytes of scales and mins, (Q5_K: 32 bytes qh,) 128 bytes of nibbles */
+        float d, dmin;
+        two_halves(super, &d, &dmin);
+        int scale, min;
+        k4_scale_min(super + 4, j, &scale, &min);
+        const uint8_t *qs = super + (fmt == FMT_Q5_K ? 48 : 16) + 32 * (j / 2);
+        vb q0 = load_bytes(qs), q1 = load_bytes(qs + 16);
+        q0 = j & 1 ? q0 >> 4 : q0 & 0x0f;
+        q1 = j & 1 ? q1 >> 4 : q1 & 0x0f;
+        if (fmt == FMT_Q5_K) {
+            const uint8_t bit = (uint8_t)(1u << j);
+            q0 |= (vb)((load_bytes(super + 16) & bit) != 0) & 16;
+            q1 |= (vb)((load_bytes(super + 32) & bit) != 0) & 16;
+        }
+        const vf ds = splat(d * (float)scale), dm = splat(-(dmin * (float)min));
+        *lo = fma16(u8_to_f32(q0), ds, dm);
+        *hi = fma16(u8_to_f32(q1), ds, dm);
+        return;
+    }
+    default: { /* FMT_Q6_K: 128 bytes ql, 64 bytes qh, 16 int8 scales, fp16 d */
+        const float d = half_to_float(super + 208);
+        const uint8_t *ql_bytes = super + 64 * n + 32 * (r & 1), *qh_bytes = super + 128 + 32 * n;
+        vb q0 = load_bytes(ql_bytes), q1 = load_bytes(ql_bytes + 16);
+        q0 = r >= 2 ? q0 >> 4 : q0 & 0x0f;
+        q1 = r >= 2 ? q1 >> 4 : q1 & 0x0f;
+        q0 |= two_bits(load_bytes(qh_bytes), 2 * r) << 4;
+        q1 |= two_bits(load_bytes(qh_bytes + 16), 2 * r) << 4;
+        const int8_t *scales = (const int8_t *)(super + 192) + 8 * n + 2 * r;
+        *lo = s8_to_f32((vsb)q0 - 32) * splat(d * (float)scales[0]);
+        *hi = s8_to_f32((vsb)q1 - 32) * splat(d * (float)scales[1]);
+        return;
+    }
+    }
+}
+
+/* Block b of a row dequantized: lo = elements 0-15, hi = 16-31 (INT8: the raw q, s applied at the end;
+ * the super-block formats: run b of 32). */
 INLINE void dequant(int fmt, const uint8_t *row, int64_t b, vf *lo, vf *hi) {
+    if (fmt != FMT_Q4_0 && fmt != FMT_Q4_1 && fmt != FMT_Q8_0 && fmt != FMT_INT8) {
+        dequant_more(fmt, row, b, lo, hi);
+        return;
+    }
 #if defined(__AVX512F__)
     if (fmt == FMT_Q4_1) {
         const uint8_t *blk = block_start(FMT_Q4_1, row, b);
@@ -340,11 +497,22 @@ static void tile_any(int rows, int cols, int fmt, const float *x, int64_t ldx, c
         return;                                                                                               \
     }
 #define QT_FORMATS(R, C) QT(R, C, FMT_Q4_0) QT(R, C, FMT_Q4_1) QT(R, C, FMT_Q8_0) QT(R, C, FMT_INT8)
+/* the formats added with the K-quants: the full tiles and one-column tails only (a tail of 2-3 columns is
+ * that many one-column tiles: each output's chain is the same whichever tile computes it) */
+#define QT_MORE(R, C)                                                                                         \
+    QT(R, C, FMT_Q5_0) QT(R, C, FMT_Q5_1) QT(R, C, FMT_IQ4_NL) QT(R, C, FMT_Q2_K) QT(R, C, FMT_Q3_K)           \
+    QT(R, C, FMT_Q4_K) QT(R, C, FMT_Q5_K) QT(R, C, FMT_Q6_K) QT(R, C, FMT_IQ4_XS)
     QT_FORMATS(1, 4) QT_FORMATS(2, 4) QT_FORMATS(3, 2) QT_FORMATS(4, 2)
     QT_FORMATS(1, 1) QT_FORMATS(1, 2) QT_FORMATS(1, 3) QT_FORMATS(2, 1) QT_FORMATS(2, 2) QT_FORMATS(2, 3)
     QT_FORMATS(3, 1) QT_FORMATS(4, 1)
+    QT_MORE(1, 4) QT_MORE(2, 4) QT_MORE(3, 2) QT_MORE(4, 2) QT_MORE(1, 1) QT_MORE(2, 1) QT_MORE(3, 1) QT_MORE(4, 1)
+#undef QT_MORE
 #undef QT_FORMATS
 #undef QT
+    if (cols == 1) /* not a format (quant_row_bytes refused it before) */
+        return;
+    for (int c = 0; c < cols; c++) /* a K-quant-era format's tail of 2-3 columns */
+        tile_any(rows, 1, fmt, x, ldx, w + c * row_bytes, row_bytes, k, bias, out, ldo, n0 + c, out_bf16);
 }
 
 /* weight rows per tile for a tile of `rows` rows of x: 16 accumulators either way */
@@ -380,10 +548,46 @@ int quant_linear(const void *x, int64_t ldx, const void *w, int fmt, const void 
     return quant_linear_into(x, ldx, w, fmt, bias, out, ldo, m, n, k, is_bf16, is_bf16, num_threads);
 }
 
+/* FMT_PARTS: weights of their own formats stacked by rows (a llama.cpp mix's fused q/k/v or gate/up;
+ * kernels/quant.py's QuantParts). w starts with a table of int64: the number of parts, then per part its
+ * format (as quant_linear takes it: with QUANT_ACT_INT8 and QUANT_INTERLEAVED where its rows are), its
+ * rows and the byte offset of its rows from w. Each part's outputs are that part's own call's: the
+ * same bits as the part alone. act_int8: QUANT_ACT_INT8 where every part must take int8 activations. */
+static int quant_linear_parts(const void *x, int64_t ldx, const void *w, int act_int8, const void *bias, void *out,
+                              int64_t ldo, int64_t m, int64_t n, int64_t k, int is_bf16, int out_bf16,
+                              int num_threads) {
+    int64_t count, first = 0;
+    memcpy(&count, w, 8);
+    if (count < 1 || count > 16)
+        return KERNEL_BAD_SHAPE;
+    const int64_t elem = out_bf16 ? 2 : 4;
+    for (int64_t i = 0; i < count; i++) {
+        int64_t entry[3]; /* format, rows, offset */
+        memcpy(entry, (const char *)w + 8 + 24 * i, 24);
+        const int fmt = (int)entry[0];
+        if ((fmt & QUANT_ACT_INT8) != act_int8 || (fmt & ~(QUANT_ACT_INT8 | QUANT_INTERLEAVED)) == FMT_PARTS ||
+            first + entry[1] > n)
+            return KERNEL_BAD_SHAPE;
+        const int status = quant_linear_into(x, ldx, (const char *)w + entry[2], fmt,
+                                             bias != NULL ? (const char *)bias + first * elem : NULL,
+                                             (char *)out + first * elem, ldo, m, entry[1], k, is_bf16, out_bf16,
+                                             num_threads);
+        if (status != KERNEL_OK)
+            return status;
+        first += entry[1];
+    }
+    return first == n ? KERNEL_OK : KERNEL_BAD_SHAPE;
+}
+
 /* quant_linear with out in fp32 (out_bf16 0) or bf16 whatever x's dtype (row_parallel.c's partial
  * sums are fp32); a bias is in out's dtype */
 int quant_linear_into(const void *x, int64_t ldx, const void *w, int fmt, const void *bias, void *out, int64_t ldo,
                       int64_t m, int64_t n, int64_t k, int is_bf16, int out_bf16, int num_threads) {
+    if ((fmt & ~QUANT_ACT_INT8) == FMT_PARTS)
+        return quant_linear_parts(x, ldx, w, fmt & QUANT_ACT_INT8, bias, out, ldo, m, n, k, is_bf16, out_bf16,
+                                  num_threads);
+    if ((fmt & QUANT_ACT_INT8) && !int8_activation_format(fmt & ~(QUANT_ACT_INT8 | QUANT_INTERLEAVED)))
+        return KERNEL_BAD_SHAPE;
     if (fmt & QUANT_ACT_INT8)
         return quant_linear_int8(x, ldx, w, fmt & ~QUANT_ACT_INT8, bias, out, ldo, m, n, k, is_bf16, out_bf16,
                                  num_threads);

@@ -5,8 +5,10 @@ file with its quantized blocks kept as they are (kernels/quant.py multiplies the
 quantization (WorkerConfig.quantization):
   auto   gguf where the folder holds a GGUF file (the default model does), else none
   none   the safetensors weights in the activation dtype
-  gguf   the GGUF's tensors: Q4_0, Q4_1 and Q8_0 rows of blocks byte for byte, F16/F32 ones as
-         dense weights; the embedding and lm_head as the file has them (token_embd, output)
+  gguf   the GGUF's tensors: rows of blocks byte for byte (every type kernels/quant.py serves: Q4_0,
+         Q4_1, Q5_0, Q5_1, Q8_0, Q2_K-Q6_K, IQ4_NL, IQ4_XS), F16/BF16/F32 ones as dense weights; the
+         embedding and lm_head as the file has them (token_embd, output); a fused q/k/v or gate/up
+         whose parts a llama.cpp mix stores in different types as a quant.QuantParts
   int8   the safetensors weights, every decoder linear layer and the lm_head quantized per
          output channel (the row-parallel o_proj and down_proj per output channel and K group,
          kernels/row_parallel.py, so that a rank of a worker group quantizes what it holds and every
@@ -91,10 +93,18 @@ def resolve_activation_quant(name: str, quantization: str) -> str:
 
 
 def _int8_activations(model: LlamaForCausalLM) -> None:
-    """Every quantized weight of the model (fused, row-parallel groups, the lm_head) takes int8 activations."""
+    """Every quantized weight of the model (fused, row-parallel groups, the lm_head) takes int8 activations
+    (InvalidArgument naming activation_quant where a weight's type does not take them)."""
+    try:
+        _set_int8_activations(model)
+    except ValueError as error:
+        raise InvalidArgument("activation_quant", str(error)) from None
+
+
+def _set_int8_activations(model: LlamaForCausalLM) -> None:
     for module in model.modules():
         for name, value in list(vars(module).items()):
-            if isinstance(value, quant.QuantWeight):
+            if isinstance(value, (quant.QuantWeight, quant.QuantParts)):
                 setattr(module, name, value.with_activations(True))
             elif isinstance(value, tuple) and value and all(isinstance(v, quant.QuantWeight) for v in value):
                 setattr(module, name, tuple(v.with_activations(True) for v in value))
@@ -107,7 +117,7 @@ def load_model(folder: Path, dtype: torch.dtype, device: torch.device, ops: Ops,
     activation_quant int8: every quantized weight multiplies int8 activations (kernels/csrc/quant_dot.c)."""
     int8_activations = activation_quant == "int8"
     cfg = ModelArchConfig.from_model(folder)
-    shard = shard or Shard(align=gguf_align(quantization))
+    shard = shard or Shard(align=gguf_align(quantization, folder))
     model = LlamaForCausalLM(cfg, ops, linear, shard, comm)
     if quantization != "none" and device.type != "cpu":
         raise InvalidArgument("quantization", f"{quantization} runs on the CPU only, not on {device.type}")
@@ -180,9 +190,24 @@ def _gguf_dense(path: Path, cfg: ModelArchConfig, shard: Shard):
         yield target, dense
 
 
-def gguf_align(quantization: str) -> int:
-    """The K group width multiple the weights need: GGUF's blocks of 32, else none."""
-    return quant.BLOCK if quantization == "gguf" else 1
+def gguf_align(quantization: str, folder: Path | None = None) -> int | tuple[int, int]:
+    """The K group width multiple the row-parallel weights need: none, or for GGUF whole blocks, as
+    (o_proj's, down_proj's): the largest block of the file's attn_output and ffn_down types (256 for a
+    K-quant; 32 without the file)."""
+    if quantization != "gguf":
+        return 1
+    path = find_gguf_file(folder) if folder is not None else None
+    if path is None:
+        return quant.BLOCK
+    from gguf import GGUFReader
+
+    widest = {"attn_output": quant.BLOCK, "ffn_down": quant.BLOCK}
+    for tensor in GGUFReader(str(path)).tensors:
+        kind = tensor.name.split(".")[-2] if tensor.name.startswith("blk.") else None
+        fmt = _served_format(tensor.tensor_type.name)
+        if kind in widest and fmt is not None:
+            widest[kind] = max(widest[kind], quant.block_elems(fmt))
+    return widest["attn_output"], widest["ffn_down"]
 
 
 def _check_complete(params: dict, loaded: set[str]) -> None:
@@ -219,7 +244,7 @@ def _load_gguf(model: LlamaForCausalLM, cfg: ModelArchConfig, path: Path, dtype:
     """Dense tensors into the parameters, quantized ones as QuantWeights (fused ones row-stacked)."""
     params = dict(model.named_parameters())
     loaded: set[str] = set()
-    quantized: dict[str, quant.QuantWeight] = {}
+    quantized: dict[str, quant.QuantWeight | quant.QuantParts] = {}
     parts: dict[str, dict[int, object]] = {}
     for tensor in read_tensors(path, cfg.num_heads, cfg.num_kv_heads):
         if tensor.hf_name in _GGUF_TOP and not shard.first_stage:
@@ -238,7 +263,7 @@ def _load_gguf(model: LlamaForCausalLM, cfg: ModelArchConfig, path: Path, dtype:
         loaded.add(target)
     for target, pieces in parts.items():
         stacked = _stack([pieces[i] for i in sorted(pieces)], target, dtype)
-        if isinstance(stacked, quant.QuantWeight):
+        if isinstance(stacked, (quant.QuantWeight, quant.QuantParts)):
             quantized[target] = stacked
         else:
             _assign(params, target, stacked)
@@ -276,25 +301,35 @@ def _gguf_part(tensor, part: tuple[int, int, int] | None):
     shape[dim] = stop - start
     if dim == 0:
         return dataclasses.replace(tensor, shape=tuple(shape), data=tensor.data[start:stop])
-    fmt = quant.FORMATS.get(tensor.type_name.lower())
+    fmt = _served_format(tensor.type_name)
     if fmt is None:
         return dataclasses.replace(tensor, shape=tuple(shape), data=tensor.data[:, start:stop])
-    if start % quant.BLOCK or stop % quant.BLOCK:
+    elems = quant.block_elems(fmt)
+    if start % elems or stop % elems:
         raise InvalidArgument("tensor_parallel_size", (
             f"{tensor.hf_name}: a rank's columns [{start}, {stop}) are not whole {tensor.type_name} blocks of "
-            f"{quant.BLOCK}; choose a layout whose K groups hold whole blocks"))
+            f"{elems}; choose a layout whose K groups hold whole blocks"))
     width = quant.BLOCK_BYTES[fmt]
     return dataclasses.replace(tensor, shape=tuple(shape),
-                               data=tensor.data[:, start // quant.BLOCK * width:stop // quant.BLOCK * width])
+                               data=tensor.data[:, start // elems * width:stop // elems * width])
+
+
+def _served_format(type_name: str) -> int | None:
+    """kernels/quant.py's format code of a GGUF block type it serves, else None."""
+    fmt = quant.FORMATS.get(type_name.lower())
+    return fmt if fmt in quant.GGUF_FORMATS else None
+
+
+SERVED_TYPES = ", ".join([*(quant.NAMES[f].upper() for f in quant.GGUF_FORMATS), "F16", "BF16", "F32"])
 
 
 def _gguf_value(tensor, dtype: torch.dtype) -> torch.Tensor | quant.QuantWeight:
-    fmt = quant.FORMATS.get(tensor.type_name.lower())
+    fmt = _served_format(tensor.type_name)
     if fmt is not None:
         return quant.from_blocks(tensor.data, fmt, tensor.shape[-1], dtype)
     if tensor.type_name not in _GGUF_DENSE:
         raise InvalidArgument("quantization", f"gguf: tensor {tensor.hf_name} is {tensor.type_name}; served types are "
-                                              f"Q4_0, Q4_1, Q8_0, F16, BF16 and F32")
+                                              f"{SERVED_TYPES}")
     import numpy as np
 
     data = torch.from_numpy(np.array(tensor.data))  # a copy: the mapped file is read-only
@@ -303,18 +338,15 @@ def _gguf_value(tensor, dtype: torch.dtype) -> torch.Tensor | quant.QuantWeight:
     return data.reshape(tensor.shape).to(torch.float32)
 
 
-def _stack(pieces: list, target: str, dtype: torch.dtype) -> torch.Tensor | quant.QuantWeight:
-    """q, k, v (or gate, up) stacked by rows: blocks as they are when all share one format."""
+def _stack(pieces: list, target: str, dtype: torch.dtype) -> torch.Tensor | quant.QuantWeight | quant.QuantParts:
+    """q, k, v (or gate, up) stacked by rows: blocks as they are (one QuantWeight where all share a
+    format, else a QuantParts of each part in its own)."""
     if all(isinstance(p, torch.Tensor) for p in pieces):
         return torch.cat(pieces, dim=0)
-    formats = {p.fmt for p in pieces if isinstance(p, quant.QuantWeight)}
-    if len(formats) == 1 and all(isinstance(p, quant.QuantWeight) for p in pieces):
-        first = pieces[0]
-        return quant.QuantWeight(data=torch.cat([p.data for p in pieces]), fmt=first.fmt,
-                                 out_features=sum(p.out_features for p in pieces), in_features=first.in_features,
-                                 dtype=dtype)
-    raise InvalidArgument("quantization", f"gguf: the parts of {target} mix formats; serve it with "
-                                          f"--quantization none (the converted folder)")
+    if all(isinstance(p, quant.QuantWeight) for p in pieces):
+        return quant.stack_parts(pieces, dtype)
+    raise InvalidArgument("quantization", f"gguf: the parts of {target} mix quantized and dense tensors; serve it "
+                                          f"with --quantization none (the converted folder)")
 
 
 def _target(name: str, cfg: ModelArchConfig, shard: Shard) -> tuple[str, int | None] | None:

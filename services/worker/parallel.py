@@ -22,12 +22,12 @@ from services.core.errors import InvalidArgument
 from services.worker.model_config import ModelArchConfig
 
 
-def total_groups(cfg: ModelArchConfig, align: int = 1) -> int:
+def total_groups(cfg: ModelArchConfig, align: int | tuple[int, int] = 1) -> int:
     """The model's row-parallel K groups (kernels/row_parallel.py), each `align` columns wide."""
     return reduction_groups(cfg.num_heads, cfg.intermediate_size, cfg.head_dim, align)
 
 
-def check_layout(cfg: ModelArchConfig, tp: int, pp: int, align: int = 1) -> None:
+def check_layout(cfg: ModelArchConfig, tp: int, pp: int, align: int | tuple[int, int] = 1) -> None:
     """InvalidArgument naming the constraint where this model cannot be split so (align: 32 for GGUF
     blocks, whose groups must hold whole blocks)."""
     groups = total_groups(cfg, align)
@@ -39,7 +39,7 @@ def check_layout(cfg: ModelArchConfig, tp: int, pp: int, align: int = 1) -> None
         raise InvalidArgument("tensor_parallel_size", (
             f"{tp} must divide the model's {groups} row-parallel reduction groups (the largest divisor of "
             f"gcd(num_attention_heads {cfg.num_heads}, intermediate_size {cfg.intermediate_size}) up to 8"
-            f"{f' whose groups are whole blocks of {align} columns' if align > 1 else ''}); "
+            f"{f' whose groups are whole blocks of {align} columns' if align not in (1, (1, 1)) else ''}); "
             f"this model allows {[d for d in range(1, groups + 1) if groups % d == 0]}"))
     if cfg.num_kv_heads % tp and tp % cfg.num_kv_heads:
         raise InvalidArgument("tensor_parallel_size", (
@@ -55,7 +55,7 @@ class Shard:
     tp_size: int = 1
     pp_rank: int = 0
     pp_size: int = 1
-    align: int = 1  # K group width multiple: 32 where the weights are GGUF blocks
+    align: int | tuple[int, int] = 1  # K group width multiple (o_proj's, down_proj's): GGUF's block elements
 
     @classmethod
     def of_rank(cls, rank: int, tp_size: int, pp_size: int, align: int = 1) -> Shard:

@@ -62,7 +62,7 @@ class Worker:
         arch = ModelArchConfig.from_model(self.model_path)
         tp, pp = config.tensor_parallel_size, config.pipeline_parallel_size
         self.quantization = resolve_quantization(config.quantization, self.model_path, self.device.type)
-        align = gguf_align(self.quantization)
+        align = gguf_align(self.quantization, self.model_path)
         check_layout(arch, tp, pp, align)
         self.shard = Shard.of_rank(config.group_rank, tp, pp, align)
         self.followers: list = []

@@ -96,8 +96,8 @@ def test_a_gguf_tensor_type_that_is_not_served_is_named(gguf_folder, tmp_path):
     folder = tmp_path / "model"
     shutil.copytree(gguf_folder, folder)
     (folder / "tiny.Q4_1.gguf").unlink()
-    write_gguf(folder, folder / "tiny.f16.gguf", linear_type="f16", embed_type="q5_0")
-    with pytest.raises(InvalidArgument, match="embed_tokens.*Q5_0"):
+    write_gguf(folder, folder / "tiny.f16.gguf", linear_type="f16", types={"token_embd.weight": "q8_1"})
+    with pytest.raises(InvalidArgument, match="embed_tokens.*Q8_1.*Q4_K"):
         load_model(folder, torch.float32, CPU, get_ops("cpu", "cpu"), invariant_linear, "gguf")
 
 

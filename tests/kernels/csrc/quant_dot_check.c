@@ -1,5 +1,6 @@
-/* tests/kernels/test_quant_dot_aarch64.py's harness: quant_linear with int8 activations on cases
- * read from a file, outputs written to another (the kernels built for aarch64, run under qemu).
+/* tests/kernels/test_quant_dot_aarch64.py's and test_quant_types.py's harness: quant_linear on cases read
+ * from a file (the format code as the kernels take it: with QUANT_ACT_INT8 for int8 activations), outputs
+ * written to another (the kernels built for aarch64, run under qemu).
  * Input: cases of int64 m, n, k, fmt, is_bf16, has_bias, weight_bytes, then x [m, k], the weight
  * rows, the bias [n] (x's dtype); output: each case's out [m, n] in x's dtype. */
 #include <stdint.h>
@@ -23,7 +24,7 @@ int main(int argc, char **argv) {
         if (fread(x, (size_t)(m * k * elem), 1, in) != 1 || fread(w, (size_t)weight_bytes, 1, in) != 1 ||
             (has_bias && fread(bias, (size_t)(n * elem), 1, in) != 1))
             return 3;
-        const int status = quant_linear(x, k, w, (int)fmt | QUANT_ACT_INT8, has_bias ? bias : NULL, result, n, m, n, k,
+        const int status = quant_linear(x, k, w, (int)fmt, has_bias ? bias : NULL, result, n, m, n, k,
                                         (int)is_bf16, 1);
         if (status != KERNEL_OK)
             return 4;
