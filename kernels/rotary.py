@@ -1,4 +1,4 @@
-"""Rotary position embeddings (neox / Hugging Face "rotate_half" layout), Llama 3 scaling."""
+"""Rotary position embeddings (neox / Hugging Face "rotate_half" layout), Llama 3 and linear scaling."""
 from __future__ import annotations
 
 import math
@@ -16,6 +16,8 @@ def inverse_frequencies(head_dim: int, theta: float, scaling: dict | None = None
         return inv_freq
     if kind == "freq_factors":  # a GGUF file's rope_freqs (Llama 3.1+ scaling as llama.cpp stores it)
         return inv_freq / torch.tensor(scaling["factors"], dtype=torch.float32)
+    if kind == "linear":  # Gemma 3's global layers (4B and up): positions divided by the factor
+        return inv_freq / scaling["factor"]
     if kind != "llama3":
         raise ValueError(f"rope_scaling: unsupported type {kind!r}")
     factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]

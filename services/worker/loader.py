@@ -37,6 +37,7 @@ from services.core.config import AUTO_ACTIVATION_QUANT
 from services.core.errors import InvalidArgument
 from services.worker.gguf_weights import find_gguf_file, read_tensors
 from services.worker.model_config import ModelArchConfig
+from services.worker.models import model_class
 from services.worker.models.llama import LlamaForCausalLM
 from services.worker.parallel import Shard
 from kernels.row_parallel import split_dense
@@ -45,6 +46,8 @@ _LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 _LAYER_PARAMS = {  # HF name inside a layer -> (our attribute path, part of a fused weight)
     "input_layernorm.weight": ("input_norm", None),
     "post_attention_layernorm.weight": ("post_attn_norm", None),
+    "pre_feedforward_layernorm.weight": ("pre_ff_norm", None),  # Gemma's four norms a layer
+    "post_feedforward_layernorm.weight": ("post_ff_norm", None),
     "self_attn.q_proj.weight": ("attn.qkv_weight", 0),
     "self_attn.k_proj.weight": ("attn.qkv_weight", 1),
     "self_attn.v_proj.weight": ("attn.qkv_weight", 2),
@@ -108,7 +111,7 @@ def load_model(folder: Path, dtype: torch.dtype, device: torch.device, ops: Ops,
     int8_activations = activation_quant == "int8"
     cfg = ModelArchConfig.from_model(folder)
     shard = shard or Shard(align=gguf_align(quantization))
-    model = LlamaForCausalLM(cfg, ops, linear, shard, comm)
+    model = model_class(cfg.family)(cfg, ops, linear, shard, comm)
     if quantization != "none" and device.type != "cpu":
         raise InvalidArgument("quantization", f"{quantization} runs on the CPU only, not on {device.type}")
     if quantization == "gguf":
@@ -129,6 +132,7 @@ def load_model(folder: Path, dtype: torch.dtype, device: torch.device, ops: Ops,
     if cfg.tie_word_embeddings and shard.first_stage:
         loaded.add("lm_head")
     _check_complete(params, loaded)
+    model.finish_load()
     if quantization == "int8":
         groups = model.groups[1] - model.groups[0]
         for path in _decoder_linear_paths(model):

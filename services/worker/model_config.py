@@ -7,12 +7,13 @@ from pathlib import Path
 
 from services.core.errors import InvalidArgument
 
-# model_type -> (q/k/v projections have a bias, per-head q/k RMSNorm)
+# model_type -> (model family: services/worker/models/, q/k/v projections have a bias, per-head q/k RMSNorm)
 SUPPORTED = {
-    "llama": (False, False),
-    "mistral": (False, False),
-    "qwen2": (True, False),
-    "qwen3": (False, True),
+    "llama": ("llama", False, False),
+    "mistral": ("llama", False, False),
+    "qwen2": ("llama", True, False),
+    "qwen3": ("llama", False, True),
+    "gemma3_text": ("gemma", False, True),
 }
 
 
@@ -35,6 +36,16 @@ class ModelArchConfig:
     qk_norm: bool
     eos_token_ids: tuple[int, ...]
     torch_dtype: str
+    family: str = "llama"  # the model class (services/worker/models/__init__.py)
+    # Gemma 3 (services/worker/models/gemma.py); the defaults are the Llama family's
+    layer_windows: tuple[int, ...] = ()  # per layer: its sliding window, 0 for global attention; () all global
+    local_rope_theta: float | None = None  # the sliding layers' rope base
+    attn_scale: float | None = None  # query_pre_attn_scalar ** -0.5; None: head_dim ** -0.5
+    final_logit_softcap: float | None = None  # logits = cap * tanh(logits / cap)
+
+    def window(self, layer: int) -> int:
+        """Layer `layer`'s (the whole model's index) sliding window; 0: it attends to every key."""
+        return self.layer_windows[layer] if self.layer_windows else 0
 
     @classmethod
     def from_model(cls, model: str | Path) -> ModelArchConfig:
@@ -59,14 +70,19 @@ class ModelArchConfig:
         if model_type not in SUPPORTED:
             raise InvalidArgument("model_type", f"unsupported architecture {model_type!r}; "
                                                 f"supported: {sorted(SUPPORTED)}")
-        qkv_bias, qk_norm = SUPPORTED[model_type]
+        family, qkv_bias, qk_norm = SUPPORTED[model_type]
         num_heads = raw["num_attention_heads"]
         head_dim = raw.get("head_dim") or raw["hidden_size"] // num_heads
         eos = raw.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
         rope_theta = raw.get("rope_theta") or (raw.get("rope_parameters") or {}).get("rope_theta", 10000.0)
         scaling = raw.get("rope_scaling") or raw.get("rope_parameters")
+        extra = _gemma_fields(raw) if family == "gemma" else {}
+        if family == "gemma":
+            rope_theta, scaling = extra.pop("rope_theta"), extra.pop("rope_scaling")
         return cls(
+            family=family,
+            **extra,
             model_type=model_type,
             hidden_size=raw["hidden_size"],
             num_layers=raw["num_hidden_layers"],
@@ -93,3 +109,26 @@ def _generation_eos(folder: Path) -> tuple[int, ...]:
         return ()
     eos = json.loads(path.read_text()).get("eos_token_id")
     return tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
+
+
+def _gemma_fields(raw: dict) -> dict:
+    """Gemma 3's per-layer windows and rope bases, its attention scale and logit cap (config.json as
+    transformers 4 and 5 write it)."""
+    if raw.get("attn_logit_softcapping") is not None:
+        raise InvalidArgument("model", "attn_logit_softcapping (Gemma 2's attention soft-cap) is not served")
+    num_layers = raw["num_hidden_layers"]
+    types = raw.get("layer_types") or [
+        "full_attention" if (i + 1) % raw.get("sliding_window_pattern", 6) == 0 else "sliding_attention"
+        for i in range(num_layers)]
+    window = raw.get("sliding_window") or 0
+    params = raw.get("rope_parameters") or {}
+    full, local = params.get("full_attention") or {}, params.get("sliding_attention") or {}
+    scaling = raw.get("rope_scaling") or (full if full.get("rope_type", "default") != "default" else None)
+    return dict(
+        layer_windows=tuple(window if t == "sliding_attention" else 0 for t in types),
+        local_rope_theta=float(local.get("rope_theta") or raw.get("rope_local_base_freq", 10000.0)),
+        rope_theta=float(full.get("rope_theta") or raw.get("rope_theta", 1000000.0)),
+        rope_scaling=scaling,
+        attn_scale=float(raw.get("query_pre_attn_scalar") or raw.get("head_dim", 256)) ** -0.5,
+        final_logit_softcap=raw.get("final_logit_softcapping"),
+    )
