@@ -11,7 +11,7 @@ from services.tools.make_tokenizer import BOS_ID, EOS_ID
 from services.tools.random_weights import BIAS_STD, LOGIT_STD, NORM_NOISE, QK_GAIN, ParamSpec
 
 # arch -> (transformers config class, architectures entry)
-ARCHS = {"gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM")}
+ARCHS = {"gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM"), "phi3": ("Phi3Config", "Phi3ForCausalLM")}
 
 
 def arch_config(arch: str, s: dict) -> dict:
@@ -45,7 +45,28 @@ def _gemma3(s: dict) -> dict:
                                  "full_attention": {"rope_type": "default", "rope_theta": s["rope_theta"]}})
 
 
-_ARCH_SETTINGS = {"gemma3": _gemma3}
+def _phi3(s: dict) -> dict:
+    """Phi-4-mini's features at a small size: 3/4 of each head rotates, LongRoPE over a pre-training
+    context of a quarter of the model's (short factors inside it, long past it; the attention factor
+    from their ratio), and a sliding window (Phi-3-mini has one) shorter than the test prompts.
+    head_dim is hidden_size / num_heads (Phi3Config has no head_dim)."""
+    rotary = int(s["hidden_size"] // s["num_heads"] * 0.75)
+    steps = _ramp(rotary // 2)
+    original = s["max_position_embeddings"] // 4
+    return dict(partial_rotary_factor=0.75, original_max_position_embeddings=original,
+                sliding_window=s.get("sliding_window", 64),
+                rope_parameters={"rope_type": "longrope", "rope_theta": s["rope_theta"], "partial_rotary_factor": 0.75,
+                                 "factor": s["max_position_embeddings"] / original,
+                                 "short_factor": [1.0 + 0.5 * x for x in steps],
+                                 "long_factor": [1.0 + 7.0 * x for x in steps],
+                                 "original_max_position_embeddings": original})
+
+
+def _ramp(n: int) -> list[float]:
+    return [i / max(1, n - 1) for i in range(n)]
+
+
+_ARCH_SETTINGS = {"gemma3": _gemma3, "phi3": _phi3}
 
 
 def arch_param_specs(config: dict) -> list[ParamSpec]:

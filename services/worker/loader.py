@@ -159,10 +159,10 @@ def _safetensors(folder: Path, cfg: ModelArchConfig, shard: Shard):
         raise InvalidArgument("model", f"no *.safetensors in {folder}")
     for file in files:
         with safe_open(file, framework="pt") as reader:
-            for name in reader.keys():
+            for name, read in _tensors(reader, cfg):
                 target = _target(name, cfg, shard)
                 if target is not None:
-                    yield target, _read(reader, name, shard.slice_for(name, cfg))
+                    yield target, read(shard.slice_for(name, cfg))
 
 
 def _gguf_dense(path: Path, cfg: ModelArchConfig, shard: Shard):
@@ -199,6 +199,37 @@ def _decoder_linear_paths(model: LlamaForCausalLM) -> list[str]:
     """The linear weights of the decoder layers (not the lm_head), as parameter paths."""
     return [f"{prefix}.{name}" for prefix, module in model.named_modules() if prefix.startswith("layers.")
             for name in (*getattr(module, "linear_weights", ()), *getattr(module, "row_parallel_weights", ()))]
+
+
+_FUSED = {  # a checkpoint's fused projection -> the projections it stacks by rows (Phi-3)
+    "self_attn.qkv_proj.weight": ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"),
+    "mlp.gate_up_proj.weight": ("mlp.gate_proj.weight", "mlp.up_proj.weight"),
+}
+
+
+def _tensors(reader, cfg: ModelArchConfig):
+    """(HF name, read(part)) for each tensor of a safetensors file; a fused projection as its pieces under
+    the unfused names, so that a rank's rows of each piece are taken as for an unfused checkpoint."""
+    for name in reader.keys():
+        match = _LAYER.match(name)
+        if match is None or match.group(2) not in _FUSED:
+            yield name, lambda part, name=name: _read(reader, name, part)
+            continue
+        prefix, pieces = name[:-len(match.group(2))], _FUSED[match.group(2)]
+        q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        rows = (q, kv, kv) if len(pieces) == 3 else (cfg.intermediate_size,) * 2
+        whole = reader.get_tensor(name)
+        if whole.shape[0] != sum(rows):
+            raise InvalidArgument("model", f"weight {name} has {whole.shape[0]} rows, expected {sum(rows)}")
+        for piece, tensor in zip(pieces, whole.split(rows)):
+            yield prefix + piece, lambda part, tensor=tensor: _rows(tensor, part)
+
+
+def _rows(tensor: torch.Tensor, part: tuple[int, int, int] | None) -> torch.Tensor:
+    if part is None:
+        return tensor
+    dim, start, stop = part
+    return tensor[start:stop] if dim == 0 else tensor[:, start:stop]
 
 
 def _read(reader, name: str, part: tuple[int, int, int] | None) -> torch.Tensor:

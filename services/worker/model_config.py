@@ -13,8 +13,10 @@ SUPPORTED = {
     "mistral": ("llama", False, False),
     "qwen2": ("llama", True, False),
     "qwen3": ("llama", False, True),
+    "phi3": ("llama", False, False),  # fused qkv_proj and gate_up_proj (loader.py), partial rotary, LongRoPE
     "gemma3_text": ("gemma", False, True),
 }
+_WINDOWED = ("mistral", "phi3")  # every layer attends within config.sliding_window where it is set
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -42,6 +44,7 @@ class ModelArchConfig:
     local_rope_theta: float | None = None  # the sliding layers' rope base
     attn_scale: float | None = None  # query_pre_attn_scalar ** -0.5; None: head_dim ** -0.5
     final_logit_softcap: float | None = None  # logits = cap * tanh(logits / cap)
+    rotary_dim: int = 0  # the leading dims of each head that rotate (Phi's partial rotary); 0: all head_dim
 
     def window(self, layer: int) -> int:
         """Layer `layer`'s (the whole model's index) sliding window; 0: it attends to every key."""
@@ -80,6 +83,10 @@ class ModelArchConfig:
         extra = _gemma_fields(raw) if family == "gemma" else {}
         if family == "gemma":
             rope_theta, scaling = extra.pop("rope_theta"), extra.pop("rope_scaling")
+        elif model_type in _WINDOWED and raw.get("sliding_window"):
+            extra["layer_windows"] = (raw["sliding_window"],) * raw["num_hidden_layers"]
+        scaling = _longrope(raw, scaling)
+        partial = raw.get("partial_rotary_factor") or (scaling or {}).get("partial_rotary_factor", 1.0)
         return cls(
             family=family,
             **extra,
@@ -99,6 +106,7 @@ class ModelArchConfig:
             qkv_bias=raw.get("attention_bias", qkv_bias),
             qk_norm=qk_norm,
             eos_token_ids=tuple(dict.fromkeys(eos_ids + extra_eos)),
+            rotary_dim=int(head_dim * partial) if partial != 1.0 else 0,
             torch_dtype=raw.get("torch_dtype") or raw.get("dtype") or "float32",
         )
 
@@ -132,3 +140,13 @@ def _gemma_fields(raw: dict) -> dict:
         attn_scale=float(raw.get("query_pre_attn_scalar") or raw.get("head_dim", 256)) ** -0.5,
         final_logit_softcap=raw.get("final_logit_softcapping"),
     )
+
+
+def _longrope(raw: dict, scaling: dict | None) -> dict | None:
+    """Phi-3's LongRoPE ("su" in older configs) with what kernels/rotary.py needs in one dict: the
+    short and long factors, the pre-training context and the attention factor's inputs."""
+    if not scaling or scaling.get("rope_type", scaling.get("type")) not in ("longrope", "su"):
+        return scaling
+    original = scaling.get("original_max_position_embeddings") or raw["original_max_position_embeddings"]
+    return dict(scaling, rope_type="longrope", original_max_position_embeddings=original,
+                max_position_embeddings=raw.get("max_position_embeddings", original))

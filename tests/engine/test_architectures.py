@@ -10,8 +10,9 @@ from tests.conftest import greedy, make_llm, random_prompts
 
 pytestmark = pytest.mark.slow
 
-# tiny shapes, 4 layers (so PP 2 splits them); gemma3: windows of 64 keys on layers 0 and 2
-ARCHS = [pytest.param(dict(arch="gemma3", size="tiny", num_layers=4), id="gemma3")]
+# tiny shapes, 4 layers (so PP 2 splits them); gemma3: windows of 64 keys on layers 0 and 2;
+# phi3: fused qkv/gate_up in the checkpoint, 3/4 rotary, LongRoPE, a window of 64 on every layer
+ARCHS = [pytest.param(dict(arch=arch, size="tiny", num_layers=4), id=arch) for arch in ("gemma3", "phi3")]
 
 
 def _prompts() -> list[list[int]]:

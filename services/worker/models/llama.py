@@ -78,13 +78,22 @@ class Attention(nn.Module):
         if cfg.qk_norm:
             q = ops.rms_norm(q, self.q_norm, cfg.rms_norm_eps)[0]
             k = ops.rms_norm(k, self.k_norm, cfg.rms_norm_eps)[0]
-        q, k = ops.apply_rotary(q, k, meta.positions, rotary_cache)
+        q, k = self.rotate(q, k, meta.positions, rotary_cache)
         k_cache, v_cache = kv_cache
         ops.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         window = {"window": self.window} if self.window else {}
         out = ops.paged_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc,
                                   self.scale, meta.layout, **window)
         return self.linear(out.reshape(num_tokens, -1), self.o_weight, None)
+
+    def rotate(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, rotary_cache: torch.Tensor):
+        """Rotary embedding of each head's first cfg.rotary_dim dims (Phi's partial rotary), all by default."""
+        dim = self.cfg.rotary_dim
+        if not dim:
+            return self.ops.apply_rotary(q, k, positions, rotary_cache)
+        q_rot, k_rot = self.ops.apply_rotary(q[..., :dim].contiguous(), k[..., :dim].contiguous(), positions,
+                                             rotary_cache)
+        return torch.cat([q_rot, q[..., dim:]], -1), torch.cat([k_rot, k[..., dim:]], -1)
 
 
 class MLP(nn.Module):
@@ -106,10 +115,10 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelArchConfig, ops: Ops, linear: Callable):
+    def __init__(self, cfg: ModelArchConfig, ops: Ops, linear: Callable, window: int = 0):
         super().__init__()
         self.ops, self.eps = ops, cfg.rms_norm_eps
-        self.attn = Attention(cfg, ops, linear)
+        self.attn = Attention(cfg, ops, linear, window)
         self.mlp = MLP(cfg, ops, linear)
         self.input_norm = nn.Parameter(torch.empty(cfg.hidden_size), requires_grad=False)
         self.post_attn_norm = nn.Parameter(torch.empty(cfg.hidden_size), requires_grad=False)
@@ -147,12 +156,13 @@ class LlamaForCausalLM(nn.Module):
                 torch.empty(v1 - v0, cfg.hidden_size), requires_grad=False)
         self.stack = None  # kernels.decoder.DecoderStack, set by prepack where the ops have one
         self.micro_batches = self.shard.pp_size  # a pipelined step's micro-batches (services/worker/pipeline.py)
-        self.register_buffer("rotary_cache", cos_sin_cache(cfg.head_dim, cfg.max_position_embeddings,
-                                                           cfg.rope_theta, cfg.rope_scaling), persistent=False)
+        rotary_dim = cfg.rotary_dim or cfg.head_dim
+        self.register_buffer("rotary_cache", cos_sin_cache(rotary_dim, cfg.max_position_embeddings, cfg.rope_theta,
+                                                           cfg.rope_scaling), persistent=False)
 
     def make_layer(self, local: ModelArchConfig, index: int) -> nn.Module:
         """Decoder layer `index` (the whole model's numbering) with this rank's shapes."""
-        return DecoderLayer(local, self.ops, self.linear)
+        return DecoderLayer(local, self.ops, self.linear, self.cfg.window(index))
 
     def rotary_for(self, layer: nn.Module) -> torch.Tensor:
         """The cos/sin cache a layer rotates by (one for every layer here; Gemma's differ)."""
@@ -181,7 +191,8 @@ class LlamaForCausalLM(nn.Module):
                 else:
                     parts = [pack(part) for part in split_dense(weight.data, groups)]
                 setattr(module, name, RowParallelWeight.build(parts, self.total_groups, gather, self.linear))
-        if self.ops.decoder_stack is not None and self.one_call_stack:
+        llama_shaped = self.one_call_stack and not any(self.cfg.layer_windows) and not self.cfg.rotary_dim
+        if self.ops.decoder_stack is not None and llama_shaped:
             cfg = self.cfg
             layers = [LayerWeights(
                 input_norm=layer.input_norm.data, post_attn_norm=layer.post_attn_norm.data, qkv=layer.attn.qkv_weight,
