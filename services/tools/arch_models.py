@@ -10,8 +10,11 @@ import math
 from services.tools.make_tokenizer import BOS_ID, EOS_ID
 from services.tools.random_weights import BIAS_STD, LOGIT_STD, NORM_NOISE, QK_GAIN, ParamSpec
 
+ROUTER_GAIN = 3.0
+
 # arch -> (transformers config class, architectures entry)
-ARCHS = {"gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM"), "phi3": ("Phi3Config", "Phi3ForCausalLM")}
+ARCHS = {"gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM"), "phi3": ("Phi3Config", "Phi3ForCausalLM"),
+         "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM"), "mixtral": ("MixtralConfig", "MixtralForCausalLM")}
 
 
 def arch_config(arch: str, s: dict) -> dict:
@@ -66,7 +69,18 @@ def _ramp(n: int) -> list[float]:
     return [i / max(1, n - 1) for i in range(n)]
 
 
-_ARCH_SETTINGS = {"gemma3": _gemma3, "phi3": _phi3}
+def _qwen3_moe(s: dict) -> dict:
+    """8 experts of half the MLP width, 2 a token, the top-k weights not renormalised (the config's
+    default; Qwen3-30B-A3B sets norm_topk_prob, Mixtral always renormalises)."""
+    return dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=s["intermediate_size"] // 2,
+                norm_topk_prob=False, rope_theta=s["rope_theta"])
+
+
+def _mixtral(s: dict) -> dict:
+    return dict(num_local_experts=8, num_experts_per_tok=2, sliding_window=None, rope_theta=s["rope_theta"])
+
+
+_ARCH_SETTINGS = {"gemma3": _gemma3, "phi3": _phi3, "qwen3_moe": _qwen3_moe, "mixtral": _mixtral}
 
 
 def arch_param_specs(config: dict) -> list[ParamSpec]:
@@ -89,4 +103,6 @@ def _spec(name: str, shape: tuple[int, ...], hidden: int, offset_norms: bool) ->
     if name.endswith(("embed_tokens.weight", "lm_head.weight")):
         return ParamSpec(name=name, shape=shape, mean=0.0, std=LOGIT_STD / math.sqrt(hidden))
     gain = QK_GAIN if any(p in name for p in ("q_proj", "k_proj", "qkv_proj")) else 1.0
+    if name.endswith("mlp.gate.weight"):  # a router: clear preferences, so routing is rarely a near-tie
+        gain = ROUTER_GAIN
     return ParamSpec(name=name, shape=shape, mean=0.0, std=gain / math.sqrt(shape[-1]))

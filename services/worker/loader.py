@@ -60,7 +60,11 @@ _LAYER_PARAMS = {  # HF name inside a layer -> (our attribute path, part of a fu
     "mlp.gate_proj.weight": ("mlp.gate_up_weight", 0),
     "mlp.up_proj.weight": ("mlp.gate_up_weight", 1),
     "mlp.down_proj.weight": ("mlp.down_weight", None),
+    "mlp.gate.weight": ("mlp.router_weight", None),  # a mixture of experts' router (models/moe.py)
 }
+_EXPERT = re.compile(r"^mlp\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
+_EXPERT_PARAMS = {"gate_proj": ("gate_up_weight", 0), "up_proj": ("gate_up_weight", 1), "down_proj": ("down_weight", None)}
+_MIXTRAL_NAMES = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}  # block_sparse_moe.experts.E.wN
 _TOP_PARAMS = {"model.embed_tokens.weight": "embed", "model.norm.weight": "final_norm", "lm_head.weight": "lm_head"}
 
 
@@ -198,7 +202,8 @@ def _check_complete(params: dict, loaded: set[str]) -> None:
 def _decoder_linear_paths(model: LlamaForCausalLM) -> list[str]:
     """The linear weights of the decoder layers (not the lm_head), as parameter paths."""
     return [f"{prefix}.{name}" for prefix, module in model.named_modules() if prefix.startswith("layers.")
-            for name in (*getattr(module, "linear_weights", ()), *getattr(module, "row_parallel_weights", ()))]
+            for name in (*getattr(module, "linear_weights", ()), *getattr(module, "row_parallel_weights", ()))
+            if name not in getattr(module, "dense_weights", ())]
 
 
 _FUSED = {  # a checkpoint's fused projection -> the projections it stacks by rows (Phi-3)
@@ -212,8 +217,12 @@ def _tensors(reader, cfg: ModelArchConfig):
     the unfused names, so that a rank's rows of each piece are taken as for an unfused checkpoint."""
     for name in reader.keys():
         match = _LAYER.match(name)
+        if match is not None and match.group(2) in ("mlp.experts.gate_up_proj", "mlp.experts.down_proj"):
+            yield from _expert_pieces(name, match.group(2), reader.get_tensor(name))
+            continue
         if match is None or match.group(2) not in _FUSED:
-            yield name, lambda part, name=name: _read(reader, name, part)
+            hf_name = _mixtral_name(name)
+            yield hf_name, lambda part, name=name: _read(reader, name, part)
             continue
         prefix, pieces = name[:-len(match.group(2))], _FUSED[match.group(2)]
         q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
@@ -223,6 +232,31 @@ def _tensors(reader, cfg: ModelArchConfig):
             raise InvalidArgument("model", f"weight {name} has {whole.shape[0]} rows, expected {sum(rows)}")
         for piece, tensor in zip(pieces, whole.split(rows)):
             yield prefix + piece, lambda part, tensor=tensor: _rows(tensor, part)
+
+
+def _expert_pieces(name: str, inner: str, whole: torch.Tensor):
+    """transformers 5's stacked experts ([E, 2I, H] gate_up, [E, H, I] down) as per-expert tensors under the
+    per-expert names checkpoints on the Hub use, so that a rank's part of each is taken as for those."""
+    prefix = name[:-len(inner)] + "mlp.experts."
+    for expert, tensor in enumerate(whole):
+        if inner.endswith("down_proj"):
+            yield f"{prefix}{expert}.down_proj.weight", lambda part, tensor=tensor: _rows(tensor, part)
+            continue
+        gate, up = tensor.chunk(2)
+        yield f"{prefix}{expert}.gate_proj.weight", lambda part, gate=gate: _rows(gate, part)
+        yield f"{prefix}{expert}.up_proj.weight", lambda part, up=up: _rows(up, part)
+
+
+def _mixtral_name(name: str) -> str:
+    """Mixtral's block_sparse_moe.{gate, experts.E.w1/w2/w3} under the names of the other mixtures."""
+    if ".block_sparse_moe." not in name:
+        return name
+    name = name.replace(".block_sparse_moe.", ".mlp.")
+    head, _, tail = name.rpartition(".experts.")
+    if not head:
+        return name
+    expert, w, rest = tail.split(".", 2)
+    return f"{head}.experts.{expert}.{_MIXTRAL_NAMES.get(w, w)}.{rest}"
 
 
 def _rows(tensor: torch.Tensor, part: tuple[int, int, int] | None) -> torch.Tensor:
@@ -362,6 +396,13 @@ def _target(name: str, cfg: ModelArchConfig, shard: Shard) -> tuple[str, int | N
             return None
         return _TOP_PARAMS[name], None
     match = _LAYER.match(name)
+    expert = _EXPERT.match(match.group(2)) if match else None
+    if expert:
+        attribute, part = _EXPERT_PARAMS[expert.group(2)]
+        index = int(match.group(1))
+        if not shard.holds_layer(index, cfg):
+            return None
+        return f"layers.{index - shard.layers(cfg)[0]}.mlp.experts.{expert.group(1)}.{attribute}", part
     if match and match.group(2) in _LAYER_PARAMS:
         path, part = _LAYER_PARAMS[match.group(2)]
         index = int(match.group(1))

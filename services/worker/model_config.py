@@ -15,8 +15,10 @@ SUPPORTED = {
     "qwen3": ("llama", False, True),
     "phi3": ("llama", False, False),  # fused qkv_proj and gate_up_proj (loader.py), partial rotary, LongRoPE
     "gemma3_text": ("gemma", False, True),
+    "qwen3_moe": ("moe", False, True),  # services/worker/models/moe.py
+    "mixtral": ("moe", False, False),
 }
-_WINDOWED = ("mistral", "phi3")  # every layer attends within config.sliding_window where it is set
+_WINDOWED = ("mistral", "phi3", "mixtral")  # every layer attends within config.sliding_window where it is set
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -45,6 +47,10 @@ class ModelArchConfig:
     attn_scale: float | None = None  # query_pre_attn_scalar ** -0.5; None: head_dim ** -0.5
     final_logit_softcap: float | None = None  # logits = cap * tanh(logits / cap)
     rotary_dim: int = 0  # the leading dims of each head that rotate (Phi's partial rotary); 0: all head_dim
+    # mixtures of experts (intermediate_size is then each expert's)
+    num_experts: int = 0
+    experts_per_token: int = 0
+    norm_topk_prob: bool = True  # the top-k weights renormalised to sum to 1 (Mixtral always)
 
     def window(self, layer: int) -> int:
         """Layer `layer`'s (the whole model's index) sliding window; 0: it attends to every key."""
@@ -86,6 +92,8 @@ class ModelArchConfig:
         elif model_type in _WINDOWED and raw.get("sliding_window"):
             extra["layer_windows"] = (raw["sliding_window"],) * raw["num_hidden_layers"]
         scaling = _longrope(raw, scaling)
+        if family == "moe":
+            extra.update(_moe_fields(raw))
         partial = raw.get("partial_rotary_factor") or (scaling or {}).get("partial_rotary_factor", 1.0)
         return cls(
             family=family,
@@ -96,7 +104,7 @@ class ModelArchConfig:
             num_heads=num_heads,
             num_kv_heads=raw.get("num_key_value_heads") or num_heads,
             head_dim=head_dim,
-            intermediate_size=raw["intermediate_size"],
+            intermediate_size=raw.get("moe_intermediate_size") or raw["intermediate_size"],
             vocab_size=raw["vocab_size"],
             rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
             rope_theta=float(rope_theta),
@@ -150,3 +158,13 @@ def _longrope(raw: dict, scaling: dict | None) -> dict | None:
     original = scaling.get("original_max_position_embeddings") or raw["original_max_position_embeddings"]
     return dict(scaling, rope_type="longrope", original_max_position_embeddings=original,
                 max_position_embeddings=raw.get("max_position_embeddings", original))
+
+
+def _moe_fields(raw: dict) -> dict:
+    """The experts of Qwen3-MoE (num_experts, norm_topk_prob) or Mixtral (num_local_experts, renormalised)."""
+    if raw.get("mlp_only_layers") or raw.get("decoder_sparse_step", 1) != 1:
+        raise InvalidArgument("model", "dense layers among the expert layers (mlp_only_layers, decoder_sparse_step) "
+                                       "are not served")
+    return dict(num_experts=raw.get("num_experts") or raw["num_local_experts"],
+                experts_per_token=raw["num_experts_per_tok"],
+                norm_topk_prob=raw.get("model_type") == "mixtral" or raw.get("norm_topk_prob", False))

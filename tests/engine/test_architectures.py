@@ -12,7 +12,9 @@ pytestmark = pytest.mark.slow
 
 # tiny shapes, 4 layers (so PP 2 splits them); gemma3: windows of 64 keys on layers 0 and 2;
 # phi3: fused qkv/gate_up in the checkpoint, 3/4 rotary, LongRoPE, a window of 64 on every layer
-ARCHS = [pytest.param(dict(arch=arch, size="tiny", num_layers=4), id=arch) for arch in ("gemma3", "phi3")]
+# qwen3_moe, mixtral: 8 experts, 2 a token (TP 2 splits every expert's columns)
+ARCHS = [pytest.param(dict(arch=arch, size="tiny", num_layers=4), id=arch)
+         for arch in ("gemma3", "phi3", "qwen3_moe", "mixtral")]
 
 
 def _prompts() -> list[list[int]]:

@@ -33,7 +33,8 @@ def check_parity(model_dir, ours: list[list[int]], prompts: list[list[int]], max
 @pytest.mark.slow
 @pytest.mark.parametrize("arch, overrides", [("llama", {}), ("qwen2", {}), ("qwen3", {}),
                                              ("llama", {"rope_scaling_llama3": True, "tie_word_embeddings": True}),
-                                             ("gemma3", {"tie_word_embeddings": True}), ("phi3", {})])
+                                             ("gemma3", {"tie_word_embeddings": True}), ("phi3", {}),
+                                             ("qwen3_moe", {}), ("mixtral", {})])
 def test_greedy_matches_transformers(model_dir, arch, overrides):
     folder = model_dir(arch, "small", **overrides)
     prompts = random_prompts(NUM_PROMPTS, 1024, 1, 300, seed=1)

@@ -10,7 +10,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from services.tools import make_tokenizer
 from services.tools.make_model import main, make_model, num_parameters
 
-ARCHS = ["llama", "qwen2", "qwen3", "gemma3", "phi3"]
+ARCHS = ["llama", "qwen2", "qwen3", "gemma3", "phi3", "qwen3_moe", "mixtral"]
 MODEL_TYPES = {"gemma3": "gemma3_text"}  # transformers' model_type where it is not the arch's name
 PROMPTS = ["Hello, how are you?", "The old lighthouse", "def fibonacci(n):", "今天天气很好", "1 2 3 4 5"]
 

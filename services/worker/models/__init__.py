@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from services.worker.models.gemma import GemmaForCausalLM
 from services.worker.models.llama import LlamaForCausalLM
+from services.worker.models.moe import MoeForCausalLM
 
-FAMILIES = {"llama": LlamaForCausalLM, "gemma": GemmaForCausalLM}
+FAMILIES = {"llama": LlamaForCausalLM, "gemma": GemmaForCausalLM, "moe": MoeForCausalLM}
 
 
 def model_class(family: str) -> type[LlamaForCausalLM]:

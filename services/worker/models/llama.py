@@ -115,11 +115,13 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelArchConfig, ops: Ops, linear: Callable, window: int = 0):
+    def __init__(self, cfg: ModelArchConfig, ops: Ops, linear: Callable, window: int = 0,
+                 mlp: nn.Module | None = None):
+        """mlp: the feed-forward block, the gated MLP by default (a mixture of experts: models/moe.py)."""
         super().__init__()
         self.ops, self.eps = ops, cfg.rms_norm_eps
         self.attn = Attention(cfg, ops, linear, window)
-        self.mlp = MLP(cfg, ops, linear)
+        self.mlp = mlp if mlp is not None else MLP(cfg, ops, linear)
         self.input_norm = nn.Parameter(torch.empty(cfg.hidden_size), requires_grad=False)
         self.post_attn_norm = nn.Parameter(torch.empty(cfg.hidden_size), requires_grad=False)
 
