@@ -399,7 +399,8 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     for name, argtypes in signatures.items():
         fn = getattr(lib, name)
         fn.argtypes = argtypes
-        fn.restype = i32 if name in ("paged_attention", "paged_attention_window", "gemm_supported", "decoder_stack") else None
+        windowed = ("paged_attention", "paged_attention_window")
+        fn.restype = i32 if name in (*windowed, "gemm_supported", "decoder_stack") else None
     lib.kernel_tier.restype = ctypes.c_char_p
     return lib
 

@@ -35,6 +35,7 @@ from kernels.linear import prepack
 from kernels.ops import Ops
 from services.core.config import AUTO_ACTIVATION_QUANT
 from services.core.errors import InvalidArgument
+from services.worker.checkpoint_names import LAYER as _LAYER, tensors as _tensors
 from services.worker.gguf_weights import find_gguf_file, read_tensors
 from services.worker.model_config import ModelArchConfig
 from services.worker.models import model_class
@@ -42,7 +43,6 @@ from services.worker.models.llama import LlamaForCausalLM
 from services.worker.parallel import Shard
 from kernels.row_parallel import split_dense
 
-_LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 _LAYER_PARAMS = {  # HF name inside a layer -> (our attribute path, part of a fused weight)
     "input_layernorm.weight": ("input_norm", None),
     "post_attention_layernorm.weight": ("post_attn_norm", None),
@@ -63,8 +63,8 @@ _LAYER_PARAMS = {  # HF name inside a layer -> (our attribute path, part of a fu
     "mlp.gate.weight": ("mlp.router_weight", None),  # a mixture of experts' router (models/moe.py)
 }
 _EXPERT = re.compile(r"^mlp\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
-_EXPERT_PARAMS = {"gate_proj": ("gate_up_weight", 0), "up_proj": ("gate_up_weight", 1), "down_proj": ("down_weight", None)}
-_MIXTRAL_NAMES = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}  # block_sparse_moe.experts.E.wN
+_EXPERT_PARAMS = {"gate_proj": ("gate_up_weight", 0), "up_proj": ("gate_up_weight", 1),
+                  "down_proj": ("down_weight", None)}
 _TOP_PARAMS = {"model.embed_tokens.weight": "embed", "model.norm.weight": "final_norm", "lm_head.weight": "lm_head"}
 
 
@@ -204,75 +204,6 @@ def _decoder_linear_paths(model: LlamaForCausalLM) -> list[str]:
     return [f"{prefix}.{name}" for prefix, module in model.named_modules() if prefix.startswith("layers.")
             for name in (*getattr(module, "linear_weights", ()), *getattr(module, "row_parallel_weights", ()))
             if name not in getattr(module, "dense_weights", ())]
-
-
-_FUSED = {  # a checkpoint's fused projection -> the projections it stacks by rows (Phi-3)
-    "self_attn.qkv_proj.weight": ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"),
-    "mlp.gate_up_proj.weight": ("mlp.gate_proj.weight", "mlp.up_proj.weight"),
-}
-
-
-def _tensors(reader, cfg: ModelArchConfig):
-    """(HF name, read(part)) for each tensor of a safetensors file; a fused projection as its pieces under
-    the unfused names, so that a rank's rows of each piece are taken as for an unfused checkpoint."""
-    for name in reader.keys():
-        match = _LAYER.match(name)
-        if match is not None and match.group(2) in ("mlp.experts.gate_up_proj", "mlp.experts.down_proj"):
-            yield from _expert_pieces(name, match.group(2), reader.get_tensor(name))
-            continue
-        if match is None or match.group(2) not in _FUSED:
-            hf_name = _mixtral_name(name)
-            yield hf_name, lambda part, name=name: _read(reader, name, part)
-            continue
-        prefix, pieces = name[:-len(match.group(2))], _FUSED[match.group(2)]
-        q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
-        rows = (q, kv, kv) if len(pieces) == 3 else (cfg.intermediate_size,) * 2
-        whole = reader.get_tensor(name)
-        if whole.shape[0] != sum(rows):
-            raise InvalidArgument("model", f"weight {name} has {whole.shape[0]} rows, expected {sum(rows)}")
-        for piece, tensor in zip(pieces, whole.split(rows)):
-            yield prefix + piece, lambda part, tensor=tensor: _rows(tensor, part)
-
-
-def _expert_pieces(name: str, inner: str, whole: torch.Tensor):
-    """transformers 5's stacked experts ([E, 2I, H] gate_up, [E, H, I] down) as per-expert tensors under the
-    per-expert names checkpoints on the Hub use, so that a rank's part of each is taken as for those."""
-    prefix = name[:-len(inner)] + "mlp.experts."
-    for expert, tensor in enumerate(whole):
-        if inner.endswith("down_proj"):
-            yield f"{prefix}{expert}.down_proj.weight", lambda part, tensor=tensor: _rows(tensor, part)
-            continue
-        gate, up = tensor.chunk(2)
-        yield f"{prefix}{expert}.gate_proj.weight", lambda part, gate=gate: _rows(gate, part)
-        yield f"{prefix}{expert}.up_proj.weight", lambda part, up=up: _rows(up, part)
-
-
-def _mixtral_name(name: str) -> str:
-    """Mixtral's block_sparse_moe.{gate, experts.E.w1/w2/w3} under the names of the other mixtures."""
-    if ".block_sparse_moe." not in name:
-        return name
-    name = name.replace(".block_sparse_moe.", ".mlp.")
-    head, _, tail = name.rpartition(".experts.")
-    if not head:
-        return name
-    expert, w, rest = tail.split(".", 2)
-    return f"{head}.experts.{expert}.{_MIXTRAL_NAMES.get(w, w)}.{rest}"
-
-
-def _rows(tensor: torch.Tensor, part: tuple[int, int, int] | None) -> torch.Tensor:
-    if part is None:
-        return tensor
-    dim, start, stop = part
-    return tensor[start:stop] if dim == 0 else tensor[:, start:stop]
-
-
-def _read(reader, name: str, part: tuple[int, int, int] | None) -> torch.Tensor:
-    """A safetensors tensor, or only this rank's rows or columns of it."""
-    if part is None:
-        return reader.get_tensor(name)
-    dim, start, stop = part
-    sliced = reader.get_slice(name)
-    return sliced[start:stop] if dim == 0 else sliced[:, start:stop]
 
 
 def _replace(model: LlamaForCausalLM, path: str, weight: quant.QuantWeight | tuple) -> None:
