@@ -33,11 +33,11 @@ def _run(llm, one_at_a_time: bool = False) -> list:
 @pytest.fixture(scope="module", params=ARCHS)
 def model(request, model_dir):
     folder = model_dir(**request.param)
-    return folder, _run(make_llm(folder, enable_prefix_caching=False), one_at_a_time=True)
+    return request.param["arch"], folder, _run(make_llm(folder, enable_prefix_caching=False), one_at_a_time=True)
 
 
 def test_batched_chunked_preempted_and_cached_give_the_bits_of_each_alone(model):
-    folder, alone = model
+    _, folder, alone = model
     llm = make_llm(folder, max_num_batched_tokens=48, enable_chunked_prefill=True, num_gpu_blocks=30,
                    block_size=16, preemption_mode="recompute", enable_prefix_caching=True)
     assert _run(llm) == alone
@@ -45,8 +45,15 @@ def test_batched_chunked_preempted_and_cached_give_the_bits_of_each_alone(model)
     assert stats.num_preemptions > 0 and stats.worker("worker-0").prefix_cache_hits > 0
 
 
+# the layouts each architecture adds something at: gemma3's per-layer windows and rope bases across
+# stages, phi3's fused checkpoint tensors split by rank, the experts' columns (mixtral's are qwen3_moe's)
+LAYOUTS = {"gemma3": [(2, 1), (1, 2)], "phi3": [(2, 1)], "qwen3_moe": [(2, 1), (1, 2)], "mixtral": []}
+
+
 @pytest.mark.parametrize("tp, pp", [(2, 1), (1, 2)], ids=["tp2", "pp2"])
 def test_layouts_give_the_bits_of_one_process(model, tp, pp):
-    folder, alone = model
+    arch, folder, alone = model
+    if (tp, pp) not in LAYOUTS[arch]:
+        pytest.skip("covered by another architecture's layout")
     with make_llm(folder, tensor_parallel_size=tp, pipeline_parallel_size=pp, num_threads=1) as llm:
         assert _run(llm) == alone

@@ -62,7 +62,8 @@ class GemmaForCausalLM(LlamaForCausalLM):
 
     def finish_load(self) -> None:
         """Gemma's RMSNorm multiplies by (1 + w): every norm weight gets its 1 here, in the checkpoint's
-        precision before the cast (fp32 bits equal transformers'; bf16 rounds 1 + w once)."""
+        precision before the cast (fp32 bits equal transformers'; bf16 rounds 1 + w once). A GGUF file's
+        Gemma norms already hold 1 + w (llama.cpp's converter adds it): its loading must not call this."""
         for name, param in self.named_parameters():
             if name.endswith("norm"):
                 param.data = param.data.float() + 1.0
