@@ -1,9 +1,10 @@
 """Paged attention over a flattened batch: one reduction order for prefill chunks and decode.
 
 Reference (the kernels' oracle, and the CPU path where kernels/csrc cannot be built): every
-query token attends to keys 0..position of its own sequence, read through its block table.
-Keys are reduced in tiles of KEY_TILE keys, always from key 0 and in order, with an online
-softmax in fp32.
+query token attends to keys 0..position of its own sequence, read through its block table
+(with a sliding `window` > 0: keys position - window + 1 .. position). Keys are reduced in
+tiles of KEY_TILE keys, always from the tile of the token's first key and in order, with an
+online softmax in fp32.
 
 The query heads that share a KV head are the rows of each matrix product. On these CPUs
 (MKL) a row's bits do not depend on the product's other rows as long as every row sits in
@@ -47,8 +48,10 @@ def _softmax_step(state, scores: torch.Tensor, v: torch.Tensor):
     """One key tile: scores [B, KVH, M, KT] (masked with -inf), v [B, KT, KVH, D] -> the new state."""
     old_max, denom, acc = state
     new_max = torch.maximum(old_max, scores.amax(-1, keepdim=True))
-    alpha = torch.exp(old_max - new_max)
-    probs = torch.exp(scores - new_max)
+    # a row with no key yet (a window starting past this tile) keeps the initial state: shift by 0, not -inf
+    shift = torch.where(new_max == float("-inf"), torch.zeros_like(new_max), new_max)
+    alpha = torch.exp(old_max - shift)
+    probs = torch.exp(scores - shift)
     return new_max, denom * alpha + probs.sum(-1, keepdim=True), acc * alpha + _per_head_values(probs, v)
 
 
@@ -69,22 +72,30 @@ def _per_head_values(probs: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     return torch.stack([torch.bmm(probs[:, h].contiguous(), v[:, :, h]) for h in range(v.shape[2])], 1)
 
 
-def _decode_path(q32, k_cache, v_cache, tables, positions) -> torch.Tensor:
+def first_keys(positions: torch.Tensor, window: int) -> torch.Tensor:
+    """Each token's first key: 0, or with a sliding window the window's first position."""
+    return (positions - window + 1).clamp(min=0) if window > 0 else torch.zeros_like(positions)
+
+
+def _decode_path(q32, k_cache, v_cache, tables, positions, window: int) -> torch.Tensor:
     """q32 [A, KVH, Gp, D]; tables [A, max_blocks]; positions [A] -> [A, KVH, Gp, D]."""
     num_tokens, num_kv_heads, rows, head_dim = q32.shape
     blocks_per_tile = KEY_TILE // k_cache.shape[1]
     num_tiles = positions // KEY_TILE + 1  # [A]
+    first = first_keys(positions, window)
+    first_tiles = first // KEY_TILE  # [A]
     m, l, acc = _softmax_init((num_tokens, num_kv_heads, rows), head_dim, q32.device)
-    min_tiles = int(num_tiles.min())
-    for tile in range(int(num_tiles.max())):
+    min_tiles, all_from = int(num_tiles.min()), int(first_tiles.max())
+    for tile in range(int(first_tiles.min()), int(num_tiles.max())):
         # tokens that reach this tile: all of them (a plain slice, no scatter) or some
-        live = slice(None) if tile < min_tiles else torch.nonzero(num_tiles > tile).squeeze(1)
+        every = all_from <= tile < min_tiles
+        live = slice(None) if every else torch.nonzero((num_tiles > tile) & (first_tiles <= tile)).squeeze(1)
         blocks = tables[live, tile * blocks_per_tile:(tile + 1) * blocks_per_tile]
         k = _gather_tile(k_cache, blocks)  # [A', KT, KVH, D]
         v = _gather_tile(v_cache, blocks)
         scores = _per_head_scores(q32[live], k)  # [A', KVH, Gp, KT]
         key_pos = tile * KEY_TILE + torch.arange(KEY_TILE, device=q32.device)
-        masked = key_pos[None, :] > positions[live][:, None]  # [A', KT] causal
+        masked = (key_pos[None, :] > positions[live][:, None]) | (key_pos[None, :] < first[live][:, None])  # [A', KT]
         scores = scores.masked_fill(masked[:, None, None, :], float("-inf"))
         m[live], l[live], acc[live] = _softmax_step((m[live], l[live], acc[live]), scores, v)
     return acc / l
@@ -99,6 +110,7 @@ def paged_attention_ref(
     query_start_loc: torch.Tensor,  # [S + 1] offsets of each sequence's queries in q
     scale: float,
     layout: tuple[torch.Tensor, torch.Tensor] | None = None,  # token_layout(), computed once per step
+    window: int = 0,  # > 0: a sliding-window layer's keys, positions pos - window + 1 .. pos
 ) -> torch.Tensor:  # [T, H, D] in q's dtype
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
@@ -114,16 +126,17 @@ def paged_attention_ref(
     if short:
         rows = torch.cat([torch.arange(s, e, device=q.device) for s, e in short])
         padded = torch.nn.functional.pad(q32[rows], (0, 0, 0, _round_up(group) - group))  # [A, KVH, Gp, D]
-        out[rows] = _decode_path(padded, k_cache, v_cache, tables[token_seq[rows]], token_pos[rows])[:, :, :group]
+        out[rows] = _decode_path(padded, k_cache, v_cache, tables[token_seq[rows]], token_pos[rows],
+                                 window)[:, :, :group]
     for seq, (s, e) in enumerate(zip(starts, ends)):
         if e - s >= CHUNK_MIN_QUERIES:
             chunk = q32[s:e].permute(1, 0, 2, 3).reshape(num_kv_heads, (e - s) * group, head_dim)
-            result = _sequence_chunk(chunk, k_cache, v_cache, tables[seq], int(token_pos[s]), group)
+            result = _sequence_chunk(chunk, k_cache, v_cache, tables[seq], int(token_pos[s]), group, window)
             out[s:e] = result.view(num_kv_heads, e - s, group, head_dim).permute(1, 0, 2, 3)
     return out.view(num_tokens, num_heads, head_dim).to(q.dtype)
 
 
-def _sequence_chunk(chunk, k_cache, v_cache, table, first_pos: int, group: int) -> torch.Tensor:
+def _sequence_chunk(chunk, k_cache, v_cache, table, first_pos: int, group: int, window: int) -> torch.Tensor:
     """chunk [KVH, n*G, D] (row = token * G + head), positions first_pos.. -> [KVH, n*G, D]."""
     num_kv_heads, num_rows, head_dim = chunk.shape
     blocks_per_tile = KEY_TILE // k_cache.shape[1]
@@ -132,7 +145,8 @@ def _sequence_chunk(chunk, k_cache, v_cache, table, first_pos: int, group: int) 
     row_pos = first_pos + torch.arange(q_rows.shape[1], device=chunk.device) // group  # [rows]
     m, l, acc = _softmax_init((1, num_kv_heads, q_rows.shape[1]), head_dim, chunk.device)
     last_pos = first_pos + num_rows // group - 1
-    for tile in range(last_pos // KEY_TILE + 1):
+    row_first = first_keys(row_pos, window)
+    for tile in range(int(row_first[0]) // KEY_TILE, last_pos // KEY_TILE + 1):
         first = max(0, tile * KEY_TILE - first_pos) * group  # rows whose token reaches this tile
         rows = slice(first, first + _round_up(num_rows - first))
         blocks = table[None, tile * blocks_per_tile:(tile + 1) * blocks_per_tile]
@@ -140,7 +154,8 @@ def _sequence_chunk(chunk, k_cache, v_cache, table, first_pos: int, group: int) 
         v = _gather_tile(v_cache, blocks)
         scores = _per_head_scores(q_rows[None, :, rows], k)  # [1, KVH, M, KT]
         key_pos = tile * KEY_TILE + torch.arange(KEY_TILE, device=chunk.device)
-        scores = scores.masked_fill(key_pos[None, None, None, :] > row_pos[rows][None, None, :, None], float("-inf"))
+        masked = (key_pos[None, :] > row_pos[rows][:, None]) | (key_pos[None, :] < row_first[rows][:, None])
+        scores = scores.masked_fill(masked[None, None], float("-inf"))
         state = (m[:, :, rows], l[:, :, rows], acc[:, :, rows])
         m[:, :, rows], l[:, :, rows], acc[:, :, rows] = _softmax_step(state, scores, v)
     return (acc / l)[0, :, :num_rows]

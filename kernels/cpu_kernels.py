@@ -89,11 +89,13 @@ def paged_attention_cpu(
     query_start_loc: torch.Tensor,  # [S + 1]
     scale: float,
     layout: tuple[torch.Tensor, torch.Tensor] | None = None,
+    window: int = 0,  # > 0: a sliding-window layer's keys, positions pos - window + 1 .. pos
 ) -> torch.Tensor:  # [T, H, D] in q's dtype; same contract as kernels.attention.paged_attention_ref
     num_tokens, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     if not _supported(q, k_cache, v_cache, num_heads, num_kv_heads, head_dim):  # a fixed choice per model
-        return paged_attention_ref(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, layout)
+        return paged_attention_ref(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, layout,
+                                   window)
     token_seq, token_pos = layout if layout is not None else token_layout(seq_lens, query_start_loc)
     out = torch.empty(num_tokens, num_heads, head_dim, dtype=q.dtype)
     if num_tokens == 0:
@@ -101,10 +103,10 @@ def paged_attention_cpu(
     q = _heads(q)  # the kernel scales q in fp32 and writes out in q's dtype, as q.float() * scale and .to() would
     tables = block_tables.to(torch.int64).contiguous()
     token_seq, token_pos = token_seq.to(torch.int64).contiguous(), token_pos.to(torch.int64).contiguous()
-    status = library().paged_attention(
+    status = library().paged_attention_window(
         q.data_ptr(), q.stride(0), int(q.dtype == torch.bfloat16), scale, k_cache.data_ptr(), v_cache.data_ptr(),
         int(k_cache.dtype == torch.bfloat16), tables.data_ptr(), tables.shape[1], token_seq.data_ptr(),
-        token_pos.data_ptr(), out.data_ptr(), num_tokens, num_heads, num_kv_heads, head_dim, block_size,
+        token_pos.data_ptr(), out.data_ptr(), num_tokens, num_heads, num_kv_heads, head_dim, block_size, window,
         torch.get_num_threads())
     if status == OUT_OF_MEMORY:
         raise MemoryError("paged_attention_cpu: out of memory for the score buffers")
@@ -382,6 +384,8 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     ptr, i64, i32, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
     signatures = {
         "paged_attention": [ptr, i64, i32, f32, ptr, ptr, i32, ptr, i64, ptr, ptr, ptr, i64, i32, i32, i32, i32, i32],
+        "paged_attention_window": [ptr, i64, i32, f32, ptr, ptr, i32, ptr, i64, ptr, ptr, ptr, i64, i32, i32, i32, i32,
+                                   i64, i32],
         "rms_norm": [ptr, i64, ptr, i64, ptr, ptr, ptr, i64, i64, f32, i32, i32],
         "apply_rotary": [ptr, i64, ptr, i64, ptr, ptr, i32, ptr, ptr, i64, i32, i32, i32, i32, i32],
         "silu_and_mul": [ptr, i64, ptr, i64, i64, i32, i32],
@@ -395,7 +399,8 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     for name, argtypes in signatures.items():
         fn = getattr(lib, name)
         fn.argtypes = argtypes
-        fn.restype = i32 if name in ("paged_attention", "gemm_supported", "decoder_stack") else None
+        windowed = ("paged_attention", "paged_attention_window")
+        fn.restype = i32 if name in (*windowed, "gemm_supported", "decoder_stack") else None
     lib.kernel_tier.restype = ctypes.c_char_p
     return lib
 

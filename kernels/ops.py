@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from kernels import cpu_kernels
-from kernels.activation import silu_and_mul_ref
+from kernels.activation import gelu_tanh_and_mul_ref, silu_and_mul_ref
 from kernels.attention import paged_attention_ref
 from kernels.cache import write_kv_ref
 from kernels.decoder import DecoderStack
@@ -24,6 +24,8 @@ class Ops:
     silu_and_mul: Callable  # see kernels.activation.silu_and_mul_ref
     # the whole decoder stack in one call where the backend has one (kernels.decoder.DecoderStack.build)
     decoder_stack: Callable | None = None
+    # Gemma's MLP activation: elementwise, so every backend takes the PyTorch one (kernels.activation)
+    gelu_tanh_and_mul: Callable = gelu_tanh_and_mul_ref
 
 
 TORCH_OPS = Ops(name="torch", paged_attention=paged_attention_ref, write_kv=write_kv_ref, rms_norm=rms_norm_ref,

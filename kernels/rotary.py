@@ -1,4 +1,4 @@
-"""Rotary position embeddings (neox / Hugging Face "rotate_half" layout), Llama 3 scaling."""
+"""Rotary position embeddings (neox / Hugging Face "rotate_half" layout), Llama 3 and linear scaling."""
 from __future__ import annotations
 
 import math
@@ -16,6 +16,8 @@ def inverse_frequencies(head_dim: int, theta: float, scaling: dict | None = None
         return inv_freq
     if kind == "freq_factors":  # a GGUF file's rope_freqs (Llama 3.1+ scaling as llama.cpp stores it)
         return inv_freq / torch.tensor(scaling["factors"], dtype=torch.float32)
+    if kind == "linear":  # Gemma 3's global layers (4B and up): positions divided by the factor
+        return inv_freq / scaling["factor"]
     if kind != "llama3":
         raise ValueError(f"rope_scaling: unsupported type {kind!r}")
     factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
@@ -30,9 +32,32 @@ def inverse_frequencies(head_dim: int, theta: float, scaling: dict | None = None
 
 def cos_sin_cache(head_dim: int, max_positions: int, theta: float, scaling: dict | None = None) -> torch.Tensor:
     """[max_positions, head_dim]: cos in the first half, sin in the second (fp32)."""
+    if scaling and scaling.get("rope_type") == "longrope":
+        return _longrope_cache(head_dim, max_positions, theta, scaling)
     inv_freq = inverse_frequencies(head_dim, theta, scaling)
     freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)
     return torch.cat([freqs.cos(), freqs.sin()], dim=-1)
+
+
+def _longrope_cache(dim: int, max_positions: int, theta: float, scaling: dict) -> torch.Tensor:
+    """Phi-3's LongRoPE: frequencies divided by the short factors at positions inside the pre-training
+    context and by the long ones past it, cos and sin scaled by the attention factor. transformers picks
+    the factors per forward call (long for every token once the call's longest position passes the
+    context); here each position has its own, so a token's rotation does not depend on its batch: the
+    same as transformers for contexts inside the pre-training length and for decode steps past it."""
+    original = scaling["original_max_position_embeddings"]
+    factor = scaling.get("factor") or scaling["max_position_embeddings"] / original
+    attention = scaling.get("attention_factor")
+    if attention is None:
+        attention = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
+    exponents = torch.arange(0, dim, 2, dtype=torch.int64).float() / dim
+    positions = torch.arange(max_positions, dtype=torch.float32)
+    caches = []
+    for factors in (scaling["short_factor"], scaling["long_factor"]):
+        inv_freq = 1.0 / (torch.tensor(factors, dtype=torch.float32) * theta ** exponents)
+        freqs = torch.outer(positions, inv_freq)
+        caches.append(torch.cat([freqs.cos() * attention, freqs.sin() * attention], dim=-1))
+    return torch.where((positions >= original)[:, None], caches[1], caches[0])
 
 
 def apply_rotary_ref(

@@ -2,7 +2,8 @@
 
 Same numerics plan as kernels.attention.paged_attention_ref: one program per (query
 token, KV head) takes the G query heads of that KV head as the rows of its tile and
-walks the keys 0..position in tiles of KEY_TILE keys, always from key 0 and in order,
+walks the keys 0..position (a sliding window: position - window + 1 .. position) in tiles of
+KEY_TILE keys, always from the tile of its first key and in order,
 with an online softmax in fp32. Nothing a program computes depends on other tokens, so
 a token's result is the same alone, in any batch, in a prefill chunk or as a decode
 token (docs/ARCHITECTURE.md rule 4).
@@ -22,16 +23,16 @@ def _attend_tile(
     q, acc, max_score, denom,  # [GP, DP] [GP, DP] [GP] [GP]
     k_head_ptr, v_head_ptr,  # the token's KV head in the caches
     table_ptr,  # [max_blocks] the token's sequence's block table row
-    tile, pos, max_blocks, scale,
+    tile, first, pos, max_blocks, scale,
     stride_cb, stride_cs,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     KEY_TILE: tl.constexpr, NATIVE_DOT: tl.constexpr,
 ):
-    """One online-softmax step over keys tile*KEY_TILE .. +KEY_TILE, causal at pos."""
+    """One online-softmax step over keys tile*KEY_TILE .. +KEY_TILE, causal at pos, none before first."""
     key = tile * KEY_TILE + tl.arange(0, KEY_TILE)  # [KT]
     dims = tl.arange(0, HEAD_DIM_PAD)  # [DP]
     block_idx = key // BLOCK_SIZE
-    valid = (key <= pos) & (block_idx < max_blocks)
+    valid = (key <= pos) & (key >= first) & (block_idx < max_blocks)
     block_id = tl.load(table_ptr + block_idx, mask=valid, other=0).to(tl.int64)
     offs = (block_id * stride_cb + (key % BLOCK_SIZE) * stride_cs)[:, None] + dims[None, :]  # [KT, DP]
     kv_mask = valid[:, None] & (dims[None, :] < HEAD_DIM)
@@ -59,7 +60,7 @@ def _attend_tile(
 # max_blocks and stride_bt follow the batch's longest sequence: not specialised (Triton would
 # otherwise compile other code when they equal 1 or are multiples of 16), so one binary serves
 # every batch (tests/kernels/test_launch_grid.py)
-@triton.jit(do_not_specialize=["max_blocks", "stride_bt"])
+@triton.jit(do_not_specialize=["max_blocks", "stride_bt", "window"])
 def _paged_attention_kernel(
     q_ptr,  # [T, H, D]
     k_cache_ptr,  # [num_blocks, block_size, KVH, D]
@@ -68,7 +69,7 @@ def _paged_attention_kernel(
     token_seq_ptr,  # [T] int64: sequence of each query token
     token_pos_ptr,  # [T] int64: position of each query token
     out_ptr,  # [T, H, D] contiguous
-    scale, max_blocks,
+    scale, max_blocks, window,  # window > 0: keys pos - window + 1 .. pos only
     stride_qt, stride_qh,
     stride_cb, stride_cs, stride_ch,
     stride_bt,
@@ -96,9 +97,10 @@ def _paged_attention_kernel(
     table_ptr = block_tables_ptr + seq * stride_bt
     k_head_ptr = k_cache_ptr + kv_head * stride_ch
     v_head_ptr = v_cache_ptr + kv_head * stride_ch
-    for tile in range(0, pos // KEY_TILE + 1):  # fixed order, from key 0
+    first = tl.where(window > 0, tl.maximum(pos - window + 1, 0), 0)
+    for tile in range(first // KEY_TILE, pos // KEY_TILE + 1):  # fixed order, from the first key's tile
         acc, max_score, denom = _attend_tile(
-            q, acc, max_score, denom, k_head_ptr, v_head_ptr, table_ptr, tile, pos, max_blocks, scale,
+            q, acc, max_score, denom, k_head_ptr, v_head_ptr, table_ptr, tile, first, pos, max_blocks, scale,
             stride_cb, stride_cs, HEAD_DIM, HEAD_DIM_PAD, BLOCK_SIZE, KEY_TILE, NATIVE_DOT,
         )
 
@@ -116,6 +118,7 @@ def paged_attention_triton(
     query_start_loc: torch.Tensor,  # [S + 1]
     scale: float,
     layout: tuple[torch.Tensor, torch.Tensor] | None = None,
+    window: int = 0,
 ) -> torch.Tensor:  # [T, H, D] in q's dtype
     """Drop-in for kernels.attention.paged_attention_ref."""
     num_tokens, num_heads, head_dim = q.shape
@@ -141,7 +144,7 @@ def paged_attention_triton(
     grid = (num_tokens, num_kv_heads)
     Launch(kernel=_paged_attention_kernel, grid=grid, args=(
         q, k_cache, v_cache, block_tables, token_seq.to(torch.int64), token_pos.to(torch.int64), out,
-        float(scale), block_tables.shape[1],
+        float(scale), block_tables.shape[1], int(window),
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_tables.stride(0),

@@ -178,14 +178,14 @@ static inline __attribute__((always_inline)) av fold_aw(const av *s) {
  * The first pass (h = 0, g = 0, c0 = 0) warms the cache with each next block, all KV heads. */
 static inline __attribute__((always_inline)) void weigh_values(
     const int heads, const int cols, int h, int g, int c0, const void *v_cache, const int is_bf16,
-    const int64_t *table, int64_t num_keys, int block_size, int64_t num_blocks, int64_t row_stride,
-    const float *scores, int64_t padded_keys, const float *denom, void *out, int out_bf16, int group,
-    int head_dim) {
+    const int64_t *table, int64_t num_keys, int block_size, int64_t first_block, int64_t num_blocks,
+    int64_t row_stride, const float *scores, int64_t padded_keys, const float *denom, void *out, int out_bf16,
+    int group, int head_dim) {
     const int first = h * group + g;
     av a[4][MAX_CHUNKS * HALVES];
     for (int t = 0; t < heads; t++)
         for (int c = 0; c < cols; c++) a[t][c] = (av){0};
-    for (int64_t b = 0; b < num_blocks; b++) {
+    for (int64_t b = first_block; b < num_blocks; b++) {
         if (h == 0 && g == 0 && c0 == 0 && b + 1 < num_blocks)
             prefetch_block(v_cache, is_bf16, table[b + 1], block_size, row_stride);
         for (int64_t r = 0, keys = keys_in_block(num_keys, b, block_size); r < keys; r++) {
@@ -204,14 +204,15 @@ static inline __attribute__((always_inline)) void weigh_values(
             store_aw(out, out_bf16, (int64_t)(first + t) * head_dim + (c0 + c) * AW, a[t][c] / denom[first + t]);
 }
 
-/* One token, all its heads: the keys are read row by row, each row (all KV heads) once and in
- * block order; the values once per few query heads of a KV head (weigh_values; after the first
+/* One token, all its heads, keys first_key .. num_keys - 1 (a sliding window starts past 0: the
+ * keys before it score -inf, weigh 0 and are not read): the keys are read row by row, each row (all
+ * KV heads) once and in block order; the values once per few query heads of a KV head (weigh_values; after the first
  * pass they come from L2). scores holds num_heads x padded_keys floats (num_keys rounded up to
  * LANES); acc holds num_heads x AW vectors (the products of AW keys per head, for fold_aw). */
 static inline __attribute__((always_inline)) void attend(
     const float *q, const void *k_cache, const void *v_cache, const int is_bf16, const int64_t *table,
-    int64_t num_keys, void *out, int out_bf16, int num_kv_heads, int group, int head_dim, int block_size,
-    float *scores, av *acc) {
+    int64_t first_key, int64_t num_keys, void *out, int out_bf16, int num_kv_heads, int group, int head_dim,
+    int block_size, float *scores, av *acc) {
     const int chunks = head_dim / LANES, num_heads = num_kv_heads * group;
     const int64_t row_stride = (int64_t)num_kv_heads * head_dim;
     const int64_t num_blocks = (num_keys + block_size - 1) / block_size;
@@ -223,7 +224,8 @@ static inline __attribute__((always_inline)) void attend(
     const int64_t warmed_value_blocks = VALUES_WARMED / (block_size * row_stride * (is_bf16 ? 2 : 4));
     /* scores[head * padded_keys + j] = q_head . k_j, AW keys at a time: each key's per-head
      * products go to sums, then fold_aw reduces AW keys of a head at once (the same tree as fold) */
-    for (int64_t j0 = 0, b = 0, r = 0; j0 < num_keys; j0 += AW) {
+    const int64_t start = first_key / AW * AW; /* AW keys at a time, from the window's first chunk */
+    for (int64_t j0 = start, b = start / block_size, r = start % block_size; j0 < num_keys; j0 += AW) {
         const int64_t j1 = j0 + AW < num_keys ? j0 + AW : num_keys;
         for (int64_t j = j0; j < j1; j++, r++) {
             if (r == block_size) r = 0, b++;
@@ -266,6 +268,7 @@ static inline __attribute__((always_inline)) void attend(
     float denom[MAX_HEADS];
     for (int head = 0; head < num_heads; head++) {
         float *scores_row = scores + head * padded_keys;
+        for (int64_t j = 0; j < first_key; j++) scores_row[j] = -INFINITY;
         for (int64_t j = num_keys; j < padded_keys; j++) scores_row[j] = -INFINITY;
         av max = (av){0} - INFINITY, sum[HALVES] = {{0}}, chunk;
         for (int64_t j = 0; j < padded_keys; j += AW) {
@@ -295,8 +298,8 @@ static inline __attribute__((always_inline)) void attend(
             for (int c0 = 0; c0 < all; c0 += cols) {
                 const int heads = group - g < tile ? group - g : tile, width = all - c0 < cols ? all - c0 : cols;
 #define WEIGH(HEADS)                                                                                                  \
-    weigh_values(HEADS, width, h, g, c0, v_cache, is_bf16, table, num_keys, block_size, num_blocks, row_stride, scores, \
-                 padded_keys, denom, out, out_bf16, group, head_dim)
+    weigh_values(HEADS, width, h, g, c0, v_cache, is_bf16, table, num_keys, block_size, first_key / block_size,      \
+                 num_blocks, row_stride, scores, padded_keys, denom, out, out_bf16, group, head_dim)
                 switch (heads) { /* each count its own unrolled loop */
                 case 4: WEIGH(4); break;
                 case 3: WEIGH(3); break;
@@ -307,10 +310,12 @@ static inline __attribute__((always_inline)) void attend(
             }
 }
 
-int paged_attention(const void *q, int64_t q_stride, int io_bf16, float scale, const void *k_cache,
-                    const void *v_cache, int is_bf16, const int64_t *block_tables, int64_t max_blocks,
-                    const int64_t *token_seq, const int64_t *token_pos, void *out, int64_t num_tokens, int num_heads,
-                    int num_kv_heads, int head_dim, int block_size, int num_threads) {
+/* window > 0: a token at position p attends to keys p - window + 1 .. p only (a sliding-window layer) */
+int paged_attention_window(const void *q, int64_t q_stride, int io_bf16, float scale, const void *k_cache,
+                           const void *v_cache, int is_bf16, const int64_t *block_tables, int64_t max_blocks,
+                           const int64_t *token_seq, const int64_t *token_pos, void *out, int64_t num_tokens,
+                           int num_heads, int num_kv_heads, int head_dim, int block_size, int64_t window,
+                           int num_threads) {
     const int group = num_heads / num_kv_heads;
     if (head_dim % LANES != 0 || head_dim / LANES > MAX_CHUNKS || num_heads > MAX_HEADS ||
         group * num_kv_heads != num_heads)
@@ -340,9 +345,10 @@ int paged_attention(const void *q, int64_t q_stride, int io_bf16, float scale, c
             }
             void *token_out = (char *)out + t * width * (io_bf16 ? 2 : 4);
             const int64_t *table = block_tables + token_seq[t] * max_blocks;
+            const int64_t first_key = window > 0 && token_pos[t] >= window ? token_pos[t] + 1 - window : 0;
 #define ATTEND(BF16, HEAD_DIM)                                                                                     \
-    attend(scaled, k_cache, v_cache, BF16, table, token_pos[t] + 1, token_out, io_bf16, num_kv_heads, group, HEAD_DIM, \
-           block_size, scores, acc)
+    attend(scaled, k_cache, v_cache, BF16, table, first_key, token_pos[t] + 1, token_out, io_bf16, num_kv_heads,   \
+           group, HEAD_DIM, block_size, scores, acc)
             /* the common head widths as constants: the chunk loops unroll and a key stays in registers */
             if (head_dim == 64)
                 is_bf16 ? ATTEND(1, 64) : ATTEND(0, 64);
@@ -355,4 +361,13 @@ int paged_attention(const void *q, int64_t q_stride, int io_bf16, float scale, c
         scratch_give(SCRATCH_ATTENTION);
     }
     return status;
+}
+
+int paged_attention(const void *q, int64_t q_stride, int io_bf16, float scale, const void *k_cache,
+                    const void *v_cache, int is_bf16, const int64_t *block_tables, int64_t max_blocks,
+                    const int64_t *token_seq, const int64_t *token_pos, void *out, int64_t num_tokens, int num_heads,
+                    int num_kv_heads, int head_dim, int block_size, int num_threads) {
+    return paged_attention_window(q, q_stride, io_bf16, scale, k_cache, v_cache, is_bf16, block_tables, max_blocks,
+                                  token_seq, token_pos, out, num_tokens, num_heads, num_kv_heads, head_dim,
+                                  block_size, 0, num_threads);
 }

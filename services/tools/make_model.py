@@ -2,7 +2,7 @@
 
 No test or benchmark reaches a model hub: they build their models with this tool.
 
-    python -m services.tools.make_model --arch {llama,qwen2,qwen3} \\
+    python -m services.tools.make_model --arch {llama,qwen2,qwen3,gemma3} \\
         --size {tiny,small,bench,1b} --seed N --dtype {float32,bfloat16} \\
         [--tie-word-embeddings | --no-tie-word-embeddings] [--rope-scaling-llama3] \\
         [--hidden-size N] [--num-layers N] [--num-heads N] [--num-kv-heads N] \\
@@ -24,6 +24,10 @@ parameter counts; qwen2 adds q/k/v biases, qwen3 q/k norms):
     1b     Llama-3.2-1B shape: hidden 2048, 16 layers, 32/8 heads, head_dim 64, mlp 8192,
            vocab 32000, tied embeddings, llama3 rope scaling, bfloat16    (1,038,682,112)
 
+gemma3 (services/tools/arch_models.py): transformers' Gemma3TextConfig with the size's shapes,
+every second layer global, a sliding window of 64, the final logit soft-cap; its tensors those of
+transformers' Gemma3ForCausalLM.
+
 Special tokens: <|endoftext|> = 0, <|im_start|> = 1 (BOS), <|im_end|> = 2 (EOS).
 generation_config.json lists both 2 and 0 as EOS ids.
 """
@@ -35,10 +39,12 @@ from pathlib import Path
 
 import torch
 
+from services.tools.arch_models import ARCHS, arch_config, arch_param_specs
 from services.tools.make_tokenizer import BOS_ID, ENDOFTEXT_ID, EOS_ID, write_tokenizer_files
 from services.tools.random_weights import count_params, param_specs, write_random_safetensors
 
-ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+                 **{arch: architecture for arch, (_, architecture) in ARCHS.items()}}
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 _SMALL = dict(max_position_embeddings=2048, rope_theta=10000.0, rope_scaling_llama3=False,
               tie_word_embeddings=False, dtype="float32")
@@ -84,12 +90,18 @@ def make_model(out_dir: str | Path, arch: str = "llama", size: str = "tiny", see
     _write_json(out / "generation_config.json", {
         "bos_token_id": BOS_ID, "eos_token_id": [EOS_ID, ENDOFTEXT_ID], "pad_token_id": EOS_ID})
     write_tokenizer_files(out, config["vocab_size"], config["max_position_embeddings"])
-    write_random_safetensors(out / "model.safetensors", param_specs(config), seed, DTYPES[settings["dtype"]])
+    write_random_safetensors(out / "model.safetensors", _specs(arch, config), seed, DTYPES[settings["dtype"]])
     return out
+
+
+def _specs(arch: str, config: dict):
+    return arch_param_specs(config) if arch in ARCHS else param_specs(config)
 
 
 def model_config(arch: str, s: dict) -> dict:
     """The HF config.json of `arch` with the settings `s` of a size preset."""
+    if arch in ARCHS:
+        return arch_config(arch, s)
     qwen = arch != "llama"
     config = {
         "architectures": [ARCHITECTURES[arch]],
@@ -133,7 +145,7 @@ def _llama3_rope_scaling(max_position_embeddings: int) -> dict:
 
 def num_parameters(arch: str = "llama", size: str = "tiny", **overrides) -> int:
     """Parameter count of the model `make_model` would write (tied weights counted once)."""
-    return count_params(param_specs(model_config(arch, {**SIZES[size], **overrides})))
+    return count_params(_specs(arch, model_config(arch, {**SIZES[size], **overrides})))
 
 
 def _write_json(path: Path, data: dict) -> None:

@@ -37,16 +37,19 @@ from kernels.linear import prepack
 from kernels.ops import Ops
 from services.core.config import AUTO_ACTIVATION_QUANT
 from services.core.errors import InvalidArgument
+from services.worker.checkpoint_names import LAYER as _LAYER, tensors as _tensors
 from services.worker.gguf_weights import find_gguf_file, read_tensors
 from services.worker.model_config import ModelArchConfig
+from services.worker.models import model_class
 from services.worker.models.llama import LlamaForCausalLM
 from services.worker.parallel import Shard
 from kernels.row_parallel import split_dense
 
-_LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 _LAYER_PARAMS = {  # HF name inside a layer -> (our attribute path, part of a fused weight)
     "input_layernorm.weight": ("input_norm", None),
     "post_attention_layernorm.weight": ("post_attn_norm", None),
+    "pre_feedforward_layernorm.weight": ("pre_ff_norm", None),  # Gemma's four norms a layer
+    "post_feedforward_layernorm.weight": ("post_ff_norm", None),
     "self_attn.q_proj.weight": ("attn.qkv_weight", 0),
     "self_attn.k_proj.weight": ("attn.qkv_weight", 1),
     "self_attn.v_proj.weight": ("attn.qkv_weight", 2),
@@ -59,7 +62,11 @@ _LAYER_PARAMS = {  # HF name inside a layer -> (our attribute path, part of a fu
     "mlp.gate_proj.weight": ("mlp.gate_up_weight", 0),
     "mlp.up_proj.weight": ("mlp.gate_up_weight", 1),
     "mlp.down_proj.weight": ("mlp.down_weight", None),
+    "mlp.gate.weight": ("mlp.router_weight", None),  # a mixture of experts' router (models/moe.py)
 }
+_EXPERT = re.compile(r"^mlp\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
+_EXPERT_PARAMS = {"gate_proj": ("gate_up_weight", 0), "up_proj": ("gate_up_weight", 1),
+                  "down_proj": ("down_weight", None)}
 _TOP_PARAMS = {"model.embed_tokens.weight": "embed", "model.norm.weight": "final_norm", "lm_head.weight": "lm_head"}
 
 
@@ -118,7 +125,7 @@ def load_model(folder: Path, dtype: torch.dtype, device: torch.device, ops: Ops,
     int8_activations = activation_quant == "int8"
     cfg = ModelArchConfig.from_model(folder)
     shard = shard or Shard(align=gguf_align(quantization, folder))
-    model = LlamaForCausalLM(cfg, ops, linear, shard, comm)
+    model = model_class(cfg.family)(cfg, ops, linear, shard, comm)
     if quantization != "none" and device.type != "cpu":
         raise InvalidArgument("quantization", f"{quantization} runs on the CPU only, not on {device.type}")
     if quantization == "gguf":
@@ -139,6 +146,7 @@ def load_model(folder: Path, dtype: torch.dtype, device: torch.device, ops: Ops,
     if cfg.tie_word_embeddings and shard.first_stage:
         loaded.add("lm_head")
     _check_complete(params, loaded)
+    model.finish_load()
     if quantization == "int8":
         groups = model.groups[1] - model.groups[0]
         for path in _decoder_linear_paths(model):
@@ -165,10 +173,10 @@ def _safetensors(folder: Path, cfg: ModelArchConfig, shard: Shard):
         raise InvalidArgument("model", f"no *.safetensors in {folder}")
     for file in files:
         with safe_open(file, framework="pt") as reader:
-            for name in reader.keys():
+            for name, read in _tensors(reader, cfg):
                 target = _target(name, cfg, shard)
                 if target is not None:
-                    yield target, _read(reader, name, shard.slice_for(name, cfg))
+                    yield target, read(shard.slice_for(name, cfg))
 
 
 def _gguf_dense(path: Path, cfg: ModelArchConfig, shard: Shard):
@@ -219,16 +227,8 @@ def _check_complete(params: dict, loaded: set[str]) -> None:
 def _decoder_linear_paths(model: LlamaForCausalLM) -> list[str]:
     """The linear weights of the decoder layers (not the lm_head), as parameter paths."""
     return [f"{prefix}.{name}" for prefix, module in model.named_modules() if prefix.startswith("layers.")
-            for name in (*getattr(module, "linear_weights", ()), *getattr(module, "row_parallel_weights", ()))]
-
-
-def _read(reader, name: str, part: tuple[int, int, int] | None) -> torch.Tensor:
-    """A safetensors tensor, or only this rank's rows or columns of it."""
-    if part is None:
-        return reader.get_tensor(name)
-    dim, start, stop = part
-    sliced = reader.get_slice(name)
-    return sliced[start:stop] if dim == 0 else sliced[:, start:stop]
+            for name in (*getattr(module, "linear_weights", ()), *getattr(module, "row_parallel_weights", ()))
+            if name not in getattr(module, "dense_weights", ())]
 
 
 def _replace(model: LlamaForCausalLM, path: str, weight: quant.QuantWeight | tuple) -> None:
@@ -359,6 +359,13 @@ def _target(name: str, cfg: ModelArchConfig, shard: Shard) -> tuple[str, int | N
             return None
         return _TOP_PARAMS[name], None
     match = _LAYER.match(name)
+    expert = _EXPERT.match(match.group(2)) if match else None
+    if expert:
+        attribute, part = _EXPERT_PARAMS[expert.group(2)]
+        index = int(match.group(1))
+        if not shard.holds_layer(index, cfg):
+            return None
+        return f"layers.{index - shard.layers(cfg)[0]}.mlp.experts.{expert.group(1)}.{attribute}", part
     if match and match.group(2) in _LAYER_PARAMS:
         path, part = _LAYER_PARAMS[match.group(2)]
         index = int(match.group(1))

@@ -7,13 +7,18 @@ from pathlib import Path
 
 from services.core.errors import InvalidArgument
 
-# model_type -> (q/k/v projections have a bias, per-head q/k RMSNorm)
+# model_type -> (model family: services/worker/models/, q/k/v projections have a bias, per-head q/k RMSNorm)
 SUPPORTED = {
-    "llama": (False, False),
-    "mistral": (False, False),
-    "qwen2": (True, False),
-    "qwen3": (False, True),
+    "llama": ("llama", False, False),
+    "mistral": ("llama", False, False),
+    "qwen2": ("llama", True, False),
+    "qwen3": ("llama", False, True),
+    "phi3": ("llama", False, False),  # fused qkv_proj and gate_up_proj (loader.py), partial rotary, LongRoPE
+    "gemma3_text": ("gemma", False, True),
+    "qwen3_moe": ("moe", False, True),  # services/worker/models/moe.py
+    "mixtral": ("moe", False, False),
 }
+_WINDOWED = ("mistral", "phi3", "mixtral")  # every layer attends within config.sliding_window where it is set
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -35,6 +40,21 @@ class ModelArchConfig:
     qk_norm: bool
     eos_token_ids: tuple[int, ...]
     torch_dtype: str
+    family: str = "llama"  # the model class (services/worker/models/__init__.py)
+    # Gemma 3 (services/worker/models/gemma.py); the defaults are the Llama family's
+    layer_windows: tuple[int, ...] = ()  # per layer: its sliding window, 0 for global attention; () all global
+    local_rope_theta: float | None = None  # the sliding layers' rope base
+    attn_scale: float | None = None  # query_pre_attn_scalar ** -0.5; None: head_dim ** -0.5
+    final_logit_softcap: float | None = None  # logits = cap * tanh(logits / cap)
+    rotary_dim: int = 0  # the leading dims of each head that rotate (Phi's partial rotary); 0: all head_dim
+    # mixtures of experts (intermediate_size is then each expert's)
+    num_experts: int = 0
+    experts_per_token: int = 0
+    norm_topk_prob: bool = True  # the top-k weights renormalised to sum to 1 (Mixtral always)
+
+    def window(self, layer: int) -> int:
+        """Layer `layer`'s (the whole model's index) sliding window; 0: it attends to every key."""
+        return self.layer_windows[layer] if self.layer_windows else 0
 
     @classmethod
     def from_model(cls, model: str | Path) -> ModelArchConfig:
@@ -59,21 +79,32 @@ class ModelArchConfig:
         if model_type not in SUPPORTED:
             raise InvalidArgument("model_type", f"unsupported architecture {model_type!r}; "
                                                 f"supported: {sorted(SUPPORTED)}")
-        qkv_bias, qk_norm = SUPPORTED[model_type]
+        family, qkv_bias, qk_norm = SUPPORTED[model_type]
         num_heads = raw["num_attention_heads"]
         head_dim = raw.get("head_dim") or raw["hidden_size"] // num_heads
         eos = raw.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
         rope_theta = raw.get("rope_theta") or (raw.get("rope_parameters") or {}).get("rope_theta", 10000.0)
         scaling = raw.get("rope_scaling") or raw.get("rope_parameters")
+        extra = _gemma_fields(raw) if family == "gemma" else {}
+        if family == "gemma":
+            rope_theta, scaling = extra.pop("rope_theta"), extra.pop("rope_scaling")
+        elif model_type in _WINDOWED and raw.get("sliding_window"):
+            extra["layer_windows"] = (raw["sliding_window"],) * raw["num_hidden_layers"]
+        scaling = _longrope(raw, scaling)
+        if family == "moe":
+            extra.update(_moe_fields(raw))
+        partial = raw.get("partial_rotary_factor") or (scaling or {}).get("partial_rotary_factor", 1.0)
         return cls(
+            family=family,
+            **extra,
             model_type=model_type,
             hidden_size=raw["hidden_size"],
             num_layers=raw["num_hidden_layers"],
             num_heads=num_heads,
             num_kv_heads=raw.get("num_key_value_heads") or num_heads,
             head_dim=head_dim,
-            intermediate_size=raw["intermediate_size"],
+            intermediate_size=raw.get("moe_intermediate_size") or raw["intermediate_size"],
             vocab_size=raw["vocab_size"],
             rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
             rope_theta=float(rope_theta),
@@ -83,6 +114,7 @@ class ModelArchConfig:
             qkv_bias=raw.get("attention_bias", qkv_bias),
             qk_norm=qk_norm,
             eos_token_ids=tuple(dict.fromkeys(eos_ids + extra_eos)),
+            rotary_dim=int(head_dim * partial) if partial != 1.0 else 0,
             torch_dtype=raw.get("torch_dtype") or raw.get("dtype") or "float32",
         )
 
@@ -93,3 +125,46 @@ def _generation_eos(folder: Path) -> tuple[int, ...]:
         return ()
     eos = json.loads(path.read_text()).get("eos_token_id")
     return tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
+
+
+def _gemma_fields(raw: dict) -> dict:
+    """Gemma 3's per-layer windows and rope bases, its attention scale and logit cap (config.json as
+    transformers 4 and 5 write it)."""
+    if raw.get("attn_logit_softcapping") is not None:
+        raise InvalidArgument("model", "attn_logit_softcapping (Gemma 2's attention soft-cap) is not served")
+    num_layers = raw["num_hidden_layers"]
+    types = raw.get("layer_types") or [
+        "full_attention" if (i + 1) % raw.get("sliding_window_pattern", 6) == 0 else "sliding_attention"
+        for i in range(num_layers)]
+    window = raw.get("sliding_window") or 0
+    params = raw.get("rope_parameters") or {}
+    full, local = params.get("full_attention") or {}, params.get("sliding_attention") or {}
+    scaling = raw.get("rope_scaling") or (full if full.get("rope_type", "default") != "default" else None)
+    return dict(
+        layer_windows=tuple(window if t == "sliding_attention" else 0 for t in types),
+        local_rope_theta=float(local.get("rope_theta") or raw.get("rope_local_base_freq", 10000.0)),
+        rope_theta=float(full.get("rope_theta") or raw.get("rope_theta", 1000000.0)),
+        rope_scaling=scaling,
+        attn_scale=float(raw.get("query_pre_attn_scalar") or raw.get("head_dim", 256)) ** -0.5,
+        final_logit_softcap=raw.get("final_logit_softcapping"),
+    )
+
+
+def _longrope(raw: dict, scaling: dict | None) -> dict | None:
+    """Phi-3's LongRoPE ("su" in older configs) with what kernels/rotary.py needs in one dict: the
+    short and long factors, the pre-training context and the attention factor's inputs."""
+    if not scaling or scaling.get("rope_type", scaling.get("type")) not in ("longrope", "su"):
+        return scaling
+    original = scaling.get("original_max_position_embeddings") or raw["original_max_position_embeddings"]
+    return dict(scaling, rope_type="longrope", original_max_position_embeddings=original,
+                max_position_embeddings=raw.get("max_position_embeddings", original))
+
+
+def _moe_fields(raw: dict) -> dict:
+    """The experts of Qwen3-MoE (num_experts, norm_topk_prob) or Mixtral (num_local_experts, renormalised)."""
+    if raw.get("mlp_only_layers") or raw.get("decoder_sparse_step", 1) != 1:
+        raise InvalidArgument("model", "dense layers among the expert layers (mlp_only_layers, decoder_sparse_step) "
+                                       "are not served")
+    return dict(num_experts=raw.get("num_experts") or raw["num_local_experts"],
+                experts_per_token=raw["num_experts_per_tok"],
+                norm_topk_prob=raw.get("model_type") == "mixtral" or raw.get("norm_topk_prob", False))

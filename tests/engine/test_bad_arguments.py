@@ -64,6 +64,7 @@ def test_unknown_architecture_names_model_type(tiny_llama, tmp_path):
     with pytest.raises(InvalidArgument) as err:
         make_llm(folder)
     assert err.value.field == "model_type" and "gpt_neox" in str(err.value)
+    assert all(served in str(err.value) for served in ("llama", "qwen3", "gemma3_text"))  # what is served
 
 
 def test_max_model_len_above_the_model_is_refused(tiny_llama):

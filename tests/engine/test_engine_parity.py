@@ -32,7 +32,9 @@ def check_parity(model_dir, ours: list[list[int]], prompts: list[list[int]], max
 
 @pytest.mark.slow
 @pytest.mark.parametrize("arch, overrides", [("llama", {}), ("qwen2", {}), ("qwen3", {}),
-                                             ("llama", {"rope_scaling_llama3": True, "tie_word_embeddings": True})])
+                                             ("llama", {"rope_scaling_llama3": True, "tie_word_embeddings": True}),
+                                             ("gemma3", {"tie_word_embeddings": True}), ("phi3", {}),
+                                             ("qwen3_moe", {}), ("mixtral", {})])
 def test_greedy_matches_transformers(model_dir, arch, overrides):
     folder = model_dir(arch, "small", **overrides)
     prompts = random_prompts(NUM_PROMPTS, 1024, 1, 300, seed=1)
@@ -54,10 +56,11 @@ def test_every_tier_matches_transformers(model_dir, engine_tier):
     assert len(tolerated) <= 1, tolerated
 
 
-def test_sampled_logprob_matches_transformers_log_softmax(model_dir):
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])  # gemma3: its final logit soft-cap
+def test_sampled_logprob_matches_transformers_log_softmax(model_dir, arch):
     from transformers import AutoModelForCausalLM
 
-    folder = model_dir("llama", "tiny")
+    folder = model_dir(arch, "tiny")
     prompts = random_prompts(4, 512, 5, 60, seed=2)
     llm = make_llm(folder, dtype="float32")
     outs = llm.generate(prompts, greedy(8, logprobs=3), use_tqdm=False)

@@ -86,7 +86,24 @@ def test_cpu_matches_reference(cpu_tier, dtype, heads, kv_heads, head_dim, poiso
     torch.testing.assert_close(out, paged_attention_ref(**batch), **TOLERANCE[dtype])
 
 
-def check_batch_invariance(attention, dtype: torch.dtype) -> None:
+@pytest.mark.parametrize("attention", [paged_attention_triton, paged_attention_ref, paged_attention_cpu],
+                         ids=["triton", "reference", "cpu"])
+def test_sliding_window_batch_invariance(attention):
+    """A window of 50 keys: sequence 0's positions 110..149 start their window in the first key tile or
+    the second, each token's bits the same in every batch."""
+    if attention is paged_attention_cpu and DEVICE != "cpu":
+        pytest.skip("the CPU kernel reads CPU tensors")
+    check_batch_invariance(attention, torch.float32, window=50)
+
+
+@pytest.mark.parametrize("window", [50, 128])
+def test_sliding_window_triton_matches_reference(window, poisoned_empty):
+    batch = make_paged_batch([(300, 5), (200, 150), (1, 1)], 8, 2, 64, 16)
+    out = paged_attention_triton(**batch, window=window)
+    torch.testing.assert_close(out, paged_attention_ref(**batch, window=window), **TOLERANCE[torch.float32])
+
+
+def check_batch_invariance(attention, dtype: torch.dtype, window: int = 0) -> None:
     heads, kv_heads, head_dim = 8, 2, 64
     shared = make_paged_batch([(150, 1), (90, 1), (33, 1), (200, 1)], heads, kv_heads, head_dim, 16, dtype=dtype)
     queries = [randn(ctx, heads, head_dim, dtype=dtype) for ctx in (150, 90, 33, 200)]  # one per position
@@ -99,7 +116,7 @@ def check_batch_invariance(attention, dtype: torch.dtype) -> None:
             block_tables=shared["block_tables"][[s for s, _, _ in step]],
             seq_lens=torch.tensor([ctx for _, ctx, _ in step], device=DEVICE),
             query_start_loc=torch.cat([torch.zeros(1, dtype=torch.long), num_queries.cumsum(0)]).to(DEVICE),
-            scale=head_dim ** -0.5,
+            scale=head_dim ** -0.5, **({"window": window} if window else {}),
         )
         start = 0
         for s, ctx, n in step:

@@ -8,8 +8,9 @@ from kernels.attention import KEY_TILE, paged_attention_ref, token_layout
 from kernels.cpu_kernels import paged_attention_cpu
 
 
-def dense_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale) -> torch.Tensor:
-    """[T, H, D] fp64: each sequence's keys gathered into one dense tensor, full softmax."""
+def dense_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, window=0) -> torch.Tensor:
+    """[T, H, D] fp64: each sequence's keys gathered into one dense tensor, full softmax (window > 0: keys
+    position - window + 1 .. position)."""
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     group = q.shape[1] // num_kv_heads
     outs = []
@@ -22,7 +23,9 @@ def dense_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc
         queries = q[start:end].double()  # [n, H, D]
         positions = torch.arange(ctx - (end - start), ctx)
         scores = torch.einsum("nhd,khd->hnk", queries, k) * scale
-        scores = scores.masked_fill(torch.arange(ctx)[None, None, :] > positions[None, :, None], float("-inf"))
+        keys = torch.arange(ctx)[None, None, :]
+        masked = (keys > positions[None, :, None]) | ((keys <= positions[None, :, None] - window) & (window > 0))
+        scores = scores.masked_fill(masked, float("-inf"))
         outs.append(torch.einsum("hnk,khd->nhd", scores.softmax(-1), v))
     return torch.cat(outs)
 
@@ -72,3 +75,25 @@ def test_reference_gives_a_prefill_row_the_bits_of_its_decode_step(seq, heads, k
         one = {**batch, "q": batch["q"][i:i + 1], "seq_lens": torch.tensor([context - queries + i + 1]),
                "query_start_loc": torch.tensor([0, 1])}
         assert torch.equal(paged_attention_ref(**one)[0], chunk[i]), i
+
+
+# a sliding window (Gemma 3's local layers): windows inside one key tile, across tiles, wider than the context
+WINDOW_CASES = [
+    ([(300, 5), (1, 1), (200, 200), (40, 1)], 8, 2, 64, 16, 100),  # chunk path rows past their window's tile
+    ([(257, 1), (129, 129), (130, 3)], 4, 4, 128, 8, 128),  # exactly a tile: decode and chunk
+    ([(90, 30), (7, 2)], 12, 4, 80, 32, 17),  # narrow window, group of 3
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
+@pytest.mark.parametrize("seqs,heads,kv_heads,head_dim,block_size,window", WINDOW_CASES)
+@pytest.mark.parametrize("attention", [paged_attention_ref, paged_attention_cpu], ids=["reference", "cpu"])
+def test_sliding_window_matches_dense_attention(attention, seqs, heads, kv_heads, head_dim, block_size, window,
+                                                 dtype):
+    batch = make_paged_batch(seqs, heads, kv_heads, head_dim, block_size, dtype=dtype, device="cpu")
+    out = attention(**batch, window=window)
+    assert torch.isfinite(out).all()
+    want = dense_attention(**batch, window=window)
+    torch.testing.assert_close(out.double(), want, **TOLERANCE[dtype])
+    # and the window matters: the full context differs for tokens past it
+    assert not torch.allclose(want, dense_attention(**batch), atol=1e-3)

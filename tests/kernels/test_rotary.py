@@ -62,3 +62,27 @@ def test_reference_is_a_complex_rotation():
     z = torch.complex(q[..., : head_dim // 2].double(), q[..., head_dim // 2:].double()) * torch.polar(
         torch.ones_like(angle), angle)[:, None, :]
     torch.testing.assert_close(q_ref.double(), torch.cat([z.real, z.imag], -1), atol=1e-4, rtol=1e-4)
+
+
+def test_longrope_cache_equals_transformers_short_and_long():
+    """Phi-3's LongRoPE (partial rotary): inside the pre-training context the short factors' table, past it
+    the long ones', both scaled by the attention factor, bit for bit as transformers rotates a token
+    there (a decode step's call)."""
+    from transformers import Phi3Config
+    from transformers.models.phi3.modeling_phi3 import Phi3RotaryEmbedding
+
+    from services.tools.arch_models import arch_config
+    from services.tools.make_model import SIZES
+    from services.worker.model_config import ModelArchConfig
+
+    config = arch_config("phi3", dict(SIZES["tiny"]))
+    ours = ModelArchConfig.from_dict(config)
+    table = cos_sin_cache(ours.rotary_dim, ours.max_position_embeddings, ours.rope_theta, ours.rope_scaling)
+    hf = Phi3RotaryEmbedding(Phi3Config(**config))
+    original = config["original_max_position_embeddings"]
+    half = ours.rotary_dim // 2
+    for pos in (0, 5, original - 1, original, original + 37):
+        cos, sin = hf(torch.zeros(1), torch.tensor([[pos]]))  # one token: transformers' decode step at pos
+        assert torch.equal(table[pos], torch.cat([cos[0, 0, :half], sin[0, 0, :half]])), pos
+    assert not torch.equal(table[original - 1, :half], cos_sin_cache(ours.rotary_dim, original, ours.rope_theta)[
+        original - 1, :half])  # the short factors and the attention factor do change the table

@@ -53,9 +53,10 @@ class Attention(nn.Module):
     linear_weights = ("qkv_weight",)  # multiplied by self.linear; see LlamaForCausalLM.prepack
     row_parallel_weights = ("o_weight",)  # in K groups (kernels/row_parallel.py)
 
-    def __init__(self, cfg: ModelArchConfig, ops: Ops, linear: Callable):
+    def __init__(self, cfg: ModelArchConfig, ops: Ops, linear: Callable, window: int = 0):
+        """window > 0: a sliding-window layer (its keys: the last `window` positions)."""
         super().__init__()
-        self.cfg, self.ops, self.linear = cfg, ops, linear
+        self.cfg, self.ops, self.linear, self.window = cfg, ops, linear, window
         q_size, kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
         self.split = (q_size, kv_size, kv_size)
         self.qkv_weight = nn.Parameter(torch.empty(q_size + 2 * kv_size, cfg.hidden_size), requires_grad=False)
@@ -64,7 +65,7 @@ class Attention(nn.Module):
         if cfg.qk_norm:
             self.q_norm = nn.Parameter(torch.empty(cfg.head_dim), requires_grad=False)
             self.k_norm = nn.Parameter(torch.empty(cfg.head_dim), requires_grad=False)
-        self.scale = cfg.head_dim ** -0.5
+        self.scale = cfg.attn_scale or cfg.head_dim ** -0.5
 
     def forward(self, x: torch.Tensor, kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata,
                 rotary_cache: torch.Tensor) -> torch.Tensor:
@@ -77,36 +78,50 @@ class Attention(nn.Module):
         if cfg.qk_norm:
             q = ops.rms_norm(q, self.q_norm, cfg.rms_norm_eps)[0]
             k = ops.rms_norm(k, self.k_norm, cfg.rms_norm_eps)[0]
-        q, k = ops.apply_rotary(q, k, meta.positions, rotary_cache)
+        q, k = self.rotate(q, k, meta.positions, rotary_cache)
         k_cache, v_cache = kv_cache
         ops.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        window = {"window": self.window} if self.window else {}
         out = ops.paged_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc,
-                                  self.scale, meta.layout)
+                                  self.scale, meta.layout, **window)
         return self.linear(out.reshape(num_tokens, -1), self.o_weight, None)
+
+    def rotate(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, rotary_cache: torch.Tensor):
+        """Rotary embedding of each head's first cfg.rotary_dim dims (Phi's partial rotary), all by default."""
+        dim = self.cfg.rotary_dim
+        if not dim:
+            return self.ops.apply_rotary(q, k, positions, rotary_cache)
+        q_rot, k_rot = self.ops.apply_rotary(q[..., :dim].contiguous(), k[..., :dim].contiguous(), positions,
+                                             rotary_cache)
+        return torch.cat([q_rot, q[..., dim:]], -1), torch.cat([k_rot, k[..., dim:]], -1)
 
 
 class MLP(nn.Module):
     linear_weights = ("gate_up_weight",)
     row_parallel_weights = ("down_weight",)
 
-    def __init__(self, cfg: ModelArchConfig, ops: Ops, linear: Callable):
+    def __init__(self, cfg: ModelArchConfig, ops: Ops, linear: Callable, activation: Callable | None = None):
+        """activation: of the fused [gate, up] product, SiLU-and-multiply by default."""
         super().__init__()
         self.ops, self.linear = ops, linear
+        self.activation = activation or ops.silu_and_mul
         self.gate_up_weight = nn.Parameter(torch.empty(2 * cfg.intermediate_size, cfg.hidden_size),
                                            requires_grad=False)
         self.down_weight = nn.Parameter(torch.empty(cfg.hidden_size, cfg.intermediate_size), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.linear(x, self.gate_up_weight, None)
-        return self.linear(self.ops.silu_and_mul(gate_up), self.down_weight, None)
+        return self.linear(self.activation(gate_up), self.down_weight, None)
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelArchConfig, ops: Ops, linear: Callable):
+    def __init__(self, cfg: ModelArchConfig, ops: Ops, linear: Callable, window: int = 0,
+                 mlp: nn.Module | None = None):
+        """mlp: the feed-forward block, the gated MLP by default (a mixture of experts: models/moe.py)."""
         super().__init__()
         self.ops, self.eps = ops, cfg.rms_norm_eps
-        self.attn = Attention(cfg, ops, linear)
-        self.mlp = MLP(cfg, ops, linear)
+        self.attn = Attention(cfg, ops, linear, window)
+        self.mlp = mlp if mlp is not None else MLP(cfg, ops, linear)
         self.input_norm = nn.Parameter(torch.empty(cfg.hidden_size), requires_grad=False)
         self.post_attn_norm = nn.Parameter(torch.empty(cfg.hidden_size), requires_grad=False)
 
@@ -121,6 +136,7 @@ class DecoderLayer(nn.Module):
 
 class LlamaForCausalLM(nn.Module):
     linear_weights = ("lm_head",)  # a packed copy when tied: the embedding lookup keeps the dense one
+    one_call_stack = True  # kernels/csrc/decoder.c runs these layers (Llama-shaped ones only)
 
     def __init__(self, cfg: ModelArchConfig, ops: Ops, linear: Callable, shard: Shard | None = None, comm=None):
         """cfg: the whole model's; shard: this rank's part (the whole model by default); comm: the worker
@@ -133,7 +149,8 @@ class LlamaForCausalLM(nn.Module):
         self.total_groups = total_groups(cfg, self.shard.align)
         v0, v1 = self.shard.vocab(cfg)
         self.vocab_start = v0
-        self.layers = nn.ModuleList(DecoderLayer(local, ops, linear) for _ in range(local.num_layers))
+        first_layer = self.shard.layers(cfg)[0]
+        self.layers = nn.ModuleList(self.make_layer(local, first_layer + i) for i in range(local.num_layers))
         self.final_norm = nn.Parameter(torch.empty(cfg.hidden_size), requires_grad=False)
         if self.shard.first_stage:  # the embedding and the lm_head live on stage 0
             self.embed = nn.Parameter(torch.empty(v1 - v0, cfg.hidden_size), requires_grad=False)
@@ -141,8 +158,20 @@ class LlamaForCausalLM(nn.Module):
                 torch.empty(v1 - v0, cfg.hidden_size), requires_grad=False)
         self.stack = None  # kernels.decoder.DecoderStack, set by prepack where the ops have one
         self.micro_batches = self.shard.pp_size  # a pipelined step's micro-batches (services/worker/pipeline.py)
-        self.register_buffer("rotary_cache", cos_sin_cache(cfg.head_dim, cfg.max_position_embeddings,
-                                                           cfg.rope_theta, cfg.rope_scaling), persistent=False)
+        rotary_dim = cfg.rotary_dim or cfg.head_dim
+        self.register_buffer("rotary_cache", cos_sin_cache(rotary_dim, cfg.max_position_embeddings, cfg.rope_theta,
+                                                           cfg.rope_scaling), persistent=False)
+
+    def make_layer(self, local: ModelArchConfig, index: int) -> nn.Module:
+        """Decoder layer `index` (the whole model's numbering) with this rank's shapes."""
+        return DecoderLayer(local, self.ops, self.linear, self.cfg.window(index))
+
+    def rotary_for(self, layer: nn.Module) -> torch.Tensor:
+        """The cos/sin cache a layer rotates by (one for every layer here; Gemma's differ)."""
+        return self.rotary_cache
+
+    def finish_load(self) -> None:
+        """The loader's last step on the checkpoint's weights, before the dtype cast (nothing here)."""
 
     def prepack(self, pack: Callable[[torch.Tensor], torch.Tensor]) -> None:
         """Replace every weight that only the linear layers read by pack(weight) (kernels.linear.prepack);
@@ -164,7 +193,8 @@ class LlamaForCausalLM(nn.Module):
                 else:
                     parts = [pack(part) for part in split_dense(weight.data, groups)]
                 setattr(module, name, RowParallelWeight.build(parts, self.total_groups, gather, self.linear))
-        if self.ops.decoder_stack is not None:
+        llama_shaped = self.one_call_stack and not any(self.cfg.layer_windows) and not self.cfg.rotary_dim
+        if self.ops.decoder_stack is not None and llama_shaped:
             cfg = self.cfg
             layers = [LayerWeights(
                 input_norm=layer.input_norm.data, post_attn_norm=layer.post_attn_norm.data, qkv=layer.attn.qkv_weight,
@@ -196,7 +226,7 @@ class LlamaForCausalLM(nn.Module):
             return self.stack(x, kv_caches, meta.positions, meta.slot_mapping, meta.block_tables, *layout,
                               residual=residual, final_norm=final_norm)
         for layer, kv_cache in zip(self.layers, kv_caches):
-            x, residual = layer(x, residual, kv_cache, meta, self.rotary_cache)
+            x, residual = layer(x, residual, kv_cache, meta, self.rotary_for(layer))
         if not final_norm:
             return x, residual
         return self.ops.rms_norm(x, self.final_norm, self.cfg.rms_norm_eps, residual)[0], None
