@@ -23,7 +23,9 @@ defined(__AVX512F__)` / `#elif defined(__AVX2__) && defined(__FMA__)` / `#else`)
            NEON, anything else)
 `select_isa` makes one tier the process's (the worker does, from its cpu_isa argument; `auto`
 is the best tier this CPU runs); `use_isa` does it for a block (tests). Each tier is batch-
-invariant on its own; tiers differ from each other in bits.
+invariant on its own, and the tiers give the same bits (every fused multiply-add is vec.h's, the
+instruction or libm's fmaf, and -ffp-contract=off fuses nothing else), except bf16 GEMM on AVX-512
+BF16 (k in pairs).
 
 A library is built on first use with the system C compiler into ~/.cache/pagedserve-kernels,
 keyed by a hash of the sources, the flags, the compiler and the CPU; its OpenMP calls land
@@ -54,7 +56,7 @@ from kernels.rotary import apply_rotary_ref
 
 CSRC = Path(__file__).with_name("csrc")
 SOURCES = [CSRC / name for name in ("paged_attention.c", "elementwise.c", "gemm.c", "decoder.c", "quant_gemm.c", "quant_dot.c", "row_parallel.c", "scratch.c")]  # one library
-COMMON_FLAGS = ["-O3", "-fopenmp", "-fPIC", "-std=gnu11", "-Wno-psabi"]
+COMMON_FLAGS = ["-O3", "-fopenmp", "-fPIC", "-std=gnu11", "-Wno-psabi", "-ffp-contract=off"]  # no implicit fusion: vec.h's fma
 TIERS = ("avx512", "avx2", "generic")  # best first; services.core.config.CPU_ISAS is ("auto", *TIERS)
 # the test tiers that stand for older AVX-512 CPUs leave out quant_dot.c's AMX path (their CPUs have no AMX),
 # so that on an AMX host they still run the VNNI / vpmaddubsw tiles they test

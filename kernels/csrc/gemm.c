@@ -13,12 +13,13 @@
  *     without it                 bf16: the widening tiles below, at 16 lanes.
  *   AVX2 + FMA (x86-64-v3)       the widening tiles at 8 lanes.
  *   anything else (generic)      the widening tiles at 4 lanes in GCC vector extensions
- *                                (NEON's fused multiply-add on aarch64; elsewhere a * b + c,
- *                                fused where the target has FMA, the same way for every row).
+ *                                (vec.h's fma4: NEON's fused multiply-add on aarch64, libm's
+ *                                correctly rounded fmaf on a baseline x86-64).
  * The widening tiles read bf16 weights and inputs as bf16 and widen them to fp32 in registers
  * (a bf16 value is the top half of its fp32 value), so bf16 halves the bytes a decode step
  * reads on every CPU; the chain is then the fp32 chain over the widened values, k by k.
- * Tiers differ from one another in bits (pairs vs single k steps, fused or not), never within.
+ * Every fp32 chain is the same fused chain k by k on every tier, so fp32 GEMM gives the same bits on
+ * all of them, and bf16 too except on AVX-512 BF16 (k in pairs), which differs from the others.
  *
  * It streams the weight once per call at small M (decode), where a library's GEMM falls back
  * to kernels with other bits or reads the weight at a third of the memory bandwidth, and it
@@ -55,7 +56,7 @@
 #define WARM_ROWS 16 /* rows from which the tiles warm the next panel (see Warm); below, memory-bound anyway */
 
 /* The tier's vectors for the widening tiles: WL fp32 lanes, FMA(a, b, c) = a * b + c lane by
- * lane; ROWS rows of x per tile, each tile ROW_VECTORS vectors wide (a single row: ONE_VECTORS,
+ * lane, fused (vec.h's fma of that width); ROWS rows of x per tile, each tile ROW_VECTORS vectors wide (a single row: ONE_VECTORS,
  * so the decode path reads each k row of the panel whole). Accumulators + weights + 1 broadcast
  * + the bf16 mask fit the register file: AVX-512 8x3 + 3 + 1 + 1 of 32, AVX2 6x2 + 2 + 1 of 16
  * for fp32 and 4x2 + 2 + 1 + 1 for bf16 (BF16_ROWS; at 4x3 or 6x2 GCC spilled accumulators to
@@ -65,7 +66,7 @@
 #define ROWS 8
 #define ROW_VECTORS 3
 #define ONE_VECTORS 3
-#define FMA(a, b, c) ((wv)_mm512_fmadd_ps((__m512)(a), (__m512)(b), (__m512)(c)))
+#define FMA fma16
 #define SPLAT(s) ((wv)_mm512_set1_ps(s))
 #elif defined(__AVX2__) && defined(__FMA__)
 #define WL 8
@@ -73,21 +74,21 @@
 #define BF16_ROWS 4
 #define ROW_VECTORS 2
 #define ONE_VECTORS 6
-#define FMA(a, b, c) ((wv)_mm256_fmadd_ps((__m256)(a), (__m256)(b), (__m256)(c)))
+#define FMA fma8
 #define SPLAT(s) ((wv)_mm256_set1_ps(s))
 #elif defined(__ARM_NEON) && defined(__aarch64__)
 #define WL 4
 #define ROWS 4
 #define ROW_VECTORS 6
 #define ONE_VECTORS 12
-#define FMA(a, b, c) ((wv)vfmaq_f32((float32x4_t)(c), (float32x4_t)(a), (float32x4_t)(b)))
+#define FMA fma4
 #define SPLAT(s) ((wv)vdupq_n_f32(s))
 #else
 #define WL 4
 #define ROWS 4
 #define ROW_VECTORS 3
 #define ONE_VECTORS 3
-#define FMA(a, b, c) ((a) * (b) + (c))
+#define FMA fma4 /* libm's fmaf per lane (vec.h): the FMA tiers' bits */
 #define SPLAT(s) ((wv){(s), (s), (s), (s)})
 #endif
 #define MAX_VECTORS (ONE_VECTORS > ROW_VECTORS ? ONE_VECTORS : ROW_VECTORS)
@@ -211,9 +212,9 @@ INLINE void tile_f32(const int rows, const float *x, int64_t ldx, const float *p
 #pragma GCC unroll 8
             for (int r = 0; r < rows; r++) {
                 const __m512 a = _mm512_set1_ps(xg[r * ldx + k]);
-                acc[r][0] = _mm512_fmadd_ps(a, w0, acc[r][0]);
-                acc[r][1] = _mm512_fmadd_ps(a, w1, acc[r][1]);
-                acc[r][2] = _mm512_fmadd_ps(a, w2, acc[r][2]);
+                acc[r][0] = (__m512)fma16((vf)a, (vf)w0, (vf)acc[r][0]);
+                acc[r][1] = (__m512)fma16((vf)a, (vf)w1, (vf)acc[r][1]);
+                acc[r][2] = (__m512)fma16((vf)a, (vf)w2, (vf)acc[r][2]);
             }
         }
         if (groups->count > 1)

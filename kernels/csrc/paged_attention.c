@@ -11,7 +11,9 @@
  * the key and value loops run on vectors of AW lanes, 16 where a register holds 16 floats
  * (AVX-512) and 8 elsewhere (one AVX2 register, two NEON or SSE ones). Each 16-lane chunk of a dot
  * product is then two 8-lane halves, each its own chain, added as fold's first level, so both widths
- * make the same sums in the same order: the same bits on every x86 tier.
+ * make the same sums in the same order. The products of a chain are fused into it (vec.h's fma, the
+ * instruction or libm's fmaf), the first one of a dot product not, and exp is vec.h's exp with fused
+ * multiply-adds: the same bits on every tier (avx512, avx2, generic, aarch64).
  *
  * Layouts (all contiguous):
  *   q            [T, H, D] fp32 or bf16 (io_bf16), heads contiguous, token stride q_stride;
@@ -49,11 +51,14 @@ typedef vu8 au;
 #endif
 #define HALVES (LANES / AW) /* AW-lane pieces of a 16-lane chunk */
 
+/* the key and value chains' fused multiply-add (vec.h), and exp with its multiply-adds fused */
 #if AW == 16
-#define exp_aw exp16
+#define fma_aw fma16
+#define exp_aw exp16_fused
 #define fold_lanes fold
 #else
-#define exp_aw exp8
+#define fma_aw fma8
+#define exp_aw exp8_fused
 /* fold's last three levels (+4, +2, +1) on the sum of its first */
 static inline __attribute__((always_inline)) float fold_lanes(av v) {
     v += __builtin_shufflevector(v, v, 4, 5, 6, 7, 0, 1, 2, 3);
@@ -62,6 +67,13 @@ static inline __attribute__((always_inline)) float fold_lanes(av v) {
     return v[0];
 }
 #endif
+
+/* every lane = s (a broadcast) */
+static inline __attribute__((always_inline)) av splat_aw(float s) {
+    av v;
+    for (int l = 0; l < AW; l++) v[l] = s;
+    return v;
+}
 
 /* AW elements from fp32 or bf16 memory as fp32 (load16 at AW = 16) */
 static inline __attribute__((always_inline)) av load_aw(const void *base, int is_bf16, int64_t index) {
@@ -191,11 +203,11 @@ static inline __attribute__((always_inline)) void weigh_values(
         for (int64_t r = 0, keys = keys_in_block(num_keys, b, block_size); r < keys; r++) {
             const int64_t j = b * block_size + r;
             const int64_t row = (table[b] * block_size + r) * row_stride + (int64_t)h * head_dim + (int64_t)c0 * AW;
-            float p[4];
-            for (int t = 0; t < heads; t++) p[t] = scores[(first + t) * padded_keys + j];
+            av p[4];
+            for (int t = 0; t < heads; t++) p[t] = splat_aw(scores[(first + t) * padded_keys + j]);
             for (int c = 0; c < cols; c++) {
                 const av v = load_aw(v_cache, is_bf16, row + c * AW);
-                for (int t = 0; t < heads; t++) a[t][c] += p[t] * v;
+                for (int t = 0; t < heads; t++) a[t][c] = fma_aw(p[t], v, a[t][c]);
             }
         }
     }
@@ -212,7 +224,7 @@ static inline __attribute__((always_inline)) void weigh_values(
 static inline __attribute__((always_inline)) void attend(
     const float *q, const void *k_cache, const void *v_cache, const int is_bf16, const int64_t *table,
     int64_t first_key, int64_t num_keys, void *out, int out_bf16, int num_kv_heads, int group, int head_dim,
-    int block_size, float *scores, av *acc) {
+    int block_size, float *scores, av *acc, const int fused_pair) {
     const int chunks = head_dim / LANES, num_heads = num_kv_heads * group;
     const int64_t row_stride = (int64_t)num_kv_heads * head_dim;
     const int64_t num_blocks = (num_keys + block_size - 1) / block_size;
@@ -242,14 +254,21 @@ static inline __attribute__((always_inline)) void attend(
                     /* lane l of half `half`: one chain over the 16-lane chunks, as lane
                      * half * AW + l of a 16-lane sum */
                     av part[HALVES];
+                    const int paired = fused_pair && chunks > 1; /* chunks 0 and 1 as fma(q0, k0, q1 k1) */
                     for (int half = 0; half < HALVES; half++) {
                         memcpy(&qv, q_head + half * AW, sizeof qv);
-                        part[half] = qv * kv[half];
+                        if (paired) {
+                            av qv1;
+                            memcpy(&qv1, q_head + LANES + half * AW, sizeof qv1);
+                            part[half] = fma_aw(qv, kv[half], qv1 * kv[HALVES + half]);
+                        } else {
+                            part[half] = qv * kv[half];
+                        }
                     }
-                    for (int c = 1; c < chunks; c++)
+                    for (int c = 1 + paired; c < chunks; c++)
                         for (int half = 0; half < HALVES; half++) {
                             memcpy(&qv, q_head + c * LANES + half * AW, sizeof qv);
-                            part[half] += qv * kv[c * HALVES + half];
+                            part[half] = fma_aw(qv, kv[c * HALVES + half], part[half]);
                         }
                     av sum = part[0];
                     for (int half = 1; half < HALVES; half++) sum += part[half]; /* fold's first level */
@@ -346,16 +365,19 @@ int paged_attention_window(const void *q, int64_t q_stride, int io_bf16, float s
             void *token_out = (char *)out + t * width * (io_bf16 ? 2 : 4);
             const int64_t *table = block_tables + token_seq[t] * max_blocks;
             const int64_t first_key = window > 0 && token_pos[t] >= window ? token_pos[t] + 1 - window : 0;
-#define ATTEND(BF16, HEAD_DIM)                                                                                     \
+#define ATTEND(BF16, HEAD_DIM, PAIR)                                                                               \
     attend(scaled, k_cache, v_cache, BF16, table, first_key, token_pos[t] + 1, token_out, io_bf16, num_kv_heads,   \
-           group, HEAD_DIM, block_size, scores, acc)
-            /* the common head widths as constants: the chunk loops unroll and a key stays in registers */
+           group, HEAD_DIM, block_size, scores, acc, PAIR)
+            /* the common head widths as constants: the chunk loops unroll and a key stays in registers.
+             * Their dot products start fma(q0, k0, q1 k1), the others' q0 k0 then fma(q1, k1, ..): so GCC
+             * fused them when it contracted on the FMA tiers (before -ffp-contract=off), written out so
+             * that those tiers keep their bits and every other tier has them too. */
             if (head_dim == 64)
-                is_bf16 ? ATTEND(1, 64) : ATTEND(0, 64);
+                is_bf16 ? ATTEND(1, 64, 1) : ATTEND(0, 64, 1);
             else if (head_dim == 128)
-                is_bf16 ? ATTEND(1, 128) : ATTEND(0, 128);
+                is_bf16 ? ATTEND(1, 128, 1) : ATTEND(0, 128, 1);
             else
-                is_bf16 ? ATTEND(1, head_dim) : ATTEND(0, head_dim);
+                is_bf16 ? ATTEND(1, head_dim, 0) : ATTEND(0, head_dim, 0);
 #undef ATTEND
         }
         scratch_give(SCRATCH_ATTENTION);

@@ -99,33 +99,12 @@
 typedef float fv __attribute__((vector_size(4 * COLS)));
 typedef int32_t iv __attribute__((vector_size(4 * COLS)));
 
-/* c + a b fused, lane by lane */
-INLINE fv fmav(fv a, fv b, fv c) {
+/* c + a b fused, lane by lane: vec.h's fma of the tile's width */
 #if COLS == 16
-    __m512 va, vb_, vc;
-    memcpy(&va, &a, 64), memcpy(&vb_, &b, 64), memcpy(&vc, &c, 64);
-    vc = _mm512_fmadd_ps(va, vb_, vc);
-    memcpy(&c, &vc, 64);
-    return c;
-#elif defined(__FMA__)
-    __m256 va, vb_, vc;
-    memcpy(&va, &a, 32), memcpy(&vb_, &b, 32), memcpy(&vc, &c, 32);
-    vc = _mm256_fmadd_ps(va, vb_, vc);
-    memcpy(&c, &vc, 32);
-    return c;
-#elif defined(__ARM_NEON) && defined(__aarch64__)
-    float32x4_t va[2], vb_[2], vc[2];
-    memcpy(va, &a, 32), memcpy(vb_, &b, 32), memcpy(vc, &c, 32);
-    vc[0] = vfmaq_f32(vc[0], va[0], vb_[0]);
-    vc[1] = vfmaq_f32(vc[1], va[1], vb_[1]);
-    memcpy(&c, vc, 32);
-    return c;
+#define fmav fma16
 #else
-    for (int i = 0; i < COLS; i++)
-        c[i] = fmaf(a[i], b[i], c[i]); /* libm: correctly rounded, as the instruction */
-    return c;
+#define fmav fma8
 #endif
-}
 
 INLINE fv splatv(float v) { /* a broadcast (adding v to a zero vector would turn -0 into +0) */
     fv out;

@@ -23,9 +23,9 @@
  * block from b = 0, then lo + hi folded by a fixed tree (vec.h's fold), scaled (INT8), biased
  * and rounded once. Which tile, thread or batch computes (m, n) never changes that chain, so
  * a row's bits depend on its own data alone: the same at every batch size, position and
- * thread count, as in gemm.c. The tiers with FMA instructions (AVX-512, AVX2 + FMA, aarch64
- * NEON) run the same fused operations lane for lane and give the same bits; the x86 generic
- * tier (no FMA: a product and a sum, rounded apart) differs from them, never within itself.
+ * thread count, as in gemm.c. Every multiply-add is fused (vec.h's fma: the instruction, or libm's
+ * fmaf on a baseline x86-64), so every tier (AVX-512, AVX2 + FMA, generic vectors, aarch64) gives the
+ * same bits.
  *
  * bf16 activations are widened to fp32 once per call (exact); results are rounded to bf16
  * (nearest even) at the end.
@@ -116,45 +116,6 @@ INLINE vf widened(__m512i lanes) { /* 16 int32 lanes as fp32, in vec.h's type */
 INLINE vf u8_to_f32(vb bytes) { BYTES_TO_F32(bytes, U8_EXTEND); }
 
 INLINE vf s8_to_f32(vsb bytes) { BYTES_TO_F32(bytes, S8_EXTEND); }
-
-/* acc + a * b, fused (one rounding) in every tier. */
-INLINE vf fma16(vf a, vf b, vf acc) {
-#if defined(__AVX512F__)
-    __m512 va, vb_, vc;
-    memcpy(&va, &a, 64), memcpy(&vb_, &b, 64), memcpy(&vc, &acc, 64);
-    vc = _mm512_fmadd_ps(va, vb_, vc);
-    memcpy(&acc, &vc, 64);
-    return acc;
-#elif defined(__AVX2__) && defined(__FMA__)
-    __m256 va[2], vb_[2], vc[2];
-    memcpy(va, &a, 64), memcpy(vb_, &b, 64), memcpy(vc, &acc, 64);
-    vc[0] = _mm256_fmadd_ps(va[0], vb_[0], vc[0]);
-    vc[1] = _mm256_fmadd_ps(va[1], vb_[1], vc[1]);
-    memcpy(&acc, vc, 64);
-    return acc;
-#elif defined(__ARM_NEON) && defined(__aarch64__) /* four NEON FMAs: fused explicitly, never left to contraction */
-    float32x4_t va[4], vb_[4], vc[4];
-    memcpy(va, &a, 64), memcpy(vb_, &b, 64), memcpy(vc, &acc, 64);
-    for (int i = 0; i < 4; i++)
-        vc[i] = vfmaq_f32(vc[i], va[i], vb_[i]);
-    memcpy(&acc, vc, 64);
-    return acc;
-#elif defined(__FP_FAST_FMAF) /* another target with FMA: fused explicitly */
-    for (int i = 0; i < LANES; i++)
-        acc[i] = __builtin_fmaf(a[i], b[i], acc[i]);
-    return acc;
-#else /* no FMA instruction (x86-64 baseline): two roundings, and nothing for the compiler to fuse */
-    return a * b + acc;
-#endif
-}
-
-INLINE float fused(float a, float b, float c) {
-#if defined(__FMA__) || defined(__FP_FAST_FMAF)
-    return __builtin_fmaf(a, b, c);
-#else
-    return a * b + c;
-#endif
-}
 
 #if defined(__AVX512F__)
 /* A 4-bit block's 32 weights: lane l of the table is fma(l, d, offset), the value of nibble l, and
@@ -475,9 +436,9 @@ INLINE void tile(const int rows, const int cols, const int fmt, const float *x, 
 #if SPLIT_ACCUMULATORS
             vf lo, hi;
             memcpy(&lo, &acc[r][c][0], 64), memcpy(&hi, &acc[r][c][2], 64);
-            const float value = fused(fold(lo + hi), scale, add);
+            const float value = fma1(fold(lo + hi), scale, add);
 #else
-            const float value = fused(fold(lo[r][c] + hi[r][c]), scale, add);
+            const float value = fma1(fold(lo[r][c] + hi[r][c]), scale, add);
 #endif
             if (out_bf16) {
                 ((uint16_t *)out)[r * ldo + n] = float_to_bf16(value);

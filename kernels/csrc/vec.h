@@ -4,8 +4,11 @@
 #pragma once
 #include <stdint.h>
 #include <string.h>
-#ifdef __AVX512F__
+#if defined(__AVX512F__) || defined(__FMA__)
 #include <immintrin.h>
+#endif
+#if defined(__ARM_NEON) && defined(__aarch64__)
+#include <arm_neon.h>
 #endif
 
 #define LANES 16
@@ -165,34 +168,96 @@ typedef float vf8 __attribute__((vector_size(8 * sizeof(float))));
 typedef uint32_t vu8 __attribute__((vector_size(8 * sizeof(uint32_t))));
 typedef int32_t vi8 __attribute__((vector_size(8 * sizeof(int32_t))));
 
+/* ---- the fused multiply-add: c + a b rounded once, lane by lane ----
+ * Every fused multiply-add in the kernels is one of these, written out where the code wants it: the
+ * library is compiled with -ffp-contract=off (kernels/cpu_kernels.py COMMON_FLAGS), so the compiler
+ * fuses nothing on its own and `a * b + c` rounds twice on every tier. Where the target has an FMA
+ * instruction (AVX2, AVX-512, aarch64, any target GCC says has a fast fmaf) it is that instruction; on
+ * a baseline x86-64 (SSE2, the generic tier) it is libm's fmaf, correctly rounded as the instruction
+ * is, a call per lane: slower, the same bits. This is what makes the tiers agree (docs/ARCHITECTURE.md,
+ * "Kernels"): the same operations on the same values, whatever the vector width. */
+typedef float vf4 __attribute__((vector_size(4 * sizeof(float))));
+
+INLINE float fma1(float a, float b, float c) { return __builtin_fmaf(a, b, c); }
+
+INLINE vf4 fma4(vf4 a, vf4 b, vf4 c) {
+#if defined(__FMA__)
+    return (vf4)_mm_fmadd_ps((__m128)a, (__m128)b, (__m128)c);
+#elif defined(__ARM_NEON) && defined(__aarch64__)
+    return (vf4)vfmaq_f32((float32x4_t)c, (float32x4_t)a, (float32x4_t)b);
+#else
+    for (int i = 0; i < 4; i++)
+        c[i] = __builtin_fmaf(a[i], b[i], c[i]);
+    return c;
+#endif
+}
+
+INLINE vf8 fma8(vf8 a, vf8 b, vf8 c) {
+#if defined(__AVX__) && defined(__FMA__)
+    return (vf8)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)c);
+#else
+    const vf4 low = fma4(__builtin_shufflevector(a, a, 0, 1, 2, 3), __builtin_shufflevector(b, b, 0, 1, 2, 3),
+                         __builtin_shufflevector(c, c, 0, 1, 2, 3));
+    const vf4 high = fma4(__builtin_shufflevector(a, a, 4, 5, 6, 7), __builtin_shufflevector(b, b, 4, 5, 6, 7),
+                          __builtin_shufflevector(c, c, 4, 5, 6, 7));
+    return __builtin_shufflevector(low, high, 0, 1, 2, 3, 4, 5, 6, 7);
+#endif
+}
+
+INLINE vf fma16(vf a, vf b, vf c) {
+#if defined(__AVX512F__)
+    return (vf)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)c);
+#else
+    const vf8 low = fma8(__builtin_shufflevector(a, a, 0, 1, 2, 3, 4, 5, 6, 7),
+                         __builtin_shufflevector(b, b, 0, 1, 2, 3, 4, 5, 6, 7),
+                         __builtin_shufflevector(c, c, 0, 1, 2, 3, 4, 5, 6, 7));
+    const vf8 high = fma8(__builtin_shufflevector(a, a, 8, 9, 10, 11, 12, 13, 14, 15),
+                          __builtin_shufflevector(b, b, 8, 9, 10, 11, 12, 13, 14, 15),
+                          __builtin_shufflevector(c, c, 8, 9, 10, 11, 12, 13, 14, 15));
+    return __builtin_shufflevector(low, high, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+#endif
+}
+
+/* a * b + c in two roundings, for DEFINE_EXP's unfused form */
+#define MUL_ADD(a, b, c) ((a) * (b) + (c))
+
 /* exp of each lane by one polynomial (Cephes' expf, within 2 ulp): below -87.3, 0; above 88.37,
- * inf. One body for each width: F, I, U the float, int32 and uint32 vectors. */
-#define DEFINE_EXP(NAME, F, I, U)                                                                            \
+ * inf. One body for each width: F, I, U the float, int32 and uint32 vectors; MADD(a, b, c) its
+ * multiply-add: fused (the fma of that width: attention's exp, whose multiply-adds GCC fused by
+ * contraction on AVX2 and AVX-512 before contraction was turned off, so the same bits as then) or
+ * MUL_ADD (silu's, never fused). */
+#define DEFINE_EXP(NAME, F, I, U, MADD)                                                                      \
     INLINE F NAME(F x) {                                                                                     \
         const I underflow = x < -87.33654f, overflow = x > 88.3762626647949f;                                \
         x = LANE_SELECT(F, U, underflow, (F){0} - 87.33654f, LANE_SELECT(F, U, overflow, (F){0}, x));         \
-        F n = __builtin_convertvector(__builtin_convertvector(x * 1.44269504f + 0.5f, I), F); /* toward 0 */ \
-        n += __builtin_convertvector(n > x * 1.44269504f + 0.5f, F);                          /* floor */    \
-        const F r = x - n * 0.693359375f + n * 2.12194440e-4f;                                               \
+        const F t = MADD(x, (F){0} + 1.44269504f, (F){0} + 0.5f);                                            \
+        F n = __builtin_convertvector(__builtin_convertvector(t, I), F); /* toward 0 */                      \
+        n += __builtin_convertvector(n > t, F);                          /* floor */                         \
+        const F r = MADD(n, (F){0} + 2.12194440e-4f, MADD(-n, (F){0} + 0.693359375f, x));                     \
         F p = (F){0} + 1.9875691500e-4f;                                                                     \
-        p = p * r + 1.3981999507e-3f;                                                                        \
-        p = p * r + 8.3334519073e-3f;                                                                        \
-        p = p * r + 4.1665795894e-2f;                                                                        \
-        p = p * r + 1.6666665459e-1f;                                                                        \
-        p = p * r + 5.0000001201e-1f;                                                                        \
-        p = p * (r * r) + r + 1.0f;                                                                          \
+        p = MADD(p, r, (F){0} + 1.3981999507e-3f);                                                           \
+        p = MADD(p, r, (F){0} + 8.3334519073e-3f);                                                           \
+        p = MADD(p, r, (F){0} + 4.1665795894e-2f);                                                           \
+        p = MADD(p, r, (F){0} + 1.6666665459e-1f);                                                           \
+        p = MADD(p, r, (F){0} + 5.0000001201e-1f);                                                           \
+        p = MADD(p, r * r, r) + 1.0f;                                                                        \
         const F two_n = (F)(U)((__builtin_convertvector(n, I) + 127) << 23);                                 \
         return LANE_SELECT(F, U, underflow, (F){0}, LANE_SELECT(F, U, overflow, (F){0} + __builtin_inff(), p * two_n)); \
     }
 
-DEFINE_EXP(exp8, vf8, vi8, vu8)
+DEFINE_EXP(exp8, vf8, vi8, vu8, MUL_ADD)
+DEFINE_EXP(exp8_fused, vf8, vi8, vu8, fma8)
 #if NATIVE_LANES == 16
-DEFINE_EXP(exp16, vf, vi, vu)
+DEFINE_EXP(exp16, vf, vi, vu, MUL_ADD)
+DEFINE_EXP(exp16_fused, vf, vi, vu, fma16)
 #else
 /* two exp8, so that the comparisons are register-wide (see DEFINE_COMPARE16): the same operations lane by lane */
-INLINE vf exp16(vf x) {
-    const vf8 low = exp8(__builtin_shufflevector(x, x, 0, 1, 2, 3, 4, 5, 6, 7));
-    const vf8 high = exp8(__builtin_shufflevector(x, x, 8, 9, 10, 11, 12, 13, 14, 15));
-    return __builtin_shufflevector(low, high, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-}
+#define DEFINE_EXP16_HALVES(NAME, EXP8)                                                                          \
+    INLINE vf NAME(vf x) {                                                                                       \
+        const vf8 low = EXP8(__builtin_shufflevector(x, x, 0, 1, 2, 3, 4, 5, 6, 7));                             \
+        const vf8 high = EXP8(__builtin_shufflevector(x, x, 8, 9, 10, 11, 12, 13, 14, 15));                      \
+        return __builtin_shufflevector(low, high, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);         \
+    }
+DEFINE_EXP16_HALVES(exp16, exp8)
+DEFINE_EXP16_HALVES(exp16_fused, exp8_fused)
 #endif

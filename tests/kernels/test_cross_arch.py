@@ -1,7 +1,7 @@
 """The kernels cross-compiled for aarch64 (the generic tier, NEON) and run under qemu-user:
 tests/kernels/csrc/kernel_check.c runs each kernel on inputs made here, and the outputs are
-compared with the PyTorch references computed here, and bit for bit between a whole batch and
-its rows run alone (or from another position). Small shapes: 11 rows x 100 x 37 (odd K, a
+compared with the PyTorch references computed here, bit for bit with the host's avx2 tier, and bit
+for bit between a whole batch and its rows run alone (or from another position). Small shapes: 11 rows x 100 x 37 (odd K, a
 partial panel) for the GEMM, 20 tokens over 3 KV blocks of 8 for attention, rows of 80
 (not a multiple of 16) for the row-wise ops, 1000-wide argmax, fp32 and bf16 each.
 
@@ -103,6 +103,16 @@ def _close(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype, what: str)
     torch.testing.assert_close(got.float(), want.float(), **tolerance, msg=lambda m: f"{what} {dtype}: {m}")
 
 
+def _avx2_bits(got: torch.Tensor, host: callable, what: str) -> None:
+    """aarch64's output has the bits the host's avx2 tier gives the same inputs (where the host runs it):
+    every tier's fused multiply-adds are vec.h's, the compiler contracts nothing."""
+    if "avx2" not in cpu_kernels.host_tiers():
+        return
+    with cpu_kernels.use_isa("avx2"):
+        want = host()
+    assert torch.equal(got.view(-1), want.view(-1)), f"{what} {got.dtype}: aarch64's bits differ from avx2's"
+
+
 def test_every_kernel_on_aarch64_matches_the_reference_and_its_own_bits(run_on_aarch64, fresh_seed):
     blob, saved = _inputs(torch.Generator().manual_seed(fresh_seed))
     stdout, data = run_on_aarch64(blob)
@@ -112,6 +122,7 @@ def test_every_kernel_on_aarch64_matches_the_reference_and_its_own_bits(run_on_a
         x, w, b = saved[("linear", dtype)]
         full, alone, tail = (out.take((M, N), dtype) for _ in range(3))
         _close(full, x.double() @ w.double().T + b.double(), dtype, "linear")
+        _avx2_bits(full, lambda: cpu_kernels.linear_cpu(x, pack_gemm_weight(w), N, K, b), "linear")
         assert torch.equal(full, alone) and torch.equal(full, tail), f"linear {dtype}: bits depend on the batch"
     rotary, positions = saved["rotary"]
     for dtype in DTYPES:
@@ -120,20 +131,26 @@ def test_every_kernel_on_aarch64_matches_the_reference_and_its_own_bits(run_on_a
         want_normed, want_res = rms_norm_ref(x, w, 1e-5, res)
         _close(normed, want_normed, dtype, "rms_norm")
         assert torch.equal(new_res, want_res)
+        _avx2_bits(normed, lambda: cpu_kernels.rms_norm_cpu(x, w, 1e-5, res)[0], "rms_norm")
         assert torch.equal(normed, normed_alone) and torch.equal(new_res, res_alone)
         act, act_alone = out.take((T, I), dtype), out.take((T, I), dtype)
         _close(act, silu_and_mul_ref(gate_up), dtype, "silu_and_mul")
+        _avx2_bits(act, lambda: cpu_kernels.silu_and_mul_cpu(gate_up), "silu_and_mul")
         assert torch.equal(act, act_alone)
         q_out, k_out = out.take((T, HEADS, D), dtype), out.take((T, KV_HEADS, D), dtype)
         want_q, want_k = apply_rotary_ref(q, k, positions, rotary)
         _close(q_out, want_q, dtype, "rotary q")
         _close(k_out, want_k, dtype, "rotary k")
+        _avx2_bits(torch.cat([q_out.flatten(), k_out.flatten()]), lambda: torch.cat(
+            [t.flatten() for t in cpu_kernels.apply_rotary_cpu(q, k, positions, rotary)]), "rotary")
     tables = saved["tables"]
     for dtype in DTYPES:
         q, kc, vc, k, v, slots = saved[("attention", dtype)]
         prefill, decode = out.take((T, HEADS, D), dtype), out.take((T, HEADS, D), dtype)
         want = paged_attention_ref(q, kc, vc, tables[None], torch.tensor([T]), torch.tensor([0, T]), 0.125)
         _close(prefill, want, dtype, "paged_attention")
+        _avx2_bits(prefill, lambda: cpu_kernels.paged_attention_cpu(
+            q, kc, vc, tables[None], torch.tensor([T]), torch.tensor([0, T]), 0.125), "paged_attention")
         assert torch.equal(prefill, decode), f"attention {dtype}: a token's bits depend on its batch"
         want_k, want_v = kc.clone().view(-1, KV_HEADS, D), vc.clone().view(-1, KV_HEADS, D)
         want_k[slots], want_v[slots] = k, v

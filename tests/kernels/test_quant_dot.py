@@ -165,18 +165,18 @@ def _run(llm, prompts, params, one_at_a_time=False) -> list:
     return run(llm, prompts, params, one_at_a_time)
 
 
-# The tiers whose other kernels (attention, norms, rotary: kernels/cpu_kernels.py) agree in bits: the
-# generic tier on a baseline x86-64 has no FMA, so its attention and norms round differently (its
-# int8-activation linear layers give the same bits: the tests above), and its tokens may differ.
-FMA_TIERS = [tier for tier in cpu_kernels.host_tiers() if tier != "generic"]
+# Every engine tier: the other kernels (attention, norms, rotary, the GEMM) give the same bits on each
+# (tests/kernels/test_tier_bits.py), the generic tier's fused multiply-adds by fmaf where the CPU has no
+# FMA instruction, so with int8 activations the tokens and logprobs are the same on every tier.
+TIERS = list(cpu_kernels.host_tiers())
 
 
 def _across_tiers(folder, prompts, params, **args) -> list:
-    """Each FMA engine tier's outputs (cpu_isa forced)."""
+    """Each engine tier's outputs (cpu_isa forced)."""
     from tests.conftest import use_tier
 
     results = []
-    for tier in FMA_TIERS:
+    for tier in TIERS:
         for _ in use_tier(tier):
             results.append((tier, _run(make_llm(folder, cpu_isa=tier, **args), prompts, params)))
     return results
@@ -218,11 +218,16 @@ def test_auto_resolves_per_weights_and_the_worker_reports_it(gguf_folder, quanti
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(len(FMA_TIERS) < 2, reason="this CPU runs one FMA tier")
+@pytest.mark.skipif(len(TIERS) < 2, reason="this CPU runs one tier")
 @pytest.mark.parametrize("quantization,dtype", [("gguf", "float32"), ("int8", "bfloat16")], ids=str)
 def test_tiny_model_same_tokens_and_logprobs_on_every_tier(gguf_folder, quantization, dtype):
+    """Greedy requests and 3 seeded sampled ones: the same tokens and logprobs on every tier, generic included."""
+    from services.core.sampling_params import SamplingParams
+
     prompts = random_prompts(6, 512, 1, 90, seed=11)
-    params = [greedy(12, logprobs=3) for _ in prompts]
+    params = [greedy(12, logprobs=3) for _ in prompts[:3]]
+    params += [SamplingParams(temperature=0.8, top_p=0.9, seed=seed, max_tokens=12, logprobs=3, ignore_eos=True)
+               for seed in (1, 2, 3)]
     args = dict(dtype=dtype, quantization=quantization, activation_quant="int8")
     results = _across_tiers(gguf_folder, prompts, params, **args)
     first_tier, first = results[0]
@@ -237,7 +242,7 @@ def test_tiny_model_same_tokens_and_logprobs_on_every_tier(gguf_folder, quantiza
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(len(FMA_TIERS) < 2, reason="this CPU runs one FMA tier")
+@pytest.mark.skipif(len(TIERS) < 2, reason="this CPU runs one tier")
 def test_default_model_same_tokens_and_logprobs_on_every_tier():
     from services.core.tokenizer import Tokenizer
     from services.tools.default_model import ensure_default_model
