@@ -9,7 +9,7 @@ Each argument is what --model takes (a GGUF file, a folder with config.json and 
 "default"). Per file, --prompts ShareGPT prompts (the file's tokenizer, <= --max-prompt-len tokens):
   - reference: transformers (`AutoModelForCausalLM.from_pretrained(folder, gguf_file=...)`, fp32: every
     tensor dequantized by the `gguf` package) generates --tokens greedy tokens per prompt (EOS does
-    not stop it); its log-softmax at each of those positions;
+    not stop it); the log-softmax of its raw logits at each of those positions;
   - the engine (--quantization gguf, the file's blocks as they are; services.worker.loader.load_model,
     one prefill over prompt + continuation) per --activations mode (none: fp32 activations, target
     >= 99%; int8: 8-bit activations, target >= 97%): the share of positions whose argmax equals the
@@ -67,12 +67,14 @@ def reference(gguf: Path, prompts: list[list[int]], tokens: int):
 
     from services.tools.diverge.transformers_ref import TransformersReference
     ref = TransformersReference(gguf)  # from_pretrained(folder, gguf_file=name, dtype=float32)
+    ref.model.generation_config.eos_token_id = None  # EOS does not stop it
     continuations, logps = [], []
     with torch.no_grad():
         for index, prompt in enumerate(prompts):
-            continuations.append(ref.greedy(prompt, tokens).token_ids)
-            logits = ref.model(torch.tensor([prompt + continuations[-1]])).logits[0, len(prompt) - 1:-1].float()
-            logps.append(torch.log_softmax(logits, -1))
+            out = ref.model.generate(torch.tensor([prompt]), max_new_tokens=tokens, do_sample=False, pad_token_id=0,
+                                     output_logits=True, return_dict_in_generate=True)
+            continuations.append(out.sequences[0, len(prompt):].tolist())
+            logps.append(torch.log_softmax(torch.cat(out.logits).float(), -1))  # [tokens, vocab], raw logits
             print(f"   reference prompt {index + 1}/{len(prompts)}", flush=True)
     return continuations, logps
 
