@@ -8,7 +8,8 @@ own logits on the same file. One command runs a list of files, any type.
 Each argument is what --model takes (a GGUF file, a folder with config.json and one GGUF, or
 "default"). Per file, --prompts ShareGPT prompts (the file's tokenizer, <= --max-prompt-len tokens):
   - reference: transformers (`AutoModelForCausalLM.from_pretrained(folder, gguf_file=...)`, fp32: every
-    tensor dequantized by the `gguf` package) generates --tokens greedy tokens per prompt (EOS does
+    tensor dequantized by the `gguf` package; with a folder's config.json where the model is a folder,
+    as transformers maps no rope scaling from GGUF metadata) generates --tokens greedy tokens per prompt (EOS does
     not stop it); the log-softmax of its raw logits at each of those positions;
   - the engine (--quantization gguf, the file's blocks as they are; services.worker.loader.load_model,
     one prefill over prompt + continuation) per --activations mode (none: fp32 activations, target
@@ -61,22 +62,34 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def reference(gguf: Path, prompts: list[list[int]], tokens: int):
-    """transformers on the file in fp32: (greedy continuations, log-softmax [tokens, vocab] at each of their positions)."""
+def reference_model(model: Path, gguf: Path):
+    """transformers on the file, every tensor dequantized to fp32: (the model, where its config comes from).
+    transformers maps no rope scaling from GGUF metadata (llama3's rope_freqs are dropped), so a folder's
+    config.json, where there is one, gives the hyperparameters; the weights are the file's either way."""
     import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+    extra, source = {}, "the file's metadata (transformers maps no rope scaling from it)"
+    if model.is_dir() and (model / "config.json").is_file():
+        extra, source = {"config": AutoConfig.from_pretrained(model)}, "the folder's config.json"
+    ref = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32, **extra)
+    return ref.eval(), source
 
-    from services.tools.diverge.transformers_ref import TransformersReference
-    ref = TransformersReference(gguf)  # from_pretrained(folder, gguf_file=name, dtype=float32)
-    ref.model.generation_config.eos_token_id = None  # EOS does not stop it
+
+def reference(model: Path, gguf: Path, prompts: list[list[int]], tokens: int):
+    """transformers on the file in fp32: (greedy continuations, log-softmax [tokens, vocab] at each of their
+    positions, where its config came from)."""
+    import torch
+    ref, source = reference_model(model, gguf)
+    ref.generation_config.eos_token_id = None  # EOS does not stop it
     continuations, logps = [], []
     with torch.no_grad():
         for index, prompt in enumerate(prompts):
-            out = ref.model.generate(torch.tensor([prompt]), max_new_tokens=tokens, do_sample=False, pad_token_id=0,
+            out = ref.generate(torch.tensor([prompt]), max_new_tokens=tokens, do_sample=False, pad_token_id=0,
                                      output_logits=True, return_dict_in_generate=True)
             continuations.append(out.sequences[0, len(prompt):].tolist())
             logps.append(torch.log_softmax(torch.cat(out.logits).float(), -1))  # [tokens, vocab], raw logits
             print(f"   reference prompt {index + 1}/{len(prompts)}", flush=True)
-    return continuations, logps
+    return continuations, logps, source
 
 
 def llama_tops(server_bin: Path, gguf: Path, prompts, continuations, args) -> list:
@@ -129,8 +142,9 @@ def one_file(argument: str, args, server_bin) -> dict:
     print(f"== {argument}: {kind}", flush=True)
     prompts = [r.prompt_ids for r in sharegpt_requests(args.prompts, model, args.seed, args.max_prompt_len,
                                                        args.tokens, args.sharegpt_path)]
-    continuations, ref_logps = reference(gguf, prompts, args.tokens)
-    result = {"model": argument, "file": gguf.name if argument == "default" else Path(argument).name, "type": kind, "tensors": mix_text(gguf), "modes": {}}
+    continuations, ref_logps, source = reference(model, gguf, prompts, args.tokens)
+    result = {"model": argument, "file": gguf.name if argument == "default" else Path(argument).name, "type": kind,
+              "tensors": mix_text(gguf), "reference_config": source, "modes": {}}
     peer = None
     if server_bin[0] is not None:
         peer = llama_tops(server_bin[0], gguf, prompts, continuations, args)
@@ -168,13 +182,15 @@ def report(results: list[dict], args) -> str:
                "mean KL(reference || engine), nats", f"KL(engine || llama.cpp), its top-{args.top_k} + rest",
                "argmax agreement with llama.cpp", f"KL(reference || llama.cpp), its top-{args.top_k} + rest"]
     rows = [row for result in results for row in rows_for(result)]
-    mixes = "\n".join(f"- {r['file']} ({r['type']}): {r['tensors']}" for r in results)
+    mixes = "\n".join(f"- {r['file']} ({r['type']}): {r['tensors']}; reference config: {r['reference_config']}"
+                      for r in results)
     skipped = next((r["llama_cpp_skipped"] for r in results if "llama_cpp_skipped" in r), None)
     return (f"{args.prompts} ShareGPT prompts (<= {args.max_prompt_len} tokens, seed {args.seed}) x {args.tokens} "
             f"tokens, teacher-forced on the reference's greedy continuation; reference: transformers on the same "
             f"file dequantized to fp32; {args.threads} threads; CPU kernel tier {args.tier}."
             + (f" llama.cpp skipped: {skipped}." if skipped else "") + "\n\n"
-            + markdown_table(headers, rows) + "\nTensor types (the norms' F32 left out):\n\n" + mixes + "\n")
+            + markdown_table(headers, rows) + "\nTensor types (the norms' F32 left out) and where the reference's "
+            "config came from (a bare file with llama3 rope scaling needs its folder's):\n\n" + mixes + "\n")
 
 
 def main() -> None:
