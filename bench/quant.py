@@ -1,8 +1,10 @@
-"""Quantized weights: the engine on the default model's own Q4_1 GGUF against llama.cpp on the
-same file, and int8 against bf16. One run, contenders interleaved round by round, same threads.
+"""Quantized weights: the engine on a GGUF (the default model's own Q4_1, or --model FILE.gguf / a
+folder with one) against llama.cpp on the same file, and int8 against bf16. One run, contenders
+interleaved round by round, same threads. bench/gguf_speed.py runs it over a list of GGUF files.
 
     python bench/quant.py --llama-cpp-dir /path/to/llama.cpp/build/bin     # everything
     python bench/quant.py --sections decode,int8                           # no llama.cpp needed
+    python bench/quant.py --sections actquant --model x.Q6_K.gguf --llama-cpp-dir ...   # any GGUF file
 
 Sections:
   decode    batch-1 decode tok/s: (a) the engine on the GGUF (--quantization gguf, fp32 activations)
@@ -15,7 +17,8 @@ Sections:
             llama-server with 16 slots, all at once; llama.cpp one request at a time (llama-server
             with 1 slot) and (p) llama-cpp-python one at a time (the baseline where it imports:
             bench/requirements-llamacpp.txt; else llama-server with 1 slot stands in), both on
-            the first --single-requests requests; and the most tok/s fp32 arithmetic allows on
+            the first --single-requests requests (0: neither; llama-server with 16 slots is then
+            the baseline); and the most tok/s fp32 arithmetic allows on
             this workload here (fp32_ceiling: its linear layers' FLOPs at the machine's best fp32
             matmul rate, the same threads)
   actquant  the default model's GGUF (fp32), fp32 activations (--activation-quant none) against int8
@@ -42,6 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
 
 import llamacpp  # noqa: E402
+from gguf_files import type_label  # noqa: E402
 from common import add_cpu_isa, engine_tier_args, loadavg, markdown_table, select_tier, write_results  # noqa: E402
 from workload import add_workload_flags, load_workload, model_folder, summary  # noqa: E402
 
@@ -78,6 +82,17 @@ def gguf_file(folder: Path) -> Path:
     return find_gguf_file(folder)
 
 
+def kind(folder: Path) -> str:
+    """The contenders' label for the model's GGUF: "GGUF Q4_1", "GGUF Q4_K_M", ..."""
+    return f"GGUF {type_label(gguf_file(folder))}"
+
+
+def random_ids(llm, rng: random.Random, length: int) -> list[int]:
+    """Token ids past the first 16 (special tokens) and inside the model's vocabulary."""
+    high = min(49000, llm.tokenizer.vocab_size)
+    return [rng.randrange(16, high) for _ in range(length)]
+
+
 def engine(folder: Path, **kwargs):
     from pagedserve import LLM
     return LLM(str(folder), seed=0, enable_prefix_caching=False, **{**engine_tier_args(), **kwargs})
@@ -87,7 +102,7 @@ def decode_rate(llm, steps: int, tag: str) -> float:
     """Batch-1 decode tokens/s: one request in flight, after its prefill and one warm-up step."""
     from pagedserve import SamplingParams
     rng = random.Random(0)
-    prompt = [rng.randrange(16, 49000) for _ in range(16)]
+    prompt = random_ids(llm, rng, 16)
     llm.scheduler.add_request(f"{tag}-{time.monotonic_ns()}", prompt,
                               SamplingParams(temperature=0, max_tokens=steps + 4, ignore_eos=True))
     llm.engine.step()
@@ -114,8 +129,8 @@ def section_decode(folder: Path, args, llama_bench) -> dict:
     gguf = gguf_file(folder)
     fp32 = engine(folder, quantization="gguf", dtype="float32", num_threads=args.threads, activation_quant="none")
     bf16 = engine(folder, quantization="gguf", dtype="bfloat16", num_threads=args.threads, activation_quant="none")
-    contenders = {"(a) engine, GGUF Q4_1, fp32 activations": lambda: decode_rate(fp32, args.decode_steps, "a"),
-                  "(b) engine, GGUF Q4_1, bf16 activations": lambda: decode_rate(bf16, args.decode_steps, "b")}
+    contenders = {f"(a) engine, {kind(folder)}, fp32 activations": lambda: decode_rate(fp32, args.decode_steps, "a"),
+                  f"(b) engine, {kind(folder)}, bf16 activations": lambda: decode_rate(bf16, args.decode_steps, "b")}
     skipped = {}
     if llama_bench[0] is not None:
         contenders["(l) llama.cpp llama-bench, same file"] = lambda: llamacpp.bench_decode(
@@ -130,7 +145,7 @@ def prefill_rate(llm, length: int, tag: str) -> float:
     """Tokens/s of one prompt of `length` tokens taken in one step (nothing cached), then finished."""
     from pagedserve import SamplingParams
     rng = random.Random(1)
-    prompt = [rng.randrange(16, 49000) for _ in range(length)]
+    prompt = random_ids(llm, rng, length)
     llm.scheduler.add_request(f"{tag}-{time.monotonic_ns()}", prompt,
                               SamplingParams(temperature=0, max_tokens=1, ignore_eos=True))
     start = time.perf_counter()
@@ -148,10 +163,11 @@ def section_actquant(folder: Path, args, llama_bench) -> dict:
               max_num_batched_tokens=max(2048, args.prefill_len))
     fp32 = engine(folder, activation_quant="none", **kw)
     int8 = engine(folder, activation_quant="int8", **kw)
-    decode = {"(a) GGUF Q4_1, fp32 activations": lambda: decode_rate(fp32, args.decode_steps, "a"),
-              "(i) GGUF Q4_1, int8 activations": lambda: decode_rate(int8, args.decode_steps, "i")}
-    prefill = {"(a) GGUF Q4_1, fp32 activations": lambda: prefill_rate(fp32, args.prefill_len, "a"),
-               "(i) GGUF Q4_1, int8 activations": lambda: prefill_rate(int8, args.prefill_len, "i")}
+    fp32_name, int8_name = f"(a) {kind(folder)}, fp32 activations", f"(i) {kind(folder)}, int8 activations"
+    decode = {fp32_name: lambda: decode_rate(fp32, args.decode_steps, "a"),
+              int8_name: lambda: decode_rate(int8, args.decode_steps, "i")}
+    prefill = {fp32_name: lambda: prefill_rate(fp32, args.prefill_len, "a"),
+               int8_name: lambda: prefill_rate(int8, args.prefill_len, "i")}
     skipped = {}
     if llama_bench[0] is not None:
         decode["(l) llama.cpp llama-bench tg, same file"] = lambda: llamacpp.bench_decode(
@@ -167,11 +183,11 @@ def section_actquant(folder: Path, args, llama_bench) -> dict:
     values = interleave(contenders, args.rounds)
     values.pop("bandwidth probe")
     weight_bytes = linear_weight_bytes(int8.engine.workers["worker-0"].runner.model)
-    best = statistics.median(values["decode (i) GGUF Q4_1, int8 activations"])
+    best = statistics.median(values[f"decode {int8_name}"])
     roofline = {"weight_bytes": weight_bytes, "bandwidth_bytes_per_s": statistics.median(probes),
                 "bound_tok_per_s": statistics.median(probes) / weight_bytes}
     roofline["fraction_int8"] = best / roofline["bound_tok_per_s"]
-    return {"values": values, "skipped": skipped, "baseline": "decode (a) GGUF Q4_1, fp32 activations",
+    return {"values": values, "skipped": skipped, "baseline": f"decode {fp32_name}",
             "tier": cpu_kernels.active_tier(), "roofline": roofline}
 
 
@@ -234,12 +250,13 @@ def section_serve(folder: Path, args, server_bin) -> dict:
             llm = engine(folder, quantization="gguf", dtype=dtype, num_threads=args.threads,
                          max_num_seqs=len(requests), activation_quant=mode)
             ours(llm)  # warm-up
-            name = ("(e) engine, GGUF Q4_1, all at once" + ("" if mode == "none" else f", {mode} activations")
+            name = (f"(e) engine, {kind(folder)}, all at once" + ("" if mode == "none" else f", {mode} activations")
                     + ("" if dtype == "float32" else f", {dtype}"))
             contenders[name] = lambda llm=llm: ours(llm)
     skipped, servers = {}, []
     first = requests[:args.single_requests]
-    peer, why = llamacpp.bindings(args.llama_cpp_dir)
+    many_name = f"(s) llama-server, {len(requests)} slots"
+    peer, why = llamacpp.bindings(args.llama_cpp_dir) if first else (None, "--single-requests 0")
     if peer is None:
         skipped["(p) llama-cpp-python, one at a time"] = why
     else:
@@ -247,20 +264,25 @@ def section_serve(folder: Path, args, server_bin) -> dict:
         bound.run(first[:1])  # warm-up
         contenders["(p) llama-cpp-python, one at a time"] = lambda: _rate(*bound.run(first))
     if server_bin[0] is None:
-        skipped["(s) llama-server, 16 slots"] = skipped["(o) llama.cpp, one at a time"] = server_bin[1]
+        skipped[many_name] = skipped["(o) llama.cpp, one at a time"] = server_bin[1]
     else:
         many = llamacpp.Server(server_bin[0], gguf_file(folder), args.threads, slots=len(requests))
-        one = llamacpp.Server(server_bin[0], gguf_file(folder), args.threads, slots=1)
-        servers = [many, one]
+        servers = [many]
         many.run(requests[:2], concurrent=True)
-        contenders["(s) llama-server, 16 slots"] = lambda: _rate(*many.run(requests, concurrent=True))
-        contenders["(o) llama.cpp, one at a time"] = lambda: _rate(*one.run(first, concurrent=False))
+        contenders[many_name] = lambda: _rate(*many.run(requests, concurrent=True))
+        if first:
+            one = llamacpp.Server(server_bin[0], gguf_file(folder), args.threads, slots=1)
+            servers.append(one)
+            contenders["(o) llama.cpp, one at a time"] = lambda: _rate(*one.run(first, concurrent=False))
+        else:
+            skipped["(o) llama.cpp, one at a time"] = "--single-requests 0"
     try:
         values = interleave(contenders, args.rounds)
     finally:
         for server in servers:
             server.close()
-    baseline = "(p) llama-cpp-python, one at a time" if peer is not None else "(o) llama.cpp, one at a time"
+    baseline = ("(p) llama-cpp-python, one at a time" if peer is not None else
+                "(o) llama.cpp, one at a time" if first else many_name)
     workload = summary(requests)
     return {"values": values, "skipped": skipped, "workload": workload, "baseline": baseline,
             "fp32_ceiling": fp32_ceiling(folder, workload, args.threads)}
@@ -275,13 +297,13 @@ def fp32_ceiling(folder: Path, workload: dict, threads: int) -> dict:
     accumulate in fp32, as the GGUF GEMM does, cannot beat it; only integer dot products on
     8-bit activations (llama.cpp's way) run more multiply-adds per cycle."""
     import torch
-    from roofline import matmul_flops, model_costs
+    from roofline import matmul_flops
 
     from services.worker.model_config import ModelArchConfig
 
-    arch = ModelArchConfig.from_folder(folder)
+    arch = ModelArchConfig.from_model(folder)  # a folder or a bare GGUF file
     lm_head = arch.vocab_size * arch.hidden_size
-    params = model_costs(folder)["linear_params"]
+    params = linear_params(arch)
     prompts, outputs, n = workload["prompt_tokens"], workload["output_tokens"], workload["num_requests"]
     flops = 2 * (prompts * (params - lm_head) + n * lm_head + (outputs - n) * params)
     previous = torch.get_num_threads()
@@ -292,6 +314,13 @@ def fp32_ceiling(folder: Path, workload: dict, threads: int) -> dict:
         torch.set_num_threads(previous)
     return {"workload_flops": flops, "fp32_matmul_flops_per_s": peak, "threads": threads,
             "max_output_tok_per_s": outputs * peak / flops}
+
+
+def linear_params(arch) -> int:
+    """Weights of the linear layers, the lm_head included (roofline.model_costs' count, from the arch)."""
+    h, heads, kv = arch.hidden_size, arch.num_heads, arch.num_kv_heads
+    per_layer = h * heads * arch.head_dim * 2 + h * kv * arch.head_dim * 2 + 3 * h * arch.intermediate_size
+    return arch.num_layers * per_layer + arch.vocab_size * h
 
 
 def _rate(tokens: int, seconds: float) -> float:
@@ -314,11 +343,12 @@ def rows_for(result: dict) -> list[list]:
 def report(results: dict, args, load_before: str) -> Path:
     parts = []
     headers = ["contender", "tok/s (median)", "each round", "vs baseline"]
-    titles = {"decode": "Batch-1 decode, default model from its Q4_1 GGUF (baseline: llama-bench)",
+    titles = {"decode": "Batch-1 decode from the model's GGUF (baseline: llama-bench)",
               "int8": "Batch-1 decode, int8 against bf16 weights (baseline: bf16)",
               "actquant": "int8 against fp32 activations on the GGUF (decode and prefill tok/s; ratios against "
                           "fp32 activations' decode: compare (i) with (a) within a phase)",
-              "serve": "Concurrent ShareGPT requests (baseline: llama-cpp-python one at a time, else llama-server 1 slot)"}
+              "serve": "Concurrent ShareGPT requests (baseline: llama-cpp-python one at a time, else llama-server 1 slot; "
+                     "with --single-requests 0 llama-server with 16 slots)"}
     for key, title in titles.items():
         if key in results:
             parts.append(f"### {title}\n\n" + markdown_table(headers, rows_for(results[key])))

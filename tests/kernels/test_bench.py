@@ -190,3 +190,33 @@ def test_llama_server_top_k_bans_a_token_that_ends_inside_a_character_and_keeps_
     partial.add(3)
     with pytest.raises(RuntimeError, match=r"tokens \[7, 9, 3\] banned"):
         server.next_token_top([1, 2], 3)
+
+
+def test_gguf_benches_name_a_bare_files_type_and_count_its_linear_weights(model_dir, tmp_path):
+    """bench/gguf_speed.py and bench/gguf_quality.py label each file by its type, and quant.py's fp32
+    ceiling counts a bare GGUF file's linear weights as roofline counts its folder's."""
+    from tests.gguf_files import write_gguf
+
+    from services.worker.model_config import ModelArchConfig
+
+    folder = model_dir("llama", "tiny")
+    path = write_gguf(folder, tmp_path / "tiny.gguf", tensor_type="q8_0",
+                      types={"model.embed_tokens.weight": "f16"})
+    files, quant = load_bench("gguf_files"), load_bench("quant")
+    assert files.type_label(path) == "Q8_0"  # no general.file_type here: the most common block type
+    mix, cfg = files.tensor_mix(path), ModelArchConfig.from_folder(folder)
+    assert not cfg.tie_word_embeddings  # the output layer is a Q8_0 tensor of its own
+    assert mix == {"F16": 1, "Q8_0": 7 * cfg.num_layers + 1}  # the norms' F32 left out
+    assert quant.linear_params(ModelArchConfig.from_model(path)) == \
+        load_bench("roofline").model_costs(folder)["linear_params"]
+
+
+def test_gguf_speed_holds_each_phase_to_its_own_target():
+    """A serve-only run is held to the 3x of 16 concurrent requests, not to decode's 1.5x."""
+    speed = load_bench("gguf_speed")
+    args = type(sys)("args")
+    args.prefill_len, args.num_requests = 512, 16
+    serve = {"values": {"(e) engine, GGUF Q6_K, all at once": [200.0], "(s) llama-server, 16 slots": [100.0]}}
+    [row] = speed.summary_rows({"file": "x.gguf", "type": "Q6_K", "serve": serve}, args)
+    assert row[2:] == ["16 concurrent", "(e) engine, GGUF Q6_K, all at once",
+                       "**2.00x** (200.0 vs 100.0 tok/s; >= 3x: **missed**)"]
