@@ -44,7 +44,10 @@ BLOCK_BYTES = {Q4_0: 18, Q4_1: 20, Q5_0: 22, Q5_1: 24, Q8_0: 34, IQ4_NL: 18,
                Q2_K: 84, Q3_K: 110, Q4_K: 144, Q5_K: 176, Q6_K: 210, IQ4_XS: 136}
 BLOCK_ELEMS = {fmt: QK_K if fmt in (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS) else BLOCK for fmt in BLOCK_BYTES}
 GGUF_FORMATS = tuple(BLOCK_BYTES)  # every GGUF block format served
-INT8_ACTIVATION_FORMATS = (Q4_0, Q4_1, Q8_0, INT8)  # what quant_dot.c takes (quant_blocks.h's int8_activation_format)
+SUPER_FORMATS = (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS)
+# read as integers per block by kernels/kquant_int8.py (int8 activations); Q4_0, Q4_1, Q8_0, INT8 here
+KQUANT_INT8 = (Q5_0, Q5_1, IQ4_NL, *SUPER_FORMATS)
+INT8_ACTIVATION_FORMATS = (Q4_0, Q4_1, Q8_0, INT8, *KQUANT_INT8)  # what quant_dot.c takes (quant_blocks.h's int8_activation_format)
 IQ4_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.float32)
 OK, OUT_OF_MEMORY, BAD_SHAPE = 0, 1, 2  # kernels/csrc/kernels.h
 ACT_INT8 = 0x100  # kernels.h's QUANT_ACT_INT8: a format code with this bit takes int8 activations
@@ -518,16 +521,18 @@ def declare(lib: ctypes.CDLL) -> ctypes.CDLL:
 TINY = np.float32(2.0 ** -120)  # a block whose largest |x| is below this is all zeros
 
 
-def quantize_activations_reference(x: torch.Tensor) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """x [M, K] (any float dtype, widened to fp32) -> q int8 [M, B, 32], d fp32 [M, B], sum int32 [M, B],
-    sx fp32 [M, B] (d * sum): quant_dot.c's rounding rule (its header), per block of 32 from each
-    row's first element, the last block padded with zeros."""
+def quantize_activations_reference(x: torch.Tensor, span: int = BLOCK
+                                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """x [M, K] (any float dtype, widened to fp32) -> q int8 [M, B, span], d fp32 [M, B], sum int32 [M, B]
+    (span 256: [M, B, 16], the sums of each 16), sx fp32 [M, B] (d * sum of the block): quant_dot.c's
+    rounding rule (its header), per block of `span` (32, or a super-block of 256) from each row's first
+    element, the last block padded with zeros."""
     values = x.detach().float().cpu().numpy()
     rows, k = values.shape
-    blocks = -(-k // BLOCK)
-    padded = np.zeros((rows, blocks * BLOCK), dtype=np.float32)
+    blocks = -(-k // span)
+    padded = np.zeros((rows, blocks * span), dtype=np.float32)
     padded[:, :k] = values
-    padded = padded.reshape(rows, blocks, BLOCK)
+    padded = padded.reshape(rows, blocks, span)
     amax_bits = (padded.view(np.uint32) & np.uint32(0x7FFFFFFF)).max(axis=-1)
     amax = amax_bits.view(np.float32)
     nonfinite, tiny = amax_bits >= 0x7F800000, amax < TINY
@@ -540,6 +545,8 @@ def quantize_activations_reference(x: torch.Tensor) -> tuple[np.ndarray, np.ndar
     d = d.astype(np.float32)
     total = q.sum(axis=-1).astype(np.int32)
     sx = np.where(zero, np.float32(0), d * total.astype(np.float32)).astype(np.float32)
+    if span == QK_K:
+        total = q.reshape(rows, blocks, 16, 16).sum(axis=-1).astype(np.int32)
     return q.astype(np.int8), d, total, sx
 
 
@@ -582,6 +589,13 @@ def _integer_blocks(weight: QuantWeight) -> tuple[np.ndarray, np.ndarray | None,
 def int8_linear_reference(x: torch.Tensor, weight: QuantWeight, bias: torch.Tensor | None) -> torch.Tensor:
     """x [M, K] W^T + bias with int8 activations -> fp32 [M, N], the bits of quant_dot.c (round to
     bf16 with .to() for a bf16 result): one fp32 chain per output over the blocks, in block order."""
+    if weight.fmt in KQUANT_INT8:
+        from kernels import kquant_int8
+
+        acts = quantize_activations_reference(x, BLOCK_ELEMS[weight.fmt])
+        acc = kquant_int8.linear_reference(*acts, weight.row_data().numpy(), weight.fmt, weight.in_features)
+        add = np.zeros(weight.out_features, np.float32) if bias is None else bias.detach().float().numpy()
+        return torch.from_numpy(fma32(acc, np.ones((1, weight.out_features), np.float32), add[None, :]))
     q, dx, _, sx = quantize_activations_reference(x)
     w, dw, mw, scale = _integer_blocks(weight)
     rows, n = q.shape[0], weight.out_features

@@ -65,9 +65,7 @@ INLINE int is_gguf_format(int fmt) {
 }
 
 /* whether quant_dot.c multiplies fmt with int8 activations */
-INLINE int int8_activation_format(int fmt) {
-    return fmt == FMT_Q4_0 || fmt == FMT_Q4_1 || fmt == FMT_Q8_0 || fmt == FMT_INT8;
-}
+INLINE int int8_activation_format(int fmt) { return fmt == FMT_INT8 || is_gguf_format(fmt); }
 
 /* IQ4_NL's and IQ4_XS's 16 values, indexed by a 4-bit code (ggml's kvalues_iq4nl) */
 static const int8_t IQ4_VALUES[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};

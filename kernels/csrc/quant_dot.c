@@ -123,11 +123,12 @@ INLINE fv splatv(float v) { /* a broadcast (adding v to a zero vector would turn
 
 /* ---- activations ----------------------------------------------------------------------- */
 typedef struct {
-    int8_t *q;    /* [m, blocks * 32] */
+    int8_t *q;    /* [m, blocks * span] */
     float *d;     /* [m, blocks] */
-    float *sx;    /* [m, blocks]: d * sum */
-    int32_t *sum; /* [m, blocks] */
+    float *sx;    /* [m, blocks]: d * sum (of the whole block) */
+    int32_t *sum; /* [m, blocks] (span 256: [m, blocks, 16], the sums of each 16) */
     int64_t blocks;
+    int span;     /* elements per block: 32, or 256 (a super-block: the K-quants, IQ4_XS) */
 } ActQ;
 
 /* a block's amax (its bit pattern, the largest |x_i|) as a float, or 0 after writing the block of a zero, tiny or
@@ -219,8 +220,64 @@ INLINE void quantize_block16(const void *x, int64_t at, int64_t count, int is_bf
 }
 #endif
 
+/* One super-block of 256 fp32 values (zero-padded) -> q, d, the 16 sums of each 16, sx: the rule in the
+ * header over 256 elements (scalar on every tier: one product and one rounding per element, as above) */
+static void quantize_super(const float *v, int8_t *q, float *d, int32_t *sum16, float *sx) {
+    uint32_t amax_bits = 0;
+    for (int i = 0; i < QK_K; i++) {
+        uint32_t bits;
+        memcpy(&bits, &v[i], 4);
+        bits &= 0x7fffffffu;
+        amax_bits = bits > amax_bits ? bits : amax_bits;
+    }
+    int32_t total;
+    const float amax = block_amax(amax_bits, q, d, &total, sx);
+    if (amax == 0.0f) {
+        memset(q, 0, QK_K);
+        memset(sum16, 0, 16 * sizeof(int32_t));
+        return;
+    }
+    const float inv = 127.0f / amax;
+    total = 0;
+    for (int h = 0; h < 16; h++) {
+        int32_t part = 0;
+        for (int i = 16 * h; i < 16 * h + 16; i++) {
+            const float scaled = v[i] * inv;
+            const int32_t value = (int32_t)lrintf(scaled); /* half to even in the default rounding mode */
+            q[i] = (int8_t)value;
+            part += value;
+        }
+        sum16[h] = part;
+        total += part;
+    }
+    block_sums(amax, total, d, &total, sx);
+}
+
+/* x's rows as super-blocks of 256 (a's span 256) */
+static void quantize_rows_super(const void *x, int64_t ldx, int64_t m, int64_t k, int is_bf16, ActQ *a,
+                                int num_threads) {
+    const int64_t blocks = a->blocks;
+#pragma omp parallel for schedule(static) num_threads(num_threads) if (m * k > 65536)
+    for (int64_t r = 0; r < m; r++)
+        for (int64_t b = 0; b < blocks; b++) {
+            float v[QK_K];
+            const int64_t start = b * QK_K, count = k - start < QK_K ? k - start : QK_K;
+            for (int64_t i = 0; i < count; i++)
+                v[i] = is_bf16 ? bf16_to_float(((const uint16_t *)x)[r * ldx + start + i])
+                               : ((const float *)x)[r * ldx + start + i];
+            for (int64_t i = count; i < QK_K; i++)
+                v[i] = 0.0f;
+            const int64_t at = r * blocks + b;
+            quantize_super(v, a->q + at * QK_K, a->d + at, a->sum + at * 16, a->sx + at);
+        }
+}
+
 static void quantize_rows(const void *x, int64_t ldx, int64_t m, int64_t k, int is_bf16, ActQ *a, int num_threads) {
     const int64_t blocks = a->blocks;
+    if (a->span == QK_K) {
+        quantize_rows_super(x, ldx, m, k, is_bf16, a, num_threads);
+        return;
+    }
 #pragma omp parallel for schedule(static) num_threads(num_threads) if (m * k > 65536)
     for (int64_t r = 0; r < m; r++) {
 #if COLS == 16
@@ -247,31 +304,35 @@ static void quantize_rows(const void *x, int64_t ldx, int64_t m, int64_t k, int 
 
 INLINE size_t align64(size_t bytes) { return (bytes + 63) / 64 * 64; }
 
-/* the bytes of `count` ActQ of m rows by k, carved from one buffer (act_carve) */
-static size_t act_bytes(int64_t count, int64_t m, int64_t k) {
-    const size_t blocks = (size_t)((k + QBLOCK - 1) / QBLOCK), rows = (size_t)m;
-    return (size_t)count * (align64(rows * blocks * QBLOCK) + 3 * align64(sizeof(float) * rows * blocks));
+/* the bytes of `count` ActQ of m rows by k in blocks of `span`, carved from one buffer (act_carve) */
+static size_t act_bytes(int64_t count, int64_t m, int64_t k, int span) {
+    const size_t blocks = (size_t)((k + span - 1) / span), cells = (size_t)m * blocks;
+    const size_t sums = span == QK_K ? 16 : 1;
+    return (size_t)count * (align64(cells * (size_t)span) + 2 * align64(sizeof(float) * cells) +
+                            align64(sizeof(int32_t) * cells * sums));
 }
 
 /* a's arrays from *cursor (one ActQ's act_bytes), which moves past them */
-static void act_carve(ActQ *a, char **cursor, int64_t m, int64_t k) {
-    a->blocks = (k + QBLOCK - 1) / QBLOCK;
+static void act_carve(ActQ *a, char **cursor, int64_t m, int64_t k, int span) {
+    a->span = span;
+    a->blocks = (k + span - 1) / span;
     const size_t cells = (size_t)(m * a->blocks);
-    a->q = (int8_t *)*cursor, *cursor += align64(cells * QBLOCK);
+    a->q = (int8_t *)*cursor, *cursor += align64(cells * (size_t)span);
     a->d = (float *)*cursor, *cursor += align64(sizeof(float) * cells);
     a->sx = (float *)*cursor, *cursor += align64(sizeof(float) * cells);
-    a->sum = (int32_t *)*cursor, *cursor += align64(sizeof(int32_t) * cells);
+    a->sum = (int32_t *)*cursor, *cursor += align64(sizeof(int32_t) * cells * (span == QK_K ? 16 : 1));
 }
 
-/* a[0 .. groups): the rows of x's K groups of kg columns (group g from column g kg), quantized into the
- * calling thread's SCRATCH_ACT (the caller gives it back); KERNEL_OUT_OF_MEMORY without it */
+/* a[0 .. groups): the rows of x's K groups of kg columns (group g from column g kg), quantized in blocks
+ * of `span` into the calling thread's SCRATCH_ACT (the caller gives it back); KERNEL_OUT_OF_MEMORY
+ * without it */
 static int act_quantize(ActQ *a, int64_t groups, const void *x, int64_t ldx, int64_t m, int64_t kg, int is_bf16,
-                        int num_threads) {
-    char *cursor = scratch_take(SCRATCH_ACT, act_bytes(groups, m, kg));
+                        int num_threads, int span) {
+    char *cursor = scratch_take(SCRATCH_ACT, act_bytes(groups, m, kg, span));
     if (cursor == NULL)
         return KERNEL_OUT_OF_MEMORY;
     for (int64_t g = 0; g < groups; g++) {
-        act_carve(&a[g], &cursor, m, kg);
+        act_carve(&a[g], &cursor, m, kg, span);
         quantize_rows((const char *)x + g * kg * (is_bf16 ? 2 : 4), ldx, m, kg, is_bf16, &a[g], num_threads);
     }
     return KERNEL_OK;
@@ -1062,6 +1123,228 @@ static int amx_fold_groups(int fmt, AmxRows *x, const ActQ *a, const void *src, 
 }
 #endif
 
+/* ---- the K-quants and the other blocks of 32, read as integers ---------------------------------
+ * Q2_K .. Q6_K, IQ4_XS (super-blocks of 256, activations per super-block) and Q5_0, Q5_1, IQ4_NL (blocks
+ * of 32, activations per block of 32): each block of an output row is decoded once per tile of KQ_ROWS
+ * rows of x into its integers (the header's w, sc, mn) and its fp16 d, dmin (Q5_1: m), then each row's
+ * integer sums and its fold, in the header's order. The same code on every tier (integer loops the
+ * compiler vectorizes, fmaf: the FMA instruction or libm's correctly rounded one). */
+#define KQ_ROWS 8 /* rows of x per decoded block */
+
+typedef struct {
+    int8_t w[QK_K];       /* the signed integer of each element (32 of them for a block of 32) */
+    int32_t sc[16], mn[16]; /* super-blocks: each sub-block of 16's scale and min (of 32: both halves) */
+    float d, dmin;          /* dmin: the K-quants' mins' scale; Q5_1: m */
+} Decoded;
+
+INLINE int kq_format(int fmt) {
+    return fmt == FMT_Q5_0 || fmt == FMT_Q5_1 || fmt == FMT_IQ4_NL || fmt == FMT_Q2_K || fmt == FMT_Q3_K ||
+           fmt == FMT_Q4_K || fmt == FMT_Q5_K || fmt == FMT_Q6_K || fmt == FMT_IQ4_XS;
+}
+
+INLINE int kq_has_mins(int fmt) { return fmt == FMT_Q2_K || fmt == FMT_Q4_K || fmt == FMT_Q5_K; }
+
+/* Q4_K / Q5_K's 12 bytes of six-bit scales and mins (8 sub-blocks of 32) -> per sub-block of 16 */
+INLINE void k4_scales(const uint8_t *s, int32_t sc[16], int32_t mn[16]) {
+    for (int j = 0; j < 8; j++) {
+        const int scale = j < 4 ? s[j] & 63 : (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4);
+        const int min = j < 4 ? s[j + 4] & 63 : (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+        sc[2 * j] = sc[2 * j + 1] = scale;
+        mn[2 * j] = mn[2 * j + 1] = min;
+    }
+}
+
+/* a Q5_0 / Q5_1 block's values: nibbles at qs (byte j: element j low, j + 16 high), 5th bits in qh (bit e) */
+INLINE void five_bits(const uint8_t *qh_at, const uint8_t *qs, int offset, int8_t *w) {
+    uint32_t qh;
+    memcpy(&qh, qh_at, 4);
+    for (int j = 0; j < 16; j++) {
+        w[j] = (int8_t)(((qs[j] & 0xF) | ((qh >> j & 1) << 4)) - offset);
+        w[j + 16] = (int8_t)(((qs[j] >> 4) | ((qh >> (j + 16) & 1) << 4)) - offset);
+    }
+}
+
+/* one block at p -> its integers (ggml-common.h's layouts) */
+INLINE void kq_decode(int fmt, const uint8_t *p, Decoded *o) {
+    switch (fmt) {
+    case FMT_Q4_K: /* d, dmin, scales[12], qs[128]: per 64 elements, 32 bytes' low nibbles then high */
+    case FMT_Q5_K: { /* d, dmin, scales[12], qh[32] (element 32 j + t: bit j of byte t), qs[128] */
+        const uint8_t *qs = p + (fmt == FMT_Q4_K ? 16 : 48), *qh = p + 16;
+        o->d = half_to_float(p), o->dmin = half_to_float(p + 2);
+        k4_scales(p + 4, o->sc, o->mn);
+        for (int c = 0; c < 4; c++)
+            for (int l = 0; l < 32; l++) {
+                int lo = qs[32 * c + l] & 0xF, hi = qs[32 * c + l] >> 4;
+                if (fmt == FMT_Q5_K)
+                    lo |= (qh[l] >> (2 * c) & 1) << 4, hi |= (qh[l] >> (2 * c + 1) & 1) << 4;
+                o->w[64 * c + l] = (int8_t)lo, o->w[64 * c + 32 + l] = (int8_t)hi;
+            }
+        return;
+    }
+    case FMT_Q6_K: { /* ql[128], qh[64], scales[16] (int8), d: per 128 elements, q - 32 */
+        const uint8_t *ql = p, *qh = p + 128;
+        o->d = half_to_float(p + 208), o->dmin = 0.0f;
+        for (int h = 0; h < 16; h++)
+            o->sc[h] = (int8_t)p[192 + h], o->mn[h] = 0;
+        for (int n = 0; n < 2; n++)
+            for (int l = 0; l < 32; l++) {
+                const uint8_t a = ql[64 * n + l], b = ql[64 * n + 32 + l], h = qh[32 * n + l];
+                int8_t *w = o->w + 128 * n + l;
+                w[0] = (int8_t)(((a & 0xF) | ((h & 3) << 4)) - 32);
+                w[32] = (int8_t)(((b & 0xF) | ((h >> 2 & 3) << 4)) - 32);
+                w[64] = (int8_t)(((a >> 4) | ((h >> 4 & 3) << 4)) - 32);
+                w[96] = (int8_t)(((b >> 4) | ((h >> 6 & 3) << 4)) - 32);
+            }
+        return;
+    }
+    case FMT_Q3_K:   /* hmask[32], qs[64], scales[12] (six-bit, - 32), d: q - 4 where the high bit is clear */
+    case FMT_Q2_K: { /* scales[16] (scale, min: four bits each), qs[64], d, dmin */
+        const int q3 = fmt == FMT_Q3_K;
+        const uint8_t *hm = p, *qs = p + (q3 ? 32 : 16), *s = p + (q3 ? 96 : 0);
+        o->d = half_to_float(p + (q3 ? 108 : 80)), o->dmin = q3 ? 0.0f : half_to_float(p + 82);
+        for (int i = 0; i < 16; i++) {
+            if (q3) {
+                const int low = i < 8 ? s[i] & 0xF : s[i - 8] >> 4, high = s[8 + i % 4] >> (2 * (i / 4)) & 3;
+                o->sc[i] = (low | high << 4) - 32, o->mn[i] = 0;
+            } else {
+                o->sc[i] = s[i] & 0xF, o->mn[i] = s[i] >> 4;
+            }
+        }
+        for (int n = 0; n < 2; n++)
+            for (int j = 0; j < 4; j++)
+                for (int t = 0; t < 32; t++) {
+                    int v = qs[32 * n + t] >> (2 * j) & 3;
+                    if (q3 && !(hm[t] >> (4 * n + j) & 1))
+                        v -= 4;
+                    o->w[128 * n + 32 * j + t] = (int8_t)v;
+                }
+        return;
+    }
+    case FMT_IQ4_XS: { /* d, scales_h (uint16), scales_l[4], qs[128]: per 32, the table's values */
+        const int high = p[2] | p[3] << 8;
+        o->d = half_to_float(p), o->dmin = 0.0f;
+        for (int ib = 0; ib < 8; ib++) {
+            const int ls = (p[4 + ib / 2] >> (4 * (ib % 2)) & 0xF) | ((high >> (2 * ib) & 3) << 4);
+            o->sc[2 * ib] = o->sc[2 * ib + 1] = ls - 32;
+            o->mn[2 * ib] = o->mn[2 * ib + 1] = 0;
+            for (int j = 0; j < 16; j++) {
+                const uint8_t byte = p[8 + 16 * ib + j];
+                o->w[32 * ib + j] = IQ4_VALUES[byte & 0xF], o->w[32 * ib + 16 + j] = IQ4_VALUES[byte >> 4];
+            }
+        }
+        return;
+    }
+    case FMT_Q5_0: /* d, qh[4], qs[16]: u - 16 */
+        o->d = half_to_float(p), o->dmin = 0.0f;
+        five_bits(p + 2, p + 6, 16, o->w);
+        return;
+    case FMT_Q5_1: /* d, m, qh[4], qs[16]: u */
+        o->d = half_to_float(p), o->dmin = half_to_float(p + 2);
+        five_bits(p + 4, p + 8, 0, o->w);
+        return;
+    default: /* IQ4_NL: d, qs[16]: the table's values */
+        o->d = half_to_float(p), o->dmin = 0.0f;
+        for (int j = 0; j < 16; j++)
+            o->w[j] = IQ4_VALUES[p[2 + j] & 0xF], o->w[j + 16] = IQ4_VALUES[p[2 + j] >> 4];
+        return;
+    }
+}
+
+/* one decoded block against one row's activations (its cell `at` of a): the header's step of the chain */
+INLINE float kq_step(int fmt, const Decoded *dw, const ActQ *a, int64_t at, float acc) {
+    const float dx = a->d[at];
+    const float scale = dw->d * dx; /* rounded once, then the fma */
+    if (block_elems(fmt) == QK_K) {
+        const int8_t *q = a->q + at * QK_K;
+        const int32_t *sums = a->sum + at * 16;
+        int32_t total = 0, mins = 0;
+        for (int h = 0; h < 16; h++) {
+            int32_t part = 0;
+            for (int i = 16 * h; i < 16 * h + 16; i++)
+                part += (int32_t)dw->w[i] * q[i];
+            total += dw->sc[h] * part;
+            if (kq_has_mins(fmt))
+                mins += dw->mn[h] * sums[h];
+        }
+        acc = fmaf(scale, (float)total, acc);
+        if (kq_has_mins(fmt)) {
+            const float min_scale = dw->dmin * dx;
+            acc = fmaf(-min_scale, (float)mins, acc);
+        }
+        return acc;
+    }
+    const int8_t *q = a->q + at * QBLOCK;
+    int32_t total = 0;
+    for (int i = 0; i < QBLOCK; i++)
+        total += (int32_t)dw->w[i] * q[i];
+    acc = fmaf(scale, (float)total, acc);
+    if (fmt == FMT_Q5_1)
+        acc = fmaf(dw->dmin, a->sx[at], acc);
+    return acc;
+}
+
+/* acc[0 .. rows): the chains of rows r0 .. of a by one output's row of blocks */
+INLINE void kq_chains(const int fmt, const ActQ *a, int64_t r0, int rows, const uint8_t *row, float *acc) {
+    for (int r = 0; r < rows; r++)
+        acc[r] = 0.0f;
+    const int64_t bytes = block_bytes(fmt);
+    for (int64_t b = 0; b < a->blocks; b++) {
+        Decoded dw;
+        kq_decode(fmt, row + b * bytes, &dw);
+        for (int r = 0; r < rows; r++)
+            acc[r] = kq_step(fmt, &dw, a, (r0 + r) * a->blocks + b, acc[r]);
+    }
+}
+
+/* each format its own copy (fmt a constant in the decode and the step) */
+static void kq_chains_any(int fmt, const ActQ *a, int64_t r0, int rows, const uint8_t *row, float *acc) {
+    switch (fmt) {
+    case FMT_Q5_0: kq_chains(FMT_Q5_0, a, r0, rows, row, acc); return;
+    case FMT_Q5_1: kq_chains(FMT_Q5_1, a, r0, rows, row, acc); return;
+    case FMT_IQ4_NL: kq_chains(FMT_IQ4_NL, a, r0, rows, row, acc); return;
+    case FMT_Q2_K: kq_chains(FMT_Q2_K, a, r0, rows, row, acc); return;
+    case FMT_Q3_K: kq_chains(FMT_Q3_K, a, r0, rows, row, acc); return;
+    case FMT_Q4_K: kq_chains(FMT_Q4_K, a, r0, rows, row, acc); return;
+    case FMT_Q5_K: kq_chains(FMT_Q5_K, a, r0, rows, row, acc); return;
+    case FMT_Q6_K: kq_chains(FMT_Q6_K, a, r0, rows, row, acc); return;
+    default: kq_chains(FMT_IQ4_XS, a, r0, rows, row, acc); return;
+    }
+}
+
+/* quant_linear_int8 for these formats (rows in row order): out = fma(acc, 1, bias) per (row, output) */
+static int kq_linear(const void *x, int64_t ldx, const uint8_t *w, int fmt, const void *bias, void *out, int64_t ldo,
+                     int64_t m, int64_t n, int64_t k, int is_bf16, int out_bf16, int num_threads) {
+    const int64_t row_bytes = quant_row_bytes(fmt, k);
+    ActQ a;
+    const int status = act_quantize(&a, 1, x, ldx, m, k, is_bf16, num_threads, (int)block_elems(fmt));
+    if (status != KERNEL_OK)
+        goto done;
+    const int64_t chunks = (n + OUT_CHUNK - 1) / OUT_CHUNK;
+#pragma omp parallel for schedule(static) num_threads(num_threads)
+    for (int64_t chunk = 0; chunk < chunks; chunk++) {
+        const int64_t c0 = chunk * OUT_CHUNK, c1 = c0 + OUT_CHUNK < n ? c0 + OUT_CHUNK : n;
+        for (int64_t r0 = 0; r0 < m; r0 += KQ_ROWS) {
+            const int rows = m - r0 < KQ_ROWS ? (int)(m - r0) : KQ_ROWS;
+            for (int64_t c = c0; c < c1; c++) {
+                float acc[KQ_ROWS];
+                kq_chains_any(fmt, &a, r0, rows, w + c * row_bytes, acc);
+                const float add = bias == NULL ? 0.0f : out_bf16 ? bf16_to_float(((const uint16_t *)bias)[c])
+                                                                 : ((const float *)bias)[c];
+                for (int r = 0; r < rows; r++) {
+                    const float value = fmaf(acc[r], 1.0f, add);
+                    if (out_bf16)
+                        ((uint16_t *)out)[(r0 + r) * ldo + c] = float_to_bf16(value);
+                    else
+                        ((float *)out)[(r0 + r) * ldo + c] = value;
+                }
+            }
+        }
+    }
+done:
+    scratch_give(SCRATCH_ACT);
+    return status;
+}
+
 /* whether this build takes the AMX path where it applies: compiled with AMX-INT8, the CPU has it and Linux
  * granted the tile data (asks for it once); PAGEDSERVE_NO_AMX is not read here (the tests check this
  * first, so that their AMX-against-VNNI comparisons are not two runs of the VNNI tiles) */
@@ -1080,8 +1363,11 @@ int quant_linear_int8(const void *x, int64_t ldx, const void *w, int fmt, const 
     const int interleaved = (fmt & QUANT_INTERLEAVED) != 0;
     fmt &= ~QUANT_INTERLEAVED;
     const int64_t row_bytes = quant_row_bytes(fmt, k);
-    if (row_bytes == 0 || (interleaved && fmt == FMT_INT8 && k % QBLOCK != 0))
+    if (row_bytes == 0 || (interleaved && fmt == FMT_INT8 && k % QBLOCK != 0) || (interleaved && kq_format(fmt)))
         return KERNEL_BAD_SHAPE;
+    if (kq_format(fmt))
+        return m == 0 || n == 0 ? KERNEL_OK : kq_linear(x, ldx, w, fmt, bias, out, ldo, m, n, k, is_bf16, out_bf16,
+                                                        num_threads);
     const int64_t grouped = interleaved ? n / 16 * 16 : 0; /* outputs in whole interleaved groups */
     if (m == 0 || n == 0)
         return KERNEL_OK;
@@ -1095,7 +1381,7 @@ int quant_linear_int8(const void *x, int64_t ldx, const void *w, int fmt, const 
          * last part tile of rows, the outputs past the whole groups): then both read quantize_rows' rows */
         const int vnni_too = amx_row_count(fmt, m) < m || grouped < n;
         const int64_t blocks = (k + QBLOCK - 1) / QBLOCK;
-        have_rows = vnni_too && act_quantize(&a, 1, x, ldx, m, k, is_bf16, num_threads) == KERNEL_OK;
+        have_rows = vnni_too && act_quantize(&a, 1, x, ldx, m, k, is_bf16, num_threads, QBLOCK) == KERNEL_OK;
         char *packed = scratch_take(SCRATCH_AMX_ROWS, amx_rows_bytes(m, blocks));
         if (have_rows == vnni_too && packed != NULL) { /* the VNNI tiles' rows quantized, where they need any */
             AmxRows rows;
@@ -1108,7 +1394,7 @@ int quant_linear_int8(const void *x, int64_t ldx, const void *w, int fmt, const 
     }
 #endif
     if (first < n && !have_rows)
-        status = act_quantize(&a, 1, x, ldx, m, k, is_bf16, num_threads);
+        status = act_quantize(&a, 1, x, ldx, m, k, is_bf16, num_threads, QBLOCK);
     if (status != KERNEL_OK)
         goto done;
     const int64_t chunks = (n - first + OUT_CHUNK - 1) / OUT_CHUNK;
@@ -1141,7 +1427,8 @@ int quant_linear_int8_groups(const void *x, int64_t ldx, const void *w, int fmt,
     const int interleaved = (fmt & QUANT_INTERLEAVED) != 0;
     fmt &= ~QUANT_INTERLEAVED;
     const int64_t row_bytes = quant_row_bytes(fmt, kg);
-    if (row_bytes == 0 || groups < 1 || groups > MAX_FOLD_GROUPS || (interleaved && fmt == FMT_INT8 && kg % QBLOCK))
+    if (row_bytes == 0 || groups < 1 || groups > MAX_FOLD_GROUPS || (interleaved && fmt == FMT_INT8 && kg % QBLOCK) ||
+        kq_format(fmt)) /* these: row_parallel.c's partials per group (quant_linear_int8), then their fold */
         return KERNEL_BAD_SHAPE;
     if (m == 0 || n == 0)
         return KERNEL_OK;
@@ -1154,7 +1441,7 @@ int quant_linear_int8_groups(const void *x, int64_t ldx, const void *w, int fmt,
     if (grouped > 0 && amx_wanted(fmt, m)) { /* as quant_linear_int8's AMX path, per K group */
         const int64_t rows = amx_row_count(fmt, m), blocks = (kg + QBLOCK - 1) / QBLOCK; /* the rest: VNNI */
         const int vnni_too = rows < m || grouped < n;
-        have_rows = vnni_too && act_quantize(a, groups, x, ldx, m, kg, is_bf16, num_threads) == KERNEL_OK;
+        have_rows = vnni_too && act_quantize(a, groups, x, ldx, m, kg, is_bf16, num_threads, QBLOCK) == KERNEL_OK;
         char *rows_at = scratch_take(SCRATCH_AMX_ROWS, (size_t)groups * amx_rows_bytes(m, blocks));
         if (have_rows == vnni_too && rows_at != NULL) { /* the VNNI tiles' rows quantized, where they need any */
             AmxRows packed[MAX_FOLD_GROUPS];
@@ -1169,7 +1456,7 @@ int quant_linear_int8_groups(const void *x, int64_t ldx, const void *w, int fmt,
 #endif
     const int vnni_left = amx_rows < m || amx_cols < n; /* none at the AMX tiles' usual 16+ rows */
     if (vnni_left && !have_rows)
-        status = act_quantize(a, groups, x, ldx, m, kg, is_bf16, num_threads);
+        status = act_quantize(a, groups, x, ldx, m, kg, is_bf16, num_threads, QBLOCK);
     /* what the AMX tiles left (nothing at all at their usual 16+ rows: no parallel region then) */
     const int64_t chunks = status == KERNEL_OK && vnni_left ? (n + OUT_CHUNK - 1) / OUT_CHUNK : 0;
 #pragma omp parallel for schedule(static) num_threads(num_threads) if (chunks > 0)

@@ -10,6 +10,8 @@ import pytest
 import torch
 
 from kernels import cpu_kernels, quant
+from tests.kernels.test_kquant_dot import FORMATS as KQUANTS
+from tests.kernels.test_kquant_dot import kquant_weight
 from tests.kernels.test_quant import make_weight
 
 CROSS_CC, QEMU = "aarch64-linux-gnu-gcc", "qemu-aarch64"
@@ -34,12 +36,15 @@ def test_aarch64_gives_the_hosts_bits(tmp_path, march):
     cpu_kernels.compile_sources(CROSS_CC, ["-static", f"-march={march}", f"-I{cpu_kernels.CSRC}"], str(exe), sources,
                                 ("-lm",))
     blob, expected = b"", []
-    for i, (fmt, dtype, (m, n, k)) in enumerate([(f, d, s) for f in ("q4_0", "q4_1", "q8_0", "int8")
-                                                 for d in (torch.float32, torch.bfloat16)
-                                                 for s in ((3, 20, 576), (1, 9, 64))] + [("int8", torch.float32,
-                                                                                         (2, 11, 45))]):
-        weight, _ = make_weight(fmt, n, k, dtype, seed=i)
-        weight = weight.with_activations(True)
+    cases = [(f, d, s) for f in ("q4_0", "q4_1", "q8_0", "int8") for d in (torch.float32, torch.bfloat16)
+             for s in ((3, 20, 576), (1, 9, 64))] + [("int8", torch.float32, (2, 11, 45))]
+    cases += [(f, torch.float32, (3, 20, 512)) for f in KQUANTS] + [("q4_k", torch.bfloat16, (1, 9, 256))]
+    for i, (fmt, dtype, (m, n, k)) in enumerate(cases):
+        if fmt in KQUANTS:
+            weight = kquant_weight(fmt, n, k, seed=i, dtype=dtype)
+        else:
+            weight, _ = make_weight(fmt, n, k, dtype, seed=i)
+            weight = weight.with_activations(True)
         gen = torch.Generator().manual_seed(i)
         x = (torch.randn(m, k, generator=gen) * 4).to(dtype)
         bias = torch.randn(n, generator=gen).to(dtype)

@@ -1,0 +1,69 @@
+"""The K-quants (Q2_K .. Q6_K, IQ4_XS: int8 activations per super-block of 256) and Q5_0, Q5_1, IQ4_NL (per
+block of 32) with int8 activations (kernels/csrc/quant_dot.c): the numpy reference's bits (kernels/
+kquant_int8.py) on every tier this CPU builds, whatever the batch or the thread count; the blocks read as
+gguf's dequantizer reads them; and the product within int8 activations' error of the dequantized one."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from kernels import cpu_kernels, kquant_int8, quant
+from tests.kernels.quant_helpers import gguf_dequantize, random_blocks
+from tests.kernels.test_quant_dot import _bits, _hard_rows, _tiers
+
+FORMATS = ["q4_k", "q6_k", "q5_k", "q3_k", "q2_k", "iq4_xs", "q5_0", "q5_1", "iq4_nl"]
+
+
+def kquant_weight(name: str, n: int, k: int, seed: int, dtype: torch.dtype = torch.float32) -> quant.QuantWeight:
+    """A weight [n, k] of valid random blocks (quant_helpers.random_blocks) for int8 activations."""
+    data = random_blocks(name, n, k, np.random.default_rng(seed))
+    return quant.from_blocks(data, quant.FORMATS[name], k, dtype).with_activations(True)
+
+
+@pytest.fixture(scope="module")
+def libs():
+    return {tier: quant.declare(cpu_kernels.tier_library(tier)) for tier in _tiers()}
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_blocks_read_as_ggufs_dequantizer_reads_them(name):
+    """The integers the kernel multiplies (and their scales) are the values gguf's dequantizer gives."""
+    weight = kquant_weight(name, 6, 512, seed=1)
+    fmt = quant.FORMATS[name]
+    raw = weight.data.numpy().reshape(6, -1, quant.BLOCK_BYTES[fmt])
+    want = gguf_dequantize(weight.data.numpy(), name).numpy().reshape(6, 512)
+    got = kquant_int8.values(raw, fmt).reshape(6, 512)
+    assert np.allclose(got, want, rtol=1e-6, atol=1e-6 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("name", FORMATS)
+def test_every_tier_gives_the_references_bits(libs, name, dtype):
+    m, n, k = 5, 37, 512
+    weight = kquant_weight(name, n, k, seed=len(name), dtype=dtype)
+    x, bias = _hard_rows(m, k, dtype, seed=n), torch.randn(n).to(dtype)
+    want = quant.int8_linear_reference(x, weight, bias).to(dtype)
+    for tier, lib in libs.items():
+        got = quant.run_kernel(lib, x, weight, bias)
+        assert torch.equal(_bits(got), _bits(want)), tier
+    values = gguf_dequantize(weight.data.numpy(), name).reshape(n, k)
+    exact = x.float() @ values.T + bias.float()  # gguf's values: within int8 activations' error of the product
+    assert (got.float() - exact).norm() < 0.03 * exact.norm()
+
+
+@pytest.mark.parametrize("name", ["q4_k", "q6_k", "q2_k", "q5_1"])
+@pytest.mark.parametrize("tier", _tiers())
+def test_a_rows_bits_do_not_depend_on_the_batch_or_threads(libs, name, tier):
+    lib = libs[tier]
+    weight = kquant_weight(name, 70, 512, seed=3)
+    x = _hard_rows(11, 512, torch.float32, seed=5)
+    whole = quant.run_kernel(lib, x, weight, None)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        for i in range(x.shape[0]):
+            assert torch.equal(quant.run_kernel(lib, x[i:i + 1], weight, None)[0], whole[i])
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(quant.run_kernel(lib, x[3:9], weight, None), whole[3:9])
