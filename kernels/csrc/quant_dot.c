@@ -32,6 +32,23 @@
  * -ffp-contract has nothing to fuse. Each (row, output) is computed on its own data only, so
  * the bits do not depend on the batch, the tile, the thread count or the row's position.
  *
+ * The other GGUF formats (the section "K-quants" below; kernels/kquant_int8.py is their reference):
+ *   Q5_0, Q5_1, IQ4_NL: blocks of 32, activations as above; w_i the block's signed integer (Q5_0 u - 16,
+ *     Q5_1 u, IQ4_NL the table value), isum = sum w_i q_i (|isum| <= 32 * 127 * 127 < 2^24), and
+ *       Q5_0, IQ4_NL:  acc = fma(dw_b * dx_b, isum, acc);   Q5_1: then acc = fma(mw_b, sx_b, acc)
+ *   Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS: super-blocks of 256, and the activations are rounded per
+ *     super-block of 256 by the rule above over its 256 elements (one d, q_i in [-127, 127]; a last
+ *     partial super-block padded with zeros), keeping the integer sum s_h of each 16 (h = 0..15).
+ *     w_i the element's signed integer (Q4_K, Q5_K, Q2_K: u; Q6_K: u - 32; Q3_K: u - 4 where its high
+ *     bit is clear; IQ4_XS: the table value), sc_h, mn_h the integer scale and min of sub-block h of 16
+ *     (Q4_K, Q5_K, IQ4_XS: the scale (IQ4_XS: ls - 32) of its sub-block of 32, on both halves; Q3_K
+ *     scale - 32; Q6_K its int8 scale; Q2_K the nibbles; mins: Q2_K, Q4_K, Q5_K only). Per super-block b
+ *       S = sum_h sc_h sum_{i in h} w_i q_i,   M = sum_h mn_h s_h   (int32, exact: |S| < 2^28, |M| < 2^22)
+ *       acc = fma(d_b * dx_b, (float)S, acc);   mins: acc = fma(-(dmin_b * dx_b), (float)M, acc)
+ *     (float)S rounds to nearest even where |S| > 2^24: the same conversion of the same integer on
+ *     every tier. One fp32 step per super-block, not per sub-block: the sub-blocks add in integers.
+ *   then out = fma(acc, 1, bias) and bf16 as above. Their rows are never interleaved.
+ *
  * How the tiers get isum, for a tile of 16 outputs (AVX-512) or 8 (below) at a time:
  *   x86 (AVX-512, AVX2)  the block's weights are transposed in registers so that one int32 lane per
  *                      output holds 4 of its bytes, and a u8 x s8 dot product against the row's 4

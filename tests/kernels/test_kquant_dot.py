@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from kernels import cpu_kernels, kquant_int8, quant
+from kernels.row_parallel import RowParallelWeight, fold_reference, split_quant
 from tests.kernels.quant_helpers import gguf_dequantize, random_blocks
 from tests.kernels.test_quant_dot import _bits, _hard_rows, _tiers
 
@@ -67,3 +68,15 @@ def test_a_rows_bits_do_not_depend_on_the_batch_or_threads(libs, name, tier):
     finally:
         torch.set_num_threads(threads)
     assert torch.equal(quant.run_kernel(lib, x[3:9], weight, None), whole[3:9])
+
+
+@pytest.mark.parametrize("name", ["q4_k", "q5_1"])
+def test_row_parallel_groups_fold_the_groups_chains(name):
+    """Tensor-parallel K groups of whole blocks: each group's partial (bias none, fp32), folded in order."""
+    weight = kquant_weight(name, 40, 768, seed=9)
+    parts = split_quant(weight, 3)
+    rows = _hard_rows(5, 768, torch.float32, seed=2)
+    got = RowParallelWeight.build(parts, 3)(rows, None)
+    want = fold_reference(torch.stack([quant.int8_linear_reference(rows[:, g * 256:(g + 1) * 256], p, None)
+                                       for g, p in enumerate(parts)]), torch.float32)
+    assert torch.equal(got, want)
