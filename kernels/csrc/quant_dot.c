@@ -1150,6 +1150,7 @@ static int amx_fold_groups(int fmt, AmxRows *x, const ActQ *a, const void *src, 
 
 typedef struct {
     int8_t w[QK_K];       /* the signed integer of each element (32 of them for a block of 32) */
+    int16_t ws[QK_K];     /* super-blocks: w sc_h, exact in int16 (|w sc| <= 127 * 32, 32 * 128, 63 * 31) */
     int32_t sc[16], mn[16]; /* super-blocks: each sub-block of 16's scale and min (of 32: both halves) */
     float d, dmin;          /* dmin: the K-quants' mins' scale; Q5_1: m */
 } Decoded;
@@ -1182,7 +1183,7 @@ INLINE void five_bits(const uint8_t *qh_at, const uint8_t *qs, int offset, int8_
 }
 
 /* one block at p -> its integers (ggml-common.h's layouts) */
-INLINE void kq_decode(int fmt, const uint8_t *p, Decoded *o) {
+INLINE void kq_decode_values(int fmt, const uint8_t *p, Decoded *o) {
     switch (fmt) {
     case FMT_Q4_K: /* d, dmin, scales[12], qs[128]: per 64 elements, 32 bytes' low nibbles then high */
     case FMT_Q5_K: { /* d, dmin, scales[12], qh[32] (element 32 j + t: bit j of byte t), qs[128] */
@@ -1267,6 +1268,15 @@ INLINE void kq_decode(int fmt, const uint8_t *p, Decoded *o) {
     }
 }
 
+/* one block at p -> its integers, and (super-blocks) each element's w sc: S = sum_i (w_i sc_h(i)) q_i is the
+ * header's sum_h sc_h sum_{i in h} w_i q_i, the same integer, as one plain loop the compiler vectorizes */
+INLINE void kq_decode(int fmt, const uint8_t *p, Decoded *o) {
+    kq_decode_values(fmt, p, o);
+    if (block_elems(fmt) == QK_K)
+        for (int i = 0; i < QK_K; i++)
+            o->ws[i] = (int16_t)(o->w[i] * o->sc[i / 16]);
+}
+
 /* one decoded block against one row's activations (its cell `at` of a): the header's step of the chain */
 INLINE float kq_step(int fmt, const Decoded *dw, const ActQ *a, int64_t at, float acc) {
     const float dx = a->d[at];
@@ -1274,15 +1284,12 @@ INLINE float kq_step(int fmt, const Decoded *dw, const ActQ *a, int64_t at, floa
     if (block_elems(fmt) == QK_K) {
         const int8_t *q = a->q + at * QK_K;
         const int32_t *sums = a->sum + at * 16;
-        int32_t total = 0, mins = 0;
-        for (int h = 0; h < 16; h++) {
-            int32_t part = 0;
-            for (int i = 16 * h; i < 16 * h + 16; i++)
-                part += (int32_t)dw->w[i] * q[i];
-            total += dw->sc[h] * part;
-            if (kq_has_mins(fmt))
+        int32_t total = 0, mins = 0; /* integers: any order of the adds gives them */
+        for (int i = 0; i < QK_K; i++)
+            total += (int32_t)dw->ws[i] * q[i];
+        if (kq_has_mins(fmt))
+            for (int h = 0; h < 16; h++)
                 mins += dw->mn[h] * sums[h];
-        }
         acc = fmaf(scale, (float)total, acc);
         if (kq_has_mins(fmt)) {
             const float min_scale = dw->dmin * dx;
