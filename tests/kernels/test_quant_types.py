@@ -135,10 +135,12 @@ def test_rows_that_are_not_whole_blocks_are_refused(name):
 
 
 @pytest.mark.parametrize("name", NEW_TYPES)
-def test_int8_activations_are_refused_for_the_types_quant_dot_does_not_take(name):
+def test_int8_activations_take_every_type_in_row_order(name):
+    """quant_dot.c takes every type (tests/kernels/test_kquant_dot.py has their bits); only Q4_0, Q4_1, Q8_0
+    and INT8 rows are interleaved."""
     weight, _ = typed_weight(name, 16, 256, torch.float32, seed=1)
-    with pytest.raises(ValueError, match="int8 activations"):
-        weight.with_activations(True)
+    int8 = weight.with_activations(True)
+    assert int8.int8_activations and not int8.interleaved and torch.equal(int8.data, weight.data)
 
 
 CROSS_CC, QEMU = "aarch64-linux-gnu-gcc", "qemu-aarch64"
