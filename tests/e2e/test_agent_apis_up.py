@@ -161,7 +161,7 @@ def test_messages_create_and_stream_agree(deployed, claude):
     # settings the SDK sends that ask for what the server does anyway change nothing
     same = claude.messages.create(**kwargs, thinking={"type": "disabled"}, service_tier="standard_only")
     assert same.content[0].text == whole.content[0].text
-    with pytest.raises(anthropic.BadRequestError, match="thinking.type"):
+    with pytest.raises(anthropic.BadRequestError, match="thinking.budget_tokens"):
         claude.messages.create(**kwargs, thinking={"type": "enabled", "budget_tokens": 1024})
 
 
