@@ -7,6 +7,7 @@ machines. The test process stands outside every host and reads the scheduler's G
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -21,6 +22,8 @@ from services.core.sampling_params import SamplingParams
 from services.launch.deployment import Deployment, service_commands
 from services.launch.healthcheck import health_status
 from tests.conftest import make_llm, random_prompts
+from tests.e2e.test_worker_pace_faults import assert_only_the_paused_streams_stalled, pause_once_under_way, resume, \
+    stream_all
 from tests.netns import Hosts, why_not
 from tests.waits import poll, scheduler_stats
 
@@ -140,6 +143,23 @@ def test_workers_advertise_their_own_hosts_and_streams_match_a_single_host_run(c
     assert [r["token_ids"] for r in got] == single_host
     assert {r["finish_reason"] for r in got} == {"length"}
     assert all(w.prefix_cache_queries > 0 for w in cluster.stats().workers)  # both hosts got work
+
+
+def test_a_paused_worker_host_holds_back_only_its_own_streams(cluster, single_host):
+    """Every process on w2's host is SIGSTOPped for 4 s once each stream is under way (a VM paused, a
+    host swapping): the streams on w1's host never wait over a second, and w2's resume with the
+    undisturbed tokens. The client is this process, outside every host."""
+    w2 = f"{cluster.hosts['w2'].address}:{WORKER_PORT}"
+    on_token, paused = pause_once_under_way(
+        NUM_REQUESTS * 4, cluster.hosts["w2"].pids,
+        lambda: next(w for w in cluster.stats().workers if w.address == w2), pause_s=4.0)
+    try:
+        got = asyncio.run(stream_all(cluster.frontend, requests(), on_token=on_token))
+    finally:
+        resume(paused)
+    assert [ids for ids, _ in got] == single_host
+    assert_only_the_paused_streams_stalled(got, paused, pause_s=4.0)
+    assert len(cluster.stats().workers) == 2  # a pause is not a death
 
 
 def test_a_worker_host_losing_power_mid_stream_fails_no_stream(cluster, single_host):
