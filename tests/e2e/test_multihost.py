@@ -151,7 +151,7 @@ def test_a_paused_worker_host_holds_back_only_its_own_streams(cluster, single_ho
     undisturbed tokens. The client is this process, outside every host."""
     w2 = f"{cluster.hosts['w2'].address}:{WORKER_PORT}"
     on_token, paused = pause_once_under_way(
-        NUM_REQUESTS * 4, cluster.hosts["w2"].pids,
+        4, cluster.hosts["w2"].pids,
         lambda: next(w for w in cluster.stats().workers if w.address == w2), pause_s=4.0)
     try:
         got = asyncio.run(stream_all(cluster.frontend, requests(), on_token=on_token))

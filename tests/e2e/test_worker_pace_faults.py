@@ -32,26 +32,26 @@ def greedy_requests(prompts, max_tokens: int = MAX_TOKENS) -> list[dict]:
 
 
 async def stream_all(address: str, requests: list[dict], on_token=None) -> list[tuple[list[int], list[float]]]:
-    """Each stream's token ids and the times its deltas arrived; `on_token(total)` after each delta.
-    A request is a prompt and AsyncClient.generate's keyword arguments (as tests/e2e/stream_client.py takes)."""
+    """Each stream's token ids and the times its deltas arrived; `on_token(counts)` after each delta, with
+    every stream's number of tokens so far. A request is a prompt and AsyncClient.generate's keyword
+    arguments (as tests/e2e/stream_client.py takes)."""
     client = AsyncClient(address)
-    total = 0
+    counts = [0] * len(requests)
 
-    async def one(request: dict):
-        nonlocal total
+    async def one(index: int, request: dict):
         request = dict(request)
         prompt = request.pop("prompt")
         ids, times = [], []
         async for delta in client.generate(prompt, **request):
             ids += delta.token_ids
             times.append(time.monotonic())
-            total += len(delta.token_ids)
+            counts[index] += len(delta.token_ids)
             if on_token is not None:
-                on_token(total)
+                on_token(counts)
         return ids, times
 
     try:
-        return await asyncio.gather(*(one(r) for r in requests))
+        return await asyncio.gather(*(one(i, r) for i, r in enumerate(requests)))
     finally:
         await client.close()
 
@@ -61,14 +61,15 @@ def longest_gap(times: list[float]) -> float:
 
 
 def pause_once_under_way(num_tokens: int, pids: Callable[[], list[int]], victim: Callable[[], object],
-                         pause_s: float = PAUSE_S) -> tuple[Callable[[int], None], dict]:
-    """An on_token for stream_all that, once `num_tokens` have arrived, takes the victim worker's
+                         pause_s: float = PAUSE_S) -> tuple[Callable[[list[int]], None], dict]:
+    """An on_token for stream_all that, once every stream has had `num_tokens` (so that each stream's
+    pause falls between two of its deltas, not before its first), takes the victim worker's
     WorkerStats (`victim()`: what it holds), SIGSTOPs `pids()` and SIGCONTs them `pause_s` later; and
     the dict it fills ("pids", "victim"). The caller `resume`s it in a finally."""
     paused: dict = {}
 
-    def on_token(total: int) -> None:
-        if total >= num_tokens and not paused:
+    def on_token(counts: list[int]) -> None:
+        if min(counts) >= num_tokens and not paused:
             paused["victim"] = victim()
             paused["pids"] = pids()
             for pid in paused["pids"]:
@@ -113,7 +114,7 @@ def test_a_paused_worker_holds_back_only_its_own_streams(launch, tiny_llama):
     address, victim_port = f"127.0.0.1:{ports[0]}", up.worker_ports()[1]
     requests = greedy_requests(random_prompts(NUM_STREAMS, 512, 4, 40, seed=40))
     want = [ids for ids, _ in asyncio.run(stream_all(address, requests))]  # undisturbed
-    on_token, paused = pause_once_under_way(NUM_STREAMS * 4, lambda: [up.pids()["worker-1"]],
+    on_token, paused = pause_once_under_way(4, lambda: [up.pids()["worker-1"]],
                                             lambda: victim_stats(ports[2], victim_port))
     try:
         got = asyncio.run(stream_all(address, requests, on_token=on_token))
@@ -147,7 +148,7 @@ def test_a_tp2_group_beside_a_single_worker_gives_the_tokens_of_one_worker_alone
         poll(lambda: len(scheduler_stats(scheduler).workers) == 2, 240, "the TP=2 group to register",
              logs=lambda: log.read_text()[-3000:])
         group_pids = [group.pid, *(c.pid for c in psutil.Process(group.pid).children(recursive=True))]
-        on_token, paused = pause_once_under_way(NUM_STREAMS * 4, lambda: group_pids,
+        on_token, paused = pause_once_under_way(4, lambda: group_pids,
                                                 lambda: victim_stats(scheduler, ports[3]), pause_s=3.0)
         got = asyncio.run(stream_all(address, requests, on_token=on_token))
     finally:
