@@ -1,7 +1,7 @@
 """One worker slowed by a CPU hog: do the other worker's streams keep their pace?
 
     python bench/worker_pace.py                                   # the default model, 3 rounds of 2 x 6 s
-    python bench/worker_pace.py --model /path/to/folder --rounds 5 --window 10 --streams-per-worker 4
+    python bench/worker_pace.py --model tiny --rounds 2 --window 3     # a random tiny model: a quick check
 
 The claim (issue 40): with one worker slowed to half speed by a CPU hog, the other worker's streams
 keep at least 0.9x of their undisturbed rate. `python -m services up --workers 2 --num-threads 1`
@@ -50,7 +50,9 @@ CLAIM = 0.9
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default=None, help="a model folder or hub id (default: SmolLM2-135M-Instruct)")
+    parser.add_argument("--model", default="default",
+                        help="a model folder or hub id, default (SmolLM2-135M-Instruct), or tiny or small (a random "
+                             "model, built once in the temp folder)")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--streams-per-worker", type=int, default=4)
     parser.add_argument("--prompt-len", type=int, default=32)
@@ -60,6 +62,16 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--cores", default="0,1", help="the two cores worker-0 and worker-1 are pinned to")
     parser.add_argument("--startup-timeout", type=float, default=300.0)
     return parser.parse_args()
+
+
+def resolve_model(model: str) -> Path:
+    if model not in ("tiny", "small"):
+        return model_folder(model)
+    from services.tools.make_model import make_model
+    out = Path(tempfile.gettempdir()) / f"pagedserve-worker-pace-{model}"
+    if not (out / "config.json").is_file():
+        make_model(out, arch="llama", size=model, seed=0, dtype="float32")
+    return out
 
 
 def pin(pid: int, cores: set[int]) -> None:
@@ -234,7 +246,7 @@ def main() -> None:
     cores = [int(c) for c in args.cores.split(",")]
     rest = set(os.sched_getaffinity(0)) - set(cores)
     load_before = loadavg()
-    folder = model_folder(args.model)
+    folder = resolve_model(args.model)
     services = Services(str(folder), args.dtype, args.startup_timeout)
     try:
         pids = services.pids()
@@ -252,7 +264,7 @@ def main() -> None:
     rows = [[f"{w} ({'the hog on its core' if w == 'worker-1' else 'the claim'})", s["undisturbed_tokens_per_s"],
              s["hog_tokens_per_s"], s["ratio"]] for w, s in summary.items()]
     verdict = "holds" if summary["worker-0"]["ratio"] >= CLAIM else "does not hold"
-    body = (f"Model {folder.name}, {args.dtype}; `up --workers 2 --num-threads 1`; worker-0 pinned to core {cores[0]}, "
+    body = (f"Model {args.model}, {args.dtype}; `up --workers 2 --num-threads 1`; worker-0 pinned to core {cores[0]}, "
             f"worker-1 to core {cores[1]}, the hog to core {cores[1]}; "
             + (f"scheduler, frontend and client on cores {sorted(rest)}" if rest else
                "scheduler, frontend and client unpinned (no third core: they take time from both workers)")
