@@ -7,9 +7,11 @@ The claim (issue 40): with one worker slowed to half speed by a CPU hog, the oth
 keep at least 0.9x of their undisturbed rate. `python -m services up --workers 2 --num-threads 1`
 runs the services; this script pins each worker (every thread of it) to a core of its own, worker-0
 to the first of --cores, worker-1 to the second, and, when the machine has more cores, the scheduler,
-the frontend and itself to the rest (on 2 cores they float, and take time from both workers alike).
+the frontend and itself to the rest (on 2 cores they float: when the hog takes worker-1's core they
+move onto worker-0's, so the claim's figure needs a third core).
 It streams 2 x --streams-per-worker long greedy requests at once (placed by load: as many on each
-worker) and keeps them running through every window. Rounds alternate two conditions, in an order
+worker) and keeps them running through every window (each started again with its prompt when it ends
+at the model's length; its cached prefix keeps it on its worker). Rounds alternate two conditions, in an order
 that flips each round: "undisturbed", and "hog" (a `while True: pass` process pinned to worker-1's
 core, so the kernel shares that core between worker-1 and the hog: about half speed). A window is
 --window seconds after --settle seconds for the condition to take hold.
@@ -160,13 +162,16 @@ class Hog:
 
 
 async def stream_forever(address: str, prompts: list[list[int]], max_tokens: int, counts: list[int]) -> None:
-    """Greedy streams, each adding its tokens to counts[i] as they arrive; until cancelled."""
+    """Greedy streams, each adding its tokens to counts[i] as they arrive, each started again with its
+    prompt when it ends (its prefix cached where it ran, so it stays on its worker); until cancelled."""
     from pagedserve import AsyncClient
 
     async with AsyncClient(address) as client:
         async def one(i: int) -> None:
-            async for delta in client.generate(prompts[i], temperature=0.0, max_tokens=max_tokens, ignore_eos=True):
-                counts[i] += len(delta.token_ids)
+            while True:
+                async for delta in client.generate(prompts[i], temperature=0.0, max_tokens=max_tokens,
+                                                   ignore_eos=True):
+                    counts[i] += len(delta.token_ids)
         await asyncio.gather(*(one(i) for i in range(len(prompts))))
 
 
@@ -211,7 +216,7 @@ async def measure(services: Services, args, names: dict[str, str], hog_core: int
                     if hog:
                         hog.__exit__()
                 if streams.done():
-                    raise SystemExit(f"the streams ended before the rounds did: {streams.exception()!r}")
+                    raise SystemExit(f"the streams failed: {streams.exception()!r}")
                 figures = worker_figures(before, after, seconds)
                 window = {"round": round_index, "condition": condition, "seconds": seconds,
                           "client_tokens_per_s": (tokens_after - tokens_before) / seconds,
@@ -267,7 +272,9 @@ def main() -> None:
     body = (f"Model {args.model}, {args.dtype}; `up --workers 2 --num-threads 1`; worker-0 pinned to core {cores[0]}, "
             f"worker-1 to core {cores[1]}, the hog to core {cores[1]}; "
             + (f"scheduler, frontend and client on cores {sorted(rest)}" if rest else
-               "scheduler, frontend and client unpinned (no third core: they take time from both workers)")
+               "scheduler, frontend and client unpinned: with no third core, when the hog takes worker-1's core they "
+               "can only run on worker-0's, so this run measures that too, not only the workers' independence; the "
+               "claim's figure needs a machine with a third core, where they are pinned off the workers' cores")
             + f". {2 * args.streams_per_worker} greedy streams ({args.prompt_len}-token prompts), {args.rounds} rounds "
             f"of {args.window:g} s per condition after {args.settle:g} s to settle, the order flipped each round; "
             "medians over rounds.\n\n"
