@@ -25,11 +25,13 @@ from services.core.scheduler import Scheduler
 from services.core.sequence import ContinuedSample
 from services.core.stats import SchedulerStats
 from services.core.step import WorkerInfo
+from services.core.worker_scheduler import STALL_MIN_S
 from services.scheduler.config import SchedulerServiceConfig
 from services.scheduler.streams import Delivery, UpdateStream, StreamRouter
 from services.scheduler.worker_client import RemoteWorker, WorkerForgot, WorkerLost, probe_worker
 
 log = structlog.get_logger("scheduler")
+STALL_RECHECK_S = STALL_MIN_S / 4  # how often an idle worker looks again while something waits
 
 
 class StepLoop:
@@ -184,10 +186,22 @@ class StepLoop:
                 log.exception("step_failed", worker_id=worker_id, step=self.core.step_id)
                 self._fail_all(error)
                 continue
-            if not progressed:
-                await wake.wait()  # nothing fits now: wait for a new worker, request, abort or free seat
+            if not progressed:  # nothing fits now: wait for a new worker, request, abort or free seat
+                await self._idle(wake)
         if self._loops.get(worker_id, (None,))[0] is handle:
             del self._loops[worker_id]
+
+    async def _idle(self, wake: asyncio.Event) -> None:
+        """Sleep until woken; while anything waits, look again every STALL_RECHECK_S too. A worker
+        becoming stalled is no event (its step is simply still out), and what waits for it is this
+        worker's to take once it is (Scheduler.schedule_worker)."""
+        if not len(self.core.waiting):
+            await wake.wait()
+            return
+        try:
+            await asyncio.wait_for(wake.wait(), STALL_RECHECK_S)
+        except asyncio.TimeoutError:
+            pass
 
     def _fail_all(self, error: Exception) -> None:
         """End every open stream with the error and abort its request, so its blocks are freed."""

@@ -113,3 +113,45 @@ def test_a_worker_whose_step_hangs_holds_back_only_its_own_sequences():
         assert loop.core.stats().num_running == 0 and not loop.core.requests
 
     asyncio.run(main())
+
+
+
+def test_a_request_placed_on_a_worker_that_stalls_is_taken_by_an_idle_one_without_another_event():
+    """A request waits for the worker its prefix is cached on, whose step hangs. The other worker
+    is idle and nothing else happens (no request, abort or finished step): it must still notice the
+    stall and take the request, not sleep until the hung worker answers."""
+    shared = [20] * 16  # two whole blocks, cached on w1 by the first request
+
+    async def main():
+        loop = StepLoop(SchedulerServiceConfig(scheduler=SchedulerConfig(block_size=8, async_scheduling=False)))
+        w1, w0 = StandIn("w1"), StandIn("w0")
+        loop._admit("w1", INFO)
+        loop.workers["w1"] = w1
+        running = asyncio.create_task(loop.run())
+        client = Client()
+        greedy = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+        try:
+            loop.submit("first", shared + [5], greedy, 0, (), client.deliver("first"))
+            await asyncio.wait_for(client.done["first"].wait(), 5)  # its blocks stay cached on w1
+            long = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
+            loop.submit("long", [30] * 5, long, 0, (), client.deliver("long"))  # w1 is the only worker
+            await asyncio.wait_for(client.all_started(), 5)
+            w1.gate_from, w1.gate = w1.num_steps + 1, asyncio.Event()  # w1's next step hangs
+            loop._admit("w0", INFO)
+            loop.workers["w0"] = w0
+            loop._wake_all()
+            await asyncio.sleep(0.05)  # w1's step is out; w0's loop runs and finds nothing
+            loop.submit("follow-up", shared + [6], greedy, 0, (), client.deliver("follow-up"))
+            # placed on w1 (its prefix is there, and w1 is not stalled yet); w0 sleeps
+            await asyncio.wait_for(client.done["follow-up"].wait(), 5)
+            assert not w1.gate.is_set() and w1.num_steps == w1.gate_from, "w1 hung all along"
+            assert len(client.tokens["long"]) < MAX_TOKENS
+            w1.gate.set()
+            await asyncio.wait_for(client.done["long"].wait(), 5)
+        finally:
+            running.cancel()
+            await asyncio.gather(running, return_exceptions=True)
+        assert client.tokens["follow-up"] == [token_at(len(shared) + 1 + i) for i in range(4)]
+        assert client.tokens["long"] == [token_at(5 + i) for i in range(MAX_TOKENS)]
+
+    asyncio.run(main())
