@@ -1,6 +1,7 @@
 """The public proto (pagedserve.v1) to the frontend's plain types and back."""
 from __future__ import annotations
 
+import collections
 import dataclasses
 
 from google.protobuf.message import Message
@@ -12,6 +13,8 @@ from services.core.sampling_params import SamplingParams
 from services.core.step import Logprobs
 from services.core.structured import Constraint
 from services.frontend.batch import BatchError, BatchItem
+from services.frontend.reasoning import Thinking
+from services.frontend.tool_stream import ToolCallStream
 from services.frontend.types import (MAX_CHAT_MESSAGES, GenerateEvent, GenerateRequest, ModelCard, Prompt,
                                      SampleEvent, Summary)
 from services.rpc.status import status_of
@@ -70,8 +73,26 @@ def _constraint_from_pb(params: pb.SamplingParams) -> Constraint | None:
     return dataclasses.replace(Constraint.from_options({name: value}, "params"), field=f"params.{kind}")
 
 
-def event_to_pb(event: GenerateEvent) -> pb.GenerateResponse:
+class ReasoningSplit:
+    """One request's deltas read apart into reasoning_text and answer_text, each sample by its own
+    reader of the thinking (services/frontend/reasoning.py), fed as the sample's text arrives."""
+
+    def __init__(self, thinking: Thinking):
+        self.readers = collections.defaultdict(lambda: thinking.reader(ToolCallStream("none", set())))
+
+    def fill(self, response: pb.GenerateResponse, event: GenerateEvent) -> None:
+        for delta, sample in zip(response.samples, event.samples):
+            reader = self.readers[sample.index]
+            pieces = reader.feed(sample.text) + (reader.finish() if sample.finish_reason is not None else [])
+            delta.reasoning_text = "".join(p.text for p in pieces if p.kind == "reasoning")
+            delta.answer_text = "".join(p.text for p in pieces if p.kind == "content")
+
+
+def event_to_pb(event: GenerateEvent, split: ReasoningSplit | None = None) -> pb.GenerateResponse:
+    """`split`: the request's reasoning reader (a chat prompt under a reasoning parser), else None."""
     response = pb.GenerateResponse(request_id=event.request_id, samples=[_sample_to_pb(s) for s in event.samples])
+    if split is not None:
+        split.fill(response, event)
     if event.prompt_logprobs is not None:
         response.prompt_logprobs.extend(
             pb.PromptLogprob(has_value=lp is not None, value=_logprob_to_pb(lp) if lp else None)
@@ -81,16 +102,9 @@ def event_to_pb(event: GenerateEvent) -> pb.GenerateResponse:
     return response
 
 
-def split_reasoning(response: pb.GenerateResponse, event: GenerateEvent, readers) -> None:
-    """Each sample's reasoning_text and answer_text, from its reader (`readers[index]`)."""
-    for delta, sample in zip(response.samples, event.samples):
-        reader = readers[sample.index]
-        pieces = reader.feed(sample.text) + (reader.finish() if sample.finish_reason is not None else [])
-        delta.reasoning_text = "".join(p.text for p in pieces if p.kind == "reasoning")
-        delta.answer_text = "".join(p.text for p in pieces if p.kind == "content")
-
-
-def batch_to_pb(items: list[BatchItem]) -> pb.GenerateBatchResponse:
+def batch_to_pb(items: list[BatchItem], splits: dict[str, ReasoningSplit | None]) -> pb.GenerateBatchResponse:
+    """`splits`: each request's reasoning reader by request id, as event_to_pb takes it; a request's
+    is dropped with its last event (the one with the summary)."""
     response = pb.GenerateBatchResponse()
     for item in items:
         if isinstance(item, BatchError):
@@ -98,7 +112,8 @@ def batch_to_pb(items: list[BatchItem]) -> pb.GenerateBatchResponse:
             response.errors.append(pb.RequestError(request_id=item.request_id, index=item.index, code=code.value[0],
                                                    message=message))
         else:
-            response.responses.append(event_to_pb(item))
+            split = splits.pop(item.request_id, None) if item.summary is not None else splits.get(item.request_id)
+            response.responses.append(event_to_pb(item, split))
     return response
 
 

@@ -174,6 +174,14 @@ class ReasoningReader:
         return self.answer.feed(text) if text else []
 
 
+def num_reasoning_tokens(reader, token_ids: list[int]) -> int:
+    """How many of a sample's new tokens are thinking, for usage's reasoning_tokens (chat completions'
+    and the Responses API's): all of them when the reader is inside the thinking before they are fed
+    (the end marker's token counts, a start marker's does not), else none. `reader`: the sample's
+    reader (a ToolCallStream, without a reasoning parser, never thinks)."""
+    return len(token_ids) if getattr(reader, "thinking", False) else 0
+
+
 def split(pieces: list[Piece]) -> tuple[str, list[Piece]]:
     """(the reasoning text, the other pieces) of a reader's pieces."""
     return "".join(p.text for p in pieces if p.kind == "reasoning"), [p for p in pieces if p.kind != "reasoning"]

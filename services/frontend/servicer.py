@@ -3,7 +3,6 @@ Errors map to statuses in services.rpc.status."""
 from __future__ import annotations
 
 import asyncio
-import collections
 from contextlib import aclosing
 
 from pagedserve.v1 import generate_pb2 as pb
@@ -12,7 +11,6 @@ from services.core.errors import InvalidArgument
 from services.frontend import public_codec
 from services.frontend.batch import run_batch
 from services.frontend.core import FrontendCore
-from services.frontend.tool_stream import ToolCallStream
 from services.frontend.types import GenerateRequest, Prompt
 from services.rpc.status import rpc_errors
 
@@ -26,30 +24,17 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
     @rpc_errors
     async def Generate(self, request: pb.GenerateRequest, context):
         generate_request = await _off_loop_if_large(public_codec.generate_request_from_pb, request)
-        readers = await self._reasoning_readers(generate_request)
+        split = await reasoning_split(self.core, generate_request)
         async with aclosing(self.core.generate(generate_request)) as events:
             async for event in events:
-                response = public_codec.event_to_pb(event)
-                if readers is not None:
-                    public_codec.split_reasoning(response, event, readers)
-                yield response
-
-    async def _reasoning_readers(self, request: GenerateRequest):
-        """Per sample, a reader of the thinking apart from the answer: for a chat prompt under a
-        reasoning parser (the prompt is tokenized here, as the core would, to read where it ends)."""
-        if request.prompt.messages is None or self.core.reasoning_parser is None:
-            return None
-        request.prompt = Prompt(token_ids=await self.core.tokenize(request.prompt))
-        thinking = self.core.thinking(request.prompt.token_ids)
-        if thinking is None:
-            return None
-        return collections.defaultdict(lambda: thinking.reader(ToolCallStream("none", set())))
+                yield public_codec.event_to_pb(event, split)
 
     @rpc_errors
     async def GenerateBatch(self, request_iterator, context):
-        async with aclosing(run_batch(self.core, _requests(request_iterator))) as batches:
+        splits: dict[str, public_codec.ReasoningSplit | None] = {}  # by request id, while the request runs
+        async with aclosing(run_batch(self.core, _requests(self.core, request_iterator, splits))) as batches:
             async for items in batches:
-                yield public_codec.batch_to_pb(items)
+                yield public_codec.batch_to_pb(items, splits)
 
     @rpc_errors
     async def Tokenize(self, request: pb.TokenizeRequest, context) -> pb.TokenizeResponse:
@@ -76,10 +61,30 @@ async def _off_loop_if_large(convert_from_pb, request):
     return await asyncio.to_thread(convert_from_pb, request)
 
 
-async def _requests(request_iterator):
-    """The call's requests as (request_id, GenerateRequest); one with a bad field brings its error instead."""
+async def reasoning_split(core: FrontendCore, request: GenerateRequest) -> public_codec.ReasoningSplit | None:
+    """The reader of the thinking apart from the answer, for a chat prompt under a reasoning parser
+    (the prompt is tokenized here, as the core would, to read where it ends); None otherwise."""
+    if request.prompt.messages is None or core.reasoning_parser is None:
+        return None
+    request.prompt = Prompt(token_ids=await core.tokenize(request.prompt))
+    thinking = core.thinking(request.prompt.token_ids)
+    return None if thinking is None else public_codec.ReasoningSplit(thinking)
+
+
+async def _requests(core: FrontendCore, request_iterator, splits: dict):
+    """The call's requests as (request_id, GenerateRequest), each one's reasoning reader put in
+    `splits` (the first request of an id keeps its own: a repeated id is refused by the batch);
+    one with a bad field brings its error instead."""
     async for request in request_iterator:
         try:
-            yield request.request_id, await _off_loop_if_large(public_codec.generate_request_from_pb, request)
+            generate_request = await _off_loop_if_large(public_codec.generate_request_from_pb, request)
         except InvalidArgument as error:
             yield request.request_id, error
+            continue
+        try:
+            split = await reasoning_split(core, generate_request)
+        except Exception as error:  # noqa: BLE001 - this request's error (its prompt did not render), not the call's
+            yield request.request_id, error
+            continue
+        splits.setdefault(request.request_id, split)
+        yield request.request_id, generate_request

@@ -3,7 +3,8 @@ real deployment (two workers, a tiny random model, an API key) for the whole mod
 would: the Responses API (create, stream, a tool loop through previous_response_id and
 function_call_output, json_schema valid at temperature 1), the Messages API (create, stream, a
 tool_use/tool_result loop, count_tokens, x-api-key), and the same seeded request giving the same
-tokens through chat completions, responses and messages. The in-process cluster versions of these
+tokens through chat completions, responses and messages; and, on a deployment of its own, a reasoning
+template's thinking as reasoning_content. The in-process cluster versions of these
 checks: tests/frontend/test_agent_apis.py."""
 from __future__ import annotations
 
@@ -210,3 +211,35 @@ def test_a_seeded_request_gives_the_same_tokens_through_every_api(deployed, clie
         chunks = [c for c in streamed if c.choices]
         assert [t.token for c in chunks if c.choices[0].logprobs for t in c.choices[0].logprobs.content] == \
             [t.token for t in chat.choices[0].logprobs.content]
+
+
+def test_a_reasoning_template_gives_reasoning_content_apart_under_the_three_services(model_dir, tmp_path):
+    """`pagedserve up --reasoning-parser auto` on a tiny random model with DeepSeek-R1's template (the
+    prompt opens the thinking): the budget closes the thinking, the choice constrains the answer only,
+    and the thinking comes back as reasoning_content, its tokens in usage."""
+    import shutil
+
+    from tests.frontend.reasoning_models import MARKERS, VOCAB_SIZE, reasoning_model
+
+    model = tmp_path / "r1-tiny"
+    shutil.copytree(model_dir("llama", "tiny", vocab_size=VOCAB_SIZE + len(MARKERS)), model)
+    reasoning_model(model, "deepseek_r1.jinja")
+    ports = free_ports(3)
+    up = Up(up_args(model, ports, workers=1) + ["--dtype", "float32", "--num-gpu-blocks", "64",
+                                                "--reasoning-parser", "auto"])
+    try:
+        up.wait_ready(timeout=300)
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{ports[1]}/v1", api_key="none", max_retries=0)
+        chat = client.chat.completions.create(
+            model=str(model), messages=[{"role": "user", "content": "2 + 2?"}], max_tokens=30, temperature=1.0,
+            seed=1, logprobs=True,
+            extra_body={"max_reasoning_tokens": 5, "structured_outputs": {"choice": ["yes", "no"]}})
+        tokens = [t.token for t in chat.choices[0].logprobs.content]
+        assert "</think>" in tokens[:6], tokens
+        end = tokens.index("</think>")
+        assert chat.choices[0].message.content in ("yes", "no"), tokens
+        assert (chat.choices[0].message.reasoning_content or "") == "".join(tokens[:end]).strip()
+        assert chat.usage.completion_tokens_details.reasoning_tokens == end + 1  # the end marker's token too
+        up.stop()
+    finally:
+        up.kill_all()

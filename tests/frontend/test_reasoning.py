@@ -195,6 +195,23 @@ def test_chat_completions_reasoning_content_whole_and_streamed(qwen3):
     assert not any(d.model_extra.get("reasoning_content") and d.content for d in deltas)  # apart, never mixed
 
 
+def test_chat_completions_usage_counts_the_reasoning_tokens(qwen3):
+    """usage.completion_tokens_details.reasoning_tokens, whole and in the streamed usage chunk, counted
+    as the Responses API counts them: every token generated inside the thinking, the end marker's too."""
+    script(qwen3, THOUGHT + "It is 4.")
+    thought_tokens = len(qwen3.tokenizer.encode("\nThe user asks 2 + 2. That is 4.\n</think>", False))
+    kwargs = dict(model="test-model", messages=ASK, n=2)
+    whole = qwen3.oai.chat.completions.create(**kwargs).usage
+    assert whole.completion_tokens_details.reasoning_tokens == 2 * thought_tokens  # both choices'
+    assert whole.completion_tokens == 2 * len(qwen3.tokenizer.encode(THOUGHT + "It is 4.", False))
+    chunks = list(qwen3.oai.chat.completions.create(**kwargs, stream=True, stream_options={"include_usage": True}))
+    assert chunks[-1].usage == whole
+    script(qwen3, "It is 4.")
+    off = qwen3.oai.chat.completions.create(model="test-model", messages=ASK,
+                                            extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    assert off.usage.completion_tokens_details.reasoning_tokens == 0
+
+
 def test_enable_thinking_false_renders_the_empty_block_and_gives_no_reasoning(qwen3):
     script(qwen3, "It is 4.")
     completion = qwen3.oai.chat.completions.create(model="test-model", messages=ASK,
@@ -287,6 +304,36 @@ def test_grpc_deltas_carry_the_reasoning_apart(qwen3):
     assert "".join(d.text for d in deltas) == THOUGHT + "It is 4."  # the raw text, as before
     assert "".join(d.reasoning_text for d in deltas) == "The user asks 2 + 2. That is 4."
     assert "".join(d.answer_text for d in deltas) == "It is 4."
+
+
+def test_grpc_batch_deltas_carry_each_requests_reasoning_apart(qwen3):
+    """GenerateBatch gives each request's deltas what Generate gives them: two chats (one with two
+    samples, each read by its own reader) and a text prompt, whose deltas carry no reasoning."""
+    import grpc
+
+    from pagedserve.v1 import generate_pb2 as pb
+    from pagedserve.v1 import generate_pb2_grpc
+
+    script(qwen3, THOUGHT + "It is 4.")
+    chat = pb.ChatMessages(messages=[pb.ChatMessage(role="user", content="2 + 2?")])
+    requests = [pb.GenerateRequest(request_id="a", chat=chat, params=pb.SamplingParams(max_tokens=64)),
+                pb.GenerateRequest(request_id="b", chat=chat, params=pb.SamplingParams(max_tokens=64, n=2)),
+                pb.GenerateRequest(request_id="t", text="2 + 2?", params=pb.SamplingParams(max_tokens=64))]
+    with grpc.insecure_channel(qwen3.address) as channel:
+        messages = list(generate_pb2_grpc.GenerationStub(channel).GenerateBatch(iter(requests), timeout=10))
+    assert not [e for m in messages for e in m.errors]
+    deltas: dict[tuple[str, int], list] = {}
+    for response in (r for m in messages for r in m.responses):
+        for delta in response.samples:
+            deltas.setdefault((response.request_id, delta.index), []).append(delta)
+    assert sorted(deltas) == [("a", 0), ("b", 0), ("b", 1), ("t", 0)]
+    for (request_id, _), sample in deltas.items():
+        assert "".join(d.text for d in sample) == THOUGHT + "It is 4."
+        reasoning_text, answer_text = "".join(d.reasoning_text for d in sample), "".join(d.answer_text for d in sample)
+        if request_id == "t":
+            assert (reasoning_text, answer_text) == ("", "")  # not a chat prompt
+        else:
+            assert (reasoning_text, answer_text) == ("The user asks 2 + 2. That is 4.", "It is 4.")
 
 
 @pytest.mark.slow

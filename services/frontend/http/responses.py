@@ -42,6 +42,12 @@ class Renderer:
         return {"id": self.id, "object": object_name, "created": self.created, "model": self.model,
                 "system_fingerprint": self.fingerprint, "choices": choices, "usage": usage}
 
+    def observe(self, index: int, sample: SampleEvent) -> None:
+        """A sample event of choice `index` of a whole (non-streamed) response, as it arrives."""
+
+    def usage(self, summaries: list[Summary]) -> dict:
+        return usage(summaries)
+
     def token(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id], skip_special_tokens=False)
 
@@ -68,6 +74,10 @@ class CompletionRenderer(Renderer):
 class ChatRenderer(Renderer):
     object: ClassVar[str] = "chat.completion"
     chunk_object: ClassVar[str] = "chat.completion.chunk"
+    num_reasoning_tokens: int = 0  # a reasoning model's thinking tokens, every choice's (tool_responses.py)
+
+    def usage(self, summaries: list[Summary]) -> dict:
+        return {**usage(summaries), "completion_tokens_details": {"reasoning_tokens": self.num_reasoning_tokens}}
 
     def choice(self, index: int, choice: Choice, logprobs: bool) -> dict:
         return {"index": index, "message": {"role": "assistant", "content": choice.text},
@@ -103,14 +113,16 @@ async def collect(renderer: Renderer, events: Events, num_prompts: int, logprobs
     summaries = []
     async for prompt_index, event in events:
         for sample in event.samples:
-            choice = choices[renderer.choice_index(prompt_index, sample)]
+            index = renderer.choice_index(prompt_index, sample)
+            renderer.observe(index, sample)
+            choice = choices[index]
             choice.text += sample.text
             choice.logprobs += sample.logprobs or []
             choice.finish_reason = sample.finish_reason or choice.finish_reason
         if event.summary is not None:
             summaries.append(event.summary)
     return renderer.body(renderer.object, [renderer.choice(i, c, logprobs) for i, c in enumerate(choices)],
-                         usage(summaries))
+                         renderer.usage(summaries))
 
 
 async def sse(renderer: Renderer, events: Events, num_prompts: int, include_usage: bool) -> AsyncIterator[str]:
@@ -137,5 +149,5 @@ async def sse(renderer: Renderer, events: Events, num_prompts: int, include_usag
         if event.summary is not None:
             summaries.append(event.summary)
     if include_usage:
-        yield data([], usage(summaries))
+        yield data([], renderer.usage(summaries))
     yield "data: [DONE]\n\n"

@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from services.core.errors import REFUSALS, InvalidArgument, check
 from services.core.sampling_params import SamplingParams
 from services.core.structured import Constraint
-from services.frontend import tool_calls
+from services.frontend import reasoning, tool_calls
 from services.frontend.core import FrontendCore
 from services.frontend.http import responses_schemas as schemas
 from services.frontend.http.openai_requests import Budget, ChatTemplate, conversation_request
@@ -210,8 +210,7 @@ class ResponseBuilder:
                 self.event("response.in_progress", response=self.body("in_progress"))]
 
     def feed(self, sample: SampleEvent) -> list[dict]:
-        if getattr(self.reader, "thinking", False):
-            self.num_reasoning_tokens += len(sample.token_ids)
+        self.num_reasoning_tokens += reasoning.num_reasoning_tokens(self.reader, sample.token_ids)
         events = self._pieces(self.reader.feed(sample.text))
         if sample.finish_reason is not None:
             self.truncated = sample.finish_reason == "length"

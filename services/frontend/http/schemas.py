@@ -42,6 +42,16 @@ class Usage(BaseModel):
     prompt_tokens_details: PromptTokensDetails
 
 
+class CompletionTokensDetails(BaseModel):
+    reasoning_tokens: int = Field(description=(
+        "The tokens generated inside a reasoning model's thinking (--reasoning-parser; the end marker's "
+        "included), every choice's; 0 without thinking."))
+
+
+class ChatUsage(Usage):
+    completion_tokens_details: CompletionTokensDetails
+
+
 class CompletionLogprobs(BaseModel):
     tokens: list[str]
     token_logprobs: list[float]
@@ -103,7 +113,7 @@ class ChatCompletion(BaseModel):
     model: str
     system_fingerprint: str
     choices: list[ChatChoice]
-    usage: Usage
+    usage: ChatUsage
 
 
 class Model(BaseModel):

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from services.frontend.http.responses import ChatRenderer, Choice
+from services.frontend import reasoning
 from services.frontend.reasoning import ReasoningReader
 from services.frontend.tool_stream import Piece, ToolCallStream
 from services.frontend.tool_calls import ToolPlan
@@ -26,18 +27,20 @@ class ToolChatRenderer(ChatRenderer):
 
     def choice(self, index: int, choice: Choice, logprobs: bool) -> dict:
         body = super().choice(index, choice, logprobs)
-        reasoning, content, calls = self.plan.read(choice.text)
+        thought, content, calls = self.plan.read(choice.text)
         body["message"]["content"] = content
         if calls:
             body["message"]["tool_calls"] = [c.to_openai() for c in calls]
             body["finish_reason"] = "tool_calls" if choice.finish_reason == "stop" else choice.finish_reason
         if self.plan.thinking is not None:
-            body["message"].update(reasoning_content=reasoning, reasoning=reasoning)
+            body["message"].update(reasoning_content=thought, reasoning=thought)
         return body
 
+    def observe(self, index: int, sample: SampleEvent) -> None:
+        self._feed(index, sample)  # only to count the reasoning tokens: the whole text is read in choice()
+
     def chunk_choice(self, index: int, sample: SampleEvent, offset: int) -> dict | None:
-        reader = self._readers.setdefault(index, self.plan.stream())
-        pieces = reader.feed(sample.text)
+        reader, pieces = self._feed(index, sample)
         chunk = super().chunk_choice(index, sample, offset)
         if sample.finish_reason is not None:
             pieces += reader.finish()
@@ -45,6 +48,12 @@ class ToolChatRenderer(ChatRenderer):
                 chunk["finish_reason"] = "tool_calls"
         chunk["delta"] = openai_delta(pieces, reader)
         return chunk if chunk["delta"] or chunk["finish_reason"] or chunk["logprobs"] else None
+
+    def _feed(self, index: int, sample: SampleEvent) -> tuple[ToolCallStream | ReasoningReader, list[Piece]]:
+        """The choice's reader, fed the sample's text, and the pieces it gave; the thinking's tokens counted."""
+        reader = self._readers.setdefault(index, self.plan.stream())
+        self.num_reasoning_tokens += reasoning.num_reasoning_tokens(reader, sample.token_ids)
+        return reader, reader.feed(sample.text)
 
 
 def openai_delta(pieces: list[Piece], reader: ToolCallStream | ReasoningReader) -> dict:
