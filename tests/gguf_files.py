@@ -15,6 +15,8 @@ QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[
                r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
                 r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+GGUF_ARCH = {"gemma3_text": "gemma3"}  # config.json's model_type -> general.architecture where they differ
+NORM_SHIFT = ("gemma3",)  # Gemma3Model.norm_shift: llama.cpp's converter stores each norm weight as 1 + w
 STYLES = {"gpt-2": None, "qwen2": QWEN2_SPLIT, "llama-bpe": LLAMA3_SPLIT}  # tokenizer.ggml.pre -> split regex
 
 
@@ -40,7 +42,7 @@ def write_gguf(folder: Path, out: Path, tensor_type: str = "f32", pre: str = "gp
     from gguf import GGUFWriter
 
     config = json.loads((folder / "config.json").read_text())
-    arch = arch or config["model_type"]
+    arch = arch or GGUF_ARCH.get(config["model_type"], config["model_type"])
     writer = GGUFWriter(str(out), arch)
     _hyperparameters(writer, arch, config)
     _tokenizer(writer, folder, pre)
@@ -62,9 +64,18 @@ def _hyperparameters(writer, arch: str, config: dict) -> None:
                        "attention.key_length": head_dim, "attention.value_length": head_dim,
                        "rope.dimension_count": head_dim, "vocab_size": config["vocab_size"]}.items():
         writer.add_uint32(f"{arch}.{key}", value)
-    theta = config.get("rope_theta") or (config.get("rope_parameters") or {}).get("rope_theta", 10000.0)
+    params = config.get("rope_parameters") or {}
+    theta = config.get("rope_theta") or params.get("full_attention", params).get("rope_theta", 10000.0)
     writer.add_float32(f"{arch}.rope.freq_base", theta)
     writer.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", config["rms_norm_eps"])
+    if arch == "gemma3":  # Gemma3Model and TextModel's keys; the layer kinds as a flag per layer, which
+        # llama.cpp reads (its converter leaves the pattern to the loader's default, every 6th layer global)
+        writer.add_uint32(f"{arch}.attention.sliding_window", config["sliding_window"])
+        writer.add_array(f"{arch}.attention.sliding_window_pattern",
+                         [kind == "sliding_attention" for kind in config["layer_types"]])
+        writer.add_float32(f"{arch}.rope.freq_base_swa", params["sliding_attention"]["rope_theta"])
+        if config.get("final_logit_softcapping"):
+            writer.add_float32(f"{arch}.final_logit_softcapping", config["final_logit_softcapping"])
 
 
 def _tokenizer(writer, folder: Path, pre: str) -> None:
@@ -111,6 +122,8 @@ def _tensors(writer, folder: Path, arch: str, config: dict, tensor_type: str, ty
         if arch in LLAMA_CPP_PERMUTES and ("q_proj" in hf or "k_proj" in hf):
             n = heads if "q_proj" in hf else kv_heads  # llama.cpp's permute: interleaved rotary pairs
             array = array.reshape(n, 2, array.shape[0] // n // 2, *array.shape[1:]).swapaxes(1, 2).reshape(array.shape)
+        if arch in NORM_SHIFT and hf.endswith("norm.weight"):
+            array = array + np.float32(1.0)
         kind = "f32" if array.ndim == 1 else tensor_type
         if kind == "mixed":
             kind = "f16" if hf == "model.embed_tokens.weight" else "q8_0"

@@ -35,6 +35,10 @@ LAYER_NAMES = {
 QKV_BIAS = {"attn_q.bias": "self_attn.q_proj.bias", "attn_k.bias": "self_attn.k_proj.bias",
             "attn_v.bias": "self_attn.v_proj.bias"}
 QK_NORM = {"attn_q_norm.weight": "self_attn.q_norm.weight", "attn_k_norm.weight": "self_attn.k_norm.weight"}
+GEMMA3_NAMES = {**QK_NORM,  # convert_hf_to_gguf.py's Gemma3Model: four norms a layer, each holding 1 + w
+                "post_attention_norm.weight": "post_attention_layernorm.weight",
+                "ffn_norm.weight": "pre_feedforward_layernorm.weight",
+                "post_ffw_norm.weight": "post_feedforward_layernorm.weight"}
 ROPE_FREQS = "rope_freqs.weight"  # Llama 3's rotary scaling, as llama.cpp stores it: a factor per frequency
 
 
@@ -43,12 +47,16 @@ class GgufArch:
     model_type: str  # services/worker/model_config.py SUPPORTED's key
     permuted_qk: bool  # llama.cpp's converter permuted the q/k rows for its rotary layout
     layer_names: dict[str, str] = field(default_factory=dict)  # beyond LAYER_NAMES (biases are optional)
+    # the norm weights hold what the model's finish_load makes of the checkpoint's (Gemma's 1 + w, which
+    # llama.cpp's converter adds): loading the file skips finish_load
+    norms_as_served: bool = False
 
 
 ARCHITECTURES = {  # general.architecture -> how it is served (Mistral's GGUF files say "llama")
     "llama": GgufArch(model_type="llama", permuted_qk=True, layer_names=QKV_BIAS),
     "qwen2": GgufArch(model_type="qwen2", permuted_qk=False, layer_names=QKV_BIAS),
     "qwen3": GgufArch(model_type="qwen3", permuted_qk=False, layer_names=QK_NORM),
+    "gemma3": GgufArch(model_type="gemma3_text", permuted_qk=False, layer_names=GEMMA3_NAMES, norms_as_served=True),
 }
 
 
@@ -115,6 +123,27 @@ def config_dict(path: str | Path) -> dict:
         "eos_token_id": [int(e) for e in dict.fromkeys(eos) if e is not None],
         "bos_token_id": meta.get("tokenizer.ggml.bos_token_id"),
         "torch_dtype": "float32",
+        **(_gemma3(meta, arch, int(key("block_count")), head_dim, hidden // heads) if arch == "gemma3" else {}),
+    }
+
+
+def _gemma3(meta: dict, arch: str, layers: int, head_dim: int, hidden_per_head: int) -> dict:
+    """Gemma 3's keys as llama.cpp reads them (src/models/gemma3.cpp): a sliding window where
+    attention.sliding_window is set, its layers by attention.sliding_window_pattern (a flag per layer, or
+    every n-th layer global; 6 where absent), the local rope base (rope.freq_base_swa), and the attention
+    scale the file cannot say: head_dim ** -0.5, (hidden / heads) ** -0.5 for the 62-layer 27B."""
+    window = int(meta.get(f"{arch}.attention.sliding_window") or 0)
+    pattern = meta.get(f"{arch}.attention.sliding_window_pattern", 6)
+    if isinstance(pattern, list):
+        local = [bool(flag) for flag in pattern]
+    else:
+        local = [pattern == 0 or i % pattern < pattern - 1 for i in range(layers)]
+    return {
+        "layer_types": ["sliding_attention" if window and flag else "full_attention" for flag in local],
+        "sliding_window": window,
+        "rope_local_base_freq": f32(meta.get(f"{arch}.rope.freq_base_swa", 10000.0)),
+        "query_pre_attn_scalar": hidden_per_head if layers == 62 else head_dim,
+        "final_logit_softcapping": cap if (cap := meta.get(f"{arch}.final_logit_softcapping")) is None else f32(cap),
     }
 
 

@@ -49,6 +49,13 @@ def find_gguf_file(model: Path) -> Path | None:
     return files[0] if files else None
 
 
+def gguf_arch_of(path: Path):
+    """The file's row of services/worker/gguf_arch.py ARCHITECTURES."""
+    from services.core.gguf_file import read_metadata
+
+    return architecture(read_metadata(path), Path(path))[1]
+
+
 def read_tensors(path: Path, num_heads: int, num_kv_heads: int) -> Iterator[GgufTensor]:
     """Every weight tensor of the file under its HF name, q/k rows in HF order (llama.cpp permuted them for
     the architectures ARCHITECTURES says), the data a view of the mapped file where it can be."""

@@ -38,7 +38,7 @@ from kernels.ops import Ops
 from services.core.config import AUTO_ACTIVATION_QUANT
 from services.core.errors import InvalidArgument
 from services.worker.checkpoint_names import LAYER as _LAYER, tensors as _tensors
-from services.worker.gguf_weights import find_gguf_file, read_tensors
+from services.worker.gguf_weights import find_gguf_file, gguf_arch_of, read_tensors
 from services.worker.model_config import ModelArchConfig
 from services.worker.models import model_class
 from services.worker.models.llama import LlamaForCausalLM
@@ -146,7 +146,8 @@ def load_model(folder: Path, dtype: torch.dtype, device: torch.device, ops: Ops,
     if cfg.tie_word_embeddings and shard.first_stage:
         loaded.add("lm_head")
     _check_complete(params, loaded)
-    model.finish_load()
+    if not (Path(folder).is_file() and gguf_arch_of(folder).norms_as_served):
+        model.finish_load()  # a Gemma GGUF's norms already hold 1 + w
     if quantization == "int8":
         groups = model.groups[1] - model.groups[0]
         for path in _decoder_linear_paths(model):

@@ -1,4 +1,4 @@
-"""A bare GGUF file is a model (llama, qwen2, qwen3): its metadata gives the architecture, the
+"""A bare GGUF file is a model (llama, qwen2, qwen3, gemma3): its metadata gives the architecture, the
 hyperparameters, the tokenizer and the template, and it serves the tokens of the Hugging Face folder it
 was written from; what it cannot serve is refused by name."""
 from __future__ import annotations
@@ -44,6 +44,40 @@ def test_bare_file_serves_the_folder_tokens(tmp_path, model_dir, arch):
     assert check_parity(folder, [ids for ids, _ in served], PROMPTS, 12) == []
 
 
+def as_llama_cpp_writes(folder, out, arch):
+    """The make_model folder with what a llama.cpp file cannot say set as llama.cpp assumes it (Gemma 3's
+    attention scale: head_dim ** -0.5), so that the file and the folder are the same model."""
+    import json
+
+    shutil.copytree(folder, out)
+    config = json.loads((out / "config.json").read_text())
+    if arch == "gemma3":
+        config["query_pre_attn_scalar"] = config["head_dim"]
+    (out / "config.json").write_text(json.dumps(config))
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ["gemma3"])
+def test_issue_42_architectures_serve_the_folder_tokens(tmp_path, model_dir, arch):
+    """Each architecture issue 42 added, as llama.cpp's converter writes it (Gemma 3: each norm 1 + w, the
+    four norms' names, the layer kinds and the local rope base): the F32 file dequantized gives the folder's
+    tokens and logprobs to the bit, served as it is its greedy tokens; a Q8_0 file alone serves as the folder
+    holding it."""
+    folder = as_llama_cpp_writes(model_dir(arch, "tiny"), tmp_path / "folder", arch)
+    want, want_chat_ids, _ = run(folder, quantization="none")
+    path = write_gguf(folder, tmp_path / f"{arch}.gguf", "f32")
+    got, chat_ids, _ = run(path, quantization="none")
+    assert got == want
+    assert chat_ids == want_chat_ids
+    served, _, llm = run(path)
+    assert llm.engine.workers["worker-0"].quantization == "gguf"
+    assert [ids for ids, _ in served] == [ids for ids, _ in want]
+    q8 = write_gguf(folder, tmp_path / "q8.gguf", "q8_0")
+    shutil.copy(q8, folder / "q8.gguf")
+    assert run(q8)[0] == run(folder)[0]
+
+
 @pytest.mark.slow
 def test_llama3_rope_scaling_from_the_files_rope_freqs(tmp_path, model_dir):
     """Llama 3.1+ files carry their rope scaling as a rope_freqs tensor: served, it gives the greedy tokens of
@@ -68,10 +102,12 @@ def test_quantized_file_serves_as_the_folder_holding_it(tmp_path, model_dir, arc
 
 
 def test_unserved_architecture_is_refused(tmp_path, model_dir):
-    path = write_gguf(model_dir("llama", "tiny"), tmp_path / "g.gguf", arch="gemma3", with_tensors=False)
+    path = write_gguf(model_dir("llama", "tiny"), tmp_path / "g.gguf", arch="falcon", with_tensors=False)
+    from services.worker.gguf_arch import ARCHITECTURES
     from services.worker.model_config import ModelArchConfig
 
-    with pytest.raises(InvalidArgument, match="'gemma3'.*served GGUF architectures: llama, qwen2, qwen3"):
+    assert {"llama", "qwen2", "qwen3", "gemma3"} <= set(ARCHITECTURES)
+    with pytest.raises(InvalidArgument, match=f"'falcon'.*served GGUF architectures: {', '.join(sorted(ARCHITECTURES))}$"):
         ModelArchConfig.from_model(path)
 
 
