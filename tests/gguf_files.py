@@ -68,6 +68,18 @@ def _hyperparameters(writer, arch: str, config: dict) -> None:
     theta = config.get("rope_theta") or params.get("full_attention", params).get("rope_theta", 10000.0)
     writer.add_float32(f"{arch}.rope.freq_base", theta)
     writer.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", config["rms_norm_eps"])
+    if arch == "phi3":  # Phi3MiniModel's keys: the rotary dims, the pre-training context, the window
+        rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
+        writer.add_uint32(f"{arch}.rope.dimension_count",
+                          int(rope.get("partial_rotary_factor", config.get("partial_rotary_factor", 1.0))
+                              * config["hidden_size"]) // config["num_attention_heads"])
+        writer.add_uint32(f"{arch}.rope.scaling.original_context_length", rope["original_max_position_embeddings"])
+        writer.add_uint32(f"{arch}.attention.sliding_window", config.get("sliding_window") or 0)
+        import math
+
+        scale = config["max_position_embeddings"] / rope["original_max_position_embeddings"]
+        writer.add_float32(f"{arch}.rope.scaling.attn_factor", math.sqrt(
+            1 + math.log(scale) / math.log(rope["original_max_position_embeddings"])) if scale > 1 else 1.0)
     if arch == "gemma3":  # Gemma3Model and TextModel's keys; the layer kinds as a flag per layer, which
         # llama.cpp reads (its converter leaves the pattern to the loader's default, every 6th layer global)
         writer.add_uint32(f"{arch}.attention.sliding_window", config["sliding_window"])
@@ -112,6 +124,9 @@ def _tensors(writer, folder: Path, arch: str, config: dict, tensor_type: str, ty
     scaling = config.get("rope_scaling") or config.get("rope_parameters") or {}
     if scaling.get("rope_type") == "llama3":
         writer.add_tensor("rope_freqs.weight", _llama3_rope_factors(config, scaling))
+    if scaling.get("rope_type") == "longrope":  # Phi3MiniModel.generate_extra_tensors
+        writer.add_tensor("rope_factors_long.weight", np.array(scaling["long_factor"], dtype=np.float32))
+        writer.add_tensor("rope_factors_short.weight", np.array(scaling["short_factor"], dtype=np.float32))
     for hf, array in sorted(tensors.items()):
         array = array.astype(np.float32)
         if hf.startswith("model.layers."):

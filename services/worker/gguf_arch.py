@@ -39,6 +39,9 @@ GEMMA3_NAMES = {**QK_NORM,  # convert_hf_to_gguf.py's Gemma3Model: four norms a 
                 "post_attention_norm.weight": "post_attention_layernorm.weight",
                 "ffn_norm.weight": "pre_feedforward_layernorm.weight",
                 "post_ffw_norm.weight": "post_feedforward_layernorm.weight"}
+PHI3_NAMES = {"attn_qkv.weight": "self_attn.qkv_proj.weight",  # fused, split by rows at read (gguf_weights.py)
+              "ffn_up.weight": "mlp.gate_up_proj.weight"}  # llama.cpp's phi3 ffn_up: gate and up, 2 x n_ff rows
+ROPE_LONG, ROPE_SHORT = "rope_factors_long.weight", "rope_factors_short.weight"  # Phi-3's LongRoPE factors
 ROPE_FREQS = "rope_freqs.weight"  # Llama 3's rotary scaling, as llama.cpp stores it: a factor per frequency
 
 
@@ -56,6 +59,7 @@ ARCHITECTURES = {  # general.architecture -> how it is served (Mistral's GGUF fi
     "llama": GgufArch(model_type="llama", permuted_qk=True, layer_names=QKV_BIAS),
     "qwen2": GgufArch(model_type="qwen2", permuted_qk=False, layer_names=QKV_BIAS),
     "qwen3": GgufArch(model_type="qwen3", permuted_qk=False, layer_names=QK_NORM),
+    "phi3": GgufArch(model_type="phi3", permuted_qk=False, layer_names=PHI3_NAMES),
     "gemma3": GgufArch(model_type="gemma3_text", permuted_qk=False, layer_names=GEMMA3_NAMES, norms_as_served=True),
 }
 
@@ -69,10 +73,11 @@ def architecture(meta: dict, path: Path) -> tuple[str, GgufArch]:
 
 
 def hf_name(gguf_name: str, arch: str) -> str | None:
-    """The Hugging Face name of a GGUF tensor; None for rope_freqs (read into the config)."""
+    """The Hugging Face name of a GGUF tensor; None for rope_freqs and Phi-3's rope factors (read into the
+    config)."""
     if gguf_name in GLOBAL_NAMES:
         return GLOBAL_NAMES[gguf_name]
-    if gguf_name == ROPE_FREQS:
+    if gguf_name in (ROPE_FREQS, ROPE_LONG, ROPE_SHORT):
         return None
     prefix, layer, rest = gguf_name.split(".", 2) if gguf_name.startswith("blk.") else ("", "", "")
     names = {**LAYER_NAMES, **ARCHITECTURES[arch].layer_names}
@@ -98,10 +103,10 @@ def config_dict(path: str | Path) -> dict:
 
     heads, hidden = int(key("attention.head_count")), int(key("embedding_length"))
     head_dim = int(meta.get(f"{arch}.attention.key_length") or hidden // heads)
-    rope_dim = meta.get(f"{arch}.rope.dimension_count")
-    if rope_dim is not None and int(rope_dim) != head_dim:
+    rope_dim = int(meta.get(f"{arch}.rope.dimension_count") or head_dim)
+    if rope_dim != head_dim and arch != "phi3":
         raise InvalidArgument("model", f"{path.name}: rotary on {rope_dim} of {head_dim} head dimensions "
-                                       "(partial rotary) is not served")
+                                       f"(partial rotary) is not served for {arch}")
     if "token_embd.weight" not in shapes:
         raise InvalidArgument("model", f"{path.name} has no token_embd.weight")
     eos = [meta.get(f"tokenizer.ggml.{name}") for name in ("eos_token_id", "eot_token_id", "eom_token_id")]
@@ -123,8 +128,26 @@ def config_dict(path: str | Path) -> dict:
         "eos_token_id": [int(e) for e in dict.fromkeys(eos) if e is not None],
         "bos_token_id": meta.get("tokenizer.ggml.bos_token_id"),
         "torch_dtype": "float32",
+        **(_phi3(meta, arch, path, rope_dim / head_dim, shapes) if arch == "phi3" else {}),
         **(_gemma3(meta, arch, int(key("block_count")), head_dim, hidden // heads) if arch == "gemma3" else {}),
     }
+
+
+def _phi3(meta: dict, arch: str, path: Path, rotary: float, shapes: dict) -> dict:
+    """Phi-3's keys as convert_hf_to_gguf.py's Phi3MiniModel writes them: the rotary part of each head
+    (rope.dimension_count), the sliding window (0: none, Phi-4), and LongRoPE as the rope_factors_long and
+    _short tensors over rope.scaling.original_context_length. The attention factor the converter stores
+    (rope.scaling.attn_factor) is the one kernels/rotary.py computes from the two lengths."""
+    extra = {"partial_rotary_factor": rotary, "sliding_window": int(meta.get(f"{arch}.attention.sliding_window") or 0)
+             or None}
+    if ROPE_LONG in shapes:
+        original = int(meta[f"{arch}.rope.scaling.original_context_length"])
+        context = int(meta[f"{arch}.context_length"])
+        extra["original_max_position_embeddings"] = original
+        extra["rope_scaling"] = {"rope_type": "longrope", "original_max_position_embeddings": original,
+                                 "factor": context / original,
+                                 "long_factor": read_tensor(path, ROPE_LONG), "short_factor": read_tensor(path, ROPE_SHORT)}
+    return extra
 
 
 def _gemma3(meta: dict, arch: str, layers: int, head_dim: int, hidden_per_head: int) -> dict:
@@ -149,6 +172,10 @@ def _gemma3(meta: dict, arch: str, layers: int, head_dim: int, hidden_per_head: 
 
 def _rope_scaling(meta: dict, arch: str, path: Path, has_freqs: bool) -> dict | None:
     kind = meta.get(f"{arch}.rope.scaling.type")
+    if kind == "linear":  # Gemma 3 4B and up: positions divided by the factor (its global layers)
+        return {"rope_type": "linear", "factor": f32(meta[f"{arch}.rope.scaling.factor"])}
+    if kind == "longrope" and arch == "phi3":  # its factors are tensors (_phi3)
+        return None
     if kind not in (None, "none"):
         raise InvalidArgument("model", f"{path.name}: rope scaling {kind!r} ({arch}.rope.scaling.type) is not served")
     if has_freqs:  # Llama 3.1+: inverse frequencies divided by these factors

@@ -15,6 +15,7 @@ from typing import Iterator
 import numpy as np
 
 from services.core.errors import InvalidArgument
+from services.worker.checkpoint_names import FUSED
 from services.worker.gguf_arch import GLOBAL_NAMES, LAYER_NAMES, architecture, hf_name  # noqa: F401 (the name map)
 
 
@@ -70,6 +71,17 @@ def read_tensors(path: Path, num_heads: int, num_kv_heads: int) -> Iterator[Gguf
             continue
         shape = tuple(int(n) for n in reversed(tensor.shape))  # ggml lists dims innermost first
         data = tensor.data
+        inner = name.split(".", 3)[-1] if name.startswith("model.layers.") else None
+        if inner in FUSED:  # Phi-3's qkv and gate_up: each piece's rows (whole rows of blocks) under its name
+            kv = shape[0] // (num_heads + 2 * num_kv_heads) * num_kv_heads
+            rows = (shape[0] - 2 * kv, kv, kv) if len(FUSED[inner]) == 3 else (shape[0] // 2,) * 2
+            start = 0
+            for piece, count in zip(FUSED[inner], rows):
+                yield GgufTensor(hf_name=name[:-len(inner)] + piece, type_name=tensor.tensor_type.name,
+                                 type_id=int(tensor.tensor_type.value), shape=(count, *shape[1:]),
+                                 data=data[start:start + count])
+                start += count
+            continue
         if spec.permuted_qk and name.endswith(("q_proj.weight", "q_proj.bias")):
             data = unpermute(data, num_heads)
         elif spec.permuted_qk and name.endswith(("k_proj.weight", "k_proj.bias")):

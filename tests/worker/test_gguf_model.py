@@ -1,4 +1,4 @@
-"""A bare GGUF file is a model (llama, qwen2, qwen3, gemma3): its metadata gives the architecture, the
+"""A bare GGUF file is a model (llama, qwen2, qwen3, gemma3, phi3): its metadata gives the architecture, the
 hyperparameters, the tokenizer and the template, and it serves the tokens of the Hugging Face folder it
 was written from; what it cannot serve is refused by name."""
 from __future__ import annotations
@@ -58,10 +58,11 @@ def as_llama_cpp_writes(folder, out, arch):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("arch", ["gemma3"])
+@pytest.mark.parametrize("arch", ["gemma3", "phi3"])
 def test_issue_42_architectures_serve_the_folder_tokens(tmp_path, model_dir, arch):
     """Each architecture issue 42 added, as llama.cpp's converter writes it (Gemma 3: each norm 1 + w, the
-    four norms' names, the layer kinds and the local rope base): the F32 file dequantized gives the folder's
+    four norms' names, the layer kinds and the local rope base; Phi-3: fused qkv and gate_up, partial rotary,
+    LongRoPE factors as tensors, the window): the F32 file dequantized gives the folder's
     tokens and logprobs to the bit, served as it is its greedy tokens; a Q8_0 file alone serves as the folder
     holding it."""
     folder = as_llama_cpp_writes(model_dir(arch, "tiny"), tmp_path / "folder", arch)
