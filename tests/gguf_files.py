@@ -15,7 +15,7 @@ QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[
                r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
                 r"|\s*[\r\n]+|\s+(?!\S)|\s+")
-GGUF_ARCH = {"gemma3_text": "gemma3"}  # config.json's model_type -> general.architecture where they differ
+GGUF_ARCH = {"gemma3_text": "gemma3", "qwen3_moe": "qwen3moe", "mixtral": "llama"}  # config.json's model_type -> general.architecture where they differ
 NORM_SHIFT = ("gemma3",)  # Gemma3Model.norm_shift: llama.cpp's converter stores each norm weight as 1 + w
 STYLES = {"gpt-2": None, "qwen2": QWEN2_SPLIT, "llama-bpe": LLAMA3_SPLIT}  # tokenizer.ggml.pre -> split regex
 
@@ -68,6 +68,12 @@ def _hyperparameters(writer, arch: str, config: dict) -> None:
     theta = config.get("rope_theta") or params.get("full_attention", params).get("rope_theta", 10000.0)
     writer.add_float32(f"{arch}.rope.freq_base", theta)
     writer.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", config["rms_norm_eps"])
+    experts = config.get("num_experts") or config.get("num_local_experts")
+    if experts:  # TextModel's keys; Qwen2MoeModel's expert width
+        writer.add_uint32(f"{arch}.expert_count", experts)
+        writer.add_uint32(f"{arch}.expert_used_count", config["num_experts_per_tok"])
+        if config.get("moe_intermediate_size"):
+            writer.add_uint32(f"{arch}.expert_feed_forward_length", config["moe_intermediate_size"])
     if arch == "phi3":  # Phi3MiniModel's keys: the rotary dims, the pre-training context, the window
         rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
         writer.add_uint32(f"{arch}.rope.dimension_count",
@@ -127,6 +133,12 @@ def _tensors(writer, folder: Path, arch: str, config: dict, tensor_type: str, ty
     if scaling.get("rope_type") == "longrope":  # Phi3MiniModel.generate_extra_tensors
         writer.add_tensor("rope_factors_long.weight", np.array(scaling["long_factor"], dtype=np.float32))
         writer.add_tensor("rope_factors_short.weight", np.array(scaling["short_factor"], dtype=np.float32))
+    for hf in [name for name in tensors if name.endswith(".mlp.experts.gate_up_proj")]:  # [E, 2I, H]
+        gate, up = np.split(tensors.pop(hf), 2, axis=1)  # stacked per layer as llama.cpp stores experts
+        tensors[hf.replace("gate_up_proj", "gate_proj.weight")], tensors[hf.replace("gate_up_proj", "up_proj.weight")] \
+            = gate, up
+    for hf in [name for name in tensors if name.endswith(".mlp.experts.down_proj")]:  # [E, H, I]
+        tensors[hf + ".weight"] = tensors.pop(hf)
     for hf, array in sorted(tensors.items()):
         array = array.astype(np.float32)
         if hf.startswith("model.layers."):
@@ -139,7 +151,7 @@ def _tensors(writer, folder: Path, arch: str, config: dict, tensor_type: str, ty
             array = array.reshape(n, 2, array.shape[0] // n // 2, *array.shape[1:]).swapaxes(1, 2).reshape(array.shape)
         if arch in NORM_SHIFT and hf.endswith("norm.weight"):
             array = array + np.float32(1.0)
-        kind = "f32" if array.ndim == 1 else tensor_type
+        kind = "f32" if array.ndim == 1 or hf.endswith("mlp.gate.weight") else tensor_type  # the router: F32
         if kind == "mixed":
             kind = "f16" if hf == "model.embed_tokens.weight" else "q8_0"
         kind = types.get(hf, kind)

@@ -41,6 +41,10 @@ GEMMA3_NAMES = {**QK_NORM,  # convert_hf_to_gguf.py's Gemma3Model: four norms a 
                 "post_ffw_norm.weight": "post_feedforward_layernorm.weight"}
 PHI3_NAMES = {"attn_qkv.weight": "self_attn.qkv_proj.weight",  # fused, split by rows at read (gguf_weights.py)
               "ffn_up.weight": "mlp.gate_up_proj.weight"}  # llama.cpp's phi3 ffn_up: gate and up, 2 x n_ff rows
+EXPERTS = {"ffn_gate_inp.weight": "mlp.gate.weight",  # the router (kept F32 by llama.cpp)
+           # each [experts, rows, cols], split per expert at read (gguf_weights.py) under "mlp.experts.E."
+           "ffn_gate_exps.weight": "mlp.experts.gate_proj.weight", "ffn_up_exps.weight": "mlp.experts.up_proj.weight",
+           "ffn_down_exps.weight": "mlp.experts.down_proj.weight"}
 ROPE_LONG, ROPE_SHORT = "rope_factors_long.weight", "rope_factors_short.weight"  # Phi-3's LongRoPE factors
 ROPE_FREQS = "rope_freqs.weight"  # Llama 3's rotary scaling, as llama.cpp stores it: a factor per frequency
 
@@ -53,12 +57,16 @@ class GgufArch:
     # the norm weights hold what the model's finish_load makes of the checkpoint's (Gemma's 1 + w, which
     # llama.cpp's converter adds): loading the file skips finish_load
     norms_as_served: bool = False
+    moe_model_type: str | None = None  # the model_type of a file of this architecture with experts (expert_count)
 
 
 ARCHITECTURES = {  # general.architecture -> how it is served (Mistral's GGUF files say "llama")
-    "llama": GgufArch(model_type="llama", permuted_qk=True, layer_names=QKV_BIAS),
+    "llama": GgufArch(model_type="llama", permuted_qk=True, layer_names={**QKV_BIAS, **EXPERTS},
+                      moe_model_type="mixtral"),  # Mixtral's files are llama ones with experts
     "qwen2": GgufArch(model_type="qwen2", permuted_qk=False, layer_names=QKV_BIAS),
     "qwen3": GgufArch(model_type="qwen3", permuted_qk=False, layer_names=QK_NORM),
+    "qwen3moe": GgufArch(model_type="qwen3_moe", permuted_qk=False, layer_names={**QK_NORM, **EXPERTS},
+                         moe_model_type="qwen3_moe"),
     "phi3": GgufArch(model_type="phi3", permuted_qk=False, layer_names=PHI3_NAMES),
     "gemma3": GgufArch(model_type="gemma3_text", permuted_qk=False, layer_names=GEMMA3_NAMES, norms_as_served=True),
 }
@@ -128,9 +136,28 @@ def config_dict(path: str | Path) -> dict:
         "eos_token_id": [int(e) for e in dict.fromkeys(eos) if e is not None],
         "bos_token_id": meta.get("tokenizer.ggml.bos_token_id"),
         "torch_dtype": "float32",
+        **(_experts(meta, arch, spec, path) if spec.moe_model_type else {}),
         **(_phi3(meta, arch, path, rope_dim / head_dim, shapes) if arch == "phi3" else {}),
         **(_gemma3(meta, arch, int(key("block_count")), head_dim, hidden // heads) if arch == "gemma3" else {}),
     }
+
+
+def _experts(meta: dict, arch: str, spec: GgufArch, path: Path) -> dict:
+    """A mixture's keys (expert_count, expert_used_count, expert_feed_forward_length where the experts' width
+    is not feed_forward_length's). llama.cpp renormalises the top-k weights for both Mixtral and Qwen3-MoE
+    (src/models/qwen3moe.cpp passes norm_w true; its converter writes no norm_topk_prob), so they are here
+    unless the file says otherwise (expert_weights_norm)."""
+    count = int(meta.get(f"{arch}.expert_count") or 0)
+    if not count:
+        if spec.model_type == spec.moe_model_type:
+            raise InvalidArgument("model", f"{path.name} lacks {arch}.expert_count")
+        return {}
+    extra = {"model_type": spec.moe_model_type, "num_experts": count,
+             "num_experts_per_tok": int(meta[f"{arch}.expert_used_count"]),
+             "norm_topk_prob": bool(meta.get(f"{arch}.expert_weights_norm", True))}
+    if f"{arch}.expert_feed_forward_length" in meta:
+        extra["moe_intermediate_size"] = int(meta[f"{arch}.expert_feed_forward_length"])
+    return extra
 
 
 def _phi3(meta: dict, arch: str, path: Path, rotary: float, shapes: dict) -> dict:

@@ -72,6 +72,12 @@ def read_tensors(path: Path, num_heads: int, num_kv_heads: int) -> Iterator[Gguf
         shape = tuple(int(n) for n in reversed(tensor.shape))  # ggml lists dims innermost first
         data = tensor.data
         inner = name.split(".", 3)[-1] if name.startswith("model.layers.") else None
+        if len(shape) == 3:  # a mixture's experts stacked [experts, rows, cols]: each under its own name
+            for expert in range(shape[0]):
+                yield GgufTensor(hf_name=name.replace(".mlp.experts.", f".mlp.experts.{expert}."),
+                                 type_name=tensor.tensor_type.name, type_id=int(tensor.tensor_type.value),
+                                 shape=shape[1:], data=data[expert])
+            continue
         if inner in FUSED:  # Phi-3's qkv and gate_up: each piece's rows (whole rows of blocks) under its name
             kv = shape[0] // (num_heads + 2 * num_kv_heads) * num_kv_heads
             rows = (shape[0] - 2 * kv, kv, kv) if len(FUSED[inner]) == 3 else (shape[0] // 2,) * 2

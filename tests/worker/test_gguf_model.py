@@ -1,4 +1,4 @@
-"""A bare GGUF file is a model (llama, qwen2, qwen3, gemma3, phi3): its metadata gives the architecture, the
+"""A bare GGUF file is a model (llama with Mistral and Mixtral, qwen2, qwen3, qwen3moe, gemma3, phi3): its metadata gives the architecture, the
 hyperparameters, the tokenizer and the template, and it serves the tokens of the Hugging Face folder it
 was written from; what it cannot serve is refused by name."""
 from __future__ import annotations
@@ -46,23 +46,26 @@ def test_bare_file_serves_the_folder_tokens(tmp_path, model_dir, arch):
 
 def as_llama_cpp_writes(folder, out, arch):
     """The make_model folder with what a llama.cpp file cannot say set as llama.cpp assumes it (Gemma 3's
-    attention scale: head_dim ** -0.5), so that the file and the folder are the same model."""
+    attention scale: head_dim ** -0.5; Qwen3-MoE's renormalised top-k), so that the file and the folder are the same model."""
     import json
 
     shutil.copytree(folder, out)
     config = json.loads((out / "config.json").read_text())
     if arch == "gemma3":
         config["query_pre_attn_scalar"] = config["head_dim"]
+    if arch == "qwen3_moe":  # llama.cpp renormalises the top-k weights (src/models/qwen3moe.cpp)
+        config["norm_topk_prob"] = True
     (out / "config.json").write_text(json.dumps(config))
     return out
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("arch", ["gemma3", "phi3"])
+@pytest.mark.parametrize("arch", ["gemma3", "phi3", "qwen3_moe", "mixtral"])
 def test_issue_42_architectures_serve_the_folder_tokens(tmp_path, model_dir, arch):
     """Each architecture issue 42 added, as llama.cpp's converter writes it (Gemma 3: each norm 1 + w, the
     four norms' names, the layer kinds and the local rope base; Phi-3: fused qkv and gate_up, partial rotary,
-    LongRoPE factors as tensors, the window): the F32 file dequantized gives the folder's
+    LongRoPE factors as tensors, the window; Qwen3-MoE and Mixtral, a llama file with experts: the experts
+    stacked [experts, rows, cols] per layer, the router F32): the F32 file dequantized gives the folder's
     tokens and logprobs to the bit, served as it is its greedy tokens; a Q8_0 file alone serves as the folder
     holding it."""
     folder = as_llama_cpp_writes(model_dir(arch, "tiny"), tmp_path / "folder", arch)
