@@ -15,7 +15,8 @@ QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[
                r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
                 r"|\s*[\r\n]+|\s+(?!\S)|\s+")
-GGUF_ARCH = {"gemma3_text": "gemma3", "qwen3_moe": "qwen3moe", "mixtral": "llama"}  # config.json's model_type -> general.architecture where they differ
+# config.json's model_type -> general.architecture where they differ
+GGUF_ARCH = {"gemma3_text": "gemma3", "qwen3_moe": "qwen3moe", "mixtral": "llama"}
 NORM_SHIFT = ("gemma3",)  # Gemma3Model.norm_shift: llama.cpp's converter stores each norm weight as 1 + w
 STYLES = {"gpt-2": None, "qwen2": QWEN2_SPLIT, "llama-bpe": LLAMA3_SPLIT}  # tokenizer.ggml.pre -> split regex
 

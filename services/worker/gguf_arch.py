@@ -3,9 +3,12 @@
 One row per `general.architecture` (`ARCHITECTURES`); an architecture added to the models
 (services/worker/model_config.py `SUPPORTED`) is served from a bare GGUF file by a row here: the
 model_type it is, its layer tensors beyond the common ones, and whether llama.cpp's converter
-permuted its q/k rows (convert_hf_to_gguf.py does for `llama`, `undo_permute`; not for qwen2/qwen3).
-The hyperparameters are read under `{arch}.` with llama.cpp's key names and handed to
-`ModelArchConfig.from_dict` as the config.json keys they stand for.
+permuted its q/k rows (convert_hf_to_gguf.py does for `llama`, `undo_permute`; not for the others), whether
+its norms already hold what the model's finish_load makes of them (Gemma's 1 + w), and the model_type a file
+with experts is (a `llama` file with expert_count is Mixtral). The hyperparameters are read under `{arch}.`
+with llama.cpp's key names and handed to `ModelArchConfig.from_dict` as the config.json keys they stand for;
+where llama.cpp's loader assumes what the file does not say (Gemma 3's attention scale and default layer
+pattern, the renormalised top-k of Qwen3-MoE), so does this.
 """
 from __future__ import annotations
 
@@ -173,7 +176,8 @@ def _phi3(meta: dict, arch: str, path: Path, rotary: float, shapes: dict) -> dic
         extra["original_max_position_embeddings"] = original
         extra["rope_scaling"] = {"rope_type": "longrope", "original_max_position_embeddings": original,
                                  "factor": context / original,
-                                 "long_factor": read_tensor(path, ROPE_LONG), "short_factor": read_tensor(path, ROPE_SHORT)}
+                                 "long_factor": read_tensor(path, ROPE_LONG),
+                                 "short_factor": read_tensor(path, ROPE_SHORT)}
     return extra
 
 

@@ -1,10 +1,11 @@
-"""A GGUF file's tensors under Hugging Face Llama names, read with the `gguf` package.
+"""A GGUF file's tensors under Hugging Face names, read with the `gguf` package.
 
 One place for what both the default model's conversion (services/tools/default_model.py,
 which dequantizes) and the worker (services/worker/loader.py: `--quantization gguf` keeps the
 blocks, `none` dequantizes them) need: the tensors under HF names (services/worker/gguf_arch.py,
-per architecture), llama.cpp's q/k row permutation undone where it permuted, and which file is
-the model's GGUF.
+per architecture), llama.cpp's q/k row permutation undone where it permuted, what it stores fused
+(Phi-3's attn_qkv and ffn_up) or stacked (a mixture's experts) as the per-projection, per-expert tensors
+of a Hugging Face checkpoint (whole rows, so blocks are kept as they are), and which file is the model's GGUF.
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""A bare GGUF file is a model (llama with Mistral and Mixtral, qwen2, qwen3, qwen3moe, gemma3, phi3): its metadata gives the architecture, the
-hyperparameters, the tokenizer and the template, and it serves the tokens of the Hugging Face folder it
-was written from; what it cannot serve is refused by name."""
+"""A bare GGUF file is a model (llama with Mistral and Mixtral, qwen2, qwen3, qwen3moe, gemma3, phi3): its
+metadata gives the architecture, the hyperparameters, the tokenizer and the template, and it serves the tokens
+of the Hugging Face folder it was written from; what it cannot serve is refused by name."""
 from __future__ import annotations
 
 import shutil
@@ -46,7 +46,8 @@ def test_bare_file_serves_the_folder_tokens(tmp_path, model_dir, arch):
 
 def as_llama_cpp_writes(folder, out, arch):
     """The make_model folder with what a llama.cpp file cannot say set as llama.cpp assumes it (Gemma 3's
-    attention scale: head_dim ** -0.5; Qwen3-MoE's renormalised top-k), so that the file and the folder are the same model."""
+    attention scale: head_dim ** -0.5; Qwen3-MoE's renormalised top-k), so that the file and the folder are the
+    same model."""
     import json
 
     shutil.copytree(folder, out)
@@ -111,7 +112,8 @@ def test_unserved_architecture_is_refused(tmp_path, model_dir):
     from services.worker.model_config import ModelArchConfig
 
     assert {"llama", "qwen2", "qwen3", "gemma3"} <= set(ARCHITECTURES)
-    with pytest.raises(InvalidArgument, match=f"'falcon'.*served GGUF architectures: {', '.join(sorted(ARCHITECTURES))}$"):
+    served = ", ".join(sorted(ARCHITECTURES))
+    with pytest.raises(InvalidArgument, match=f"'falcon'.*served GGUF architectures: {served}$"):
         ModelArchConfig.from_model(path)
 
 
