@@ -39,7 +39,8 @@ def restyle_tokenizer(folder: Path, pre: str) -> None:
 def write_gguf(folder: Path, out: Path, tensor_type: str = "f32", pre: str = "gpt-2", arch: str | None = None,
                with_tensors: bool = True, types: dict[str, str] | None = None) -> Path:
     """The folder as one GGUF file. tensor_type: the 2-D weights' type (f32, f16, q8_0, mixed: q8_0 for
-    the linear layers and f16 for the embedding); norms and biases stay f32; `types`: HF name -> type."""
+    the linear layers and f16 for the embedding); norms and biases stay f32; `types`: HF name -> type (a
+    mixture's stacked experts: model.layers.L.mlp.experts.down_proj.weight; a K-quant as random blocks)."""
     from gguf import GGUFWriter
 
     config = json.loads((folder / "config.json").read_text())
@@ -160,9 +161,15 @@ def _tensors(writer, folder: Path, arch: str, config: dict, tensor_type: str, ty
             writer.add_tensor(name, array)
         elif kind == "f16":
             writer.add_tensor(name, array.astype(np.float16))
-        else:
+        elif kind in ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0"):  # what gguf.quants writes
             qtype = GGMLQuantizationType[kind.upper()]
             writer.add_tensor(name, quants.quantize(array, qtype), raw_dtype=qtype)
+        else:  # a K-quant: valid random blocks of the tensor's spread (not its values), rows as they are
+            from tests.kernels.quant_helpers import random_blocks
+
+            rows = random_blocks(kind, int(np.prod(array.shape[:-1])), array.shape[-1], np.random.default_rng(0),
+                                 scale=float(array.std()))
+            writer.add_tensor(name, rows.reshape(*array.shape[:-1], -1), raw_dtype=GGMLQuantizationType[kind.upper()])
 
 
 def _llama3_rope_factors(config: dict, scaling: dict) -> np.ndarray:

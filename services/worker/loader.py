@@ -201,8 +201,8 @@ def _gguf_dense(path: Path, cfg: ModelArchConfig, shard: Shard):
 
 def gguf_align(quantization: str, folder: Path | None = None) -> int | tuple[int, int]:
     """The K group width multiple the row-parallel weights need: none, or for GGUF whole blocks, as
-    (o_proj's, down_proj's): the largest block of the file's attn_output and ffn_down types (256 for a
-    K-quant; 32 without the file)."""
+    (o_proj's, down_proj's): the largest block of the file's attn_output and ffn_down types, a mixture's
+    experts' ffn_down_exps included (256 for a K-quant; 32 without the file)."""
     if quantization != "gguf":
         return 1
     path = find_gguf_file(folder) if folder is not None else None
@@ -212,7 +212,7 @@ def gguf_align(quantization: str, folder: Path | None = None) -> int | tuple[int
 
     widest = {"attn_output": quant.BLOCK, "ffn_down": quant.BLOCK}
     for tensor in GGUFReader(str(path)).tensors:
-        kind = tensor.name.split(".")[-2] if tensor.name.startswith("blk.") else None
+        kind = tensor.name.split(".")[-2].removesuffix("_exps") if tensor.name.startswith("blk.") else None
         fmt = _served_format(tensor.tensor_type.name)
         if kind in widest and fmt is not None:
             widest[kind] = max(widest[kind], quant.block_elems(fmt))

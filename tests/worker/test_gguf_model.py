@@ -83,6 +83,19 @@ def test_issue_42_architectures_serve_the_folder_tokens(tmp_path, model_dir, arc
     assert run(q8)[0] == run(folder)[0]
 
 
+def test_k_quant_experts_are_served_in_whole_blocks(tmp_path, model_dir):
+    """A mixture whose experts' down projections are Q4_K (as llama.cpp's Q4_K_M writes them) and the rest Q8_0:
+    the row-parallel groups of the experts' down_proj are whole blocks of 256 and the file serves."""
+    from services.worker.loader import gguf_align
+
+    folder = model_dir("qwen3_moe", "tiny", intermediate_size=512)  # experts 256 wide: one Q4_K block a row
+    path = write_gguf(folder, tmp_path / "moe.gguf", "q8_0",
+                      types={f"model.layers.{i}.mlp.experts.down_proj.weight": "q4_k" for i in range(2)})
+    assert gguf_align("gguf", path) == (32, 256)
+    out = make_llm(path).generate(PROMPTS[:1], greedy(4), use_tqdm=False)[0]
+    assert len(out.outputs[0].token_ids) == 4
+
+
 @pytest.mark.slow
 def test_llama3_rope_scaling_from_the_files_rope_freqs(tmp_path, model_dir):
     """Llama 3.1+ files carry their rope scaling as a rope_freqs tensor: served, it gives the greedy tokens of
