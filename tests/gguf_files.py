@@ -15,6 +15,9 @@ QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[
                r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
                 r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+# config.json's model_type -> general.architecture where they differ
+GGUF_ARCH = {"gemma3_text": "gemma3", "qwen3_moe": "qwen3moe", "mixtral": "llama"}
+NORM_SHIFT = ("gemma3",)  # Gemma3Model.norm_shift: llama.cpp's converter stores each norm weight as 1 + w
 STYLES = {"gpt-2": None, "qwen2": QWEN2_SPLIT, "llama-bpe": LLAMA3_SPLIT}  # tokenizer.ggml.pre -> split regex
 
 
@@ -36,11 +39,12 @@ def restyle_tokenizer(folder: Path, pre: str) -> None:
 def write_gguf(folder: Path, out: Path, tensor_type: str = "f32", pre: str = "gpt-2", arch: str | None = None,
                with_tensors: bool = True, types: dict[str, str] | None = None) -> Path:
     """The folder as one GGUF file. tensor_type: the 2-D weights' type (f32, f16, q8_0, mixed: q8_0 for
-    the linear layers and f16 for the embedding); norms and biases stay f32; `types`: HF name -> type."""
+    the linear layers and f16 for the embedding); norms and biases stay f32; `types`: HF name -> type (a
+    mixture's stacked experts: model.layers.L.mlp.experts.down_proj.weight; a K-quant as random blocks)."""
     from gguf import GGUFWriter
 
     config = json.loads((folder / "config.json").read_text())
-    arch = arch or config["model_type"]
+    arch = arch or GGUF_ARCH.get(config["model_type"], config["model_type"])
     writer = GGUFWriter(str(out), arch)
     _hyperparameters(writer, arch, config)
     _tokenizer(writer, folder, pre)
@@ -62,9 +66,36 @@ def _hyperparameters(writer, arch: str, config: dict) -> None:
                        "attention.key_length": head_dim, "attention.value_length": head_dim,
                        "rope.dimension_count": head_dim, "vocab_size": config["vocab_size"]}.items():
         writer.add_uint32(f"{arch}.{key}", value)
-    theta = config.get("rope_theta") or (config.get("rope_parameters") or {}).get("rope_theta", 10000.0)
+    params = config.get("rope_parameters") or {}
+    theta = config.get("rope_theta") or params.get("full_attention", params).get("rope_theta", 10000.0)
     writer.add_float32(f"{arch}.rope.freq_base", theta)
     writer.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", config["rms_norm_eps"])
+    experts = config.get("num_experts") or config.get("num_local_experts")
+    if experts:  # TextModel's keys; Qwen2MoeModel's expert width
+        writer.add_uint32(f"{arch}.expert_count", experts)
+        writer.add_uint32(f"{arch}.expert_used_count", config["num_experts_per_tok"])
+        if config.get("moe_intermediate_size"):
+            writer.add_uint32(f"{arch}.expert_feed_forward_length", config["moe_intermediate_size"])
+    if arch == "phi3":  # Phi3MiniModel's keys: the rotary dims, the pre-training context, the window
+        rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
+        writer.add_uint32(f"{arch}.rope.dimension_count",
+                          int(rope.get("partial_rotary_factor", config.get("partial_rotary_factor", 1.0))
+                              * config["hidden_size"]) // config["num_attention_heads"])
+        writer.add_uint32(f"{arch}.rope.scaling.original_context_length", rope["original_max_position_embeddings"])
+        writer.add_uint32(f"{arch}.attention.sliding_window", config.get("sliding_window") or 0)
+        import math
+
+        scale = config["max_position_embeddings"] / rope["original_max_position_embeddings"]
+        writer.add_float32(f"{arch}.rope.scaling.attn_factor", math.sqrt(
+            1 + math.log(scale) / math.log(rope["original_max_position_embeddings"])) if scale > 1 else 1.0)
+    if arch == "gemma3":  # Gemma3Model and TextModel's keys; the layer kinds as a flag per layer, which
+        # llama.cpp reads (its converter leaves the pattern to the loader's default, every 6th layer global)
+        writer.add_uint32(f"{arch}.attention.sliding_window", config["sliding_window"])
+        writer.add_array(f"{arch}.attention.sliding_window_pattern",
+                         [kind == "sliding_attention" for kind in config["layer_types"]])
+        writer.add_float32(f"{arch}.rope.freq_base_swa", params["sliding_attention"]["rope_theta"])
+        if config.get("final_logit_softcapping"):
+            writer.add_float32(f"{arch}.final_logit_softcapping", config["final_logit_softcapping"])
 
 
 def _tokenizer(writer, folder: Path, pre: str) -> None:
@@ -101,6 +132,15 @@ def _tensors(writer, folder: Path, arch: str, config: dict, tensor_type: str, ty
     scaling = config.get("rope_scaling") or config.get("rope_parameters") or {}
     if scaling.get("rope_type") == "llama3":
         writer.add_tensor("rope_freqs.weight", _llama3_rope_factors(config, scaling))
+    if scaling.get("rope_type") == "longrope":  # Phi3MiniModel.generate_extra_tensors
+        writer.add_tensor("rope_factors_long.weight", np.array(scaling["long_factor"], dtype=np.float32))
+        writer.add_tensor("rope_factors_short.weight", np.array(scaling["short_factor"], dtype=np.float32))
+    for hf in [name for name in tensors if name.endswith(".mlp.experts.gate_up_proj")]:  # [E, 2I, H]
+        gate, up = np.split(tensors.pop(hf), 2, axis=1)  # stacked per layer as llama.cpp stores experts
+        tensors[hf.replace("gate_up_proj", "gate_proj.weight")], tensors[hf.replace("gate_up_proj", "up_proj.weight")] \
+            = gate, up
+    for hf in [name for name in tensors if name.endswith(".mlp.experts.down_proj")]:  # [E, H, I]
+        tensors[hf + ".weight"] = tensors.pop(hf)
     for hf, array in sorted(tensors.items()):
         array = array.astype(np.float32)
         if hf.startswith("model.layers."):
@@ -111,7 +151,9 @@ def _tensors(writer, folder: Path, arch: str, config: dict, tensor_type: str, ty
         if arch in LLAMA_CPP_PERMUTES and ("q_proj" in hf or "k_proj" in hf):
             n = heads if "q_proj" in hf else kv_heads  # llama.cpp's permute: interleaved rotary pairs
             array = array.reshape(n, 2, array.shape[0] // n // 2, *array.shape[1:]).swapaxes(1, 2).reshape(array.shape)
-        kind = "f32" if array.ndim == 1 else tensor_type
+        if arch in NORM_SHIFT and hf.endswith("norm.weight"):
+            array = array + np.float32(1.0)
+        kind = "f32" if array.ndim == 1 or hf.endswith("mlp.gate.weight") else tensor_type  # the router: F32
         if kind == "mixed":
             kind = "f16" if hf == "model.embed_tokens.weight" else "q8_0"
         kind = types.get(hf, kind)
@@ -119,9 +161,15 @@ def _tensors(writer, folder: Path, arch: str, config: dict, tensor_type: str, ty
             writer.add_tensor(name, array)
         elif kind == "f16":
             writer.add_tensor(name, array.astype(np.float16))
-        else:
+        elif kind in ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0"):  # what gguf.quants writes
             qtype = GGMLQuantizationType[kind.upper()]
             writer.add_tensor(name, quants.quantize(array, qtype), raw_dtype=qtype)
+        else:  # a K-quant: valid random blocks of the tensor's spread (not its values), rows as they are
+            from tests.kernels.quant_helpers import random_blocks
+
+            rows = random_blocks(kind, int(np.prod(array.shape[:-1])), array.shape[-1], np.random.default_rng(0),
+                                 scale=float(array.std()))
+            writer.add_tensor(name, rows.reshape(*array.shape[:-1], -1), raw_dtype=GGMLQuantizationType[kind.upper()])
 
 
 def _llama3_rope_factors(config: dict, scaling: dict) -> np.ndarray:

@@ -14,7 +14,7 @@ from services.worker.model_config import ModelArchConfig
 LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 _MIXTRAL_NAMES = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}  # block_sparse_moe.experts.E.wN
 
-_FUSED = {  # a checkpoint's fused projection -> the projections it stacks by rows (Phi-3)
+FUSED = {  # a checkpoint's fused projection -> the projections it stacks by rows (Phi-3)
     "self_attn.qkv_proj.weight": ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"),
     "mlp.gate_up_proj.weight": ("mlp.gate_proj.weight", "mlp.up_proj.weight"),
 }
@@ -28,11 +28,11 @@ def tensors(reader, cfg: ModelArchConfig):
         if match is not None and match.group(2) in ("mlp.experts.gate_up_proj", "mlp.experts.down_proj"):
             yield from _expert_pieces(name, match.group(2), reader.get_tensor(name))
             continue
-        if match is None or match.group(2) not in _FUSED:
+        if match is None or match.group(2) not in FUSED:
             hf_name = _mixtral_name(name)
             yield hf_name, lambda part, name=name: _read(reader, name, part)
             continue
-        prefix, pieces = name[:-len(match.group(2))], _FUSED[match.group(2)]
+        prefix, pieces = name[:-len(match.group(2))], FUSED[match.group(2)]
         q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
         rows = (q, kv, kv) if len(pieces) == 3 else (cfg.intermediate_size,) * 2
         whole = reader.get_tensor(name)

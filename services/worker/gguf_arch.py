@@ -3,9 +3,12 @@
 One row per `general.architecture` (`ARCHITECTURES`); an architecture added to the models
 (services/worker/model_config.py `SUPPORTED`) is served from a bare GGUF file by a row here: the
 model_type it is, its layer tensors beyond the common ones, and whether llama.cpp's converter
-permuted its q/k rows (convert_hf_to_gguf.py does for `llama`, `undo_permute`; not for qwen2/qwen3).
-The hyperparameters are read under `{arch}.` with llama.cpp's key names and handed to
-`ModelArchConfig.from_dict` as the config.json keys they stand for.
+permuted its q/k rows (convert_hf_to_gguf.py does for `llama`, `undo_permute`; not for the others), whether
+its norms already hold what the model's finish_load makes of them (Gemma's 1 + w), and the model_type a file
+with experts is (a `llama` file with expert_count is Mixtral). The hyperparameters are read under `{arch}.`
+with llama.cpp's key names and handed to `ModelArchConfig.from_dict` as the config.json keys they stand for;
+where llama.cpp's loader assumes what the file does not say (Gemma 3's attention scale and default layer
+pattern, the renormalised top-k of Qwen3-MoE), so does this.
 """
 from __future__ import annotations
 
@@ -35,6 +38,17 @@ LAYER_NAMES = {
 QKV_BIAS = {"attn_q.bias": "self_attn.q_proj.bias", "attn_k.bias": "self_attn.k_proj.bias",
             "attn_v.bias": "self_attn.v_proj.bias"}
 QK_NORM = {"attn_q_norm.weight": "self_attn.q_norm.weight", "attn_k_norm.weight": "self_attn.k_norm.weight"}
+GEMMA3_NAMES = {**QK_NORM,  # convert_hf_to_gguf.py's Gemma3Model: four norms a layer, each holding 1 + w
+                "post_attention_norm.weight": "post_attention_layernorm.weight",
+                "ffn_norm.weight": "pre_feedforward_layernorm.weight",
+                "post_ffw_norm.weight": "post_feedforward_layernorm.weight"}
+PHI3_NAMES = {"attn_qkv.weight": "self_attn.qkv_proj.weight",  # fused, split by rows at read (gguf_weights.py)
+              "ffn_up.weight": "mlp.gate_up_proj.weight"}  # llama.cpp's phi3 ffn_up: gate and up, 2 x n_ff rows
+EXPERTS = {"ffn_gate_inp.weight": "mlp.gate.weight",  # the router (kept F32 by llama.cpp)
+           # each [experts, rows, cols], split per expert at read (gguf_weights.py) under "mlp.experts.E."
+           "ffn_gate_exps.weight": "mlp.experts.gate_proj.weight", "ffn_up_exps.weight": "mlp.experts.up_proj.weight",
+           "ffn_down_exps.weight": "mlp.experts.down_proj.weight"}
+ROPE_LONG, ROPE_SHORT = "rope_factors_long.weight", "rope_factors_short.weight"  # Phi-3's LongRoPE factors
 ROPE_FREQS = "rope_freqs.weight"  # Llama 3's rotary scaling, as llama.cpp stores it: a factor per frequency
 
 
@@ -43,12 +57,21 @@ class GgufArch:
     model_type: str  # services/worker/model_config.py SUPPORTED's key
     permuted_qk: bool  # llama.cpp's converter permuted the q/k rows for its rotary layout
     layer_names: dict[str, str] = field(default_factory=dict)  # beyond LAYER_NAMES (biases are optional)
+    # the norm weights hold what the model's finish_load makes of the checkpoint's (Gemma's 1 + w, which
+    # llama.cpp's converter adds): loading the file skips finish_load
+    norms_as_served: bool = False
+    moe_model_type: str | None = None  # the model_type of a file of this architecture with experts (expert_count)
 
 
 ARCHITECTURES = {  # general.architecture -> how it is served (Mistral's GGUF files say "llama")
-    "llama": GgufArch(model_type="llama", permuted_qk=True, layer_names=QKV_BIAS),
+    "llama": GgufArch(model_type="llama", permuted_qk=True, layer_names={**QKV_BIAS, **EXPERTS},
+                      moe_model_type="mixtral"),  # Mixtral's files are llama ones with experts
     "qwen2": GgufArch(model_type="qwen2", permuted_qk=False, layer_names=QKV_BIAS),
     "qwen3": GgufArch(model_type="qwen3", permuted_qk=False, layer_names=QK_NORM),
+    "qwen3moe": GgufArch(model_type="qwen3_moe", permuted_qk=False, layer_names={**QK_NORM, **EXPERTS},
+                         moe_model_type="qwen3_moe"),
+    "phi3": GgufArch(model_type="phi3", permuted_qk=False, layer_names=PHI3_NAMES),
+    "gemma3": GgufArch(model_type="gemma3_text", permuted_qk=False, layer_names=GEMMA3_NAMES, norms_as_served=True),
 }
 
 
@@ -61,10 +84,11 @@ def architecture(meta: dict, path: Path) -> tuple[str, GgufArch]:
 
 
 def hf_name(gguf_name: str, arch: str) -> str | None:
-    """The Hugging Face name of a GGUF tensor; None for rope_freqs (read into the config)."""
+    """The Hugging Face name of a GGUF tensor; None for rope_freqs and Phi-3's rope factors (read into the
+    config)."""
     if gguf_name in GLOBAL_NAMES:
         return GLOBAL_NAMES[gguf_name]
-    if gguf_name == ROPE_FREQS:
+    if gguf_name in (ROPE_FREQS, ROPE_LONG, ROPE_SHORT):
         return None
     prefix, layer, rest = gguf_name.split(".", 2) if gguf_name.startswith("blk.") else ("", "", "")
     names = {**LAYER_NAMES, **ARCHITECTURES[arch].layer_names}
@@ -90,10 +114,10 @@ def config_dict(path: str | Path) -> dict:
 
     heads, hidden = int(key("attention.head_count")), int(key("embedding_length"))
     head_dim = int(meta.get(f"{arch}.attention.key_length") or hidden // heads)
-    rope_dim = meta.get(f"{arch}.rope.dimension_count")
-    if rope_dim is not None and int(rope_dim) != head_dim:
+    rope_dim = int(meta.get(f"{arch}.rope.dimension_count") or head_dim)
+    if rope_dim != head_dim and arch != "phi3":
         raise InvalidArgument("model", f"{path.name}: rotary on {rope_dim} of {head_dim} head dimensions "
-                                       "(partial rotary) is not served")
+                                       f"(partial rotary) is not served for {arch}")
     if "token_embd.weight" not in shapes:
         raise InvalidArgument("model", f"{path.name} has no token_embd.weight")
     eos = [meta.get(f"tokenizer.ggml.{name}") for name in ("eos_token_id", "eot_token_id", "eom_token_id")]
@@ -115,11 +139,74 @@ def config_dict(path: str | Path) -> dict:
         "eos_token_id": [int(e) for e in dict.fromkeys(eos) if e is not None],
         "bos_token_id": meta.get("tokenizer.ggml.bos_token_id"),
         "torch_dtype": "float32",
+        **(_experts(meta, arch, spec, path) if spec.moe_model_type else {}),
+        **(_phi3(meta, arch, path, rope_dim / head_dim, shapes) if arch == "phi3" else {}),
+        **(_gemma3(meta, arch, int(key("block_count")), head_dim, hidden // heads) if arch == "gemma3" else {}),
+    }
+
+
+def _experts(meta: dict, arch: str, spec: GgufArch, path: Path) -> dict:
+    """A mixture's keys (expert_count, expert_used_count, expert_feed_forward_length where the experts' width
+    is not feed_forward_length's). llama.cpp renormalises the top-k weights for both Mixtral and Qwen3-MoE
+    (src/models/qwen3moe.cpp passes norm_w true; its converter writes no norm_topk_prob), so they are here
+    unless the file says otherwise (expert_weights_norm)."""
+    count = int(meta.get(f"{arch}.expert_count") or 0)
+    if not count:
+        if spec.model_type == spec.moe_model_type:
+            raise InvalidArgument("model", f"{path.name} lacks {arch}.expert_count")
+        return {}
+    extra = {"model_type": spec.moe_model_type, "num_experts": count,
+             "num_experts_per_tok": int(meta[f"{arch}.expert_used_count"]),
+             "norm_topk_prob": bool(meta.get(f"{arch}.expert_weights_norm", True))}
+    if f"{arch}.expert_feed_forward_length" in meta:
+        extra["moe_intermediate_size"] = int(meta[f"{arch}.expert_feed_forward_length"])
+    return extra
+
+
+def _phi3(meta: dict, arch: str, path: Path, rotary: float, shapes: dict) -> dict:
+    """Phi-3's keys as convert_hf_to_gguf.py's Phi3MiniModel writes them: the rotary part of each head
+    (rope.dimension_count), the sliding window (0: none, Phi-4), and LongRoPE as the rope_factors_long and
+    _short tensors over rope.scaling.original_context_length. The attention factor the converter stores
+    (rope.scaling.attn_factor) is the one kernels/rotary.py computes from the two lengths."""
+    extra = {"partial_rotary_factor": rotary, "sliding_window": int(meta.get(f"{arch}.attention.sliding_window") or 0)
+             or None}
+    if ROPE_LONG in shapes:
+        original = int(meta[f"{arch}.rope.scaling.original_context_length"])
+        context = int(meta[f"{arch}.context_length"])
+        extra["original_max_position_embeddings"] = original
+        extra["rope_scaling"] = {"rope_type": "longrope", "original_max_position_embeddings": original,
+                                 "factor": context / original,
+                                 "long_factor": read_tensor(path, ROPE_LONG),
+                                 "short_factor": read_tensor(path, ROPE_SHORT)}
+    return extra
+
+
+def _gemma3(meta: dict, arch: str, layers: int, head_dim: int, hidden_per_head: int) -> dict:
+    """Gemma 3's keys as llama.cpp reads them (src/models/gemma3.cpp): a sliding window where
+    attention.sliding_window is set, its layers by attention.sliding_window_pattern (a flag per layer, or
+    every n-th layer global; 6 where absent), the local rope base (rope.freq_base_swa), and the attention
+    scale the file cannot say: head_dim ** -0.5, (hidden / heads) ** -0.5 for the 62-layer 27B."""
+    window = int(meta.get(f"{arch}.attention.sliding_window") or 0)
+    pattern = meta.get(f"{arch}.attention.sliding_window_pattern", 6)
+    if isinstance(pattern, list):
+        local = [bool(flag) for flag in pattern]
+    else:
+        local = [pattern == 0 or i % pattern < pattern - 1 for i in range(layers)]
+    return {
+        "layer_types": ["sliding_attention" if window and flag else "full_attention" for flag in local],
+        "sliding_window": window,
+        "rope_local_base_freq": f32(meta.get(f"{arch}.rope.freq_base_swa", 10000.0)),
+        "query_pre_attn_scalar": hidden_per_head if layers == 62 else head_dim,
+        "final_logit_softcapping": cap if (cap := meta.get(f"{arch}.final_logit_softcapping")) is None else f32(cap),
     }
 
 
 def _rope_scaling(meta: dict, arch: str, path: Path, has_freqs: bool) -> dict | None:
     kind = meta.get(f"{arch}.rope.scaling.type")
+    if kind == "linear":  # Gemma 3 4B and up: positions divided by the factor (its global layers)
+        return {"rope_type": "linear", "factor": f32(meta[f"{arch}.rope.scaling.factor"])}
+    if kind == "longrope" and arch == "phi3":  # its factors are tensors (_phi3)
+        return None
     if kind not in (None, "none"):
         raise InvalidArgument("model", f"{path.name}: rope scaling {kind!r} ({arch}.rope.scaling.type) is not served")
     if has_freqs:  # Llama 3.1+: inverse frequencies divided by these factors

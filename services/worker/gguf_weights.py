@@ -1,10 +1,11 @@
-"""A GGUF file's tensors under Hugging Face Llama names, read with the `gguf` package.
+"""A GGUF file's tensors under Hugging Face names, read with the `gguf` package.
 
 One place for what both the default model's conversion (services/tools/default_model.py,
 which dequantizes) and the worker (services/worker/loader.py: `--quantization gguf` keeps the
 blocks, `none` dequantizes them) need: the tensors under HF names (services/worker/gguf_arch.py,
-per architecture), llama.cpp's q/k row permutation undone where it permuted, and which file is
-the model's GGUF.
+per architecture), llama.cpp's q/k row permutation undone where it permuted, what it stores fused
+(Phi-3's attn_qkv and ffn_up) or stacked (a mixture's experts) as the per-projection, per-expert tensors
+of a Hugging Face checkpoint (whole rows, so blocks are kept as they are), and which file is the model's GGUF.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from typing import Iterator
 import numpy as np
 
 from services.core.errors import InvalidArgument
+from services.worker.checkpoint_names import FUSED
 from services.worker.gguf_arch import GLOBAL_NAMES, LAYER_NAMES, architecture, hf_name  # noqa: F401 (the name map)
 
 
@@ -49,6 +51,13 @@ def find_gguf_file(model: Path) -> Path | None:
     return files[0] if files else None
 
 
+def gguf_arch_of(path: Path):
+    """The file's row of services/worker/gguf_arch.py ARCHITECTURES."""
+    from services.core.gguf_file import read_metadata
+
+    return architecture(read_metadata(path), Path(path))[1]
+
+
 def read_tensors(path: Path, num_heads: int, num_kv_heads: int) -> Iterator[GgufTensor]:
     """Every weight tensor of the file under its HF name, q/k rows in HF order (llama.cpp permuted them for
     the architectures ARCHITECTURES says), the data a view of the mapped file where it can be."""
@@ -63,6 +72,23 @@ def read_tensors(path: Path, num_heads: int, num_kv_heads: int) -> Iterator[Gguf
             continue
         shape = tuple(int(n) for n in reversed(tensor.shape))  # ggml lists dims innermost first
         data = tensor.data
+        inner = name.split(".", 3)[-1] if name.startswith("model.layers.") else None
+        if len(shape) == 3:  # a mixture's experts stacked [experts, rows, cols]: each under its own name
+            for expert in range(shape[0]):
+                yield GgufTensor(hf_name=name.replace(".mlp.experts.", f".mlp.experts.{expert}."),
+                                 type_name=tensor.tensor_type.name, type_id=int(tensor.tensor_type.value),
+                                 shape=shape[1:], data=data[expert])
+            continue
+        if inner in FUSED:  # Phi-3's qkv and gate_up: each piece's rows (whole rows of blocks) under its name
+            kv = shape[0] // (num_heads + 2 * num_kv_heads) * num_kv_heads
+            rows = (shape[0] - 2 * kv, kv, kv) if len(FUSED[inner]) == 3 else (shape[0] // 2,) * 2
+            start = 0
+            for piece, count in zip(FUSED[inner], rows):
+                yield GgufTensor(hf_name=name[:-len(inner)] + piece, type_name=tensor.tensor_type.name,
+                                 type_id=int(tensor.tensor_type.value), shape=(count, *shape[1:]),
+                                 data=data[start:start + count])
+                start += count
+            continue
         if spec.permuted_qk and name.endswith(("q_proj.weight", "q_proj.bias")):
             data = unpermute(data, num_heads)
         elif spec.permuted_qk and name.endswith(("k_proj.weight", "k_proj.bias")):

@@ -38,7 +38,7 @@ from kernels.ops import Ops
 from services.core.config import AUTO_ACTIVATION_QUANT
 from services.core.errors import InvalidArgument
 from services.worker.checkpoint_names import LAYER as _LAYER, tensors as _tensors
-from services.worker.gguf_weights import find_gguf_file, read_tensors
+from services.worker.gguf_weights import find_gguf_file, gguf_arch_of, read_tensors
 from services.worker.model_config import ModelArchConfig
 from services.worker.models import model_class
 from services.worker.models.llama import LlamaForCausalLM
@@ -146,7 +146,8 @@ def load_model(folder: Path, dtype: torch.dtype, device: torch.device, ops: Ops,
     if cfg.tie_word_embeddings and shard.first_stage:
         loaded.add("lm_head")
     _check_complete(params, loaded)
-    model.finish_load()
+    if not (Path(folder).is_file() and gguf_arch_of(folder).norms_as_served):
+        model.finish_load()  # a Gemma GGUF's norms already hold 1 + w
     if quantization == "int8":
         groups = model.groups[1] - model.groups[0]
         for path in _decoder_linear_paths(model):
@@ -200,8 +201,8 @@ def _gguf_dense(path: Path, cfg: ModelArchConfig, shard: Shard):
 
 def gguf_align(quantization: str, folder: Path | None = None) -> int | tuple[int, int]:
     """The K group width multiple the row-parallel weights need: none, or for GGUF whole blocks, as
-    (o_proj's, down_proj's): the largest block of the file's attn_output and ffn_down types (256 for a
-    K-quant; 32 without the file)."""
+    (o_proj's, down_proj's): the largest block of the file's attn_output and ffn_down types, a mixture's
+    experts' ffn_down_exps included (256 for a K-quant; 32 without the file)."""
     if quantization != "gguf":
         return 1
     path = find_gguf_file(folder) if folder is not None else None
@@ -211,7 +212,7 @@ def gguf_align(quantization: str, folder: Path | None = None) -> int | tuple[int
 
     widest = {"attn_output": quant.BLOCK, "ffn_down": quant.BLOCK}
     for tensor in GGUFReader(str(path)).tensors:
-        kind = tensor.name.split(".")[-2] if tensor.name.startswith("blk.") else None
+        kind = tensor.name.split(".")[-2].removesuffix("_exps") if tensor.name.startswith("blk.") else None
         fmt = _served_format(tensor.tensor_type.name)
         if kind in widest and fmt is not None:
             widest[kind] = max(widest[kind], quant.block_elems(fmt))

@@ -1,6 +1,6 @@
-"""A bare GGUF file is a model (llama, qwen2, qwen3): its metadata gives the architecture, the
-hyperparameters, the tokenizer and the template, and it serves the tokens of the Hugging Face folder it
-was written from; what it cannot serve is refused by name."""
+"""A bare GGUF file is a model (llama with Mistral and Mixtral, qwen2, qwen3, qwen3moe, gemma3, phi3): its
+metadata gives the architecture, the hyperparameters, the tokenizer and the template, and it serves the tokens
+of the Hugging Face folder it was written from; what it cannot serve is refused by name."""
 from __future__ import annotations
 
 import shutil
@@ -44,6 +44,58 @@ def test_bare_file_serves_the_folder_tokens(tmp_path, model_dir, arch):
     assert check_parity(folder, [ids for ids, _ in served], PROMPTS, 12) == []
 
 
+def as_llama_cpp_writes(folder, out, arch):
+    """The make_model folder with what a llama.cpp file cannot say set as llama.cpp assumes it (Gemma 3's
+    attention scale: head_dim ** -0.5; Qwen3-MoE's renormalised top-k), so that the file and the folder are the
+    same model."""
+    import json
+
+    shutil.copytree(folder, out)
+    config = json.loads((out / "config.json").read_text())
+    if arch == "gemma3":
+        config["query_pre_attn_scalar"] = config["head_dim"]
+    if arch == "qwen3_moe":  # llama.cpp renormalises the top-k weights (src/models/qwen3moe.cpp)
+        config["norm_topk_prob"] = True
+    (out / "config.json").write_text(json.dumps(config))
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ["gemma3", "phi3", "qwen3_moe", "mixtral"])
+def test_issue_42_architectures_serve_the_folder_tokens(tmp_path, model_dir, arch):
+    """Each architecture issue 42 added, as llama.cpp's converter writes it (Gemma 3: each norm 1 + w, the
+    four norms' names, the layer kinds and the local rope base; Phi-3: fused qkv and gate_up, partial rotary,
+    LongRoPE factors as tensors, the window; Qwen3-MoE and Mixtral, a llama file with experts: the experts
+    stacked [experts, rows, cols] per layer, the router F32): the F32 file dequantized gives the folder's
+    tokens and logprobs to the bit, served as it is its greedy tokens; a Q8_0 file alone serves as the folder
+    holding it."""
+    folder = as_llama_cpp_writes(model_dir(arch, "tiny"), tmp_path / "folder", arch)
+    want, want_chat_ids, _ = run(folder, quantization="none")
+    path = write_gguf(folder, tmp_path / f"{arch}.gguf", "f32")
+    got, chat_ids, _ = run(path, quantization="none")
+    assert got == want
+    assert chat_ids == want_chat_ids
+    served, _, llm = run(path)
+    assert llm.engine.workers["worker-0"].quantization == "gguf"
+    assert [ids for ids, _ in served] == [ids for ids, _ in want]
+    q8 = write_gguf(folder, tmp_path / "q8.gguf", "q8_0")
+    shutil.copy(q8, folder / "q8.gguf")
+    assert run(q8)[0] == run(folder)[0]
+
+
+def test_k_quant_experts_are_served_in_whole_blocks(tmp_path, model_dir):
+    """A mixture whose experts' down projections are Q4_K (as llama.cpp's Q4_K_M writes them) and the rest Q8_0:
+    the row-parallel groups of the experts' down_proj are whole blocks of 256 and the file serves."""
+    from services.worker.loader import gguf_align
+
+    folder = model_dir("qwen3_moe", "tiny", intermediate_size=512)  # experts 256 wide: one Q4_K block a row
+    path = write_gguf(folder, tmp_path / "moe.gguf", "q8_0",
+                      types={f"model.layers.{i}.mlp.experts.down_proj.weight": "q4_k" for i in range(2)})
+    assert gguf_align("gguf", path) == (32, 256)
+    out = make_llm(path).generate(PROMPTS[:1], greedy(4), use_tqdm=False)[0]
+    assert len(out.outputs[0].token_ids) == 4
+
+
 @pytest.mark.slow
 def test_llama3_rope_scaling_from_the_files_rope_freqs(tmp_path, model_dir):
     """Llama 3.1+ files carry their rope scaling as a rope_freqs tensor: served, it gives the greedy tokens of
@@ -68,10 +120,13 @@ def test_quantized_file_serves_as_the_folder_holding_it(tmp_path, model_dir, arc
 
 
 def test_unserved_architecture_is_refused(tmp_path, model_dir):
-    path = write_gguf(model_dir("llama", "tiny"), tmp_path / "g.gguf", arch="gemma3", with_tensors=False)
+    path = write_gguf(model_dir("llama", "tiny"), tmp_path / "g.gguf", arch="falcon", with_tensors=False)
+    from services.worker.gguf_arch import ARCHITECTURES
     from services.worker.model_config import ModelArchConfig
 
-    with pytest.raises(InvalidArgument, match="'gemma3'.*served GGUF architectures: llama, qwen2, qwen3"):
+    assert {"llama", "qwen2", "qwen3", "gemma3"} <= set(ARCHITECTURES)
+    served = ", ".join(sorted(ARCHITECTURES))
+    with pytest.raises(InvalidArgument, match=f"'falcon'.*served GGUF architectures: {served}$"):
         ModelArchConfig.from_model(path)
 
 
