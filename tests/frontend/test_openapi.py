@@ -92,7 +92,7 @@ def test_the_schema_states_sampling_params_own_ranges():
 NOT_EXPRESSIBLE = {
     r"^(max_tokens|max_completion_tokens|max_output_tokens): \d+ with a \d+-token prompt exceeds max_model_len":
         "the prompt's length in tokens (the schema bounds max_tokens by max_model_len - 1 alone)",
-    r"^prompt: has \d+ (tokens|characters)": "the prompt's length in tokens",
+    r"^(prompt|messages): has \d+ (tokens|characters)": "the prompt's length in tokens (a chat's too)",
     r"^min_tokens: must be in \[0, max_tokens\]": "one number bounded by another",
     r"^messages\[\d+\]\.tool_calls: function\.arguments must be JSON text": "JSON inside a string",
     r"^tools: function names must be unique": "uniqueness of a member of the items",

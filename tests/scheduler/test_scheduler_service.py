@@ -280,7 +280,9 @@ def test_stop_one_sample_then_cancel_the_request_on_the_call(model):
             await cluster.wait_idle(num_workers=1)
         finally:
             await cluster.close()
-        assert (got.samples[1].finish_reason, len(got.samples[1].token_ids)) == ("stop", 2)
+        # the stop was written after message 2; a step the scheduler had already answered may still
+        # bring sample 1 one more token before it reads the stop (each worker steps on its own)
+        assert got.samples[1].finish_reason == "stop" and len(got.samples[1].token_ids) in (2, 3)
         assert got.samples[0].finish_reason is None and 3 <= len(got.samples[0].token_ids) < 100
 
     run(main())
