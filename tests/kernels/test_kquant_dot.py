@@ -11,7 +11,7 @@ import torch
 from kernels import cpu_kernels, kquant_int8, quant
 from kernels.row_parallel import RowParallelWeight, fold_reference, split_quant
 from tests.kernels.quant_helpers import gguf_dequantize, random_blocks
-from tests.kernels.test_quant_dot import _bits, _hard_rows, _tiers
+from tests.kernels.test_quant_dot import _bits, _hard_rows, _tiers, assert_rows_independent
 
 FORMATS = ["q4_k", "q6_k", "q5_k", "q3_k", "q2_k", "iq4_xs", "q5_0", "q5_1", "iq4_nl"]
 
@@ -58,16 +58,7 @@ def test_every_tier_gives_the_references_bits(libs, name, dtype):
 def test_a_rows_bits_do_not_depend_on_the_batch_or_threads(libs, name, tier):
     lib = libs[tier]
     weight = kquant_weight(name, 70, 512, seed=3)
-    x = _hard_rows(11, 512, torch.float32, seed=5)
-    whole = quant.run_kernel(lib, x, weight, None)
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        for i in range(x.shape[0]):
-            assert torch.equal(quant.run_kernel(lib, x[i:i + 1], weight, None)[0], whole[i])
-    finally:
-        torch.set_num_threads(threads)
-    assert torch.equal(quant.run_kernel(lib, x[3:9], weight, None), whole[3:9])
+    assert_rows_independent(lib, _hard_rows(11, 512, torch.float32, seed=5), weight)
 
 
 @pytest.mark.parametrize("name", ["q4_k", "q5_1"])

@@ -85,7 +85,11 @@ def test_a_rows_bits_do_not_depend_on_the_batch_or_threads(libs, fmt, tier):
     lib = libs[tier]
     weight, _ = make_weight(fmt, 100, 576, torch.float32, seed=3)
     weight = weight.with_activations(True)
-    x = _hard_rows(11, 576, torch.float32, seed=5)
+    assert_rows_independent(lib, _hard_rows(11, 576, torch.float32, seed=5), weight)
+
+
+def assert_rows_independent(lib, x: torch.Tensor, weight) -> None:
+    """Each row of x gives the bits it gives in the whole batch: alone on one thread, and in a slice."""
     whole = quant.run_kernel(lib, x, weight, None)
     threads = torch.get_num_threads()
     try:
