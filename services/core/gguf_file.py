@@ -37,6 +37,11 @@ def tensor_shapes(path: str | Path) -> dict[str, tuple[int, ...]]:
     return dict(_cached(path)[1])
 
 
+def tensor_types(path: str | Path) -> dict[str, int]:
+    """Each tensor's ggml type id (gguf.GGMLQuantizationType's values), from the header alone."""
+    return dict(_cached(path)[3])
+
+
 def read_tensor(path: str | Path, name: str) -> list[float]:
     """A small F32 tensor's values (rope_freqs), read at its offset in the data section."""
     start = dict(_cached(path)[2]).get(name)
@@ -75,17 +80,19 @@ def _parse(data) -> tuple:
         value = reader.value(reader.scalar("<I"))
         if not key.startswith("GGUF."):
             fields.append((key, value))
-    shapes, f32 = [], []
+    shapes, types, f32 = [], [], []
     for _ in range(num_tensors):
         name = reader.string()
         dims = [reader.scalar("<Q") for _ in range(reader.scalar("<I"))]
         kind, offset = reader.scalar("<I"), reader.scalar("<Q")
         shapes.append((name, tuple(reversed(dims))))
+        types.append((name, kind))
         if kind == _F32:
             f32.append((name, offset, int(np.prod(dims))))
     align = int(dict(fields).get("general.alignment", 32))
     data_start = (reader.pos + align - 1) // align * align
-    return tuple(fields), tuple(shapes), tuple((name, (data_start + offset, count)) for name, offset, count in f32)
+    return (tuple(fields), tuple(shapes), tuple((name, (data_start + offset, count)) for name, offset, count in f32),
+            tuple(types))
 
 
 class _Reader:

@@ -35,6 +35,7 @@ from safetensors import safe_open
 from kernels import quant
 from kernels.linear import prepack
 from kernels.ops import Ops
+from services.core import gguf_file
 from services.core.config import AUTO_ACTIVATION_QUANT
 from services.core.errors import InvalidArgument
 from services.worker.checkpoint_names import LAYER as _LAYER, tensors as _tensors
@@ -208,12 +209,12 @@ def gguf_align(quantization: str, folder: Path | None = None) -> int | tuple[int
     path = find_gguf_file(folder) if folder is not None else None
     if path is None:
         return quant.BLOCK
-    from gguf import GGUFReader
+    from gguf import GGMLQuantizationType
 
     widest = {"attn_output": quant.BLOCK, "ffn_down": quant.BLOCK}
-    for tensor in GGUFReader(str(path)).tensors:
-        kind = tensor.name.split(".")[-2].removesuffix("_exps") if tensor.name.startswith("blk.") else None
-        fmt = _served_format(tensor.tensor_type.name)
+    for name, type_id in gguf_file.tensor_types(path).items():  # the header alone, not the gguf package's reader
+        kind = name.split(".")[-2].removesuffix("_exps") if name.startswith("blk.") else None
+        fmt = _served_format(GGMLQuantizationType(type_id).name)
         if kind in widest and fmt is not None:
             widest[kind] = max(widest[kind], quant.block_elems(fmt))
     return widest["attn_output"], widest["ffn_down"]
