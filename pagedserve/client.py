@@ -26,7 +26,7 @@ import grpc
 
 from pagedserve.v1 import generate_pb2 as pb
 from pagedserve.v1 import generate_pb2_grpc
-from services.rpc.status import code_of, split_details  # the server's statuses, decoded where they are made
+from pagedserve.status import code_of, split_details  # the readers services/rpc/status.py shares, no server module
 
 _FINISH = {pb.FINISH_REASON_STOP: "stop", pb.FINISH_REASON_LENGTH: "length", pb.FINISH_REASON_ABORT: "abort"}
 

@@ -19,7 +19,7 @@ import structlog
 
 from pagedserve.internal.v1 import scheduler_pb2, scheduler_pb2_grpc
 from services.rpc import internal_codec
-from services.rpc.status import StatusError, code_of, core_error
+from services.rpc.status import StatusError, code_of, core_error, scheduler_lost
 from services.core.errors import InvalidArgument, Unavailable
 from services.core.sampling_params import SamplingParams
 from services.core.sequence import ContinuedSample, SeqUpdate
@@ -28,18 +28,6 @@ from services.frontend.failover_client import SchedulerLost, SchedulerPool
 from services.frontend.progress import Progress
 
 log = structlog.get_logger("frontend")
-
-LOST_CODES = (grpc.StatusCode.UNAVAILABLE,)  # the call's status when the scheduler (or the way to it) went away
-# what gRPC itself (not the scheduler) says when a connection dies under a call, with INTERNAL or
-# UNKNOWN: a scheduler killed mid-step ended calls with INTERNAL "Internal error from Core"
-TRANSPORT_ERRORS = ("Internal error from Core", "Stream removed", "RST_STREAM", "Socket closed")
-
-
-def _lost(code: grpc.StatusCode, details: str | None) -> bool:
-    """Whether a SubmitMany call's status says the scheduler went away (its own errors name an
-    exception type instead: services/rpc/status.py)."""
-    return code in LOST_CODES or (code in (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN)
-                                  and any(phrase in (details or "") for phrase in TRANSPORT_ERRORS))
 
 
 @dataclass
@@ -98,7 +86,7 @@ class SubmitManyCall:
                         queue.put_nowait(news)
         except grpc.aio.AioRpcError as rpc_error:
             error = core_error(rpc_error.code(), rpc_error.details(), "scheduler")
-            if _lost(rpc_error.code(), rpc_error.details()):
+            if scheduler_lost(rpc_error.code(), rpc_error.details() or ""):
                 error = SchedulerLost(str(error))
         except asyncio.CancelledError:
             error = Unavailable("scheduler: the frontend closed the SubmitMany call")
@@ -201,7 +189,7 @@ class SchedulerClient:
                     finished = True
                     code = code_of(news.error_code)
                     error = core_error(code, news.error_message, "scheduler")
-                    if code in LOST_CODES or (resubmit and isinstance(error, InvalidArgument)
+                    if scheduler_lost(code) or (resubmit and isinstance(error, InvalidArgument)
                                               and error.field == "request_id"):
                         raise SchedulerLost(str(error))
                     raise error

@@ -5,9 +5,12 @@ Out: `status_of` turns a core error into its status and message; `@rpc_errors` w
 handler (a coroutine or an async generator) and aborts the call with it. An INVALID_ARGUMENT's
 message is "field: message", naming the field at fault.
 In: `code_of` reads a status code carried as a number (RequestNews.error_code, the public
-RequestError.code), `split_details` the field of an INVALID_ARGUMENT's message, and `core_error`
-turns a status back into the core error that maps to it (the frontend's side of the scheduler).
-The public client (pagedserve/client.py) decodes with the same functions.
+RequestError.code), `split_details` the field of an INVALID_ARGUMENT's message (both defined in
+pagedserve/status.py, which the public client imports without any server module), `core_error`
+turns a status back into the core error that maps to it (the frontend's side of the scheduler),
+`scheduler_lost` tells a scheduler that went away from one that refused, and `worker_forgot` a
+worker that lost a sequence (FAILED_PRECONDITION) from one that failed. The frontend and the
+scheduler classify the statuses they receive here, never by codes or phrases of their own.
 """
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ import inspect
 import grpc
 import structlog
 
+from pagedserve.status import code_of, split_details
 from services.core.errors import InvalidArgument, ResourceExhausted, Unavailable, UnknownSequence
 
 log = structlog.get_logger("rpc")
@@ -32,7 +36,12 @@ STATUS_OF = {
 # the way back: DEADLINE_EXCEEDED (the scheduler took too long) is as unavailable as UNAVAILABLE
 CORE_ERROR_OF = {grpc.StatusCode.RESOURCE_EXHAUSTED: ResourceExhausted, grpc.StatusCode.UNAVAILABLE: Unavailable,
                  grpc.StatusCode.DEADLINE_EXCEEDED: Unavailable}
-_CODE_BY_VALUE = {code.value[0]: code for code in grpc.StatusCode}
+LOST_CODES = (grpc.StatusCode.UNAVAILABLE,)  # the call's status when the scheduler (or the way to it) went away
+# what gRPC itself (not the scheduler) says when a connection dies under a call, with INTERNAL or
+# UNKNOWN: a scheduler killed mid-step ended calls with INTERNAL "Internal error from Core"
+TRANSPORT_ERRORS = ("Internal error from Core", "Stream removed", "RST_STREAM", "Socket closed")
+__all__ = ["code_of", "split_details", "status_of", "core_error", "scheduler_lost", "worker_forgot",
+           "StatusError", "rpc_errors", "DecodeErrors"]
 
 
 def status_of(error: Exception) -> tuple[grpc.StatusCode, str]:
@@ -45,15 +54,19 @@ def status_of(error: Exception) -> tuple[grpc.StatusCode, str]:
     return grpc.StatusCode.INTERNAL, f"{type(error).__name__}: {error}"
 
 
-def code_of(value: int) -> grpc.StatusCode:
-    """A status code carried as its number in a message (UNKNOWN for a number gRPC lacks)."""
-    return _CODE_BY_VALUE.get(value, grpc.StatusCode.UNKNOWN)
+def scheduler_lost(code: grpc.StatusCode, details: str | None = None) -> bool:
+    """Whether a status the scheduler's side ended with says the scheduler went away (UNAVAILABLE, or
+    gRPC's own words for a connection that died under the call), not that it refused: its own
+    errors name an exception type instead (status_of). Without `details` (a status the scheduler
+    itself reported in a message) only the code counts."""
+    return code in LOST_CODES or (details is not None and code in (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN)
+                                  and any(phrase in details for phrase in TRANSPORT_ERRORS))
 
 
-def split_details(details: str | None) -> tuple[str, str]:
-    """An INVALID_ARGUMENT's "field: message" as (field, message)."""
-    field, _, message = (details or "").partition(": ")
-    return field, message
+def worker_forgot(code: grpc.StatusCode) -> bool:
+    """Whether a worker's status says it does not hold a sequence it was sent (UnknownSequence's
+    status: worker.proto asks for a re-send in full), rather than that the worker failed."""
+    return code == STATUS_OF[UnknownSequence]
 
 
 class StatusError(RuntimeError):

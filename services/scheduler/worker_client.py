@@ -25,6 +25,7 @@ from pagedserve.internal.v1 import worker_pb2, worker_pb2_grpc
 from services.rpc import internal_codec
 from services.core.step import StepDelta, StepResult, WorkerInfo
 from services.rpc.grpc_server import RECONNECT_OPTIONS
+from services.rpc.status import worker_forgot
 
 CHANNEL_OPTIONS = [("grpc.max_send_message_length", 64 << 20), ("grpc.max_receive_message_length", 64 << 20)]
 PROBE_RETRY_S = 0.2  # between attempts while the address is UNAVAILABLE (a name not resolvable yet, a refused connection)
@@ -59,7 +60,7 @@ class RemoteWorker:
             self.last_seen = time.monotonic()
             return result
         except grpc.RpcError as error:
-            kind = WorkerForgot if error.code() == grpc.StatusCode.FAILED_PRECONDITION else WorkerLost
+            kind = WorkerForgot if worker_forgot(error.code()) else WorkerLost
             raise kind(f"{error.code().name}: {error.details()}") from error
         except asyncio.CancelledError:
             if self.dropped:  # cancelled by close(), not by the loop's own shutdown
