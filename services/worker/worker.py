@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import dataclasses
 import multiprocessing
+import multiprocessing.connection
 import os
+import time
 
 import torch
 import structlog
@@ -106,7 +108,7 @@ class Worker:
 
     def _join_group(self, config: WorkerConfig, cache: CacheConfig):
         """Meet the other ranks; an in-process group (no address given, rank 0) starts them itself."""
-        from services.worker.group import GroupComm, free_address
+        from services.worker.group import TIMEOUT_S, GroupComm, free_address
 
         address = config.group_address
         if not address:
@@ -116,14 +118,53 @@ class Worker:
             # the ranks share this machine's threads (num_threads, or every core): an equal part each
             self.rank_threads = max(1, (config.num_threads or os.cpu_count() or 1) // self.shard.world_size)
             context = multiprocessing.get_context("spawn")
+            started = []
             for rank in range(1, self.shard.world_size):
                 follower = dataclasses.replace(config, group_rank=rank, group_address=address,
                                                num_threads=self.rank_threads)
-                process = context.Process(target=follow, args=(follower, cache), daemon=True,
+                receiver, sender = context.Pipe(duplex=False)
+                process = context.Process(target=follow, args=(follower, cache, sender), daemon=True,
                                           name=f"pagedserve-rank-{rank}")
                 process.start()
+                sender.close()  # the follower holds the only sending end: its exit closes the pipe
                 self.followers.append(process)
+                started.append(receiver)
+            self._wait_started(started, TIMEOUT_S)
         return GroupComm(self.shard, address, config.distributed_backend)
+
+    def _wait_started(self, started: list, timeout_s: float) -> None:
+        """Wait until every follower this process spawned has started (re-imported the main module and
+        reached `follow`). A follower that exits first would leave rank 0 waiting at the rendezvous
+        for the group's whole timeout: raise at once instead, with the usual cause and its fix."""
+        pending = dict(zip(started, self.followers))
+        deadline = time.monotonic() + timeout_s
+        while pending:
+            ready = multiprocessing.connection.wait(list(pending), timeout=max(0.0, deadline - time.monotonic()))
+            if not ready:
+                break  # slow to start, not gone: the rendezvous's own timeout takes over
+            for receiver in ready:
+                process = pending.pop(receiver)
+                try:
+                    receiver.recv()
+                except EOFError:  # it exited before it could say so
+                    process.join(timeout=5)
+                    self._stop_followers()
+                    raise RuntimeError(
+                        f"tensor_parallel_size x pipeline_parallel_size = {self.shard.world_size}: the group's rank "
+                        f"process {process.name} exited with status {process.exitcode} while starting. Its ranks "
+                        "are started with multiprocessing's spawn, which runs the main script again in each new "
+                        "process: a script that creates an LLM with tensor_parallel_size or "
+                        "pipeline_parallel_size > 1 must do so under `if __name__ == \"__main__\":` (its error, "
+                        "printed above, says the same). Otherwise see that process's error above.") from None
+                finally:
+                    receiver.close()
+
+    def _stop_followers(self) -> None:
+        for process in self.followers:
+            if process.is_alive():
+                process.kill()
+            process.join(timeout=10)
+        self.followers.clear()
 
     def step(self, delta: StepDelta) -> StepResult:
         if self.comm is None:
@@ -206,9 +247,14 @@ class Worker:
             log.exception("async_step_failed")
 
 
-def follow(config: WorkerConfig, cache: CacheConfig) -> None:
+def follow(config: WorkerConfig, cache: CacheConfig, started=None) -> None:
     """A follower rank's process: load the shard, join the group, run rank 0's steps until told to stop.
-    A broken group (rank 0 or another rank gone) ends it with an error: the launcher restarts the group."""
+    A broken group (rank 0 or another rank gone) ends it with an error: the launcher restarts the group.
+    `started` (the sending end of a pipe, from the rank 0 that spawned it) is told first thing that this
+    process got through its start-up (Worker._wait_started)."""
+    if started is not None:
+        started.send(True)
+        started.close()
     worker = Worker(config, cache)
     try:
         worker.follow()
