@@ -219,7 +219,7 @@ def compare(got, want) -> dict:
 
 def section_int8(folder: Path, args) -> dict:
     bf16 = engine(folder, quantization="none", dtype="bfloat16", num_threads=args.threads)
-    # activation_quant none: the activations the labels name, whatever auto means (README, 'Int8 activations')
+    # activation_quant none: the activations the labels name, whatever auto means (docs/guide/models.md, 'Int8 activations')
     int8 = engine(folder, quantization="int8", dtype="bfloat16", num_threads=args.threads, activation_quant="none")
     values = interleave({"(c) bf16 weights, bf16 activations": lambda: decode_rate(bf16, args.decode_steps, "c"),
                          "(d) int8 weights, bf16 activations": lambda: decode_rate(int8, args.decode_steps, "d")},

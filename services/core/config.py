@@ -278,7 +278,7 @@ class WorkerConfig:
     activation_quant: str = setting(
         "auto", "the activations a quantized weight multiplies: none (the model's dtype), int8 (rounded per row in "
                 "blocks of 32, integer dot products; the same bits on every CPU tier); auto: "
-                + AUTO_ACTIVATION_QUANT + " (README, 'Int8 activations')")
+                + AUTO_ACTIVATION_QUANT + " (docs/guide/models.md, 'Int8 activations')")
     cpu_isa: str = setting("auto", f"the CPU kernels' tier, one of {CPU_ISAS}; auto: the best this CPU executes")
     tensor_parallel_size: int = setting(1, "ranks that split each layer (heads, MLP columns, vocabulary) of one "
                                            "model copy; the same bits at every size (docs/ARCHITECTURE.md)")

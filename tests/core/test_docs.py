@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import re
+import textwrap
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -46,15 +47,168 @@ def test_the_tests_mirror_the_source():
     assert sorted(f for f in folders if f not in outside and not (ROOT / "services" / f).is_dir()) == []
 
 
+GUIDE = sorted((ROOT / "docs" / "guide").glob("*.md"))
+USER_DOCUMENTS = [ROOT / "README.md", *GUIDE]  # what a user reads: every example in them is checked here
+SETUP_AND_SERVE = "./setup.sh && .venv/bin/pagedserve up"
+TEST_COMMAND = ".venv/bin/python -m pytest -q"
+
+
+def _blocks(path: Path, language: str) -> list[str]:
+    return [textwrap.dedent(block) for block in
+            re.findall(rf"^ *```{language}\n(.*?)^ *```", path.read_text(), re.M | re.S)]
+
+
+def _command_lines(path: Path) -> list[str]:
+    """The command lines of a document's bash blocks, continuation lines joined, comments dropped."""
+    lines = []
+    for block in _blocks(path, "bash"):
+        for line in block.replace("\\\n", " ").splitlines():
+            for part in re.sub(r"\s+#.*$", "", line).split("&&"):
+                if part.strip() and not part.strip().startswith("#"):
+                    lines.append(part.strip())
+    return lines
+
+
+def test_the_readme_starts_with_the_two_commands_and_stays_short():
+    """Set up and serve, then run the tests: the first two commands a newcomer sees, and the test command
+    the one .ci/run runs on a clean clone."""
+    readme = ROOT / "README.md"
+    first, second = [block.strip() for block in _blocks(readme, "bash")[:2]]
+    assert first.split("  #")[0].strip() == SETUP_AND_SERVE
+    assert second == f"./setup.sh && {TEST_COMMAND}"
+    assert TEST_COMMAND in (ROOT / ".ci" / "run").read_text()
+    assert len(readme.read_text().splitlines()) < 250, "the README is what a newcomer reads in five minutes"
+
+
+def _parsers():
+    import argparse
+
+    from services.__main__ import add_up_parser
+    from services.tools.diverge.cli import add_diverge_parser
+
+    main = argparse.ArgumentParser(prog="pagedserve")
+    commands = main.add_subparsers()
+    add_up_parser(commands)
+    add_diverge_parser(commands)
+    services = {}
+    for name in ("scheduler", "worker", "frontend"):
+        module = __import__(f"services.{name}.__main__", fromlist=["parse_args"])
+        services[name] = module.parse_args
+    return main.parse_args, services
+
+
+COMMAND = re.compile(r"^(?:\S*=\S* )*(?:\.venv/bin/)?(?:pagedserve (?P<sub>up|diverge)|python -m services (?P<sub2>up|diverge)"
+                     r"|python -m services\.(?P<service>scheduler|worker|frontend))(?P<args>(?: .*)?)$")
+
+
+def test_every_pagedserve_command_the_documents_show_parses():
+    """Each `pagedserve up|diverge` and `python -m services[.scheduler|.worker|.frontend]` line in the README
+    and the guide takes only flags its command has (a renamed flag leaves no stale example)."""
+    import shlex
+
+    parse_main, services = _parsers()
+    checked, failed = 0, []
+    for path in USER_DOCUMENTS:
+        for line in _command_lines(path):
+            match = COMMAND.match(line.removeprefix(".venv/bin/").replace(".venv/bin/python", "python"))
+            if match is None:
+                continue
+            args = shlex.split(match["args"])
+            try:
+                if match["service"]:
+                    services[match["service"]](args)
+                else:
+                    parse_main([match["sub"] or match["sub2"], *args])
+            except SystemExit:
+                failed.append((str(path.relative_to(ROOT)), line))
+            checked += 1
+    assert checked >= 10, "the commands were not found: the pattern is wrong"
+    assert failed == []
+
+
+def test_every_python_example_in_the_documents_compiles():
+    import ast
+
+    blocks = [(path, block) for path in USER_DOCUMENTS for block in _blocks(path, "python")]
+    assert len(blocks) >= 15, "the examples were not found: the pattern is wrong"
+    failed = []
+    for path, block in blocks:
+        try:
+            ast.parse(block)
+        except SyntaxError as error:
+            failed.append((str(path.relative_to(ROOT)), str(error), block[:80]))
+    assert failed == []
+
+
+def _anchors(path: Path) -> set[str]:
+    """GitHub's anchors of a Markdown file's headings."""
+    return {re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+            for heading in re.findall(r"^#+ (.+)$", re.sub(r"^```.*?^```", "", path.read_text(), flags=re.M | re.S), re.M)}
+
+
+def test_every_link_in_the_documents_leads_somewhere():
+    """Relative links of the README and the guide name a file that exists, and a heading that exists in it."""
+    broken, checked = [], 0
+    for path in USER_DOCUMENTS:
+        for target in re.findall(r"\]\(([^)\s]+)\)", re.sub(r"<!--.*?-->", "", path.read_text(), flags=re.S)):
+            if re.match(r"[a-z]+:", target):
+                continue
+            file, _, anchor = target.partition("#")
+            resolved = (path.parent / file).resolve() if file else path
+            checked += 1
+            if not resolved.exists() or (anchor and resolved.suffix == ".md" and anchor not in _anchors(resolved)):
+                broken.append((str(path.relative_to(ROOT)), target))
+    assert checked >= 30, "no link found: the pattern is wrong"
+    assert broken == []
+
+
+def test_the_guide_index_and_the_readme_link_every_guide_page():
+    index = (ROOT / "docs" / "guide" / "README.md").read_text()
+    readme = (ROOT / "README.md").read_text()
+    pages = [path.name for path in GUIDE if path.name != "README.md"]
+    assert len(pages) >= 10
+    assert [page for page in pages if f"]({page}" not in index] == []
+    assert [page for page in pages if f"](docs/guide/{page}" not in readme] == []
+
+
+def test_every_section_a_comment_cites_exists():
+    """`docs/guide/models.md, "Int8 activations"`-style citations in code and documents name a real heading."""
+    documents = SOURCES + [ROOT / name for name in ("CONTRIBUTING.md", "docs/ARCHITECTURE.md", "bench/README.md")]
+    documents += USER_DOCUMENTS + list((ROOT / "deploy").rglob("*.y*ml"))
+    cited = {(str(path.relative_to(ROOT)), doc, section) for path in documents
+             for doc, section in re.findall(r"\b(docs/guide/[\w-]+\.md|README(?:\.md)?),? [\"']([^\"'\n]+)[\"']",
+                                            path.read_text(errors="replace"))}
+    assert len(cited) >= 5, "no citation found: the pattern is wrong"
+    headings = {}
+    for _, doc, _ in cited:
+        file = ROOT / ("README.md" if doc.startswith("README") else doc)
+        headings[doc] = set(re.findall(r"^#+ (.+?)\s*$", file.read_text(), re.M)) if file.is_file() else set()
+    assert sorted((path, doc, section) for path, doc, section in cited if section not in headings[doc]) == []
+
+
+# a figure: a number with its unit or a ratio ("83.5 tok/s", "10.55x", "66.6%", "12.6 ms"), a commit hash, a date
+FIGURE = re.compile(r"\b\d+(?:\.\d+)?\s?(?:x|tok/s|ms|%|GB/s|MB/s)(?!\w)")
+STAMP = re.compile(r"\b(?:20\d\d-\d\d-\d\d|[0-9a-f]{7,40})\b")
+
+
+def test_the_readme_carries_no_figures_only_links_to_them():
+    """Figures live in bench/RESULTS.md ("Current figures", each with its date, commit, CPU and load); a
+    README that copied them drifted from it. Link to the row instead."""
+    readme = (ROOT / "README.md").read_text()
+    prose = re.sub(r"^```.*?^```", "", readme, flags=re.M | re.S)
+    assert [line for line in prose.splitlines() if FIGURE.search(line) or STAMP.search(line)] == []
+    assert "bench/RESULTS.md" in readme
+
+
 def test_the_gguf_sections_commands_parse_as_up_commands():
-    """README, "Bringing a GGUF file": every command it shows is one `pagedserve up` takes (its flags exist)."""
+    """docs/guide/models.md, "Bringing a GGUF file": every command it shows is one `pagedserve up` takes."""
     import argparse
     import shlex
 
     from services.__main__ import add_up_parser
 
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split("## Bringing a GGUF file\n", 1)[1].split("\n## ", 1)[0]
+    guide = (ROOT / "docs" / "guide" / "models.md").read_text()
+    section = guide.split("## Bringing a GGUF file\n", 1)[1].split("\n## ", 1)[0]
     commands = re.findall(r"^\.venv/bin/pagedserve up (.+?)(?:\s+#.*)?$", section, re.M)
     assert len(commands) >= 2, "the section's commands were not found: the pattern is wrong"
     parser = argparse.ArgumentParser(exit_on_error=False)

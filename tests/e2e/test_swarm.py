@@ -244,7 +244,7 @@ def test_a_worker_container_killed_on_node_b_mid_stream_loses_no_token_and_swarm
 def test_the_scheduler_container_killed_mid_stream_fails_no_stream_and_swarm_restarts_it(swarm, reference):
     """SIGKILL of the scheduler task's container: Swarm starts a new one (the stack's restart
     policy), the workers register with it, and the frontend carries every open stream over to it
-    as a continuation (README, "When the scheduler dies"): each ends with the undisturbed tokens."""
+    as a continuation (docs/guide/reliability.md, "When the scheduler dies"): each ends with the undisturbed tokens."""
     workers = {worker_id for worker_id, _, _ in swarm.stats()}
     length = reference.length_for(10.0, least=24)  # about 10 s: the kill lands mid-stream
     streams = Streams(swarm.frontend, length, PROMPTS)

@@ -153,7 +153,7 @@ def test_the_setting():
     with pytest.raises(InvalidArgument, match="activation_quant"):
         WorkerConfig(activation_quant="int4")
     assert resolve_activation_quant("auto", "none") == "none"  # dense weights: nothing to round
-    assert AUTO_ACTIVATION_QUANT in ("none", "int8")  # quantized weights' default (README, 'Int8 activations')
+    assert AUTO_ACTIVATION_QUANT in ("none", "int8")  # quantized weights' default (docs/guide/models.md, 'Int8 activations')
     assert resolve_activation_quant("auto", "gguf") == AUTO_ACTIVATION_QUANT
     assert resolve_activation_quant("auto", "int8") == AUTO_ACTIVATION_QUANT
     assert resolve_activation_quant("none", "gguf") == "none"  # the old behaviour, asked for

