@@ -216,3 +216,30 @@ def test_the_gguf_sections_commands_parse_as_up_commands():
     for command in commands:
         args = parser.parse_args(["up", *shlex.split(command)])
         assert args.model.endswith((".gguf", "/")), command
+
+
+def test_the_benchmark_documents_name_no_path_of_the_machine_they_ran_on():
+    """A figure's command names the peers' folders by placeholders (LLAMA_CPP_BIN, ...: bench/README.md)."""
+    found = [(name, path) for name in ("bench/RESULTS.md", "bench/README.md")
+             for path in re.findall(r"(?<![\w.~])/(?:work|tmp|home|root)/\S*", (ROOT / name).read_text())]
+    assert found == []
+
+
+def test_each_current_figure_says_when_where_and_under_what_load():
+    """bench/RESULTS.md, "Current figures": one figure a row, with its date, commit, CPU and load."""
+    results = (ROOT / "bench" / "RESULTS.md").read_text()
+    table = results.split("## Current figures\n", 1)[1].split("\n#", 1)[0]
+    header, _, *rows = [line for line in table.splitlines() if line.startswith("|")]
+    columns = [cell.strip() for cell in header.strip("|").split("|")]
+    assert columns == ["claim", "cell", "figure", "target", "command", "date (UTC)", "commit", "CPU, tier, threads", "load"]
+    measured = [dict(zip(columns, (cell.strip() for cell in row.strip().strip("|").split("|")))) for row in rows]
+    assert {len(row.strip().strip("|").split("|")) for row in rows} == {len(columns)}
+    measured = [row for row in measured if row["figure"] != "not yet measured"]
+    assert len(measured) >= 40
+    bad = [row["claim"][:60] + " / " + row["cell"] for row in measured
+           if not re.fullmatch(r"20\d\d-\d\d-\d\d \d\d:\d\d", row["date (UTC)"])
+           or not re.match(r"[0-9a-f]{7}\b", row["commit"])
+           or not re.match(r"(Zen 4|Zen 5|EPYC|Intel)\b", row["CPU, tier, threads"])
+           or not re.fullmatch(r"[\d.]+(?:-[\d.]+)?", row["load"])
+           or row["figure"].count("**") != 2]
+    assert bad == []
