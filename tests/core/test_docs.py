@@ -31,7 +31,7 @@ def test_every_test_path_the_documents_and_comments_name_exists():
     """Tests mirror the source (CONTRIBUTING.md, "Layout"): a moved test file leaves no stale path."""
     documents = SOURCES + [ROOT / name for name in ("CONTRIBUTING.md", "docs/ARCHITECTURE.md", "bench/README.md",
                                                     "bench/RESULTS.md", ".ci/run", "bench/gpu_check.sh")]
-    documents += list((ROOT / "bench" / "results").glob("*.md")) + list((ROOT / "deploy").rglob("*.y*ml"))
+    documents += list((ROOT / "bench" / "results").glob("*.md")) + list((ROOT / "deploy").rglob("*.y*ml")) + GUIDE
     named = {(str(path.relative_to(ROOT)), cited) for path in documents
              for cited in re.findall(r"\btests/[\w/]+\.(?:py|c)\b", path.read_text(errors="replace"))}
     assert named, "no document names a test file: the pattern is wrong"
