@@ -13,7 +13,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from services.core.errors import REFUSALS, Unavailable
 from services.frontend.core import STATS_TIMEOUT_S, FrontendCore
-from services.frontend.http import messages_api, openai_requests, responses_api, schemas
+from services.frontend.http import messages_api, openai_requests, responses_api, schemas, tokenize_api
 from services.frontend.http.errors import error_body, install_error_handlers
 from services.frontend.http.guard import Guard
 from services.frontend.http.models import ChatCompletionRequest, CompletionRequest
@@ -65,8 +65,11 @@ def build_app(core: FrontendCore, is_ready: Callable[[], bool], api_key: str = "
     async def completions(body: CompletionRequest, request: Request) -> Response:
         request_id = request.state.request_id = f"cmpl-{uuid.uuid4().hex}"
         requests = openai_requests.completion_requests(body, request_id)
-        renderer = CompletionRenderer(id=request_id, model=core.model_id, fingerprint=await _fingerprint(core),
-                                      tokenizer=core.tokenizer, n=requests[0].params.n)
+        renderer = CompletionRenderer(
+            id=request_id, model=core.model_id, fingerprint=await _fingerprint(core), tokenizer=core.tokenizer,
+            n=requests[0].params.n, prompt_logprobs=body.prompt_logprobs, top_k=body.logprobs,
+            echoes=await openai_requests.echo_prompts(core, requests) if body.echo else None,
+            score_only=body.max_tokens == 0)
         return await _respond(core, requests, renderer, body, body.logprobs is not None, request)
 
     @app.post("/v1/chat/completions", response_model=None,
@@ -75,7 +78,7 @@ def build_app(core: FrontendCore, is_ready: Callable[[], bool], api_key: str = "
         request_id = request.state.request_id = f"chatcmpl-{uuid.uuid4().hex}"
         generate_request, tool_plan = await openai_requests.chat_request(core, body, request_id)
         shared = dict(id=request_id, model=core.model_id, fingerprint=await _fingerprint(core),
-                      tokenizer=core.tokenizer, n=generate_request.params.n)
+                      tokenizer=core.tokenizer, n=generate_request.params.n, prompt_logprobs=body.prompt_logprobs)
         plain = tool_plan.mode == "none" and tool_plan.thinking is None
         renderer = ChatRenderer(**shared) if plain else ToolChatRenderer(**shared, plan=tool_plan)
         return await _respond(core, [generate_request], renderer, body, body.logprobs, request)
@@ -83,6 +86,7 @@ def build_app(core: FrontendCore, is_ready: Callable[[], bool], api_key: str = "
     store = response_store if response_store is not None else ResponseStore()  # (an empty store is falsy)
     responses_api.add_routes(app, core, store, _unless_disconnected)
     messages_api.add_routes(app, core, _unless_disconnected)
+    tokenize_api.add_routes(app, core)
     return Guard(app, api_key, max_body_bytes)
 
 
@@ -113,7 +117,7 @@ async def _respond(core: FrontendCore, requests: list[GenerateRequest], renderer
             await events.aclose()  # a client that left: closing the streams aborts the generations
         return Response(status_code=499) if result is None else JSONResponse(result)
     include_usage = body.stream_options is not None and body.stream_options.include_usage
-    return StreamingResponse(_errors_as_events(sse(renderer, events, len(requests), include_usage)),
+    return StreamingResponse(_errors_as_events(sse(renderer, events, len(requests), include_usage, logprobs)),
                              media_type="text/event-stream", headers={"cache-control": "no-cache"})
 
 

@@ -119,14 +119,32 @@ class SamplingFields(Strict):
 TokenIds = Annotated[list[TokenId], Field(min_length=1)]
 
 
+PROMPT_LOGPROBS_DESCRIPTION = (
+    "vLLM's extension: the log probability of each prompt token (the first has none: null) and of this "
+    "many top tokens at its position, as {token id: {logprob, rank, decoded_token}}. Not with stream.")
+# (JSON Schema's if/then, as SAMPLING_RULES; the server checks each itself)
+PROMPT_LOGPROBS_RULE = {"if": {"required": ["prompt_logprobs"], "properties": {"prompt_logprobs": {"type": "integer"}}},
+                        "then": {"properties": {"stream": {"const": False}}}}
+COMPLETION_RULES = [
+    PROMPT_LOGPROBS_RULE,
+    {"if": {"required": ["max_tokens"], "properties": {"max_tokens": {"const": 0}}},
+     "then": {"required": ["echo"], "properties": {"echo": {"const": True}, "min_tokens": {"enum": [0, None]}}}}]
+
+
 class CompletionRequest(SamplingFields):
     prompt: PromptText | TokenIds | Annotated[list[PromptText], Field(min_length=1, max_length=MAX_PROMPTS)] \
         | Annotated[list[TokenIds], Field(min_length=1, max_length=MAX_PROMPTS)] = Field(
             description="A text, token ids, a list of texts, or a list of token-id lists.")
-    max_tokens: Int(ge=1, le=UINT32_MAX) | None = Field(16, description=(
-        "Tokens to generate per sample; the prompt's tokens and these must fit in max_model_len (else a 400)."))
+    max_tokens: Int(ge=0, le=UINT32_MAX) | None = Field(16, description=(
+        "Tokens to generate per sample; the prompt's tokens and these must fit in max_model_len (else a 400). "
+        "0 (only with echo): score the prompt alone, nothing generated."))
     logprobs: Int(ge=0, le=MAX_LOGPROBS) | None = Field(
-        None, description="Log probabilities of the sampled and this many top tokens.")
+        None, description="Log probabilities of the sampled and this many top tokens (with echo, of the prompt's "
+                          "tokens first, the first one's null).")
+    echo: bool = Field(False, description="Return the prompt before the completion, in text and in logprobs.")
+    prompt_logprobs: Int(ge=0, le=MAX_LOGPROBS) | None = Field(None, description=PROMPT_LOGPROBS_DESCRIPTION)
+
+    model_config = ConfigDict(json_schema_extra={"allOf": SAMPLING_RULES + COMPLETION_RULES})
 
 
 class TextPart(Strict):
@@ -212,5 +230,6 @@ class ChatCompletionRequest(SamplingFields):
     max_reasoning_tokens: Int(ge=1, le=UINT32_MAX) | None = Field(None, description=(
         "A reasoning model's thinking budget: after this many thinking tokens the thinking is closed and the "
         "answer (under response_format or a tool choice, if any) follows. Needs --reasoning-parser."))
+    prompt_logprobs: Int(ge=0, le=MAX_LOGPROBS) | None = Field(None, description=PROMPT_LOGPROBS_DESCRIPTION)
 
-    model_config = ConfigDict(json_schema_extra={"allOf": SAMPLING_RULES + CHAT_RULES})
+    model_config = ConfigDict(json_schema_extra={"allOf": SAMPLING_RULES + CHAT_RULES + [PROMPT_LOGPROBS_RULE]})

@@ -11,6 +11,7 @@ from services.frontend import reasoning, tool_calls
 from services.frontend.tool_calls import ToolPlan
 from services.frontend.core import FrontendCore, check_room
 from services.frontend.http.models import MAX_PROMPTS, ChatCompletionRequest, CompletionRequest, SamplingFields
+from services.frontend.http.responses import Echo
 from services.frontend.types import GenerateRequest, Prompt
 
 # Fields whose names and meanings are the same in the request and in SamplingParams.
@@ -21,15 +22,39 @@ PASSED_AS_IS = ("n", "temperature", "top_p", "top_k", "min_p", "repetition_penal
 
 def completion_requests(body: CompletionRequest, request_id: str) -> list[GenerateRequest]:
     prompts = _prompts(body.prompt)
-    params = sampling_params(body, body.max_tokens, body.logprobs)
+    check(not body.stream or body.prompt_logprobs is None, "prompt_logprobs", "is not available with stream: true")
+    check(body.max_tokens != 0 or body.echo, "max_tokens", "0 scores the prompt alone, which needs echo: true")
+    check(body.max_tokens != 0 or not body.min_tokens, "min_tokens",
+          f"must be in [0, max_tokens], got {body.min_tokens} with max_tokens 0")
+    # max_tokens 0: the prompt alone; the one token generated after it is not shown (CompletionRenderer.shown)
+    max_tokens = 1 if body.max_tokens == 0 else body.max_tokens
+    # echo with logprobs: the prompt's tokens' logprobs too, with as many top tokens as the generated ones'
+    prompt_logprobs = [k for k in (body.logprobs if body.echo else None, body.prompt_logprobs) if k is not None]
+    params = sampling_params(body, max_tokens, body.logprobs, prompt_logprobs=max(prompt_logprobs, default=None))
     return [GenerateRequest(prompt=prompt, params=params, request_id=f"{request_id}-{i}", model=body.model or "",
                             priority=body.priority)
             for i, prompt in enumerate(prompts)]
 
 
+async def echo_prompts(core: FrontendCore, requests: list[GenerateRequest]) -> list[Echo]:
+    """Each request's prompt as echo returns it; a text prompt is tokenized here (its request then
+    carries the token ids, so it is tokenized once)."""
+    echoes = []
+    for request in requests:
+        prompt = request.prompt
+        if prompt.token_ids is None:
+            request.prompt = Prompt(token_ids=await core.tokenize(prompt))
+            echoes.append(Echo(prompt.text, request.prompt.token_ids))
+        else:
+            text = await core.detokenize(prompt.token_ids, request.params.skip_special_tokens)
+            echoes.append(Echo(text, prompt.token_ids))
+    return echoes
+
+
 async def chat_request(core: FrontendCore, body: ChatCompletionRequest,
                        request_id: str) -> tuple[GenerateRequest, ToolPlan]:
     check(body.top_logprobs is None or body.logprobs, "top_logprobs", "needs logprobs: true")
+    check(not body.stream or body.prompt_logprobs is None, "prompt_logprobs", "is not available with stream: true")
     core.check_model(body.model or "")
     tool_choice = body.tool_choice.model_dump() if hasattr(body.tool_choice, "model_dump") else body.tool_choice
     tool_plan = tool_calls.plan([t.model_dump(exclude_none=True) for t in body.tools or []], tool_choice,
@@ -42,7 +67,8 @@ async def chat_request(core: FrontendCore, body: ChatCompletionRequest,
                             Budget(body.max_reasoning_tokens, "max_reasoning_tokens"))
     return await conversation_request(
         core, [_message(i, m) for i, m in enumerate(body.messages)], tool_plan, request_id,
-        lambda max_tokens: sampling_params(body, max_tokens, logprobs, tool_plan.constraint()), getattr(body, field),
+        lambda max_tokens: sampling_params(body, max_tokens, logprobs, tool_plan.constraint(), body.prompt_logprobs),
+        getattr(body, field),
         body.model or "", body.priority, field, template), tool_plan
 
 
@@ -105,14 +131,14 @@ async def conversation_tokens(core: FrontendCore, messages: list[dict], tool_pla
 
 
 def sampling_params(body: SamplingFields, max_tokens: int | None, logprobs: int | None,
-                    tool_constraint: Constraint | None = None) -> SamplingParams:
+                    tool_constraint: Constraint | None = None, prompt_logprobs: int | None = None) -> SamplingParams:
     kwargs = {name: value for name in PASSED_AS_IS if (value := getattr(body, name)) is not None}
     if max_tokens is not None:
         kwargs["max_tokens"] = max_tokens
     constraint = _constraint(body)
     check(constraint is None or tool_constraint is None, "tool_choice",
           "a required or named tool choice cannot be combined with response_format or structured_outputs")
-    return SamplingParams(**kwargs, logprobs=logprobs, stop=body.stop or (), stop_token_ids=body.stop_token_ids or (),
+    return SamplingParams(**kwargs, logprobs=logprobs, prompt_logprobs=prompt_logprobs, stop=body.stop or (), stop_token_ids=body.stop_token_ids or (),
                           logit_bias=_logit_bias(body.logit_bias or {}),
                           structured_outputs=constraint or tool_constraint)
 

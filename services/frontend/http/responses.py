@@ -2,6 +2,13 @@
 
 Choice `prompt_index * n + sample_index`, as OpenAI and vLLM number them. A renderer
 knows the shape of one endpoint (completions or chat); `collect` and `sse` drive it.
+
+Prompt scoring (docs/guide/scoring.md): completions' `echo` puts each prompt before its choices'
+text and, with `logprobs`, its tokens' logprobs before theirs (the first token's null), from the
+request's prompt logprobs; `max_tokens: 0` shows the prompt alone (the one token generated to get
+there is dropped: `CompletionRenderer.shown`). vLLM's `prompt_logprobs` come as vLLM returns them:
+a list per prompt, null first, then {token id: {logprob, rank, decoded_token}} (the prompt's token
+and the top k), on each completions choice, or beside a chat's choices.
 """
 from __future__ import annotations
 
@@ -14,6 +21,8 @@ from typing import ClassVar
 from services.core.step import Logprobs
 from services.core.tokenizer import Tokenizer
 from services.frontend.types import GenerateEvent, SampleEvent, Summary
+
+PromptLogprobs = list[Logprobs | None]  # a prompt's, position 0 None (services/core/step.py StepResult)
 
 Events = AsyncIterator[tuple[int, GenerateEvent]]  # (prompt index, event)
 
@@ -35,6 +44,8 @@ class Renderer:
     tokenizer: Tokenizer
     n: int
     created: int = field(default_factory=lambda: int(time.time()))
+    prompt_logprobs: int | None = None  # vLLM's prompt_logprobs: this many top tokens per prompt position
+    prompt_entries: dict[int, PromptLogprobs] = field(default_factory=dict)  # prompt index -> its logprobs
     object: ClassVar[str] = "text_completion"
     chunk_object: ClassVar[str] = "text_completion"
 
@@ -44,6 +55,27 @@ class Renderer:
 
     def observe(self, index: int, sample: SampleEvent) -> None:
         """A sample event of choice `index` of a whole (non-streamed) response, as it arrives."""
+
+    def shown(self, sample: SampleEvent) -> SampleEvent:
+        """What the response shows of a sample event."""
+        return sample
+
+    def whole(self, body: dict) -> dict:
+        """A whole response's body, with what it shows besides its choices."""
+        return body
+
+    def vllm_prompt_logprobs(self, prompt_index: int) -> list[dict | None]:
+        """vLLM's shape: null for the first token, then each position's token and its top k."""
+        out: list[dict | None] = []
+        for lp in self.prompt_entries.get(prompt_index, []):
+            if lp is None:
+                out.append(None)
+                continue
+            ranked = [(t, p, rank) for rank, (t, p) in enumerate(lp.top[:self.prompt_logprobs], 1)]
+            if lp.token_id not in dict(lp.top[:self.prompt_logprobs]):
+                ranked.insert(0, (lp.token_id, lp.logprob, lp.rank))
+            out.append({str(t): {"logprob": p, "rank": rank, "decoded_token": self.token(t)} for t, p, rank in ranked})
+        return out
 
     def usage(self, summaries: list[Summary]) -> dict:
         return usage(summaries)
@@ -55,20 +87,90 @@ class Renderer:
         return prompt_index * self.n + sample.index
 
 
+@dataclass(frozen=True)
+class Echo:
+    """A prompt as echo returns it: its text (as given, or its token ids decoded) and token ids."""
+
+    text: str
+    token_ids: list[int]
+
+
+@dataclass(kw_only=True)
 class CompletionRenderer(Renderer):
+    echoes: list[Echo] | None = None  # echo: each prompt's, by prompt index
+    top_k: int | None = None  # the request's logprobs (top tokens per position)
+    score_only: bool = False  # max_tokens 0: the prompt alone
+
     def choice(self, index: int, choice: Choice, logprobs: bool) -> dict:
-        return {"index": index, "text": choice.text, "logprobs": self.logprobs(choice.logprobs) if logprobs else None,
+        prompt_index = index // self.n
+        echo = self.echoes[prompt_index] if self.echoes else None
+        shown = self.logprobs(choice.logprobs) if logprobs else None
+        if echo is not None and logprobs:
+            shown = self.echo_logprobs(echo, prompt_index, shown)
+        body = {"index": index, "text": (echo.text if echo else "") + choice.text, "logprobs": shown,
                 "finish_reason": choice.finish_reason}
+        if self.prompt_logprobs is not None:
+            body["prompt_logprobs"] = self.vllm_prompt_logprobs(prompt_index)
+        return body
 
     def chunk_choice(self, index: int, sample: SampleEvent, offset: int) -> dict:
         logprobs = self.logprobs(sample.logprobs, offset) if sample.logprobs is not None else None
         return {"index": index, "text": sample.text, "logprobs": logprobs, "finish_reason": sample.finish_reason}
 
+    def echo_chunk(self, index: int, prompt_index: int, logprobs: bool) -> dict:
+        """A streamed choice's first chunk under echo: its prompt."""
+        echo = self.echoes[prompt_index]
+        shown = self.echo_logprobs(echo, prompt_index, None) if logprobs else None
+        return {"index": index, "text": echo.text, "logprobs": shown, "finish_reason": None}
+
+    def echo_logprobs(self, echo: Echo, prompt_index: int, generated: dict | None) -> dict:
+        """The prompt's tokens in the legacy logprobs object, before the generated ones (if any):
+        the first token's logprob and top are null, as it has no position before it."""
+        entries = self.prompt_entries.get(prompt_index) or [None] * len(echo.token_ids)
+        tokens = [self.token(t) for t in echo.token_ids]
+        shown = {"tokens": tokens, "token_logprobs": [lp.logprob if lp else None for lp in entries],
+                 "top_logprobs": [self.top(lp.top[:self.top_k]) if lp else None for lp in entries],
+                 "text_offset": _offsets(tokens)}
+        if generated is not None:
+            end = sum(len(t) for t in tokens)
+            shown = {key: values + ([end + o for o in generated[key]] if key == "text_offset" else generated[key])
+                     for key, values in shown.items()}
+        return shown
+
     def logprobs(self, entries: list[Logprobs], offset: int = 0) -> dict:
         tokens = [self.token(lp.token_id) for lp in entries]
-        offsets = [offset + sum(len(t) for t in tokens[:i]) for i in range(len(tokens))]
         return {"tokens": tokens, "token_logprobs": [lp.logprob for lp in entries],
-                "top_logprobs": [{self.token(t): p for t, p in lp.top} for lp in entries], "text_offset": offsets}
+                "top_logprobs": [self.top(lp.top) for lp in entries],
+                "text_offset": _offsets(tokens, offset)}
+
+    def top(self, top: list[tuple[int, float]]) -> dict[str, float]:
+        """Token text -> logprob, best first; of two tokens with one text the better one's (what a
+        harness reads as the best logprob: lm-evaluation-harness's is_greedy)."""
+        shown: dict[str, float] = {}
+        for token_id, logprob in top:
+            shown.setdefault(self.token(token_id), logprob)
+        return shown
+
+    def shown(self, sample: SampleEvent) -> SampleEvent:
+        if not self.score_only:
+            return sample
+        return SampleEvent(index=sample.index, text="", token_ids=[], logprobs=[] if sample.logprobs else None,
+                           finish_reason="length" if sample.finish_reason else None)
+
+    def usage(self, summaries: list[Summary]) -> dict:
+        shown = usage(summaries)
+        if self.score_only:
+            shown.update(completion_tokens=0, total_tokens=shown["prompt_tokens"])
+        return shown
+
+
+def _offsets(tokens: list[str], offset: int = 0) -> list[int]:
+    """Each token's place in the text the tokens make, from offset."""
+    offsets = []
+    for token in tokens:
+        offsets.append(offset)
+        offset += len(token)
+    return offsets
 
 
 class ChatRenderer(Renderer):
@@ -87,6 +189,11 @@ class ChatRenderer(Renderer):
         logprobs = self.logprobs(sample.logprobs) if sample.logprobs is not None else None
         return {"index": index, "delta": {"content": sample.text} if sample.text else {}, "logprobs": logprobs,
                 "finish_reason": sample.finish_reason}
+
+    def whole(self, body: dict) -> dict:
+        if self.prompt_logprobs is not None:  # vLLM's place for a chat's: beside the choices
+            body["prompt_logprobs"] = self.vllm_prompt_logprobs(0)
+        return body
 
     def role_chunk(self, index: int) -> dict:
         return {"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
@@ -112,7 +219,9 @@ async def collect(renderer: Renderer, events: Events, num_prompts: int, logprobs
     choices = [Choice() for _ in range(num_prompts * renderer.n)]
     summaries = []
     async for prompt_index, event in events:
-        for sample in event.samples:
+        if event.prompt_logprobs is not None:
+            renderer.prompt_entries[prompt_index] = event.prompt_logprobs
+        for sample in map(renderer.shown, event.samples):
             index = renderer.choice_index(prompt_index, sample)
             renderer.observe(index, sample)
             choice = choices[index]
@@ -121,12 +230,14 @@ async def collect(renderer: Renderer, events: Events, num_prompts: int, logprobs
             choice.finish_reason = sample.finish_reason or choice.finish_reason
         if event.summary is not None:
             summaries.append(event.summary)
-    return renderer.body(renderer.object, [renderer.choice(i, c, logprobs) for i, c in enumerate(choices)],
-                         renderer.usage(summaries))
+    return renderer.whole(renderer.body(renderer.object, [renderer.choice(i, c, logprobs)
+                                                          for i, c in enumerate(choices)], renderer.usage(summaries)))
 
 
-async def sse(renderer: Renderer, events: Events, num_prompts: int, include_usage: bool) -> AsyncIterator[str]:
-    """Server-sent events: a chunk per sample event that carries something, then usage, then [DONE]."""
+async def sse(renderer: Renderer, events: Events, num_prompts: int, include_usage: bool,
+              logprobs: bool = False) -> AsyncIterator[str]:
+    """Server-sent events: a chunk per sample event that carries something, then usage, then [DONE].
+    Under echo each choice's first chunk is its prompt (with its logprobs when asked)."""
     def data(choices: list[dict], with_usage: dict | None = None) -> str:
         body = renderer.body(renderer.chunk_object, choices, with_usage)
         if not include_usage:
@@ -138,8 +249,16 @@ async def sse(renderer: Renderer, events: Events, num_prompts: int, include_usag
             yield data([renderer.role_chunk(index)])
     offsets: dict[int, int] = {}
     summaries = []
+    echoed: set[int] = set()
     async for prompt_index, event in events:
-        for sample in event.samples:
+        if event.prompt_logprobs is not None:
+            renderer.prompt_entries[prompt_index] = event.prompt_logprobs
+        if isinstance(renderer, CompletionRenderer) and renderer.echoes and prompt_index not in echoed:
+            echoed.add(prompt_index)
+            for index in range(prompt_index * renderer.n, (prompt_index + 1) * renderer.n):
+                yield data([renderer.echo_chunk(index, prompt_index, logprobs)])
+                offsets[index] = len(renderer.echoes[prompt_index].text)
+        for sample in map(renderer.shown, event.samples):
             if sample.text or sample.finish_reason or sample.logprobs:
                 index = renderer.choice_index(prompt_index, sample)
                 chunk = renderer.chunk_choice(index, sample, offsets.get(index, 0))

@@ -54,16 +54,28 @@ class ChatUsage(Usage):
 
 class CompletionLogprobs(BaseModel):
     tokens: list[str]
-    token_logprobs: list[float]
-    top_logprobs: list[dict[str, float]]
+    token_logprobs: list[float | None] = Field(description="With echo, the prompt's first token's is null.")
+    top_logprobs: list[dict[str, float] | None]
     text_offset: list[int]
+
+
+class PromptLogprob(BaseModel):
+    logprob: float
+    rank: int = Field(description="1: the most likely token.")
+    decoded_token: str
+
+
+PromptLogprobs = list[dict[str, PromptLogprob] | None]
+PROMPT_LOGPROBS = Field(None, description=(
+    "With prompt_logprobs: per prompt token (the first: null), its token id's and the top tokens' logprobs."))
 
 
 class CompletionChoice(BaseModel):
     index: int
-    text: str
+    text: str = Field(description="With echo, the prompt and then the completion.")
     logprobs: CompletionLogprobs | None
     finish_reason: str | None
+    prompt_logprobs: PromptLogprobs | None = PROMPT_LOGPROBS
 
 
 class Completion(BaseModel):
@@ -114,6 +126,7 @@ class ChatCompletion(BaseModel):
     system_fingerprint: str
     choices: list[ChatChoice]
     usage: ChatUsage
+    prompt_logprobs: PromptLogprobs | None = PROMPT_LOGPROBS
 
 
 class Model(BaseModel):
@@ -185,8 +198,9 @@ def describe(app: FastAPI, served: Callable[[], ModelCard | None] = lambda: None
 
 
 REQUEST_MODELS = ("CompletionRequest", "ChatCompletionRequest",  # another API's request model: add it here
-                  "ResponseRequest", "MessagesRequest", "CountTokensRequest")
-TOKEN_ID_FIELDS = ("prompt", "stop_token_ids")
+                  "ResponseRequest", "MessagesRequest", "CountTokensRequest", "TokenizeCompletionRequest",
+                  "TokenizeChatRequest", "DetokenizeRequest")
+TOKEN_ID_FIELDS = ("prompt", "stop_token_ids", "tokens")
 LENGTH_FIELDS = ("max_tokens", "max_completion_tokens", "min_tokens", "max_output_tokens")
 
 
