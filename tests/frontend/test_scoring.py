@@ -7,6 +7,8 @@ of a chunked prompt: tests/engine/test_batch_invariance.py.)"""
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
 import pytest
 
@@ -17,6 +19,7 @@ from tests.conftest import greedy, make_llm, random_prompts
 
 PROMPTS = random_prompts(4, 512, min_len=5, max_len=40, seed=45, shared_prefix=20)  # > 16: chunked
 TOP = 2
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -138,3 +141,13 @@ def test_prompt_logprobs_in_vllms_shape_on_completions_and_chat(served, one_pass
 def test_bad_scoring_input_is_a_400_naming_the_field(served, body, param):
     status, answer = post(served, "/v1/completions", {"prompt": "hello", **body})
     assert status == 400 and answer["error"]["param"] == param, answer
+
+
+def test_every_request_in_the_scoring_guide_is_served(served):
+    """docs/guide/scoring.md's curl examples, each sent as it is written."""
+    guide = (ROOT / "docs" / "guide" / "scoring.md").read_text()
+    examples = re.findall(r"curl -s localhost:8000(/\S+) .*?-d '(\{.*?\})'", guide, re.S)
+    assert len(examples) >= 6, "the examples were not found: the pattern is wrong"
+    for path, body in examples:
+        status, answer = post(served, path, json.loads(body))
+        assert status == 200, (path, body, answer)

@@ -95,7 +95,7 @@ class SamplingFields(Strict):
     seed: Int(ge=0, lt=SEED_END) | None = Field(None, description="Same seed, same tokens (the deterministic mode).")
     presence_penalty: float | None = Field(None, **float_bounds("presence_penalty"))
     frequency_penalty: float | None = Field(None, **float_bounds("frequency_penalty"))
-    logit_bias: Annotated[dict[Annotated[str, Field(pattern=r"^[0-9]{1,10}$")],
+    logit_bias: Annotated[dict[Annotated[str, Field(pattern=r"^0*[0-9]{1,10}$")],
                                Annotated[float, Field(ge=LOGIT_BIAS_RANGE[0], le=LOGIT_BIAS_RANGE[1])]],
                           Field(json_schema_extra={"additionalProperties": False})] | None = \
         Field(None, description="Token id (as a string) -> bias.")
