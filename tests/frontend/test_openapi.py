@@ -52,7 +52,14 @@ def test_every_response_is_one_the_schema_documents(served, mode):
                 failures.append(f"{operation.label}: {error}"[:2000])
 
         try:
-            check()
+            try:
+                check()
+            except schemathesis.core.errors.InvalidSchema:
+                # schemathesis could not build one mutation ("cannot generate an array with 1 demanded
+                # elements": count_tokens' messages, under some seeds): its limit, not the server's
+                # answer. The same operation, drawn from another seed.
+                assert mode is schemathesis.GenerationMode.NEGATIVE
+                hypothesis.seed(1)(check)()
             tested.append(operation.label)
         except hypothesis.errors.Unsatisfiable:  # negative: nothing to make invalid (no body, any path)
             assert mode is schemathesis.GenerationMode.NEGATIVE
