@@ -116,11 +116,12 @@ class FrontendCore:
         check(num_chars <= limit, field, f"has {num_chars} characters; at most {limit} can fit in max_model_len "
                                          f"{self.card.max_model_len} tokens")
 
-    async def detokenize(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
+    async def detokenize(self, token_ids: list[int], skip_special_tokens: bool = True, field: str = "token_ids") -> str:
+        """`field`: the name the client gave the token ids (an error names it)."""
         vocab_size = self.card.vocab_size if self.card else self.tokenizer.vocab_size
 
         def decode() -> str:
-            _check_vocab("token_ids", token_ids, vocab_size)
+            _check_vocab(field, token_ids, vocab_size)
             return self.tokenizer.decode(token_ids, skip_special_tokens)
         return decode() if len(token_ids) <= INLINE_CHARS else await asyncio.to_thread(decode)
 

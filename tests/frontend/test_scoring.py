@@ -137,6 +137,7 @@ def test_prompt_logprobs_in_vllms_shape_on_completions_and_chat(served, one_pass
     ({"prompt_logprobs": 1, "stream": True}, "prompt_logprobs"),
     ({"prompt_logprobs": 21}, "prompt_logprobs"),
     ({"echo": "yes"}, "echo"),
+    ({"echo": True, "prompt": [5, 512]}, "prompt"),  # a token id past the vocabulary, decoded for the echo
 ])
 def test_bad_scoring_input_is_a_400_naming_the_field(served, body, param):
     status, answer = post(served, "/v1/completions", {"prompt": "hello", **body})
@@ -151,3 +152,35 @@ def test_every_request_in_the_scoring_guide_is_served(served):
     for path, body in examples:
         status, answer = post(served, path, json.loads(body))
         assert status == 200, (path, body, answer)
+
+
+def test_tokenize_and_detokenize_in_vllms_shapes(served, tiny_llama):
+    tokenizer = Tokenizer(tiny_llama)
+    text = "Hello world, scored"
+    status, body = post(served, "/tokenize", {"prompt": text, "return_token_strs": True})
+    assert status == 200
+    assert body["tokens"] == tokenizer.encode(text) and body["count"] == len(body["tokens"])
+    assert body["max_model_len"] == 2048
+    assert body["token_strs"] == [tokenizer.decode([t], skip_special_tokens=False) for t in body["tokens"]]
+    status, plain = post(served, "/tokenize", {"prompt": text, "add_special_tokens": False})
+    assert plain["tokens"] == tokenizer.encode(text, add_special_tokens=False) and plain["token_strs"] is None
+    status, back = post(served, "/detokenize", {"tokens": body["tokens"]})
+    assert status == 200 and back == {"prompt": tokenizer.decode(body["tokens"])}
+
+    messages = [{"role": "user", "content": "Hi"}]
+    rendered = tokenizer.apply_chat_template(messages, add_generation_prompt=False)
+    status, chat = post(served, "/tokenize", {"messages": messages, "add_generation_prompt": False})
+    assert status == 200 and chat["tokens"] == tokenizer.encode(rendered, add_special_tokens=False)
+
+
+@pytest.mark.parametrize("path, body, param", [
+    ("/detokenize", {"tokens": [512]}, "tokens"),  # past the vocabulary
+    ("/detokenize", {"tokens": "abc"}, "tokens"),
+    ("/tokenize", {"prompt": 5}, "prompt"),
+    ("/tokenize", {"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role"),
+    ("/tokenize", {"messages": [], "add_generation_prompt": True}, "messages"),
+    ("/tokenize", {"prompt": "x", "tools": []}, "tools"),
+])
+def test_bad_tokenize_input_is_a_400_naming_the_field(served, path, body, param):
+    status, answer = post(served, path, body)
+    assert status == 400 and answer["error"]["param"] == param, answer

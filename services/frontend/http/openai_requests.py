@@ -46,7 +46,7 @@ async def echo_prompts(core: FrontendCore, requests: list[GenerateRequest]) -> l
             request.prompt = Prompt(token_ids=await core.tokenize(prompt))
             echoes.append(Echo(prompt.text, request.prompt.token_ids))
         else:
-            text = await core.detokenize(prompt.token_ids, request.params.skip_special_tokens)
+            text = await core.detokenize(prompt.token_ids, request.params.skip_special_tokens, "prompt")
             echoes.append(Echo(text, prompt.token_ids))
     return echoes
 

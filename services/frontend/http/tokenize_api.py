@@ -98,4 +98,4 @@ def add_routes(app: FastAPI, core: FrontendCore) -> None:
         """The text of token ids (special tokens left out)."""
         core.check_model(body.model or "")
         await core.model_card()  # the vocabulary checked is the served model's
-        return {"prompt": await core.detokenize(body.tokens)}
+        return {"prompt": await core.detokenize(body.tokens, field="tokens")}
