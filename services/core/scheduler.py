@@ -18,6 +18,7 @@ import time
 
 from services.core.config import SchedulerConfig
 from services.core.errors import ResourceExhausted, check
+from services.core.kv_events import AllBlocksCleared, KVCacheEvent, KVEventLog
 from services.core.placement import best_worker, has_room
 from services.core.policy import WaitingQueue
 from services.core.sampling_params import SamplingParams
@@ -59,6 +60,11 @@ class Scheduler:
         self._seeds = random.Random(config.seed) if config.seed is not None else None
         # speculative decoding: drafts verified exactly (services/core/spec_decode.py)
         self.speculator = Speculator(config.speculative_config) if config.speculative_config else None
+        # KV-cache events (services/core/kv_events.py): each worker's log, kept across its reset, and its
+        # rank (data_parallel_rank on the wire): the order it first registered, kept for its id
+        events = config.kv_events_config
+        self.kv_events: dict[str, KVEventLog] | None = {} if events and events.enable_kv_cache_events else None
+        self.worker_ranks: dict[str, int] = {}
 
     @property
     def running(self) -> dict[int, Sequence]:
@@ -90,6 +96,7 @@ class Scheduler:
               f"worker {worker_id} supports {info.max_model_len} tokens, the scheduler serves "
               f"{self.config.max_model_len}")
         self.workers[worker_id] = WorkerScheduler(worker_id, info, self.config, self)
+        self.worker_ranks.setdefault(worker_id, len(self.worker_ranks))
 
     def remove_worker(self, worker_id: str) -> int:
         """Drop a dead worker; its sequences go back to waiting and are recomputed elsewhere, and
@@ -104,6 +111,8 @@ class Scheduler:
         moved = ws.evict()
         for seq in moved:
             self.enqueue(seq)
+        if self.kv_events is not None:
+            self.kv_events[worker_id].append(AllBlocksCleared())
         return len(moved)
 
     def reset_worker(self, worker_id: str) -> int:
@@ -119,6 +128,14 @@ class Scheduler:
         self.add_worker(worker_id, ws.info)
         self.workers[worker_id].pending_forget = held
         return moved
+
+    def drain_kv_events(self) -> list[tuple[int, list[KVCacheEvent]]]:
+        """(worker rank, its events in order) for each worker with events since the last drain;
+        a worker gone for good is forgotten once its last events (AllBlocksCleared) are out."""
+        drained = [(self.worker_ranks[worker_id], log.drain()) for worker_id, log in self.kv_events.items() if log]
+        for worker_id in [w for w in self.kv_events if w not in self.workers]:
+            del self.kv_events[worker_id]
+        return drained
 
     # ---- requests --------------------------------------------------------------
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from services.core.block_manager import BlockManager
 from services.core.config import SchedulerConfig
+from services.core.kv_events import KVEventLog
 from services.core.policy import policy_key
 from services.core.sequence import Sequence, SeqStatus, SeqUpdate
 from services.core.step import CachedSequence, NewSequence, StepDelta, StepResult, WorkerInfo
@@ -47,6 +48,8 @@ class WorkerScheduler:
         self.worker_id, self.info, self.config, self.shared = worker_id, info, config, shared
         self.blocks = BlockManager(info.num_gpu_blocks, info.block_size, info.num_cpu_blocks,
                                    config.enable_prefix_caching)
+        if shared.kv_events is not None:
+            self.blocks.record_events(shared.kv_events.setdefault(worker_id, KVEventLog()))
         self.running: dict[int, Sequence] = {}
         self.swapped: dict[int, Sequence] = {}
         self.num_waiting = 0  # sequences placed on it that wait to be admitted (the shared queue holds them)
@@ -153,7 +156,7 @@ class WorkerScheduler:
             needed = self.blocks.num_blocks_needed(seq.num_computed_tokens + num_new)
             if num_new == 0 or self.blocks.num_free_blocks < needed:
                 continue
-            plan.delta.blocks_to_swap_in += self.blocks.swap_in(seq.seq_id)
+            plan.delta.blocks_to_swap_in += self.blocks.swap_in(seq.seq_id, seq.token_ids)
             del self.swapped[seq.seq_id]
             seq.status = SeqStatus.RUNNING
             self.running[seq.seq_id] = seq
