@@ -15,12 +15,13 @@ from __future__ import annotations
 import itertools
 import random
 import time
+from collections.abc import Callable
 
 from services.core.config import SchedulerConfig
 from services.core.errors import ResourceExhausted, check
 from services.core.kv_events import AllBlocksCleared, KVCacheEvent, KVEventLog
 from services.core.placement import best_worker, has_room
-from services.core.policy import WaitingQueue
+from services.core.policy import WaitingQueue, policy_key
 from services.core.sampling_params import SamplingParams
 from services.core.seeding import new_request_seed
 from services.core.sequence import ContinuedSample, Request, Sequence, SeqStatus, SeqUpdate
@@ -255,22 +256,31 @@ class Scheduler:
         runs to its end before the next is planned."""
         return False
 
-    def admit_waiting(self, ws: WorkerScheduler, plan: StepPlan) -> None:
+    def admit_waiting(self, ws: WorkerScheduler, plan: StepPlan, below: tuple | None = None,
+                      make_room: Callable[[Sequence], bool] | None = None) -> None:
         """Start on ws, in policy order, what waits for it, and what waits for a worker that is
-        stalled or has no room for it; stop at the first that does not fit now."""
-        if not ws.has_seat() or not self.waiting:
+        stalled or has no room for it; stop at the first that does not fit now. `below`: only
+        sequences whose policy key is smaller; `make_room(seq)`: asked when seq does not fit, it
+        preempts something for it and answers True, or answers False (the priority policy's,
+        WorkerScheduler._admit_outranking)."""
+        if not self.waiting or (not ws.has_seat() and make_room is None):
             return
         now = time.monotonic()
         for seq_id in self.waiting:
             seq = self.seqs[seq_id]
+            if below is not None and policy_key(self.config.scheduling_policy, seq) >= below:
+                return
             owner = self.workers.get(seq.placed) or self._place(seq)
             if owner is not ws and not (owner is None or owner.is_stalled(now) or not has_room(owner, seq)):
                 continue
-            if not ws.admit(seq, plan):
-                if owner is ws:
-                    return  # its own next one waits for room here: none placed behind it passes it
+            while not ws.admit(seq, plan):
+                if make_room is None or not make_room(seq):
+                    break
+            else:
+                self._dequeue(seq)
                 continue
-            self._dequeue(seq)
+            if owner is ws:
+                return  # its own next one waits for room here: none placed behind it passes it
 
     def waits_for(self, ws: WorkerScheduler) -> bool:
         """Whether a sequence placed on ws waits."""

@@ -116,8 +116,11 @@ class WorkerScheduler:
         queue = sorted(self.running.values(), key=self._key)
         speculator = self.shared.speculator
         speculate = speculator is not None and speculator.pays_at(len(queue))
+        by_priority = self.config.scheduling_policy == "priority"
         while queue:
             seq = queue.pop(0)
+            if by_priority and self.shared.waiting and plan.num_tokens < self.config.max_num_batched_tokens:
+                preempted |= self._admit_outranking(seq, queue, plan)
             num_new = self.num_new_tokens(seq, plan)
             if num_new == 0:
                 continue
@@ -133,6 +136,22 @@ class WorkerScheduler:
             else:
                 self.allocate(seq, num_new, plan, drafts)
         return preempted
+
+    def _admit_outranking(self, seq: Sequence, queue: list[Sequence], plan: StepPlan) -> bool:
+        """Priority policy: before running seq gets its share of the step, start what waits and
+        outranks it, so a long low-priority prefill never holds back a short high-priority request; one
+        that does not fit preempts the lowest-priority running sequences not yet scheduled (queue's
+        tail) while they rank below it. Returns whether it preempted any."""
+        def make_room(waiting: Sequence) -> bool:
+            if plan.num_tokens >= self.config.max_num_batched_tokens or not queue or \
+                    self._key(queue[-1]) <= self._key(waiting):
+                return False
+            self._preempt(queue.pop(), plan)
+            return True
+
+        num_preemptions = self.shared.num_preemptions
+        self.shared.admit_waiting(self, plan, below=self._key(seq), make_room=make_room)
+        return self.shared.num_preemptions != num_preemptions
 
     def _drafts(self, seq: Sequence, num_new: int, plan: StepPlan) -> list[int]:
         """Tokens drafted to verify after seq's last one: only for a sequence in decode that the
