@@ -4,6 +4,8 @@ the scheduler's own prefix caches after hits, evictions, swaps and a worker rese
 socket serves the same history again."""
 from __future__ import annotations
 
+import time
+
 import msgpack
 import pytest
 import zmq
@@ -33,7 +35,7 @@ def apply_event(cache: set[int], event: list) -> None:
     tag = event[0]
     if tag == "BlockStored":
         _, hashes, parent, token_ids, block_size, lora_id, medium, *_ = event
-        assert block_size == BLOCK_SIZE and len(token_ids) == block_size * len(hashes), event
+        assert block_size in (8, 16, 32) and len(token_ids) == block_size * len(hashes), event
         assert lora_id is None and medium == "GPU"
         assert parent is None or isinstance(parent, int)
         assert all(isinstance(h, int) and 0 <= h < 2 ** 64 for h in hashes)
@@ -169,3 +171,51 @@ def test_events_off_by_default_and_bad_config_names_the_key():
         SchedulerConfig(kv_events_config='{"enable_kv_cache_events": true, "publisher": "nats"}')
     with pytest.raises(InvalidArgument, match="kv_events_config.*buffer_stepz"):
         SchedulerConfig(kv_events_config='{"buffer_stepz": 3}')
+
+
+# ---- the scheduler service ---------------------------------------------------------------------------
+@pytest.mark.slow
+def test_the_scheduler_service_publishes_its_workers_caches_and_clears_a_lost_one(model_dir):
+    """`--kv-events-config` on the real service with two workers: the replayed history rebuilds both
+    workers' prefix caches; a worker lost is announced with AllBlocksCleared for its rank."""
+    import asyncio
+    import json
+
+    from tests.cluster import VOCAB, Cluster, run
+    from tests.conftest import greedy, random_prompts
+
+    replay_port, pub_port = free_ports(2)
+    config = json.dumps({"enable_kv_cache_events": True, "endpoint": f"tcp://127.0.0.1:{pub_port}",
+                         "replay_endpoint": f"tcp://127.0.0.1:{replay_port}"})
+    context = zmq.Context()
+
+    async def history_matches(loop, timeout_s=10.0):
+        deadline = time.monotonic() + timeout_s
+        while True:
+            caches, counts = rebuild(await asyncio.to_thread(replay, context, f"tcp://127.0.0.1:{replay_port}", 0))
+            expected = scheduler_caches(loop.core)
+            expected.update({rank: set() for rank in loop.core.worker_ranks.values() if rank not in expected})
+            if {rank: caches.get(rank, set()) for rank in expected} == expected:
+                return counts
+            assert time.monotonic() < deadline, f"the events never matched: {counts}"
+            await asyncio.sleep(0.05)
+
+    async def main():
+        cluster = await Cluster(model_dir("llama", "tiny"), kv_events_config=config).start(num_workers=2)
+        loop = cluster.scheduler.loop
+        try:
+            shared = random_prompts(1, VOCAB, 40, 40, seed=5)[0]
+            prompts = [shared + p for p in random_prompts(6, VOCAB, 5, 30, seed=6)]
+            await asyncio.gather(*(cluster.generate(f"r{i}", p, greedy(3)) for i, p in enumerate(prompts)))
+            counts = await history_matches(loop)
+            assert counts["BlockStored"] > 0 and all(scheduler_caches(loop.core).values())
+            await loop.drop("w1", "lost")  # what a failed step or missed heartbeats do
+            counts = await history_matches(loop)
+            assert counts["AllBlocksCleared"] == 1
+        finally:
+            await cluster.close()
+
+    try:
+        run(main())
+    finally:
+        context.term()
