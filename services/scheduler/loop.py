@@ -105,7 +105,8 @@ class StepLoop:
             return reason
         self.workers[worker_id] = RemoteWorker(worker_id, address, info, self.config.step_timeout_s)
         log.info("worker_registered", worker_id=worker_id, address=address, num_gpu_blocks=info.num_gpu_blocks,
-                 num_cpu_blocks=info.num_cpu_blocks, device=info.device, dtype=info.dtype)
+                 num_cpu_blocks=info.num_cpu_blocks, device=info.device, dtype=info.dtype,
+                 rank=self.core.worker_ranks[worker_id])  # its KV events' data_parallel_rank
         self._wake_all()
         return None
 

@@ -4,7 +4,11 @@ the scheduler's own prefix caches after hits, evictions, swaps and a worker rese
 socket serves the same history again."""
 from __future__ import annotations
 
+import argparse
+import re
+import shlex
 import time
+from pathlib import Path
 
 import msgpack
 import pytest
@@ -160,6 +164,31 @@ def test_replay_serves_the_whole_history_from_any_sequence_number(published):
     assert caches == scheduler_caches(published["sched"])
     tail = replay(published["context"], published["replay_endpoint"], 5)
     assert tail == history[5:]
+
+
+GUIDE = Path(__file__).resolve().parents[2] / "docs" / "guide" / "kv-events-and-priority.md"
+
+
+def test_the_guides_subscriber_rebuilds_the_caches_and_its_commands_parse(published):
+    """docs/guide/kv-events-and-priority.md: its subscriber's `replay` and `apply`, on the published
+    history, give the scheduler's caches; its `pagedserve up` commands are ones `up` takes."""
+    text = GUIDE.read_text()
+    [example] = re.findall(r"```python\n(.*?)```", text, re.S)
+    namespace = {"__name__": "guide"}
+    exec(compile(example, str(GUIDE), "exec"), namespace)
+    caches: dict[int, set[int]] = {}
+    for _, payload in namespace["replay"](published["context"], published["replay_endpoint"], 0):
+        namespace["apply"](caches, payload)
+    assert caches == scheduler_caches(published["sched"])
+    from services.__main__ import add_up_parser
+    parser = argparse.ArgumentParser(exit_on_error=False)
+    add_up_parser(parser.add_subparsers())
+    commands = re.findall(r"^\.venv/bin/pagedserve up (.+)$", text, re.M)
+    assert len(commands) == 2, "the guide's commands were not found: the pattern is wrong"
+    for command in commands:
+        args = parser.parse_args(["up", *shlex.split(command)])
+        given = {name: getattr(args, name) for name in ("kv_events_config", "scheduling_policy")}
+        SchedulerConfig(**{name: value for name, value in given.items() if value is not None})
 
 
 def test_events_off_by_default_and_bad_config_names_the_key():
