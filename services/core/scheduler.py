@@ -29,6 +29,7 @@ from services.core.spec_decode import Speculator
 from services.core.stats import SchedulerStats, WorkerStats
 from services.core.step import StepDelta, StepResult, WorkerInfo
 from services.core.stop import finish_reason  # the one stop rule, which each WorkerScheduler applies
+from services.core.widths import INT32_MAX, INT32_MIN, check_int
 from services.core.worker_scheduler import StepPlan, WorkerScheduler
 
 __all__ = ["Scheduler", "StepPlan", "WorkerScheduler", "finish_reason"]
@@ -144,6 +145,7 @@ class Scheduler:
         """Admit a request; `continued` non-empty: a continuation (ContinuedSample), which runs
         just the samples it names, each from its own tokens."""
         params.validate()  # admission: the one check after the edge's (the wire's decoding checks nothing)
+        check_int("priority", priority, INT32_MIN, INT32_MAX)  # the LLM's callers reach here unchecked
         check(request_id not in self.requests, "request_id", f"{request_id!r} is already running")
         check(len(prompt_token_ids) > 0, "prompt", "must not be empty")
         check(len(prompt_token_ids) < self.config.max_model_len, "prompt",
