@@ -19,6 +19,7 @@ from services.core.errors import check
 
 MEDIUM_GPU = "GPU"  # vLLM's name for a worker's primary KV cache (the device blocks, on any device)
 KV_EVENT_PUBLISHERS = ("null", "zmq")
+ENDPOINT_SCHEMES = ("tcp://", "ipc://", "inproc://")
 
 
 def external_hash(block_hash: bytes) -> int:
@@ -84,8 +85,10 @@ class KVEventsConfig:
             value = getattr(self, name)
             check(isinstance(value, int) and not isinstance(value, bool) and value >= 1, name,
                   f"must be an integer >= 1, got {value!r}")
-        check(bool(self.endpoint), "endpoint", "must not be empty")
-
+        for name in ("endpoint", "replay_endpoint"):
+            value = getattr(self, name)
+            check(value is None or value.startswith(ENDPOINT_SCHEMES), name,
+                  f"must be a ZMQ address starting with one of {ENDPOINT_SCHEMES}, got {value!r}")
 
 
 class KVEventLog:

@@ -198,6 +198,8 @@ def test_events_off_by_default_and_bad_config_names_the_key():
     assert config.kv_events_config.publisher == "zmq" and config.kv_events_config.topic == "kv"
     with pytest.raises(InvalidArgument, match="kv_events_config.*publisher"):
         SchedulerConfig(kv_events_config='{"enable_kv_cache_events": true, "publisher": "nats"}')
+    with pytest.raises(InvalidArgument, match="kv_events_config.*endpoint"):
+        SchedulerConfig(kv_events_config='{"enable_kv_cache_events": true, "endpoint": "localhost:5557"}')
     with pytest.raises(InvalidArgument, match="kv_events_config.*buffer_stepz"):
         SchedulerConfig(kv_events_config='{"buffer_stepz": 3}')
 
