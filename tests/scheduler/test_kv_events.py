@@ -16,7 +16,7 @@ import zmq
 
 from services.core.config import SchedulerConfig
 from services.core.errors import InvalidArgument
-from services.core.kv_events import KVEventsConfig
+from services.core.kv_events import AllBlocksCleared, KVEventsConfig
 from services.launch.deployment import free_ports
 from services.scheduler.kv_publisher import KVEventPublisher
 from tests.core.test_scheduler import make_scheduler, params
@@ -189,6 +189,15 @@ def test_the_guides_subscriber_rebuilds_the_caches_and_its_commands_parse(publis
         args = parser.parse_args(["up", *shlex.split(command)])
         given = {name: getattr(args, name) for name in ("kv_events_config", "scheduling_policy")}
         SchedulerConfig(**{name: value for name, value in given.items() if value is not None})
+
+
+def test_a_full_queue_drops_and_counts_instead_of_blocking_the_step(monkeypatch):
+    monkeypatch.setattr(KVEventPublisher, "_run", lambda self: None)  # a sender that never catches up
+    publisher = KVEventPublisher(KVEventsConfig(enable_kv_cache_events=True, endpoint="inproc://kv-full",
+                                                max_queue_size=2))
+    publisher.publish([(0, [AllBlocksCleared()])] * 5)
+    assert (publisher._queue.qsize(), publisher.num_dropped) == (2, 3)
+    publisher._pub.close(linger=0)
 
 
 def test_events_off_by_default_and_bad_config_names_the_key():
