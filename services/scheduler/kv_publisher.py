@@ -26,6 +26,7 @@ import msgpack
 import structlog
 import zmq
 
+from services.core.errors import InvalidArgument
 from services.core.kv_events import (AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent, KVEventsConfig,
                                      external_hash)
 
@@ -68,17 +69,29 @@ class KVEventPublisher:
         self._topic = config.topic.encode()
         self._pub = self._replay = None
         if config.publisher == "zmq":
-            context = context or zmq.Context.instance()
-            self._pub = context.socket(zmq.PUB)
-            self._pub.set_hwm(config.hwm)
-            (self._pub.bind if _binds(config.endpoint) else self._pub.connect)(config.endpoint)
-            if config.replay_endpoint:
-                self._replay = context.socket(zmq.ROUTER)
-                self._replay.bind(config.replay_endpoint)
+            self._open_sockets(context or zmq.Context.instance())
         self._thread = threading.Thread(target=self._run, name="kv-events", daemon=True)
         self._thread.start()
         log.info("kv_events_publishing", publisher=config.publisher, endpoint=config.endpoint,
                  replay_endpoint=config.replay_endpoint, topic=config.topic)
+
+    def _open_sockets(self, context: zmq.Context) -> None:
+        """The PUB socket, and the ROUTER replay socket if asked; an address that cannot be bound (taken,
+        not this host's) is refused naming the key."""
+        config, key = self.config, "endpoint"
+        try:
+            self._pub = context.socket(zmq.PUB)
+            self._pub.set_hwm(config.hwm)
+            (self._pub.bind if _binds(config.endpoint) else self._pub.connect)(config.endpoint)
+            if config.replay_endpoint:
+                key = "replay_endpoint"
+                self._replay = context.socket(zmq.ROUTER)
+                self._replay.bind(config.replay_endpoint)
+        except zmq.ZMQError as error:
+            for socket in (self._pub, self._replay):
+                if socket is not None:
+                    socket.close(linger=0)
+            raise InvalidArgument("kv_events_config", f"{key} {getattr(config, key)!r}: {error}") from None
 
     def publish(self, batches: list[tuple[int, list[KVCacheEvent]]]) -> None:
         """Enqueue one batch per worker (rank, its events); never blocks. The null publisher drops them."""

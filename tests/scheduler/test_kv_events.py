@@ -200,6 +200,13 @@ def test_a_full_queue_drops_and_counts_instead_of_blocking_the_step(monkeypatch)
     publisher._pub.close(linger=0)
 
 
+def test_a_replay_address_already_taken_is_refused_naming_it(published):
+    taken = published["replay_endpoint"]
+    with pytest.raises(InvalidArgument, match=f"kv_events_config.*replay_endpoint '{taken}'"):
+        KVEventPublisher(KVEventsConfig(enable_kv_cache_events=True, endpoint="inproc://kv-taken",
+                                        replay_endpoint=taken))
+
+
 def test_events_off_by_default_and_bad_config_names_the_key():
     sched, _ = make_scheduler()
     assert sched.kv_events is None and sched.workers["w0"].blocks.kv_events is None
