@@ -50,6 +50,8 @@ class LLM:
             [sampling_params or SamplingParams()] * len(prompts)
         if len(params) != len(prompts):
             raise InvalidArgument("sampling_params", f"{len(params)} given for {len(prompts)} prompts")
+        if priority is not None and len(priority) != len(prompts):
+            raise InvalidArgument("priority", f"{len(priority)} given for {len(prompts)} prompts")
         grammars = next(iter(self.engine.workers.values())).runner.grammars
         for constraint in {sp.structured_outputs for sp in params} - {None}:
             grammars.cache.matcher(constraint)  # an invalid one is refused here, naming the field

@@ -8,6 +8,7 @@ from __future__ import annotations
 from services.core.config import EngineArgs
 from services.core.scheduler import Scheduler
 from services.core.sequence import SeqUpdate
+from services.scheduler.kv_publisher import KVEventPublisher
 from services.worker.worker import Worker
 
 
@@ -22,11 +23,15 @@ class Engine:
         self.scheduler = Scheduler(args.scheduler_config(first.info.max_model_len))
         for worker_id, worker in self.workers.items():
             self.scheduler.add_worker(worker_id, worker.info)
+        events = self.scheduler.config.kv_events_config  # published as the scheduler service does
+        self.kv_events = KVEventPublisher(events) if self.scheduler.kv_events is not None else None
 
     def close(self) -> None:
         """Stop the follower ranks of tensor/pipeline parallel workers and leave their groups."""
         for worker in self.workers.values():
             worker.close()
+        if self.kv_events is not None:
+            self.kv_events.close()
 
     def step(self) -> list[SeqUpdate]:
         """One scheduling round: every worker runs its delta; returns what changed."""
@@ -34,4 +39,6 @@ class Engine:
         for worker_id, delta in self.scheduler.schedule().items():
             result = self.workers[worker_id].step(delta)
             updates += self.scheduler.update(worker_id, result)
+        if self.kv_events is not None:
+            self.kv_events.publish(self.scheduler.drain_kv_events())
         return updates

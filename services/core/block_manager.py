@@ -37,6 +37,7 @@ from __future__ import annotations
 from collections import deque
 
 from services.core.block_pool import ROOT_HASH, BlockPool, hash_block, hash_full_blocks
+from services.core.kv_events import BlockStored, KVEventLog
 from services.core.stats import BlockStats
 
 
@@ -56,6 +57,12 @@ class BlockManager:
         self._seq_hashes: dict[int, list[bytes]] = {}  # hashes of leading blocks already offered to the cache
         self._num_prefix_queries = 0
         self._num_prefix_hits = 0
+        self.kv_events: KVEventLog | None = None  # record_events
+
+    def record_events(self, log: KVEventLog) -> None:
+        """Log the prefix cache's changes from now on (services/core/kv_events.py): a block cached
+        under its hash (BlockStored), a cached block evicted (BlockRemoved)."""
+        self.kv_events = self._pool.kv_events = log
 
     # ---- queries -------------------------------------------------------------
     @property
@@ -134,6 +141,10 @@ class BlockManager:
                 return index
         return len(block_hashes)
 
+    def cached_block_hashes(self) -> set[bytes]:
+        """The hashes the prefix cache holds now (what the KV events told a subscriber it holds)."""
+        return set(self._pool.cached_block_ids())
+
     def cache_full_blocks(self, seq_id: int, token_ids: list[int], num_computed_tokens: int) -> None:
         """Register (hash) every block of the sequence that is full and entirely within the
         first num_computed_tokens tokens and not registered yet. No-op when caching is off.
@@ -147,9 +158,11 @@ class BlockManager:
         if num_full_blocks <= len(known_hashes):
             return
         hashes = hash_full_blocks(token_ids, self.block_size, num_full_blocks, known_hashes)
-        for index in range(len(known_hashes), num_full_blocks):
-            self._pool.register(table[index], hashes[index])
+        stored = [index for index in range(len(known_hashes), num_full_blocks)
+                  if self._pool.register(table[index], hashes[index])]
         self._seq_hashes[seq_id] = hashes
+        if self.kv_events is not None and stored:
+            self._log_stored(hashes, token_ids, stored)
 
     # ---- allocation ----------------------------------------------------------
     def can_allocate(self, seq_id: int, num_total_tokens: int) -> bool:
@@ -244,9 +257,10 @@ class BlockManager:
             return False
         return len(self._cpu_tables[seq_id]) <= self._pool.num_free_blocks
 
-    def swap_in(self, seq_id: int) -> list[tuple[int, int]]:
+    def swap_in(self, seq_id: int, token_ids: list[int] = ()) -> list[tuple[int, int]]:
         """Move the sequence back: fresh device blocks; returns (cpu, device) copies; CPU
-        blocks are freed."""
+        blocks are freed. token_ids (the sequence's) name the re-registered blocks' tokens in
+        the KV events, when they are on."""
         if not self.is_swapped(seq_id):
             raise ValueError(f"swap_in: sequence {seq_id} is not swapped out")
         cpu_table = self._cpu_tables[seq_id]
@@ -258,8 +272,11 @@ class BlockManager:
         self._free_cpu_blocks.extend(cpu_table)
         self._tables[seq_id] = device_table
         # the copied-back full blocks are cacheable again
-        for block_id, block_hash in zip(device_table, self._seq_hashes.get(seq_id, [])):
-            self._pool.register(block_id, block_hash)
+        hashes = self._seq_hashes.get(seq_id, [])
+        stored = [index for index, (block_id, block_hash) in enumerate(zip(device_table, hashes))
+                  if self._pool.register(block_id, block_hash)]
+        if self.kv_events is not None and stored:
+            self._log_stored(hashes, list(token_ids), stored)
         return list(zip(cpu_table, device_table))
 
     def is_swapped(self, seq_id: int) -> bool:
@@ -274,6 +291,20 @@ class BlockManager:
                           prefix_cache_queries=self._num_prefix_queries, prefix_cache_hits=self._num_prefix_hits)
 
     # ---- helpers -------------------------------------------------------------
+    def _log_stored(self, hashes: list[bytes], token_ids: list[int], indices: list[int]) -> None:
+        """One BlockStored per run of consecutive newly cached blocks (indices into the sequence's
+        blocks, ascending), each chained to the hash of the block before the run."""
+        size = self.block_size
+        start = 0
+        for end in range(1, len(indices) + 1):
+            if end < len(indices) and indices[end] == indices[end - 1] + 1:
+                continue
+            first, last = indices[start], indices[end - 1]
+            self.kv_events.append(BlockStored(
+                block_hashes=hashes[first:last + 1], parent_block_hash=hashes[first - 1] if first else None,
+                token_ids=token_ids[first * size:(last + 1) * size], block_size=size))
+            start = end
+
     def _check_known(self, seq_id: int) -> None:
         if seq_id not in self._tables and seq_id not in self._cpu_tables:
             raise KeyError(f"unknown sequence {seq_id}: it holds no blocks "

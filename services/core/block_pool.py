@@ -11,6 +11,8 @@ import struct
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from services.core.kv_events import BlockRemoved, KVEventLog
+
 ROOT_HASH = b""  # parent hash of a sequence's first block
 
 
@@ -42,6 +44,7 @@ class BlockPool:
         self.blocks = [Block(block_id) for block_id in range(num_blocks)]
         self._free: OrderedDict[int, None] = OrderedDict((block_id, None) for block_id in range(num_blocks))
         self._cached: dict[bytes, int] = {}
+        self.kv_events: KVEventLog | None = None  # evictions are logged here while KV events are on
 
     # ---- queries -------------------------------------------------------------
     @property
@@ -74,6 +77,8 @@ class BlockPool:
             block = self.blocks[block_id]
             if block.block_hash is not None:
                 del self._cached[block.block_hash]
+                if self.kv_events is not None:
+                    self.kv_events.append(BlockRemoved([block.block_hash]))
                 block.block_hash = None
             block.ref_count = 1
             block_ids.append(block_id)

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from services.core.errors import InvalidArgument, check
+from services.core.kv_events import KVEventsConfig
 
 ALLOWED_BLOCK_SIZES = (8, 16, 32)
 POLICIES = ("fcfs", "priority", "sjf")
@@ -176,28 +177,34 @@ class SpeculativeConfig:
     def of(cls, value: SpeculativeConfig | dict | str | None) -> SpeculativeConfig | None:
         """From what a user gives: None, a dict, a JSON text (the flag's) or one of these.
         Unknown keys are refused naming them; an empty text or "null" is None."""
-        if value is None or isinstance(value, cls):
-            return value
-        if isinstance(value, str):
-            if value.strip() in ("", "null", "none", "None"):
-                return None
-            try:
-                value = json.loads(value)
-            except json.JSONDecodeError as error:
-                raise InvalidArgument("speculative_config", f"not JSON: {error}") from None
-        check(isinstance(value, dict), "speculative_config", "must be a JSON object, e.g. {\"method\": \"ngram\"}")
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(value) - known)
-        check(not unknown, "speculative_config", f"unknown key(s) {unknown}; known: {sorted(known)}")
-        try:
-            return cls(**value)
-        except InvalidArgument as error:  # named by the setting, so the flag's refusal names the flag
-            raise InvalidArgument("speculative_config", f"{error.field}: {error.message}") from None
-        except TypeError as error:
-            raise InvalidArgument("speculative_config", str(error)) from None
+        return json_setting(cls, "speculative_config", value, '{"method": "ngram"}')
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+
+def json_setting(cls: type, name: str, value: Any, example: str) -> Any:
+    """A dataclass setting given as JSON (a flag's text), a dict, None or the dataclass itself;
+    unknown keys and bad values are refused naming the setting `name`. "" or "null" is None."""
+    if value is None or isinstance(value, cls):
+        return value
+    if isinstance(value, str):
+        if value.strip() in ("", "null", "none", "None"):
+            return None
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as error:
+            raise InvalidArgument(name, f"not JSON: {error}") from None
+    check(isinstance(value, dict), name, f"must be a JSON object, e.g. {example}")
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(value) - known)
+    check(not unknown, name, f"unknown key(s) {unknown}; known: {sorted(known)}")
+    try:
+        return cls(**value)
+    except InvalidArgument as error:  # named by the setting, so the flag's refusal names the flag
+        raise InvalidArgument(name, f"{error.field}: {error.message}") from None
+    except TypeError as error:
+        raise InvalidArgument(name, str(error)) from None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -224,9 +231,15 @@ class SchedulerConfig:
         None, 'speculative decoding as JSON, vLLM\'s spelling: {"method": "ngram", "num_speculative_tokens": 4, '
               '"prompt_lookup_max": 4, "prompt_lookup_min": 2} or {"method": "suffix", ...}; drafts are verified '
               'exactly, so the output is the same with it on or off (default: off)')
+    kv_events_config: KVEventsConfig | None = setting(
+        None, 'KV cache events for cluster routers, as vLLM takes them (JSON): {"enable_kv_cache_events": true, '
+              '"endpoint": "tcp://*:5557", "replay_endpoint": "tcp://*:5558", "topic": "kv"}; each worker\'s '
+              'events carry its rank as data_parallel_rank (default: off)')
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "speculative_config", SpeculativeConfig.of(self.speculative_config))
+        object.__setattr__(self, "kv_events_config", json_setting(
+            KVEventsConfig, "kv_events_config", self.kv_events_config, '{"enable_kv_cache_events": true}'))
         if self.max_model_len == 0:  # the command line's "from the model"
             object.__setattr__(self, "max_model_len", None)
         _check_block_size(self.block_size)

@@ -15,11 +15,13 @@ from __future__ import annotations
 import itertools
 import random
 import time
+from collections.abc import Callable
 
 from services.core.config import SchedulerConfig
 from services.core.errors import ResourceExhausted, check
+from services.core.kv_events import AllBlocksCleared, KVCacheEvent, KVEventLog
 from services.core.placement import best_worker, has_room
-from services.core.policy import WaitingQueue
+from services.core.policy import WaitingQueue, policy_key
 from services.core.sampling_params import SamplingParams
 from services.core.seeding import new_request_seed
 from services.core.sequence import ContinuedSample, Request, Sequence, SeqStatus, SeqUpdate
@@ -27,6 +29,7 @@ from services.core.spec_decode import Speculator
 from services.core.stats import SchedulerStats, WorkerStats
 from services.core.step import StepDelta, StepResult, WorkerInfo
 from services.core.stop import finish_reason  # the one stop rule, which each WorkerScheduler applies
+from services.core.widths import INT32_MAX, INT32_MIN, check_int
 from services.core.worker_scheduler import StepPlan, WorkerScheduler
 
 __all__ = ["Scheduler", "StepPlan", "WorkerScheduler", "finish_reason"]
@@ -59,6 +62,11 @@ class Scheduler:
         self._seeds = random.Random(config.seed) if config.seed is not None else None
         # speculative decoding: drafts verified exactly (services/core/spec_decode.py)
         self.speculator = Speculator(config.speculative_config) if config.speculative_config else None
+        # KV-cache events (services/core/kv_events.py): each worker's log, kept across its reset, and its
+        # rank (data_parallel_rank on the wire): the order it first registered, kept for its id
+        events = config.kv_events_config
+        self.kv_events: dict[str, KVEventLog] | None = {} if events and events.enable_kv_cache_events else None
+        self.worker_ranks: dict[str, int] = {}
 
     @property
     def running(self) -> dict[int, Sequence]:
@@ -90,6 +98,7 @@ class Scheduler:
               f"worker {worker_id} supports {info.max_model_len} tokens, the scheduler serves "
               f"{self.config.max_model_len}")
         self.workers[worker_id] = WorkerScheduler(worker_id, info, self.config, self)
+        self.worker_ranks.setdefault(worker_id, len(self.worker_ranks))
 
     def remove_worker(self, worker_id: str) -> int:
         """Drop a dead worker; its sequences go back to waiting and are recomputed elsewhere, and
@@ -104,6 +113,8 @@ class Scheduler:
         moved = ws.evict()
         for seq in moved:
             self.enqueue(seq)
+        if self.kv_events is not None:
+            self.kv_events[worker_id].append(AllBlocksCleared())
         return len(moved)
 
     def reset_worker(self, worker_id: str) -> int:
@@ -120,12 +131,21 @@ class Scheduler:
         self.workers[worker_id].pending_forget = held
         return moved
 
+    def drain_kv_events(self) -> list[tuple[int, list[KVCacheEvent]]]:
+        """(worker rank, its events in order) for each worker with events since the last drain;
+        a worker gone for good is forgotten once its last events (AllBlocksCleared) are out."""
+        drained = [(self.worker_ranks[worker_id], log.drain()) for worker_id, log in self.kv_events.items() if log]
+        for worker_id in [w for w in self.kv_events if w not in self.workers]:
+            del self.kv_events[worker_id]
+        return drained
+
     # ---- requests --------------------------------------------------------------
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                     priority: int = 0, continued: tuple[ContinuedSample, ...] = ()) -> Request:
         """Admit a request; `continued` non-empty: a continuation (ContinuedSample), which runs
         just the samples it names, each from its own tokens."""
         params.validate()  # admission: the one check after the edge's (the wire's decoding checks nothing)
+        check_int("priority", priority, INT32_MIN, INT32_MAX)  # the LLM's callers reach here unchecked
         check(request_id not in self.requests, "request_id", f"{request_id!r} is already running")
         check(len(prompt_token_ids) > 0, "prompt", "must not be empty")
         check(len(prompt_token_ids) < self.config.max_model_len, "prompt",
@@ -238,22 +258,31 @@ class Scheduler:
         runs to its end before the next is planned."""
         return False
 
-    def admit_waiting(self, ws: WorkerScheduler, plan: StepPlan) -> None:
+    def admit_waiting(self, ws: WorkerScheduler, plan: StepPlan, below: tuple | None = None,
+                      make_room: Callable[[Sequence], bool] | None = None) -> None:
         """Start on ws, in policy order, what waits for it, and what waits for a worker that is
-        stalled or has no room for it; stop at the first that does not fit now."""
-        if not ws.has_seat() or not self.waiting:
+        stalled or has no room for it; stop at the first that does not fit now. `below`: only
+        sequences whose policy key is smaller; `make_room(seq)`: asked when seq does not fit, it
+        preempts something for it and answers True, or answers False (the priority policy's,
+        WorkerScheduler._admit_outranking)."""
+        if not self.waiting or (not ws.has_seat() and make_room is None):
             return
         now = time.monotonic()
         for seq_id in self.waiting:
             seq = self.seqs[seq_id]
+            if below is not None and policy_key(self.config.scheduling_policy, seq) >= below:
+                return
             owner = self.workers.get(seq.placed) or self._place(seq)
             if owner is not ws and not (owner is None or owner.is_stalled(now) or not has_room(owner, seq)):
                 continue
-            if not ws.admit(seq, plan):
-                if owner is ws:
-                    return  # its own next one waits for room here: none placed behind it passes it
+            while not ws.admit(seq, plan):
+                if make_room is None or not make_room(seq):
+                    break
+            else:
+                self._dequeue(seq)
                 continue
-            self._dequeue(seq)
+            if owner is ws:
+                return  # its own next one waits for room here: none placed behind it passes it
 
     def waits_for(self, ws: WorkerScheduler) -> bool:
         """Whether a sequence placed on ws waits."""

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from services.core.block_manager import BlockManager
 from services.core.config import SchedulerConfig
+from services.core.kv_events import KVEventLog
 from services.core.policy import policy_key
 from services.core.sequence import Sequence, SeqStatus, SeqUpdate
 from services.core.step import CachedSequence, NewSequence, StepDelta, StepResult, WorkerInfo
@@ -47,6 +48,8 @@ class WorkerScheduler:
         self.worker_id, self.info, self.config, self.shared = worker_id, info, config, shared
         self.blocks = BlockManager(info.num_gpu_blocks, info.block_size, info.num_cpu_blocks,
                                    config.enable_prefix_caching)
+        if shared.kv_events is not None:
+            self.blocks.record_events(shared.kv_events.setdefault(worker_id, KVEventLog()))
         self.running: dict[int, Sequence] = {}
         self.swapped: dict[int, Sequence] = {}
         self.num_waiting = 0  # sequences placed on it that wait to be admitted (the shared queue holds them)
@@ -113,8 +116,11 @@ class WorkerScheduler:
         queue = sorted(self.running.values(), key=self._key)
         speculator = self.shared.speculator
         speculate = speculator is not None and speculator.pays_at(len(queue))
+        by_priority = self.config.scheduling_policy == "priority"
         while queue:
             seq = queue.pop(0)
+            if by_priority and self.shared.waiting and plan.num_tokens < self.config.max_num_batched_tokens:
+                preempted |= self._admit_outranking(seq, queue, plan)
             num_new = self.num_new_tokens(seq, plan)
             if num_new == 0:
                 continue
@@ -130,6 +136,22 @@ class WorkerScheduler:
             else:
                 self.allocate(seq, num_new, plan, drafts)
         return preempted
+
+    def _admit_outranking(self, seq: Sequence, queue: list[Sequence], plan: StepPlan) -> bool:
+        """Priority policy: before running seq gets its share of the step, start what waits and
+        outranks it, so a long low-priority prefill never holds back a short high-priority request; one
+        that does not fit preempts the lowest-priority running sequences not yet scheduled (queue's
+        tail) while they rank below it. Returns whether it preempted any."""
+        def make_room(waiting: Sequence) -> bool:
+            if plan.num_tokens >= self.config.max_num_batched_tokens or not queue or \
+                    self._key(queue[-1]) <= self._key(waiting):
+                return False
+            self._preempt(queue.pop(), plan)
+            return True
+
+        num_preemptions = self.shared.num_preemptions
+        self.shared.admit_waiting(self, plan, below=self._key(seq), make_room=make_room)
+        return self.shared.num_preemptions != num_preemptions
 
     def _drafts(self, seq: Sequence, num_new: int, plan: StepPlan) -> list[int]:
         """Tokens drafted to verify after seq's last one: only for a sequence in decode that the
@@ -153,7 +175,7 @@ class WorkerScheduler:
             needed = self.blocks.num_blocks_needed(seq.num_computed_tokens + num_new)
             if num_new == 0 or self.blocks.num_free_blocks < needed:
                 continue
-            plan.delta.blocks_to_swap_in += self.blocks.swap_in(seq.seq_id)
+            plan.delta.blocks_to_swap_in += self.blocks.swap_in(seq.seq_id, seq.token_ids)
             del self.swapped[seq.seq_id]
             seq.status = SeqStatus.RUNNING
             self.running[seq.seq_id] = seq

@@ -27,6 +27,7 @@ from services.core.stats import SchedulerStats
 from services.core.step import WorkerInfo
 from services.core.worker_scheduler import STALL_MIN_S
 from services.scheduler.config import SchedulerServiceConfig
+from services.scheduler.kv_publisher import KVEventPublisher
 from services.scheduler.streams import Delivery, UpdateStream, StreamRouter
 from services.scheduler.worker_client import RemoteWorker, WorkerForgot, WorkerLost, probe_worker
 
@@ -46,6 +47,8 @@ class StepLoop:
         self.last_refusal: str | None = None  # why the last worker refused was refused (told to clients)
         self._wake = asyncio.Event()  # the supervisor's: a worker joined
         self._loops: dict[str, tuple[RemoteWorker, asyncio.Task, asyncio.Event]] = {}  # worker_id -> its loop
+        events = config.scheduler.kv_events_config
+        self.kv_events = KVEventPublisher(events) if events and events.enable_kv_cache_events else None
 
     # ---- requests --------------------------------------------------------------
     def submit(self, request_id: str, prompt: list[int], params: SamplingParams, priority: int,
@@ -102,7 +105,8 @@ class StepLoop:
             return reason
         self.workers[worker_id] = RemoteWorker(worker_id, address, info, self.config.step_timeout_s)
         log.info("worker_registered", worker_id=worker_id, address=address, num_gpu_blocks=info.num_gpu_blocks,
-                 num_cpu_blocks=info.num_cpu_blocks, device=info.device, dtype=info.dtype)
+                 num_cpu_blocks=info.num_cpu_blocks, device=info.device, dtype=info.dtype,
+                 rank=self.core.worker_ranks[worker_id])  # its KV events' data_parallel_rank
         self._wake_all()
         return None
 
@@ -124,16 +128,19 @@ class StepLoop:
         if handle is None:
             return
         num_moved = self.core.remove_worker(worker_id)
+        self._publish_kv_events()
         log.warning("worker_dropped", worker_id=worker_id, address=handle.address, reason=reason,
                     num_recomputed=num_moved)
         self._wake_all()
         await handle.close()
 
     async def close(self) -> None:
-        """Close every worker channel (the process is stopping)."""
+        """Close every worker channel (the process is stopping), and the KV-event sockets."""
         for handle in self.workers.values():
             await handle.close()
         self.workers.clear()
+        if self.kv_events is not None:
+            await asyncio.to_thread(self.kv_events.close)
 
     async def watch_heartbeats(self) -> None:
         """Drop workers that have been silent (no heartbeat, no step) for heartbeat_timeout_s."""
@@ -232,6 +239,8 @@ class StepLoop:
         handle.forgot = False
         updates = self.core.update(worker_id, result)
         self.router.route(updates)
+        if self.kv_events is not None:
+            self._publish_kv_events()
         if len(self.core.waiting):  # a finished sequence may have freed room another worker's turn can use
             self._wake_others(worker_id)
         log.debug("step", worker_id=worker_id, step=delta.step_id, num_updates=len(updates),
@@ -256,8 +265,14 @@ class StepLoop:
             return
         handle.forgot = True
         num_resent = self.core.reset_worker(handle.worker_id)
+        self._publish_kv_events()
         log.warning("worker_state_lost", worker_id=handle.worker_id, reason=reason, num_resent=num_resent)
         self._wake_all()
+
+    def _publish_kv_events(self) -> None:
+        """What every worker's prefix cache gained and lost since the last call (services/core/kv_events.py)."""
+        if self.kv_events is not None:
+            self.kv_events.publish(self.core.drain_kv_events())
 
     # ---- stats -----------------------------------------------------------------
     def stats(self) -> SchedulerStats:

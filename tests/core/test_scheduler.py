@@ -99,6 +99,47 @@ def test_policies_pick_the_order(policy, expected):
     assert order == expected
 
 
+def steps_to_first_token(sched, fakes, request_id, max_steps=500):
+    """Steps (rounds over every worker) until request_id has its first token; runs the rest to the end."""
+    first = None
+    for step in range(1, max_steps):
+        for worker_id, delta in sched.schedule().items():
+            for update in sched.update(worker_id, fakes[worker_id].step(delta)):
+                if update.request_id == request_id and update.token_ids and first is None:
+                    first = step
+        if not sched.has_unfinished():
+            return first
+    raise AssertionError("the requests did not finish")
+
+
+@pytest.mark.parametrize("load", [0, 16])
+def test_a_high_priority_request_gets_its_first_token_in_one_step_past_long_low_priority_prefills(load):
+    """16 prompts of 240 tokens each want 15 steps each of a 16-token budget; a 12-token
+    high-priority request arriving among them still gets its first token in its first step, as alone."""
+    sched, fakes = make_scheduler(num_blocks=512, scheduling_policy="priority", max_num_batched_tokens=16)
+    for i in range(load):
+        sched.add_request(f"low{i}", [7 + i] * 240, params(4), priority=5)
+    for _ in range(2):  # they run
+        for worker_id, delta in sched.schedule().items():
+            sched.update(worker_id, fakes["w0"].step(delta))
+    sched.add_request("high", [3] * 12, params(4), priority=0)
+    assert steps_to_first_token(sched, fakes, "high") == 1
+    assert all_free(sched) and sched.num_preemptions == 0
+
+
+def test_a_high_priority_request_preempts_low_priority_ones_when_the_cache_is_full():
+    sched, fakes = make_scheduler(num_blocks=24, scheduling_policy="priority", preemption_mode="recompute")
+    for i in range(4):
+        sched.add_request(f"low{i}", [7 + i] * 40, params(8), priority=5)  # 6 blocks each at the end
+    for _ in range(3):
+        for worker_id, delta in sched.schedule().items():
+            sched.update(worker_id, fakes["w0"].step(delta))
+    assert sched.stats().workers[0].num_free_gpu_blocks < 3
+    sched.add_request("high", [3] * 20, params(4), priority=0)
+    assert steps_to_first_token(sched, fakes, "high") == 1
+    assert sched.num_preemptions > 0 and all_free(sched)
+
+
 def test_chunked_prefill_respects_the_token_budget():
     sched, fakes = make_scheduler(max_num_batched_tokens=8, enable_chunked_prefill=True)
     sched.add_request("a", list(range(3, 23)), params(2))

@@ -96,7 +96,7 @@ def test_a_request_larger_than_the_kv_cache_is_refused_not_left_waiting(tiny_lla
     assert llm.generate([[5] * 40], SamplingParams(max_tokens=20), use_tqdm=False)[0].outputs[0].token_ids
 
 
-def test_token_ids_outside_the_vocabulary_name_the_field(tiny_llama):
+def test_token_ids_outside_the_vocabulary_and_a_bad_priority_name_the_field(tiny_llama):
     llm = make_llm(tiny_llama)
     vocab = llm.tokenizer.vocab_size
     for prompt, params, field in (([5, vocab], SamplingParams(max_tokens=2), "prompt_token_ids"),
@@ -105,7 +105,11 @@ def test_token_ids_outside_the_vocabulary_name_the_field(tiny_llama):
         with pytest.raises(InvalidArgument) as err:
             llm.generate([prompt], params, use_tqdm=False)
         assert err.value.field == field
-    assert llm.generate([[5, 6]], SamplingParams(max_tokens=2), use_tqdm=False)[0].outputs[0].token_ids
+    for priority in ([2 ** 31], ["high"], [0, 1]):  # outside int32, not an int, not one per prompt
+        with pytest.raises(InvalidArgument) as err:
+            llm.generate([[5, 6]], greedy(2), use_tqdm=False, priority=priority)
+        assert err.value.field == "priority"
+    assert llm.generate([[5, 6]], SamplingParams(max_tokens=2), use_tqdm=False, priority=[-4])[0].outputs[0].token_ids
 
 
 @pytest.mark.parametrize("block_id", [-1, 64])

@@ -170,6 +170,21 @@ def test_openai_and_vllm_parameters_reach_the_scheduler(harness, client):
     assert [(b.token_id, b.bias) for b in p.logit_bias] == [(7, 2.0)] and list(p.stop_token_ids) == [3]  # stop strings stay in the frontend
 
 
+@pytest.mark.parametrize("path, body", [
+    ("/v1/completions", {"prompt": "hi", "max_tokens": 2}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}),
+    ("/v1/responses", {"input": "hi", "max_output_tokens": 2}),
+    ("/v1/messages", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}),
+])
+def test_priority_reaches_the_scheduler_from_every_http_api_and_a_bad_one_is_a_400_naming_it(harness, path, body):
+    body = {"model": MODEL_ID, **body}
+    status, _ = raw(harness.url + path, {**body, "priority": -3})
+    assert status == 200 and harness.fake.submitted[-1].priority == -3
+    for bad in (2 ** 31, "high", 1.5):
+        status, answer = raw(harness.url + path, {**body, "priority": bad})
+        assert status == 400 and b"priority" in answer, (bad, answer)
+
+
 def test_list_models_and_openapi_lists_the_routes(harness, client):
     [model] = client.models.list().data
     assert (model.id, model.owned_by, model.max_model_len) == (MODEL_ID, "pagedserve", MAX_MODEL_LEN)

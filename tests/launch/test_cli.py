@@ -101,6 +101,7 @@ def test_the_model_cache_comes_from_main_and_its_old_variable_still_works(monkey
     ("frontend", ["--log-level", "loud"], "--log-level"),
     ("scheduler", ["--speculative-config", '{"method": "eagle"}'], "--speculative-config"),
     ("scheduler", ["--speculative-config", "{nope"], "--speculative-config"),
+    ("scheduler", ["--kv-events-config", '{"enable_kv_cache_events": true, "hwm": 0}'], "--kv-events-config"),
 ])
 def test_a_refused_setting_exits_2_naming_its_flag(service, argv, flag, capsys):
     with pytest.raises(SystemExit) as exit:
@@ -140,6 +141,16 @@ def test_speculative_config_is_json_on_the_scheduler_and_up_passes_it_through(mo
     scheduler = up_argvs(["--speculative-config", text])["scheduler"]
     assert scheduler[scheduler.index("--speculative-config") + 1] == text
     assert routes()["--speculative-config"].services == ("scheduler",)
+
+
+def test_kv_events_config_is_vllms_json_on_the_scheduler_and_up_passes_it_through():
+    text = '{"enable_kv_cache_events": true, "endpoint": "tcp://*:5600", "replay_endpoint": "tcp://*:5601"}'
+    config = build("scheduler", ["--kv-events-config", text])[0].scheduler.kv_events_config
+    assert (config.publisher, config.endpoint, config.replay_endpoint, config.buffer_steps) == \
+        ("zmq", "tcp://*:5600", "tcp://*:5601", 10_000)
+    scheduler = up_argvs(["--kv-events-config", text])["scheduler"]
+    assert scheduler[scheduler.index("--kv-events-config") + 1] == text
+    assert routes()["--kv-events-config"].services == ("scheduler",)
 
 
 def test_up_passes_a_flag_only_to_its_services_and_the_old_name_by_the_new():

@@ -39,7 +39,7 @@ def add_routes(app: FastAPI, core: FrontendCore, unless_disconnected) -> None:
         plan = _tool_plan(body)
         generate_request = await conversation_request(
             core, chat_messages(body), plan, message_id, lambda max_tokens: _sampling_params(body, max_tokens, plan),
-            body.max_tokens, body.model, template=_template(body))
+            body.max_tokens, body.model, body.priority, template=_template(body))
         builder = MessageBuilder(message_id, body.model, plan.stream(), len(generate_request.prompt.token_ids))
         events = merge(await start([core.generate(generate_request)]))
         if not body.stream:

@@ -10,7 +10,7 @@ from pydantic import ConfigDict, Field
 
 from services.core.sampling_params import MAX_STOP_STRINGS
 from services.core.widths import INT32_MAX, SEED_END, UINT32_MAX
-from services.frontend.http.models import Int, StopString, Strict, Text
+from services.frontend.http.models import Int, Priority, StopString, Strict, Text, priority_field
 from services.frontend.types import MAX_CHAT_MESSAGES
 
 
@@ -153,3 +153,4 @@ class MessagesRequest(CountTokensRequest):
     output_config: OutputConfig | None = None
     cache_control: CacheControl | None = Field(None, description="Accepted; the prefix cache is automatic.")
     service_tier: Literal["auto", "standard_only"] | None = Field(None, description="Accepted; there is one tier.")
+    priority: Priority = priority_field()

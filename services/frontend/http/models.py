@@ -81,6 +81,15 @@ CHAT_RULES = [
      "then": {"properties": {"min_tokens": {"enum": [0, None]}}}}]
 
 
+Priority = Int(ge=INT32_MIN, le=INT32_MAX)
+
+
+def priority_field():
+    """vLLM's `priority`, on every API (the Responses and Messages APIs take it as an extra field)."""
+    return Field(0, description="Lower runs first under the scheduler's priority policy "
+                                "(--scheduling-policy priority); ignored under the others.")
+
+
 class SamplingFields(Strict):
     """What completions and chat share. None means the server's default."""
 
@@ -111,7 +120,7 @@ class SamplingFields(Strict):
     stop_token_ids: list[TokenId] | None = None
     include_stop_str_in_output: bool | None = None
     skip_special_tokens: bool | None = None
-    priority: Int(ge=INT32_MIN, le=INT32_MAX) = Field(0, description="Lower runs first under the priority policy.")
+    priority: Priority = priority_field()
     response_format: ResponseFormat | None = Field(None, description="text, json_object or json_schema.")
     structured_outputs: StructuredOutputs | None = Field(None, description="vLLM's constraints (one of them).")
 

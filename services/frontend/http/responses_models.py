@@ -10,7 +10,7 @@ from pydantic import ConfigDict, Field
 
 from services.core.sampling_params import MAX_STOP_STRINGS
 from services.core.widths import SEED_END, UINT32_MAX
-from services.frontend.http.models import TEMPLATE_KWARGS, Int, StopString, Strict, Text
+from services.frontend.http.models import TEMPLATE_KWARGS, Int, Priority, StopString, Strict, Text, priority_field
 from services.frontend.types import MAX_CHAT_MESSAGES
 
 
@@ -152,3 +152,4 @@ class ResponseRequest(Strict):
         "An extension: more variables for the chat template, e.g. {\"enable_thinking\": false}."))
     service_tier: Literal["auto", "default", "flex", "priority"] | None = Field(None, description="Accepted.")
     safety_identifier: Text | None = Field(None, description="Accepted; not used.")
+    priority: Priority = priority_field()
