@@ -4,7 +4,10 @@ Reference (the kernels' oracle, and the CPU path where kernels/csrc cannot be bu
 query token attends to keys 0..position of its own sequence, read through its block table
 (with a sliding `window` > 0: keys position - window + 1 .. position). Keys are reduced in
 tiles of KEY_TILE keys, always from the tile of the token's first key and in order, with an
-online softmax in fp32.
+online softmax in fp32. With `sinks` (gpt-oss: a learned logit per query head), each head's
+softmax denominator also holds exp(sink): a key with that score and a zero value, added after the
+last tile (the state's max raised to the sink where it is larger), so that a head may attend to
+nothing.
 
 The query heads that share a KV head are the rows of each matrix product. On these CPUs
 (MKL) a row's bits do not depend on the product's other rows as long as every row sits in
@@ -77,8 +80,19 @@ def first_keys(positions: torch.Tensor, window: int) -> torch.Tensor:
     return (positions - window + 1).clamp(min=0) if window > 0 else torch.zeros_like(positions)
 
 
-def _decode_path(q32, k_cache, v_cache, tables, positions, window: int) -> torch.Tensor:
-    """q32 [A, KVH, Gp, D]; tables [A, max_blocks]; positions [A] -> [A, KVH, Gp, D]."""
+def _finish(state, sinks: torch.Tensor | None) -> torch.Tensor:
+    """acc / denominator of a softmax state; sinks [..., 1] (broadcast to the rows): a key of that score
+    and value zero in every row's denominator."""
+    m, l, acc = state
+    if sinks is None:
+        return acc / l
+    top = torch.maximum(m, sinks)
+    alpha = torch.exp(m - top)
+    return acc * alpha / (l * alpha + torch.exp(sinks - top))
+
+
+def _decode_path(q32, k_cache, v_cache, tables, positions, window: int, sinks=None) -> torch.Tensor:
+    """q32 [A, KVH, Gp, D]; tables [A, max_blocks]; positions [A]; sinks [KVH, Gp, 1] -> [A, KVH, Gp, D]."""
     num_tokens, num_kv_heads, rows, head_dim = q32.shape
     blocks_per_tile = KEY_TILE // k_cache.shape[1]
     num_tiles = positions // KEY_TILE + 1  # [A]
@@ -98,7 +112,7 @@ def _decode_path(q32, k_cache, v_cache, tables, positions, window: int) -> torch
         masked = (key_pos[None, :] > positions[live][:, None]) | (key_pos[None, :] < first[live][:, None])  # [A', KT]
         scores = scores.masked_fill(masked[:, None, None, :], float("-inf"))
         m[live], l[live], acc[live] = _softmax_step((m[live], l[live], acc[live]), scores, v)
-    return acc / l
+    return _finish((m, l, acc), sinks)
 
 
 def paged_attention_ref(
@@ -111,6 +125,7 @@ def paged_attention_ref(
     scale: float,
     layout: tuple[torch.Tensor, torch.Tensor] | None = None,  # token_layout(), computed once per step
     window: int = 0,  # > 0: a sliding-window layer's keys, positions pos - window + 1 .. pos
+    sinks: torch.Tensor | None = None,  # [H] fp32: each head's sink logit (gpt-oss), in the scaled scores' units
 ) -> torch.Tensor:  # [T, H, D] in q's dtype
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
@@ -121,23 +136,28 @@ def paged_attention_ref(
     q32 = (q.float() * scale).view(num_tokens, num_kv_heads, group, head_dim)
     out = torch.empty(num_tokens, num_kv_heads, group, head_dim, device=q.device)
 
+    sink_rows = None if sinks is None else sinks.float().view(num_kv_heads, group, 1)
     starts, ends = query_start_loc[:-1].tolist(), query_start_loc[1:].tolist()
     short = [(s, e) for s, e in zip(starts, ends) if e - s < CHUNK_MIN_QUERIES]
     if short:
         rows = torch.cat([torch.arange(s, e, device=q.device) for s, e in short])
         padded = torch.nn.functional.pad(q32[rows], (0, 0, 0, _round_up(group) - group))  # [A, KVH, Gp, D]
+        padded_sinks = None if sink_rows is None else torch.nn.functional.pad(sink_rows,
+                                                                              (0, 0, 0, _round_up(group) - group))
         out[rows] = _decode_path(padded, k_cache, v_cache, tables[token_seq[rows]], token_pos[rows],
-                                 window)[:, :, :group]
+                                 window, padded_sinks)[:, :, :group]
     for seq, (s, e) in enumerate(zip(starts, ends)):
         if e - s >= CHUNK_MIN_QUERIES:
             chunk = q32[s:e].permute(1, 0, 2, 3).reshape(num_kv_heads, (e - s) * group, head_dim)
-            result = _sequence_chunk(chunk, k_cache, v_cache, tables[seq], int(token_pos[s]), group, window)
+            result = _sequence_chunk(chunk, k_cache, v_cache, tables[seq], int(token_pos[s]), group, window,
+                                     sink_rows)
             out[s:e] = result.view(num_kv_heads, e - s, group, head_dim).permute(1, 0, 2, 3)
     return out.view(num_tokens, num_heads, head_dim).to(q.dtype)
 
 
-def _sequence_chunk(chunk, k_cache, v_cache, table, first_pos: int, group: int, window: int) -> torch.Tensor:
-    """chunk [KVH, n*G, D] (row = token * G + head), positions first_pos.. -> [KVH, n*G, D]."""
+def _sequence_chunk(chunk, k_cache, v_cache, table, first_pos: int, group: int, window: int,
+                    sinks: torch.Tensor | None = None) -> torch.Tensor:
+    """chunk [KVH, n*G, D] (row = token * G + head), positions first_pos..; sinks [KVH, G, 1] -> [KVH, n*G, D]."""
     num_kv_heads, num_rows, head_dim = chunk.shape
     blocks_per_tile = KEY_TILE // k_cache.shape[1]
     # spare zero rows so every row slice can be padded to full micro-tiles
@@ -158,4 +178,5 @@ def _sequence_chunk(chunk, k_cache, v_cache, table, first_pos: int, group: int, 
         scores = scores.masked_fill(masked[None, None], float("-inf"))
         state = (m[:, :, rows], l[:, :, rows], acc[:, :, rows])
         m[:, :, rows], l[:, :, rows], acc[:, :, rows] = _softmax_step(state, scores, v)
-    return (acc / l)[0, :, :num_rows]
+    row_sinks = None if sinks is None else sinks[None, :, torch.arange(q_rows.shape[1]) % group]  # row's head
+    return _finish((m, l, acc), row_sinks)[0, :, :num_rows]

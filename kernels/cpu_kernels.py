@@ -92,12 +92,13 @@ def paged_attention_cpu(
     scale: float,
     layout: tuple[torch.Tensor, torch.Tensor] | None = None,
     window: int = 0,  # > 0: a sliding-window layer's keys, positions pos - window + 1 .. pos
+    sinks: torch.Tensor | None = None,  # [H]: each head's sink logit (gpt-oss)
 ) -> torch.Tensor:  # [T, H, D] in q's dtype; same contract as kernels.attention.paged_attention_ref
     num_tokens, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     if not _supported(q, k_cache, v_cache, num_heads, num_kv_heads, head_dim):  # a fixed choice per model
         return paged_attention_ref(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, layout,
-                                   window)
+                                   window, sinks)
     token_seq, token_pos = layout if layout is not None else token_layout(seq_lens, query_start_loc)
     out = torch.empty(num_tokens, num_heads, head_dim, dtype=q.dtype)
     if num_tokens == 0:
@@ -105,11 +106,12 @@ def paged_attention_cpu(
     q = _heads(q)  # the kernel scales q in fp32 and writes out in q's dtype, as q.float() * scale and .to() would
     tables = block_tables.to(torch.int64).contiguous()
     token_seq, token_pos = token_seq.to(torch.int64).contiguous(), token_pos.to(torch.int64).contiguous()
+    sinks = None if sinks is None else sinks.to(torch.float32).contiguous()
     status = library().paged_attention_window(
         q.data_ptr(), q.stride(0), int(q.dtype == torch.bfloat16), scale, k_cache.data_ptr(), v_cache.data_ptr(),
         int(k_cache.dtype == torch.bfloat16), tables.data_ptr(), tables.shape[1], token_seq.data_ptr(),
         token_pos.data_ptr(), out.data_ptr(), num_tokens, num_heads, num_kv_heads, head_dim, block_size, window,
-        torch.get_num_threads())
+        None if sinks is None else sinks.data_ptr(), torch.get_num_threads())
     if status == OUT_OF_MEMORY:
         raise MemoryError("paged_attention_cpu: out of memory for the score buffers")
     if status != 0:  # _supported() let through a shape the kernel refuses
@@ -387,7 +389,7 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     signatures = {
         "paged_attention": [ptr, i64, i32, f32, ptr, ptr, i32, ptr, i64, ptr, ptr, ptr, i64, i32, i32, i32, i32, i32],
         "paged_attention_window": [ptr, i64, i32, f32, ptr, ptr, i32, ptr, i64, ptr, ptr, ptr, i64, i32, i32, i32, i32,
-                                   i64, i32],
+                                   i64, ptr, i32],
         "rms_norm": [ptr, i64, ptr, i64, ptr, ptr, ptr, i64, i64, f32, i32, i32],
         "apply_rotary": [ptr, i64, ptr, i64, ptr, ptr, i32, ptr, ptr, i64, i32, i32, i32, i32, i32],
         "silu_and_mul": [ptr, i64, ptr, i64, i64, i32, i32],

@@ -69,6 +69,7 @@ def _paged_attention_kernel(
     token_seq_ptr,  # [T] int64: sequence of each query token
     token_pos_ptr,  # [T] int64: position of each query token
     out_ptr,  # [T, H, D] contiguous
+    sinks_ptr,  # [H] fp32 with HAS_SINKS: each head's sink logit (gpt-oss), in its softmax denominator
     scale, max_blocks, window,  # window > 0: keys pos - window + 1 .. pos only
     stride_qt, stride_qh,
     stride_cb, stride_cs, stride_ch,
@@ -76,7 +77,7 @@ def _paged_attention_kernel(
     stride_ot, stride_oh,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr, KEY_TILE: tl.constexpr, NATIVE_DOT: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, KEY_TILE: tl.constexpr, NATIVE_DOT: tl.constexpr, HAS_SINKS: tl.constexpr,
 ):
     token = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1).to(tl.int64)
@@ -104,6 +105,12 @@ def _paged_attention_kernel(
             stride_cb, stride_cs, HEAD_DIM, HEAD_DIM_PAD, BLOCK_SIZE, KEY_TILE, NATIVE_DOT,
         )
 
+    if HAS_SINKS:  # one more key of score `sink` and value zero, after the last tile
+        sink = tl.load(sinks_ptr + heads, mask=rows < GROUP, other=0.0)
+        top = tl.maximum(max_score, sink)
+        alpha = tl.exp(max_score - top)
+        acc = acc * alpha[:, None]
+        denom = denom * alpha + tl.exp(sink - top)
     out = acc / denom[:, None]
     out_offs = token * stride_ot + heads[:, None] * stride_oh + dims[None, :]
     tl.store(out_ptr + out_offs, round_to(out, out_ptr.dtype.element_ty), mask=mask)
@@ -119,6 +126,7 @@ def paged_attention_triton(
     scale: float,
     layout: tuple[torch.Tensor, torch.Tensor] | None = None,
     window: int = 0,
+    sinks: torch.Tensor | None = None,  # [H]
 ) -> torch.Tensor:  # [T, H, D] in q's dtype
     """Drop-in for kernels.attention.paged_attention_ref."""
     num_tokens, num_heads, head_dim = q.shape
@@ -141,10 +149,11 @@ def paged_attention_triton(
         return out
     group = num_heads // num_kv_heads
     native_dot = not INTERPRET and q.dtype != torch.float32 and q.dtype == k_cache.dtype
+    sinks = None if sinks is None else sinks.to(device=q.device, dtype=torch.float32).contiguous()
     grid = (num_tokens, num_kv_heads)
     Launch(kernel=_paged_attention_kernel, grid=grid, args=(
         q, k_cache, v_cache, block_tables, token_seq.to(torch.int64), token_pos.to(torch.int64), out,
-        float(scale), block_tables.shape[1], int(window),
+        q if sinks is None else sinks, float(scale), block_tables.shape[1], int(window),
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_tables.stride(0),
@@ -152,6 +161,6 @@ def paged_attention_triton(
     ), constexprs=dict(
         GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)),
         HEAD_DIM=head_dim, HEAD_DIM_PAD=max(16, triton.next_power_of_2(head_dim)),
-        BLOCK_SIZE=block_size, KEY_TILE=KEY_TILE, NATIVE_DOT=native_dot,
+        BLOCK_SIZE=block_size, KEY_TILE=KEY_TILE, NATIVE_DOT=native_dot, HAS_SINKS=sinks is not None,
     )).launch()
     return out

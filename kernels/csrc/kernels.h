@@ -29,12 +29,13 @@ int paged_attention(const void *q, int64_t q_stride, int io_bf16, float scale, c
                     const void *v_cache, int is_bf16, const int64_t *block_tables, int64_t max_blocks,
                     const int64_t *token_seq, const int64_t *token_pos, void *out, int64_t num_tokens, int num_heads,
                     int num_kv_heads, int head_dim, int block_size, int num_threads);
-/* the same with a sliding window: window > 0 keeps keys pos - window + 1 .. pos */
+/* the same with a sliding window: window > 0 keeps keys pos - window + 1 .. pos; sinks: NULL, or [num_heads]
+ * fp32 logits, each in its head's softmax denominator (gpt-oss) */
 int paged_attention_window(const void *q, int64_t q_stride, int io_bf16, float scale, const void *k_cache,
                            const void *v_cache, int is_bf16, const int64_t *block_tables, int64_t max_blocks,
                            const int64_t *token_seq, const int64_t *token_pos, void *out, int64_t num_tokens,
                            int num_heads, int num_kv_heads, int head_dim, int block_size, int64_t window,
-                           int num_threads);
+                           const float *sinks, int num_threads);
 void rms_norm(const void *x, int64_t x_stride, const void *residual, int64_t residual_stride, const void *weight,
               void *out, void *new_residual, int64_t num_rows, int64_t n, float eps, int is_bf16, int num_threads);
 void apply_rotary(const void *q, int64_t q_stride, const void *k, int64_t k_stride, const int64_t *positions,

@@ -224,7 +224,7 @@ static inline __attribute__((always_inline)) void weigh_values(
 static inline __attribute__((always_inline)) void attend(
     const float *q, const void *k_cache, const void *v_cache, const int is_bf16, const int64_t *table,
     int64_t first_key, int64_t num_keys, void *out, int out_bf16, int num_kv_heads, int group, int head_dim,
-    int block_size, float *scores, av *acc, const int fused_pair) {
+    int block_size, float *scores, av *acc, const int fused_pair, const float *sinks) {
     const int chunks = head_dim / LANES, num_heads = num_kv_heads * group;
     const int64_t row_stride = (int64_t)num_kv_heads * head_dim;
     const int64_t num_blocks = (num_keys + block_size - 1) / block_size;
@@ -296,6 +296,7 @@ static inline __attribute__((always_inline)) void attend(
         }
         float top = max[0];
         for (int l = 1; l < AW; l++) top = max[l] > top ? max[l] : top;
+        if (sinks != NULL && sinks[head] > top) top = sinks[head]; /* the sink: one more key, value zero */
         for (int64_t j = 0; j < padded_keys; j += LANES)
             for (int half = 0; half < HALVES; half++) {
                 memcpy(&chunk, scores_row + j + half * AW, sizeof chunk);
@@ -304,7 +305,7 @@ static inline __attribute__((always_inline)) void attend(
                 memcpy(scores_row + j + half * AW, &chunk, sizeof chunk);
             }
         for (int half = 1; half < HALVES; half++) sum[0] += sum[half];
-        denom[head] = fold_lanes(sum[0]);
+        denom[head] = fold_lanes(sum[0]) + (sinks != NULL ? expf(sinks[head] - top) : 0.0f);
     }
     /* out_head = (sum_j p_head,j v_j) / denom_head, key by key: a few query heads of one KV head
      * at a time, their sums for `cols` chunks of head_dim in registers while that KV head's values
@@ -329,12 +330,13 @@ static inline __attribute__((always_inline)) void attend(
             }
 }
 
-/* window > 0: a token at position p attends to keys p - window + 1 .. p only (a sliding-window layer) */
+/* window > 0: a token at position p attends to keys p - window + 1 .. p only (a sliding-window layer);
+ * sinks (NULL: none), [num_heads] fp32: each head's softmax denominator also holds exp(sink) (gpt-oss) */
 int paged_attention_window(const void *q, int64_t q_stride, int io_bf16, float scale, const void *k_cache,
                            const void *v_cache, int is_bf16, const int64_t *block_tables, int64_t max_blocks,
                            const int64_t *token_seq, const int64_t *token_pos, void *out, int64_t num_tokens,
                            int num_heads, int num_kv_heads, int head_dim, int block_size, int64_t window,
-                           int num_threads) {
+                           const float *sinks, int num_threads) {
     const int group = num_heads / num_kv_heads;
     if (head_dim % LANES != 0 || head_dim / LANES > MAX_CHUNKS || num_heads > MAX_HEADS ||
         group * num_kv_heads != num_heads)
@@ -367,7 +369,7 @@ int paged_attention_window(const void *q, int64_t q_stride, int io_bf16, float s
             const int64_t first_key = window > 0 && token_pos[t] >= window ? token_pos[t] + 1 - window : 0;
 #define ATTEND(BF16, HEAD_DIM, PAIR)                                                                               \
     attend(scaled, k_cache, v_cache, BF16, table, first_key, token_pos[t] + 1, token_out, io_bf16, num_kv_heads,   \
-           group, HEAD_DIM, block_size, scores, acc, PAIR)
+           group, HEAD_DIM, block_size, scores, acc, PAIR, sinks)
             /* the common head widths as constants: the chunk loops unroll and a key stays in registers.
              * Their dot products start fma(q0, k0, q1 k1), the others' q0 k0 then fma(q1, k1, ..): so GCC
              * fused them when it contracted on the FMA tiers (before -ffp-contract=off), written out so
@@ -391,5 +393,5 @@ int paged_attention(const void *q, int64_t q_stride, int io_bf16, float scale, c
                     int num_kv_heads, int head_dim, int block_size, int num_threads) {
     return paged_attention_window(q, q_stride, io_bf16, scale, k_cache, v_cache, is_bf16, block_tables, max_blocks,
                                   token_seq, token_pos, out, num_tokens, num_heads, num_kv_heads, head_dim,
-                                  block_size, 0, num_threads);
+                                  block_size, 0, NULL, num_threads);
 }

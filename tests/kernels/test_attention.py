@@ -103,7 +103,26 @@ def test_sliding_window_triton_matches_reference(window, poisoned_empty):
     torch.testing.assert_close(out, paged_attention_ref(**batch, window=window), **TOLERANCE[torch.float32])
 
 
-def check_batch_invariance(attention, dtype: torch.dtype, window: int = 0) -> None:
+@pytest.mark.parametrize("window", [0, 50])
+def test_sinks_triton_matches_reference(window, poisoned_empty):
+    batch = make_paged_batch([(300, 5), (200, 150), (1, 1)], 8, 2, 64, 16)
+    sinks = torch.tensor([-3.0, -1.0, 0.0, 0.5, 1.0, 2.0, 4.0, 12.0], device=DEVICE)
+    out = paged_attention_triton(**batch, window=window, sinks=sinks)
+    torch.testing.assert_close(out, paged_attention_ref(**batch, window=window, sinks=sinks),
+                               **TOLERANCE[torch.float32])
+
+
+@pytest.mark.parametrize("attention", [paged_attention_triton, paged_attention_ref, paged_attention_cpu],
+                         ids=["triton", "reference", "cpu"])
+def test_sinks_batch_invariance(attention):
+    """gpt-oss's sinks with its sliding window: each token's bits the same in every batch."""
+    if attention is paged_attention_cpu and DEVICE != "cpu":
+        pytest.skip("the CPU kernel reads CPU tensors")
+    check_batch_invariance(attention, torch.float32, window=50,
+                           sinks=torch.linspace(-2.0, 3.0, 8, device=DEVICE))
+
+
+def check_batch_invariance(attention, dtype: torch.dtype, window: int = 0, sinks=None) -> None:
     heads, kv_heads, head_dim = 8, 2, 64
     shared = make_paged_batch([(150, 1), (90, 1), (33, 1), (200, 1)], heads, kv_heads, head_dim, 16, dtype=dtype)
     queries = [randn(ctx, heads, head_dim, dtype=dtype) for ctx in (150, 90, 33, 200)]  # one per position
@@ -117,6 +136,7 @@ def check_batch_invariance(attention, dtype: torch.dtype, window: int = 0) -> No
             seq_lens=torch.tensor([ctx for _, ctx, _ in step], device=DEVICE),
             query_start_loc=torch.cat([torch.zeros(1, dtype=torch.long), num_queries.cumsum(0)]).to(DEVICE),
             scale=head_dim ** -0.5, **({"window": window} if window else {}),
+            **({"sinks": sinks} if sinks is not None else {}),
         )
         start = 0
         for s, ctx, n in step:

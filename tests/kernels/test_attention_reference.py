@@ -8,9 +8,10 @@ from kernels.attention import KEY_TILE, paged_attention_ref, token_layout
 from kernels.cpu_kernels import paged_attention_cpu
 
 
-def dense_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, window=0) -> torch.Tensor:
+def dense_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, window=0,
+                    sinks=None) -> torch.Tensor:
     """[T, H, D] fp64: each sequence's keys gathered into one dense tensor, full softmax (window > 0: keys
-    position - window + 1 .. position)."""
+    position - window + 1 .. position; sinks [H]: one more logit per head in the softmax, dropped after)."""
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     group = q.shape[1] // num_kv_heads
     outs = []
@@ -26,7 +27,12 @@ def dense_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc
         keys = torch.arange(ctx)[None, None, :]
         masked = (keys > positions[None, :, None]) | ((keys <= positions[None, :, None] - window) & (window > 0))
         scores = scores.masked_fill(masked, float("-inf"))
-        outs.append(torch.einsum("hnk,khd->nhd", scores.softmax(-1), v))
+        if sinks is not None:
+            sink = sinks.double()[:, None, None].expand(-1, scores.shape[1], 1)
+            probs = torch.cat([scores, sink], -1).softmax(-1)[..., :-1]
+        else:
+            probs = scores.softmax(-1)
+        outs.append(torch.einsum("hnk,khd->nhd", probs, v))
     return torch.cat(outs)
 
 
@@ -97,3 +103,18 @@ def test_sliding_window_matches_dense_attention(attention, seqs, heads, kv_heads
     torch.testing.assert_close(out.double(), want, **TOLERANCE[dtype])
     # and the window matters: the full context differs for tokens past it
     assert not torch.allclose(want, dense_attention(**batch), atol=1e-3)
+
+
+# attention sinks (gpt-oss): per head a logit in the softmax denominator; heads whose sink is below,
+# near and far above their scores (the last: outputs near zero), with and without a sliding window
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_id)
+@pytest.mark.parametrize("window", [0, 100])
+@pytest.mark.parametrize("attention", [paged_attention_ref, paged_attention_cpu], ids=["reference", "cpu"])
+def test_sinks_match_dense_attention(attention, window, dtype):
+    batch = make_paged_batch([(300, 5), (1, 1), (200, 200), (40, 1)], 8, 2, 64, 16, dtype=dtype, device="cpu")
+    sinks = torch.tensor([-3.0, -1.0, 0.0, 0.5, 1.0, 2.0, 4.0, 12.0])
+    out = attention(**batch, window=window, sinks=sinks)
+    assert torch.isfinite(out).all()
+    want = dense_attention(**batch, window=window, sinks=sinks)
+    torch.testing.assert_close(out.double(), want, **TOLERANCE[dtype])
+    assert not torch.allclose(want, dense_attention(**batch, window=window), atol=1e-3)  # the sinks matter
