@@ -1,4 +1,4 @@
-"""Rotary position embeddings (neox / Hugging Face "rotate_half" layout), Llama 3 and linear scaling."""
+"""Rotary position embeddings (neox / Hugging Face "rotate_half" layout), Llama 3, linear and YaRN scaling."""
 from __future__ import annotations
 
 import math
@@ -18,6 +18,8 @@ def inverse_frequencies(head_dim: int, theta: float, scaling: dict | None = None
         return inv_freq / torch.tensor(scaling["factors"], dtype=torch.float32)
     if kind == "linear":  # Gemma 3's global layers (4B and up): positions divided by the factor
         return inv_freq / scaling["factor"]
+    if kind == "yarn":
+        return _yarn_inverse_frequencies(head_dim, theta, scaling)
     if kind != "llama3":
         raise ValueError(f"rope_scaling: unsupported type {kind!r}")
     factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
@@ -36,7 +38,45 @@ def cos_sin_cache(head_dim: int, max_positions: int, theta: float, scaling: dict
         return _longrope_cache(head_dim, max_positions, theta, scaling)
     inv_freq = inverse_frequencies(head_dim, theta, scaling)
     freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)
+    if scaling and scaling.get("rope_type", scaling.get("type")) == "yarn":
+        gain = _yarn_attention_factor(scaling)
+        return torch.cat([freqs.cos() * gain, freqs.sin() * gain], dim=-1)
     return torch.cat([freqs.cos(), freqs.sin()], dim=-1)
+
+
+def _yarn_attention_factor(scaling: dict) -> float:
+    """YaRN's scale of cos and sin: the configured one, else 0.1 ln(factor) + 1 (mscale / mscale_all_dim
+    when both are set, DeepSeek's form)."""
+    if scaling.get("attention_factor") is not None:
+        return float(scaling["attention_factor"])
+
+    def m(scale: float, mscale: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+    factor, mscale, all_dim = scaling["factor"], scaling.get("mscale"), scaling.get("mscale_all_dim")
+    return float(m(factor, mscale) / m(factor, all_dim)) if mscale and all_dim else m(factor)
+
+
+def _yarn_inverse_frequencies(dim: int, theta: float, scaling: dict) -> torch.Tensor:
+    """YaRN (arXiv 2309.00071, gpt-oss): the fast-rotating dimensions keep their frequency, the slow ones
+    are divided by the factor, a linear ramp between the dimensions that turn beta_fast and beta_slow
+    times over the pre-training context (its bounds rounded outwards unless truncate is false)."""
+    factor, original = scaling["factor"], scaling["original_max_position_embeddings"]
+    beta_fast, beta_slow = scaling.get("beta_fast") or 32, scaling.get("beta_slow") or 1
+
+    def dimension(turns: float) -> float:  # the dimension that turns `turns` times over the context
+        return dim * math.log(original / (turns * 2 * math.pi)) / (2 * math.log(theta))
+
+    low, high = dimension(beta_fast), dimension(beta_slow)
+    if scaling.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001
+    wavelengths = theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim)
+    ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    keep = 1 - ramp  # 1: the original frequency (extrapolate), 0: divided by the factor (interpolate)
+    return (1.0 / (factor * wavelengths)) * (1 - keep) + (1.0 / wavelengths) * keep
 
 
 def _longrope_cache(dim: int, max_positions: int, theta: float, scaling: dict) -> torch.Tensor:

@@ -14,7 +14,8 @@ ROUTER_GAIN = 3.0
 
 # arch -> (transformers config class, architectures entry)
 ARCHS = {"gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM"), "phi3": ("Phi3Config", "Phi3ForCausalLM"),
-         "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM"), "mixtral": ("MixtralConfig", "MixtralForCausalLM")}
+         "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM"), "mixtral": ("MixtralConfig", "MixtralForCausalLM"),
+         "gpt_oss": ("GptOssConfig", "GptOssForCausalLM")}
 
 
 def arch_config(arch: str, s: dict) -> dict:
@@ -80,7 +81,21 @@ def _mixtral(s: dict) -> dict:
     return dict(num_local_experts=8, num_experts_per_tok=2, sliding_window=None, rope_theta=s["rope_theta"])
 
 
-_ARCH_SETTINGS = {"gemma3": _gemma3, "phi3": _phi3, "qwen3_moe": _qwen3_moe, "mixtral": _mixtral}
+def _gpt_oss(s: dict) -> dict:
+    """gpt-oss-20b's features at a small size: sliding (64 keys, shorter than the test prompts) and full
+    layers alternating, YaRN over a pre-training context of a sixteenth of the model's (factor 16), 8 experts (4 a
+    token), and a SwiGLU limit low enough that random weights reach the clamp."""
+    layers = s["num_layers"]
+    return dict(num_local_experts=8, num_experts_per_tok=4, sliding_window=s.get("sliding_window", 64),
+                layer_types=["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)],
+                swiglu_limit=1.0, attention_bias=True,
+                rope_parameters={"rope_type": "yarn", "rope_theta": s["rope_theta"], "factor": 16.0, "beta_fast": 32.0,
+                                 "beta_slow": 1.0, "truncate": False,
+                                 "original_max_position_embeddings": max(1, s["max_position_embeddings"] // 16)})
+
+
+_ARCH_SETTINGS = {"gemma3": _gemma3, "phi3": _phi3, "qwen3_moe": _qwen3_moe, "mixtral": _mixtral,
+                  "gpt_oss": _gpt_oss}
 
 
 def arch_param_specs(config: dict) -> list[ParamSpec]:
@@ -92,17 +107,26 @@ def arch_param_specs(config: dict) -> list[ParamSpec]:
     with torch.device("meta"):
         model = transformers.AutoModelForCausalLM.from_config(cfg)
     offset_norms = config["model_type"].startswith("gemma")  # RMSNorm scales by (1 + w)
-    return [_spec(name, tuple(p.shape), config["hidden_size"], offset_norms) for name, p in model.named_parameters()]
+    input_major = config["model_type"] == "gpt_oss"  # its experts are stored [E, in, out]
+    return [_spec(name, tuple(p.shape), config["hidden_size"], offset_norms, input_major)
+            for name, p in model.named_parameters()]
 
 
-def _spec(name: str, shape: tuple[int, ...], hidden: int, offset_norms: bool) -> ParamSpec:
+SINK_STD = 1.0  # gpt-oss's sink logits: as large as the scores, so that they move the attention
+
+
+
+def _spec(name: str, shape: tuple[int, ...], hidden: int, offset_norms: bool, input_major: bool = False) -> ParamSpec:
+    if name.endswith("self_attn.sinks"):
+        return ParamSpec(name=name, shape=shape, mean=0.0, std=SINK_STD)
     if len(shape) == 1 and "norm" in name:
         return ParamSpec(name=name, shape=shape, mean=0.0 if offset_norms else 1.0, std=NORM_NOISE)
-    if len(shape) == 1:  # a bias
+    if len(shape) == 1 or name.endswith("_bias"):  # a bias (gpt-oss's experts': [E, out])
         return ParamSpec(name=name, shape=shape, mean=0.0, std=BIAS_STD)
     if name.endswith(("embed_tokens.weight", "lm_head.weight")):
         return ParamSpec(name=name, shape=shape, mean=0.0, std=LOGIT_STD / math.sqrt(hidden))
     gain = QK_GAIN if any(p in name for p in ("q_proj", "k_proj", "qkv_proj")) else 1.0
-    if name.endswith("mlp.gate.weight"):  # a router: clear preferences, so routing is rarely a near-tie
+    if name.endswith(("mlp.gate.weight", "mlp.router.weight")):  # a router: clear preferences, rarely a near-tie
         gain = ROUTER_GAIN
-    return ParamSpec(name=name, shape=shape, mean=0.0, std=gain / math.sqrt(shape[-1]))
+    fan_in = shape[-2] if input_major and len(shape) == 3 else shape[-1]
+    return ParamSpec(name=name, shape=shape, mean=0.0, std=gain / math.sqrt(fan_in))

@@ -24,6 +24,9 @@ parameter counts; qwen2 adds q/k/v biases, qwen3 q/k norms):
     1b     Llama-3.2-1B shape: hidden 2048, 16 layers, 32/8 heads, head_dim 64, mlp 8192,
            vocab 32000, tied embeddings, llama3 rope scaling, bfloat16    (1,038,682,112)
 
+gpt_oss (services/tools/arch_models.py): transformers' GptOssConfig with the size's shapes, sliding and
+full layers alternating (window 64), YaRN rope, 8 experts of 4 a token, attention sinks.
+
 gemma3 (services/tools/arch_models.py): transformers' Gemma3TextConfig with the size's shapes,
 every second layer global, a sliding window of 64, the final logit soft-cap; its tensors those of
 transformers' Gemma3ForCausalLM.

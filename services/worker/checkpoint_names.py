@@ -25,6 +25,9 @@ def tensors(reader, cfg: ModelArchConfig):
     the unfused names, so that a rank's rows of each piece are taken as for an unfused checkpoint."""
     for name in reader.keys():
         match = LAYER.match(name)
+        if match is not None and cfg.model_type == "gpt_oss" and match.group(2) in _GPT_OSS_EXPERTS:
+            yield from _gpt_oss_pieces(name, match.group(2), reader.get_tensor(name))
+            continue
         if match is not None and match.group(2) in ("mlp.experts.gate_up_proj", "mlp.experts.down_proj"):
             yield from _expert_pieces(name, match.group(2), reader.get_tensor(name))
             continue
@@ -53,6 +56,29 @@ def _expert_pieces(name: str, inner: str, whole: torch.Tensor):
         gate, up = tensor.chunk(2)
         yield f"{prefix}{expert}.gate_proj.weight", lambda part, gate=gate: _rows(gate, part)
         yield f"{prefix}{expert}.up_proj.weight", lambda part, up=up: _rows(up, part)
+
+
+_GPT_OSS_EXPERTS = ("mlp.experts.gate_up_proj", "mlp.experts.gate_up_proj_bias", "mlp.experts.down_proj",
+                    "mlp.experts.down_proj_bias")
+
+
+def _gpt_oss_pieces(name: str, inner: str, whole: torch.Tensor):
+    """gpt-oss's stacked experts, stored input-major ([E, H, 2I] gate_up with gate and up interleaved by
+    column, [E, I, H] down) with [E, 2I] and [E, H] biases, as per-expert tensors under the per-expert
+    names (gate_proj, up_proj, down_proj .weight/.bias, [out, in] as the other checkpoints)."""
+    prefix = name[:-len(inner)] + "mlp.experts."
+    for expert, tensor in enumerate(whole):
+        if inner.endswith("down_proj"):
+            yield f"{prefix}{expert}.down_proj.weight", lambda part, t=tensor: _rows(t.t().contiguous(), part)
+        elif inner.endswith("down_proj_bias"):
+            yield f"{prefix}{expert}.down_proj.bias", lambda part, t=tensor: t
+        else:
+            kind = "bias" if inner.endswith("_bias") else "weight"
+            gate, up = tensor[..., ::2], tensor[..., 1::2]
+            if kind == "weight":
+                gate, up = gate.t(), up.t()
+            yield f"{prefix}{expert}.gate_proj.{kind}", lambda part, g=gate: _rows(g.contiguous(), part)
+            yield f"{prefix}{expert}.up_proj.{kind}", lambda part, u=up: _rows(u.contiguous(), part)
 
 
 def _mixtral_name(name: str) -> str:

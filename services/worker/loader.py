@@ -64,10 +64,16 @@ _LAYER_PARAMS = {  # HF name inside a layer -> (our attribute path, part of a fu
     "mlp.up_proj.weight": ("mlp.gate_up_weight", 1),
     "mlp.down_proj.weight": ("mlp.down_weight", None),
     "mlp.gate.weight": ("mlp.router_weight", None),  # a mixture of experts' router (models/moe.py)
+    "self_attn.o_proj.bias": ("attn.o_bias", None),  # gpt-oss (models/gpt_oss.py)
+    "self_attn.sinks": ("attn.sinks", None),
+    "mlp.router.weight": ("mlp.router_weight", None),
+    "mlp.router.bias": ("mlp.router_bias", None),
 }
-_EXPERT = re.compile(r"^mlp\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
+_EXPERT = re.compile(r"^mlp\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.(weight|bias)$")
 _EXPERT_PARAMS = {"gate_proj": ("gate_up_weight", 0), "up_proj": ("gate_up_weight", 1),
-                  "down_proj": ("down_weight", None)}
+                  "down_proj": ("down_weight", None),  # and gpt-oss's biases:
+                  "gate_proj.bias": ("gate_up_bias", 0), "up_proj.bias": ("gate_up_bias", 1),
+                  "down_proj.bias": ("down_bias", None)}
 _TOP_PARAMS = {"model.embed_tokens.weight": "embed", "model.norm.weight": "final_norm", "lm_head.weight": "lm_head"}
 
 
@@ -363,7 +369,8 @@ def _target(name: str, cfg: ModelArchConfig, shard: Shard) -> tuple[str, int | N
     match = _LAYER.match(name)
     expert = _EXPERT.match(match.group(2)) if match else None
     if expert:
-        attribute, part = _EXPERT_PARAMS[expert.group(2)]
+        attribute, part = _EXPERT_PARAMS[expert.group(2) if expert.group(3) == "weight" else
+                                         f"{expert.group(2)}.bias"]
         index = int(match.group(1))
         if not shard.holds_layer(index, cfg):
             return None

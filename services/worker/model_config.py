@@ -17,6 +17,7 @@ SUPPORTED = {
     "gemma3_text": ("gemma", False, True),
     "qwen3_moe": ("moe", False, True),  # services/worker/models/moe.py
     "mixtral": ("moe", False, False),
+    "gpt_oss": ("gpt_oss", True, False),  # services/worker/models/gpt_oss.py
 }
 _WINDOWED = ("mistral", "phi3", "mixtral")  # every layer attends within config.sliding_window where it is set
 
@@ -51,6 +52,9 @@ class ModelArchConfig:
     num_experts: int = 0
     experts_per_token: int = 0
     norm_topk_prob: bool = True  # the top-k weights renormalised to sum to 1 (Mixtral always)
+    # gpt-oss's experts: the clamped SwiGLU's constants
+    swiglu_alpha: float = 0.0
+    swiglu_limit: float = 0.0
 
     def window(self, layer: int) -> int:
         """Layer `layer`'s (the whole model's index) sliding window; 0: it attends to every key."""
@@ -94,6 +98,8 @@ class ModelArchConfig:
         scaling = _longrope(raw, scaling)
         if family == "moe":
             extra.update(_moe_fields(raw))
+        if family == "gpt_oss":
+            extra.update(_gpt_oss_fields(raw))
         partial = raw.get("partial_rotary_factor") or (scaling or {}).get("partial_rotary_factor", 1.0)
         return cls(
             family=family,
@@ -168,3 +174,14 @@ def _moe_fields(raw: dict) -> dict:
     return dict(num_experts=raw.get("num_experts") or raw["num_local_experts"],
                 experts_per_token=raw["num_experts_per_tok"],
                 norm_topk_prob=raw.get("model_type") == "mixtral" or raw.get("norm_topk_prob", False))
+
+
+def _gpt_oss_fields(raw: dict) -> dict:
+    """gpt-oss: its sliding and full layers, its experts (the top-k logits' softmax: no renormalising
+    field), the clamped SwiGLU's constants."""
+    num_layers, window = raw["num_hidden_layers"], raw.get("sliding_window") or 0
+    types = raw.get("layer_types") or ["sliding_attention" if i % 2 == 0 else "full_attention"
+                                       for i in range(num_layers)]
+    return dict(layer_windows=tuple(window if t == "sliding_attention" else 0 for t in types),
+                num_experts=raw["num_local_experts"], experts_per_token=raw["num_experts_per_tok"],
+                swiglu_alpha=float(raw.get("swiglu_alpha", 1.702)), swiglu_limit=float(raw.get("swiglu_limit", 7.0)))

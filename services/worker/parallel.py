@@ -122,6 +122,8 @@ class Shard:
         columns = {"o_proj": (h0 * d, h1 * d), "down_proj": (i0, i1)}
         if name in ("model.embed_tokens.weight", "lm_head.weight"):
             return (0, *self.vocab(cfg))
+        if name.endswith("self_attn.sinks"):  # gpt-oss: one per query head
+            return (0, h0, h1)
         module = name.rsplit(".", 2)[-2] if name.count(".") >= 2 else ""
         if module in rows:
             return (0, *rows[module])

@@ -13,8 +13,9 @@ pytestmark = pytest.mark.slow
 # tiny shapes, 4 layers (so PP 2 splits them); gemma3: windows of 64 keys on layers 0 and 2;
 # phi3: fused qkv/gate_up in the checkpoint, 3/4 rotary, LongRoPE, a window of 64 on every layer
 # qwen3_moe, mixtral: 8 experts, 2 a token (TP 2 splits every expert's columns)
+# gpt_oss: windows of 64 keys on layers 0 and 2, attention sinks, YaRN, 8 experts of 4 a token with biases
 ARCHS = [pytest.param(dict(arch=arch, size="tiny", num_layers=4), id=arch)
-         for arch in ("gemma3", "phi3", "qwen3_moe", "mixtral")]
+         for arch in ("gemma3", "phi3", "qwen3_moe", "mixtral", "gpt_oss")]
 
 
 def _prompts() -> list[list[int]]:
@@ -47,7 +48,9 @@ def test_batched_chunked_preempted_and_cached_give_the_bits_of_each_alone(model)
 
 # the layouts each architecture adds something at: gemma3's per-layer windows and rope bases across
 # stages, phi3's fused checkpoint tensors split by rank, the experts' columns (mixtral's are qwen3_moe's)
-LAYOUTS = {"gemma3": [(2, 1), (1, 2)], "phi3": [(2, 1)], "qwen3_moe": [(2, 1), (1, 2)], "mixtral": []}
+# and gpt_oss's sinks split by head, its biases added once after the row-parallel fold
+LAYOUTS = {"gemma3": [(2, 1), (1, 2)], "phi3": [(2, 1)], "qwen3_moe": [(2, 1), (1, 2)], "mixtral": [],
+           "gpt_oss": []}  # its TP 2 (sinks split by head) passes; left out of the suite for time
 
 
 @pytest.mark.parametrize("tp, pp", [(2, 1), (1, 2)], ids=["tp2", "pp2"])

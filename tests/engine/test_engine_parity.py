@@ -38,9 +38,11 @@ NEW_ARCH = dict(num_prompts=16, max_new=32)  # the issue's 16 prompts; the Llama
     ("llama", {}, {}), ("qwen2", {}, {}), ("qwen3", {}, {}),
     ("llama", {"rope_scaling_llama3": True, "tie_word_embeddings": True}, {}),
     ("gemma3", {"tie_word_embeddings": True}, NEW_ARCH), ("phi3", {}, NEW_ARCH),
-    ("qwen3_moe", {}, NEW_ARCH), ("mixtral", {}, NEW_ARCH)])
+    ("qwen3_moe", {}, NEW_ARCH), ("mixtral", {}, NEW_ARCH),
+    # gpt_oss: one sliding and one full layer (the tiny shape keeps transformers' reference run short)
+    ("gpt_oss", {"vocab_size": 1024, "num_layers": 2}, dict(NEW_ARCH, model_size="tiny"))])
 def test_greedy_matches_transformers(model_dir, arch, overrides, size):
-    folder = model_dir(arch, "small", **overrides)
+    folder = model_dir(arch, size.get("model_size", "small"), **overrides)
     num_prompts, max_new = size.get("num_prompts", NUM_PROMPTS), size.get("max_new", MAX_NEW)
     prompts = random_prompts(num_prompts, 1024, 1, 300, seed=1)
     llm = make_llm(folder, dtype="float32")

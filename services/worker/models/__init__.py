@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from services.worker.models.gemma import GemmaForCausalLM
+from services.worker.models.gpt_oss import GptOssForCausalLM
 from services.worker.models.llama import LlamaForCausalLM
 from services.worker.models.moe import MoeForCausalLM
 
-FAMILIES = {"llama": LlamaForCausalLM, "gemma": GemmaForCausalLM, "moe": MoeForCausalLM}
+FAMILIES = {"llama": LlamaForCausalLM, "gemma": GemmaForCausalLM, "moe": MoeForCausalLM, "gpt_oss": GptOssForCausalLM}
 
 
 def model_class(family: str) -> type[LlamaForCausalLM]:
