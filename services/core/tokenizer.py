@@ -138,6 +138,9 @@ def _from_folder(folder: Path) -> tuple[HFTokenizer, dict]:
         raise InvalidArgument("model", f"no tokenizer.json in {folder}")
     config_path = folder / "tokenizer_config.json"
     config = json.loads(config_path.read_text()) if config_path.is_file() else {}
+    template_path = folder / "chat_template.jinja"  # gpt-oss's folders, transformers 5's save_pretrained: the
+    if template_path.is_file():                      # template in its own file, taking precedence as in transformers
+        config["chat_template"] = template_path.read_text(encoding="utf-8")
     return HFTokenizer.from_file(str(folder / "tokenizer.json")), config
 
 

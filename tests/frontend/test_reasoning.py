@@ -415,6 +415,20 @@ def test_harmony_budget_closes_the_analysis_then_the_final_channel_is_constraine
     assert matcher.is_accepting()
 
 
+def test_a_gpt_oss_folder_with_chat_template_jinja_gets_its_template(tmp_path):
+    """gpt-oss's folders keep the template in chat_template.jinja, none in tokenizer_config.json: the chat
+    path renders it, and the reasoning parser auto picks harmony from it."""
+    from tests.frontend.reasoning_models import harmony_model
+
+    folder = harmony_model(tmp_path / "gpt-oss")
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    (folder / "chat_template.jinja").write_text(config.pop("chat_template"), encoding="utf-8")
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    tokenizer = Tokenizer(folder)
+    assert reasoning.choose("auto", tokenizer.template_source) is GPT_OSS
+    assert tokenizer.apply_chat_template(ASK).endswith("<|start|>assistant")
+
+
 def test_gpt_oss_over_http_reads_the_analysis_channel_as_reasoning(gpt_oss_dir):
     harness = http_harness(gpt_oss_dir, reasoning_parser="auto")
     try:
