@@ -28,6 +28,13 @@ def tensors(reader, cfg: ModelArchConfig):
         if match is not None and cfg.model_type == "gpt_oss" and match.group(2) in _GPT_OSS_EXPERTS:
             yield from _gpt_oss_pieces(name, match.group(2), reader.get_tensor(name))
             continue
+        if match is not None and cfg.model_type == "gpt_oss" and match.group(2) in _GPT_OSS_MXFP4:
+            if match.group(2).endswith("_blocks"):  # with its _scales: dequantized here, [E, in, out] as above
+                inner = match.group(2).removesuffix("_blocks")
+                whole = dequantize_mxfp4(reader.get_tensor(name), reader.get_tensor(name.removesuffix("_blocks") +
+                                                                                     "_scales"))
+                yield from _gpt_oss_pieces(name.removesuffix("_blocks"), inner, whole.transpose(1, 2))
+            continue
         if match is not None and match.group(2) in ("mlp.experts.gate_up_proj", "mlp.experts.down_proj"):
             yield from _expert_pieces(name, match.group(2), reader.get_tensor(name))
             continue
@@ -60,6 +67,21 @@ def _expert_pieces(name: str, inner: str, whole: torch.Tensor):
 
 _GPT_OSS_EXPERTS = ("mlp.experts.gate_up_proj", "mlp.experts.gate_up_proj_bias", "mlp.experts.down_proj",
                     "mlp.experts.down_proj_bias")
+
+
+_GPT_OSS_MXFP4 = tuple(f"mlp.experts.{p}_{part}" for p in ("gate_up_proj", "down_proj")
+                       for part in ("blocks", "scales"))
+FP4_E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
+
+
+def dequantize_mxfp4(blocks: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """gpt-oss's MXFP4 experts as its checkpoints store them: blocks [..., G, 16] uint8 (32 FP4 E2M1 values a
+    block, element 2j in byte j's low nibble, 2j + 1 in its high one), scales [..., G] uint8 (E8M0: 2 **
+    (s - 127)) -> [..., G * 32] float32. Exact: every value is a power of two times an FP4 value."""
+    table = torch.tensor(FP4_E2M1, dtype=torch.float32)
+    values = torch.stack([table[(blocks & 0x0F).long()], table[(blocks >> 4).long()]], dim=-1).flatten(-2)
+    values = torch.ldexp(values, scales.to(torch.int32)[..., None] - 127)
+    return values.flatten(-2)
 
 
 def _gpt_oss_pieces(name: str, inner: str, whole: torch.Tensor):
