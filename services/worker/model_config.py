@@ -183,5 +183,6 @@ def _gpt_oss_fields(raw: dict) -> dict:
     types = raw.get("layer_types") or ["sliding_attention" if i % 2 == 0 else "full_attention"
                                        for i in range(num_layers)]
     return dict(layer_windows=tuple(window if t == "sliding_attention" else 0 for t in types),
-                num_experts=raw["num_local_experts"], experts_per_token=raw["num_experts_per_tok"],
+                num_experts=raw["num_local_experts"],
+                experts_per_token=raw.get("num_experts_per_tok") or raw["experts_per_token"],  # the latter: OpenAI's
                 swiglu_alpha=float(raw.get("swiglu_alpha", 1.702)), swiglu_limit=float(raw.get("swiglu_limit", 7.0)))
