@@ -1,5 +1,6 @@
 """`LLM(model).generate(prompts, params)` and `LLM(model).chat(messages, params)`: offline batch
-generation in one process."""
+generation in one process; `LLM(model).embed(texts)` and `LLM(model).score(query, documents)` for
+a model served as a pooler (services/core/pooling.py)."""
 from __future__ import annotations
 
 import itertools
@@ -9,7 +10,8 @@ from tqdm import tqdm
 
 from services.core.config import EngineArgs
 from services.core.errors import InvalidArgument
-from services.core.outputs import OutputCollector, RequestOutput
+from services.core.outputs import OutputCollector, PoolingOutput, PoolingRequestOutput, RequestOutput
+from services.core.pooling import is_encoder_folder, pooling_spec, score_input, shorten
 from services.core.sampling_params import SamplingParams
 from services.core.tokenizer import Tokenizer
 from services.engine import Engine
@@ -94,6 +96,53 @@ class LLM:
         for output, text in zip(outputs, texts):
             output.prompt = text
         return outputs
+
+    def embed(self, prompts: Prompt | Seq[Prompt], use_tqdm: bool = True,
+              dimensions: int | None = None) -> list[PoolingRequestOutput]:
+        """One embedding per prompt (text, with the tokenizer's special tokens, or token ids), in
+        input order; `dimensions` shortens a Matryoshka model's vectors."""
+        prompts = [prompts] if isinstance(prompts, str) or _is_token_ids(prompts) else list(prompts)
+        inputs = [(p, self.tokenizer.encode_pooling(p)) if isinstance(p, str) else (None, [int(t) for t in p])
+                  for p in prompts]
+        outputs = self._pool(inputs, use_tqdm, "embed")
+        if dimensions is not None:
+            spec = pooling_spec(self.engine.model_path, is_encoder_folder(self.engine.model_path))
+            for output in outputs:
+                output.outputs.data = shorten(output.outputs.data, dimensions, spec)
+        return outputs
+
+    def score(self, query: str | Seq[str], documents: str | Seq[str], use_tqdm: bool = True,
+              instruction: str | None = None) -> list[PoolingRequestOutput]:
+        """The relevance of each document to the query (one query for every document, or one each),
+        as vLLM's LLM.score: a cross-encoder's score, or a yes/no decoder reranker's P(yes)
+        (`instruction`: its task line, Qwen3-Reranker's default otherwise)."""
+        documents = [documents] if isinstance(documents, str) else list(documents)
+        queries = [query] * len(documents) if isinstance(query, str) else list(query)
+        if len(queries) != len(documents):
+            raise InvalidArgument("query", f"{len(queries)} queries for {len(documents)} documents")
+        encoder = is_encoder_folder(self.engine.model_path)
+        inputs = [(None, score_input(self.tokenizer, encoder, q, d, instruction)) for q, d in zip(queries, documents)]
+        return self._pool(inputs, use_tqdm, "score")
+
+    def _pool(self, inputs: list[tuple[str | None, list[int]]], use_tqdm: bool, task: str) -> list[PoolingRequestOutput]:
+        if self.engine.info.task != task:
+            raise InvalidArgument("task", f"this model is served for {self.engine.info.task}; "
+                                          f"LLM(model, task={task!r}) to {task}")
+        params = SamplingParams(pooling=True, max_tokens=1)
+        outputs = {}
+        for text, ids in inputs:
+            request_id = str(next(self._ids))
+            self.scheduler.add_request(request_id, ids, params)
+            outputs[request_id] = PoolingRequestOutput(request_id=request_id, prompt=text, prompt_token_ids=ids,
+                                                       outputs=PoolingOutput(data=[]), finished=False)
+        with tqdm(total=len(outputs), desc=task, unit="req", disable=not use_tqdm) as bar:
+            while self.scheduler.has_unfinished():
+                for update in self.engine.step():
+                    if update.pooled is not None:
+                        output = outputs[update.request_id]
+                        output.outputs.data, output.finished = update.pooled, True
+                        bar.update(1)
+        return list(outputs.values())
 
     def _submit(self, prompt: Prompt, params: SamplingParams, priority: int) -> OutputCollector:
         if isinstance(prompt, str):

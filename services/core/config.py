@@ -22,6 +22,7 @@ from typing import Any
 
 from services.core.errors import InvalidArgument, check
 from services.core.kv_events import KVEventsConfig
+from services.core.pooling import TASKS
 
 ALLOWED_BLOCK_SIZES = (8, 16, 32)
 POLICIES = ("fcfs", "priority", "sjf")
@@ -304,6 +305,9 @@ class WorkerConfig:
     group_address: str = setting("", "host:port where rank 0 of the worker group meets the others (empty: a "
                                      "free port on 127.0.0.1, for a group that one process starts)")
     distributed_backend: str = setting("gloo", "the worker group's torch.distributed backend (gloo; nccl later)")
+    task: str = setting("auto", "what the model is served for: generate, embed (one vector per input) or score "
+                                "(a reranker); auto: score for *ForSequenceClassification, embed for a bare encoder "
+                                "or a sentence-transformers folder, else generate (services/core/pooling.py)")
 
     def __post_init__(self) -> None:
         check(bool(self.model), "model", "must name a model folder or hub id")
@@ -324,6 +328,7 @@ class WorkerConfig:
         check(self.device in DEVICES or _is_cuda_index(self.device), "device",
               f"must be one of {DEVICES} or cuda:N, got {self.device!r}")
         _check_choice("kernel_backend", self.kernel_backend, KERNEL_BACKENDS)
+        _check_choice("task", self.task, TASKS)
 
 
 @dataclass(frozen=True, kw_only=True)

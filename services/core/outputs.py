@@ -72,3 +72,28 @@ class OutputCollector:
                 out.text += detok.finish()
         self.output.finished = all(o.finish_reason is not None for o in self.output.outputs)
         return stopped
+
+
+@dataclass(kw_only=True)
+class PoolingOutput:
+    """A pooling request's result (services/core/pooling.py): `embedding` (task embed) or `score`
+    (task score; a classifier with several labels: `data` holds each label's probability)."""
+
+    data: list[float]
+
+    @property
+    def embedding(self) -> list[float]:
+        return self.data
+
+    @property
+    def score(self) -> float:
+        return self.data[0]
+
+
+@dataclass(kw_only=True)
+class PoolingRequestOutput:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: PoolingOutput
+    finished: bool = True

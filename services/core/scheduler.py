@@ -148,9 +148,13 @@ class Scheduler:
         check_int("priority", priority, INT32_MIN, INT32_MAX)  # the LLM's callers reach here unchecked
         check(request_id not in self.requests, "request_id", f"{request_id!r} is already running")
         check(len(prompt_token_ids) > 0, "prompt", "must not be empty")
-        check(len(prompt_token_ids) < self.config.max_model_len, "prompt",
-              f"{len(prompt_token_ids)} tokens leave no room to generate within max_model_len "
-              f"{self.config.max_model_len}")
+        if params.pooling:  # nothing is generated: the prompt may take the whole length
+            check(len(prompt_token_ids) <= self.config.max_model_len, "input",
+                  f"{len(prompt_token_ids)} tokens exceed max_model_len {self.config.max_model_len}")
+        else:
+            check(len(prompt_token_ids) < self.config.max_model_len, "prompt",
+                  f"{len(prompt_token_ids)} tokens leave no room to generate within max_model_len "
+                  f"{self.config.max_model_len}")
         self._check_against_workers(prompt_token_ids, params)
         # A burst arrives before any step runs: the requests that free seats will take are not waiting
         free_seats = max(0, len(self.workers) * self.config.max_num_seqs - self.num_running)
@@ -199,6 +203,8 @@ class Scheduler:
         check(all(0 <= t < vocab_size for t in prompt_token_ids), "prompt_token_ids",
               f"token id outside the vocabulary ({vocab_size})")
         params.check_vocab(vocab_size)
+        if self._check_pooling(prompt_token_ids, params):
+            return
         num_prompt, max_tokens = len(prompt_token_ids), params.max_tokens
         capacity = max(slot.info.num_gpu_blocks for slot in self.workers.values()) * self.config.block_size
         check(num_prompt < capacity, "prompt",
@@ -207,6 +213,26 @@ class Scheduler:
         check(total <= capacity, "max_tokens",
               f"prompt ({num_prompt}) + max_tokens ({max_tokens}) need {total} tokens of KV cache; "
               f"the largest worker holds {capacity}")
+
+    def _check_pooling(self, prompt_token_ids: list[int], params: SamplingParams) -> bool:
+        """The model's task decides what a request may ask: a pooler serves only pooling requests
+        and a generator only generation. A whole-prompt pooler (an encoder) must fit its prompt in one
+        step and in a worker's cache. True: a pooling request, checked."""
+        info = next(iter(self.workers.values())).info  # every worker serves the one model
+        if not params.pooling:
+            check(info.task == "generate", "task", f"this model is served for {info.task}, not to generate "
+                                                   f"(use the {info.task} API)")
+            return False
+        check(info.task != "generate", "task", "this model is served to generate; start its workers with "
+                                               "--task embed or score to pool")
+        num_prompt = len(prompt_token_ids)
+        capacity = max(slot.info.num_gpu_blocks for slot in self.workers.values()) * self.config.block_size
+        check(num_prompt <= capacity, "input", f"{num_prompt} tokens do not fit in the largest worker's KV "
+                                               f"cache ({capacity} tokens)")
+        check(not info.pooling_whole or num_prompt <= self.config.max_num_batched_tokens, "input",
+              f"{num_prompt} tokens: this model pools a whole input in one step, at most "
+              f"max_num_batched_tokens ({self.config.max_num_batched_tokens})")
+        return True
 
     def abort(self, request_id: str) -> list[SeqUpdate]:
         request = self.requests.get(request_id)
@@ -333,6 +359,14 @@ class Scheduler:
             self.requests.pop(request.request_id, None)
             for s in request.seqs:
                 self.seqs.pop(s.seq_id, None)
+
+    def pooled_update(self, seq: Sequence, pooled: list[float]) -> SeqUpdate:
+        """A pooling request's end: its pooled output, and the prompt's figures for usage."""
+        self.finish(seq, "stop")
+        request = seq.request
+        return SeqUpdate(request_id=request.request_id, sample_index=0, token_ids=[], finish_reason="stop",
+                         num_prompt_tokens=len(request.prompt_token_ids), num_cached_tokens=request.num_cached_tokens,
+                         seed=request.seed, pooled=pooled)
 
     def update_of(self, seq: Sequence, tokens: list[int], logprobs) -> SeqUpdate:
         request = seq.request

@@ -98,3 +98,4 @@ class SeqUpdate:
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0
     seed: int = 0
+    pooled: list[float] | None = None  # a pooling request's output (services/core/pooling.py), once, at its end

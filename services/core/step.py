@@ -89,6 +89,9 @@ class SeqOutput:
     # sampler's own token at the first one rejected (or after the last)
     token_ids: list[int]
     logprobs: list[Logprobs] | None = None  # one per token id, when asked
+    # a pooling request (SamplingParams.pooling): its prompt's pooled output (token_ids empty): the
+    # embedding (task embed) or the scores (task score); services/worker/pooler.py
+    pooled: list[float] | None = None
 
 
 @dataclass
@@ -113,3 +116,7 @@ class WorkerInfo:
     eos_token_ids: tuple[int, ...]
     device: str
     batch_invariant: bool
+    task: str = "generate"  # generate, embed or score (services/core/pooling.py)
+    # a pooling request runs its whole prompt in one step with no cached prefix (an encoder; mean or
+    # CLS pooling): the scheduler never chunks it
+    pooling_whole: bool = False

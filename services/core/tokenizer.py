@@ -39,9 +39,11 @@ class Tokenizer:
             self._tok = loaded.tokenizer
             self.bos_token, self.eos_token = loaded.bos_token, loaded.eos_token
             self.add_bos = loaded.add_bos
+            self._config = {}
             template = loaded.chat_template
         else:
             self._tok, config = _from_folder(source)
+            self._config = config
             self.bos_token = _token_text(config.get("bos_token"))
             self.eos_token = _token_text(config.get("eos_token"))
             self.add_bos = bool(config.get("add_bos_token", False)) and self.bos_token is not None
@@ -68,6 +70,20 @@ class Tokenizer:
             if not ids or ids[0] != bos:
                 ids = [bos] + ids
         return ids
+
+    def encode_pooling(self, text: str, pair: str | None = None) -> list[int]:
+        """What an embedding or cross-encoder model reads: the tokenizer's own special tokens around the
+        text, or the text pair (tokenizer.json's post-processor, as sentence-transformers adds them)."""
+        return self._tok.encode(text, pair, add_special_tokens=True).ids
+
+    def token_id(self, piece: str) -> int | None:
+        """The id of a vocabulary piece as it is spelled there (None: no such piece)."""
+        return self._tok.token_to_id(piece)
+
+    def special_token_id(self, name: str) -> int | None:
+        """tokenizer_config.json's special token `name` (e.g. sep_token) as an id; None: it names none."""
+        token = _token_text(self._config.get(name))
+        return self._tok.token_to_id(token) if token else None
 
     def to_json(self) -> str:
         """The tokenizer.json text (the grammar compiler builds its own view of the vocabulary)."""

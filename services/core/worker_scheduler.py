@@ -109,7 +109,11 @@ class WorkerScheduler:
         wanted = seq.num_tokens - seq.num_computed_tokens
         if wanted <= budget:
             return wanted
-        return budget if self.config.enable_chunked_prefill else 0
+        return budget if self.config.enable_chunked_prefill and not self._runs_whole(seq) else 0
+
+    def _runs_whole(self, seq: Sequence) -> bool:
+        """A pooling sequence this worker pools over its whole prompt at once (an encoder, mean or CLS)."""
+        return self.info.pooling_whole and seq.request.params.pooling
 
     def _schedule_running(self, plan: StepPlan) -> bool:
         preempted = False
@@ -186,7 +190,7 @@ class WorkerScheduler:
         not fit now (no seat, no budget or no blocks)."""
         if not self.has_seat() or plan.num_tokens >= self.config.max_num_batched_tokens:
             return False
-        if seq.request.params.prompt_logprobs is None:  # prompt logprobs need every position run
+        if seq.request.params.prompt_logprobs is None and not self._runs_whole(seq):  # every position run
             seq.num_computed_tokens = self.blocks.match_prefix(seq.seq_id, seq.token_ids)
         num_new = self.num_new_tokens(seq, plan)
         if num_new == 0 or not self.blocks.can_allocate(seq.seq_id, seq.num_computed_tokens + num_new):
@@ -264,6 +268,9 @@ class WorkerScheduler:
                 continue
             if seq.seq_id in plan.drafts:
                 updates.append(self._apply_verified(seq, plan.drafts[seq.seq_id], output))
+                continue
+            if output.pooled is not None:  # a pooling request: its prompt is done, and so is it
+                updates.append(self.shared.pooled_update(seq, output.pooled))
                 continue
             children = self._fork(seq, output.token_ids[1:], output.logprobs)
             for s, token, lp in [(seq, output.token_ids[0], output.logprobs[0] if output.logprobs else None)] + children:

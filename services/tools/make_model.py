@@ -27,6 +27,10 @@ parameter counts; qwen2 adds q/k/v biases, qwen3 q/k norms):
 gpt_oss (services/tools/arch_models.py): transformers' GptOssConfig with the size's shapes, sliding and
 full layers alternating (window 64), YaRN rope, 8 experts of 4 a token, attention sinks.
 
+bert, bert_classifier (services/tools/encoder_models.py): transformers' BertModel with a
+sentence-transformers layout beside it (mean pooling, normalised), and BertForSequenceClassification
+with one label (a cross-encoder); their tokenizer adds <|im_start|> / <|im_end|> as [CLS] / [SEP].
+
 gemma3 (services/tools/arch_models.py): transformers' Gemma3TextConfig with the size's shapes,
 every second layer global, a sliding window of 64, the final logit soft-cap; its tensors those of
 transformers' Gemma3ForCausalLM.
@@ -43,11 +47,12 @@ from pathlib import Path
 import torch
 
 from services.tools.arch_models import ARCHS, arch_config, arch_param_specs
+from services.tools.encoder_models import ENCODERS, encoder_config, encoder_param_specs, write_encoder_files
 from services.tools.make_tokenizer import BOS_ID, ENDOFTEXT_ID, EOS_ID, write_tokenizer_files
 from services.tools.random_weights import count_params, param_specs, write_random_safetensors
 
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
-                 **{arch: architecture for arch, (_, architecture) in ARCHS.items()}}
+                 **{arch: architecture for arch, (_, architecture) in ARCHS.items()}, **ENCODERS}
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 _SMALL = dict(max_position_embeddings=2048, rope_theta=10000.0, rope_scaling_llama3=False,
               tie_word_embeddings=False, dtype="float32")
@@ -94,10 +99,14 @@ def make_model(out_dir: str | Path, arch: str = "llama", size: str = "tiny", see
         "bos_token_id": BOS_ID, "eos_token_id": [EOS_ID, ENDOFTEXT_ID], "pad_token_id": EOS_ID})
     write_tokenizer_files(out, config["vocab_size"], config["max_position_embeddings"])
     write_random_safetensors(out / "model.safetensors", _specs(arch, config), seed, DTYPES[settings["dtype"]])
+    if arch in ENCODERS:
+        write_encoder_files(out, arch)
     return out
 
 
 def _specs(arch: str, config: dict):
+    if arch in ENCODERS:
+        return encoder_param_specs(config)
     return arch_param_specs(config) if arch in ARCHS else param_specs(config)
 
 
@@ -105,6 +114,8 @@ def model_config(arch: str, s: dict) -> dict:
     """The HF config.json of `arch` with the settings `s` of a size preset."""
     if arch in ARCHS:
         return arch_config(arch, s)
+    if arch in ENCODERS:
+        return encoder_config(arch, s)
     qwen = arch != "llama"
     config = {
         "architectures": [ARCHITECTURES[arch]],

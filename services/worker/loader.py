@@ -133,6 +133,12 @@ def load_model(folder: Path, dtype: torch.dtype, device: torch.device, ops: Ops,
     cfg = ModelArchConfig.from_model(folder)
     shard = shard or Shard(align=gguf_align(quantization, folder))
     model = model_class(cfg.family)(cfg, ops, linear, shard, comm)
+    if cfg.is_encoder:  # the BERT family: its own names and layout (services/worker/models/bert.py)
+        if quantization not in ("none", "auto"):
+            raise InvalidArgument("quantization", f"{quantization}: an encoder is served unquantized (none)")
+        from services.worker.models.bert import load_encoder
+
+        return load_encoder(folder, model, dtype, device, prepack)
     if quantization != "none" and device.type != "cpu":
         raise InvalidArgument("quantization", f"{quantization} runs on the CPU only, not on {device.type}")
     if quantization == "gguf":

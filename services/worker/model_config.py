@@ -18,6 +18,8 @@ SUPPORTED = {
     "qwen3_moe": ("moe", False, True),  # services/worker/models/moe.py
     "mixtral": ("moe", False, False),
     "gpt_oss": ("gpt_oss", True, False),  # services/worker/models/gpt_oss.py
+    "bert": ("bert", True, False),  # an encoder (services/worker/models/bert.py): embed or score only
+    "xlm-roberta": ("bert", True, False),
 }
 _WINDOWED = ("mistral", "phi3", "mixtral")  # every layer attends within config.sliding_window where it is set
 
@@ -55,6 +57,14 @@ class ModelArchConfig:
     # gpt-oss's experts: the clamped SwiGLU's constants
     swiglu_alpha: float = 0.0
     swiglu_limit: float = 0.0
+    # encoders (BERT family; rms_norm_eps holds their LayerNorm's eps)
+    type_vocab_size: int = 0
+    position_offset: int = 0  # XLM-RoBERTa's positions start after its padding id (pad_token_id + 1)
+    num_labels: int = 0  # a sequence-classification head's outputs (a cross-encoder's score); 0: none
+
+    @property
+    def is_encoder(self) -> bool:
+        return self.family == "bert"
 
     def window(self, layer: int) -> int:
         """Layer `layer`'s (the whole model's index) sliding window; 0: it attends to every key."""
@@ -100,6 +110,10 @@ class ModelArchConfig:
             extra.update(_moe_fields(raw))
         if family == "gpt_oss":
             extra.update(_gpt_oss_fields(raw))
+        max_len = raw.get("max_position_embeddings", 2048)
+        if family == "bert":
+            extra.update(_encoder_fields(raw))
+            max_len = extra.pop("max_position_embeddings")
         partial = raw.get("partial_rotary_factor") or (scaling or {}).get("partial_rotary_factor", 1.0)
         return cls(
             family=family,
@@ -112,10 +126,10 @@ class ModelArchConfig:
             head_dim=head_dim,
             intermediate_size=raw.get("moe_intermediate_size") or raw["intermediate_size"],
             vocab_size=raw["vocab_size"],
-            rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
+            rms_norm_eps=raw.get("rms_norm_eps") or raw.get("layer_norm_eps", 1e-6),
             rope_theta=float(rope_theta),
             rope_scaling=scaling,
-            max_position_embeddings=raw.get("max_position_embeddings", 2048),
+            max_position_embeddings=max_len,
             tie_word_embeddings=raw.get("tie_word_embeddings", False),
             qkv_bias=raw.get("attention_bias", qkv_bias),
             qk_norm=qk_norm,
@@ -186,3 +200,16 @@ def _gpt_oss_fields(raw: dict) -> dict:
                 num_experts=raw["num_local_experts"],
                 experts_per_token=raw.get("num_experts_per_tok") or raw["experts_per_token"],  # the latter: OpenAI's
                 swiglu_alpha=float(raw.get("swiglu_alpha", 1.702)), swiglu_limit=float(raw.get("swiglu_limit", 7.0)))
+
+
+def _encoder_fields(raw: dict) -> dict:
+    """BERT / XLM-RoBERTa: token types, where positions start, the classification head's size."""
+    if raw.get("hidden_act", "gelu") != "gelu":
+        raise InvalidArgument("model", f"hidden_act {raw['hidden_act']!r}: encoders are served with gelu only")
+    if raw.get("position_embedding_type", "absolute") != "absolute":
+        raise InvalidArgument("model", "only absolute position embeddings are served for encoders")
+    is_classifier = any(a.endswith("ForSequenceClassification") for a in raw.get("architectures") or ())
+    offset = raw.get("pad_token_id", 1) + 1 if raw["model_type"] == "xlm-roberta" else 0
+    return dict(type_vocab_size=raw.get("type_vocab_size", 2), position_offset=offset,
+                num_labels=len(raw.get("id2label") or {}) or raw.get("num_labels", 1) if is_classifier else 0,
+                max_position_embeddings=raw.get("max_position_embeddings", 512) - offset)

@@ -57,6 +57,7 @@ class _Batch:
     tables: list[list[int]] = field(default_factory=list)
     sample_seqs: list[tuple[SeqState, int]] = field(default_factory=list)  # (seq, row in hidden)
     prompt_rows: list[tuple[SeqState, int, int]] = field(default_factory=list)  # (seq, first row, first pos)
+    pool_spans: list[tuple[SeqState, int, int, int]] = field(default_factory=list)  # (seq, first, last row, first pos)
 
 
 @dataclass(kw_only=True)
@@ -72,8 +73,10 @@ class _Sampling:
 
 class ModelRunner:
     def __init__(self, model: LlamaForCausalLM, kv_cache: KVCache, device: torch.device,
-                 batch_invariant: bool = False, grammars: Grammars | None = None):
+                 batch_invariant: bool = False, grammars: Grammars | None = None, pooler=None):
+        """pooler: a pooling worker's (services/worker/pooler.py): its sequences are pooled, not sampled."""
         self.model, self.kv_cache, self.device = model, kv_cache, device
+        self.pooler = pooler
         self.block_size = kv_cache.block_size
         self.eos_token_ids = model.cfg.eos_token_ids
         self.batch_invariant = batch_invariant  # a row's bits do not depend on its batch: subsets may be served
@@ -106,6 +109,11 @@ class ModelRunner:
         masks = self.grammars.start_masks(sampling.constrained) if sampling.constrained else None  # beside the forward
         hidden = self.model(*self._tensors(batch))
         if hidden is None:  # a later pipeline stage of a worker group: stage 0 samples
+            return result
+        if self.pooler is not None:
+            for state, first_row, last_row, start in batch.pool_spans:
+                result.outputs.append(SeqOutput(state.seq_id, [], pooled=self.pooler.pool(hidden, first_row, last_row,
+                                                                                           start)))
             return result
         self._sample(sampling, hidden, result, masks)
         self._prompt_logprobs(batch, hidden, result)
@@ -171,7 +179,9 @@ class ModelRunner:
             if state.params.prompt_logprobs is not None and start < len(state.prompt_token_ids):
                 batch.prompt_rows.append((state, first_row, start))
             state.num_computed_tokens = real_end
-            if real_end == state.num_tokens:
+            if real_end == state.num_tokens and self.pooler is not None:
+                batch.pool_spans.append((state, first_row, len(batch.input_ids) - 1, start))
+            elif real_end == state.num_tokens:
                 batch.sample_seqs.append((state, len(batch.input_ids) - 1 - len(drafts)))
         return batch
 

@@ -28,6 +28,8 @@ from services.worker.model_config import ModelArchConfig
 from services.worker.grammar import Grammars
 from services.worker.async_scheduling import AsyncModelRunner
 from services.worker.parallel import Shard, check_layout
+from services.worker.pooler import architectures, make_pooler
+from services.core.pooling import resolve_task
 
 log = structlog.get_logger("worker")
 
@@ -62,6 +64,9 @@ class Worker:
         self.model_path = resolve_model_path(config.model, config.model_cache_dir)
         self.tokenizer_path = resolve_tokenizer_path(config.tokenizer, self.model_path)
         arch = ModelArchConfig.from_model(self.model_path)
+        self.task = resolve_task(config.task, self.model_path, architectures(self.model_path))
+        if arch.is_encoder and self.task == "generate":
+            raise InvalidArgument("task", f"{arch.model_type} is an encoder: serve it with --task embed or score")
         tp, pp = config.tensor_parallel_size, config.pipeline_parallel_size
         self.quantization = resolve_quantization(config.quantization, self.model_path, self.device.type)
         align = gguf_align(self.quantization, self.model_path)
@@ -95,16 +100,19 @@ class Worker:
             num_blocks, num_cpu_blocks = self.comm.min_over_ranks(num_blocks), self.comm.min_over_ranks(num_cpu_blocks)
         kv_cache = KVCache(local, num_blocks, num_cpu_blocks, cache.block_size, self.dtype, self.device)
         grammars = Grammars(self.tokenizer_path, arch.vocab_size, arch.eos_token_ids)
-        self.runner = AsyncModelRunner(model, kv_cache, self.device, config.batch_invariant, grammars)
+        pooler = None if self.task == "generate" else make_pooler(model, self.task, self.model_path,
+                                                                  self.tokenizer_path, arch)
+        self.runner = AsyncModelRunner(model, kv_cache, self.device, config.batch_invariant, grammars, pooler)
         self.info = WorkerInfo(
             model=str(self.model_path), dtype=str(self.dtype).removeprefix("torch."), block_size=cache.block_size,
             num_gpu_blocks=num_blocks, num_cpu_blocks=num_cpu_blocks, vocab_size=arch.vocab_size,
             max_model_len=arch.max_position_embeddings, eos_token_ids=arch.eos_token_ids,
-            device=self.device.type, batch_invariant=config.batch_invariant)
+            device=self.device.type, batch_invariant=config.batch_invariant, task=self.task,
+            pooling_whole=pooler is not None and pooler.whole)
         log.info("worker_ready", model=self.info.model, dtype=self.info.dtype, device=self.info.device,
                  num_gpu_blocks=num_blocks, num_cpu_blocks=num_cpu_blocks, kernels=ops.name,
                  quantization=self.quantization, activation_quant=self.activation_quant, cpu_isa=cpu_kernels.active_tier() if ops.name == "cpu" else None,
-                 rank=self.shard.rank, tensor_parallel_size=tp, pipeline_parallel_size=pp)
+                 rank=self.shard.rank, tensor_parallel_size=tp, pipeline_parallel_size=pp, task=self.task)
 
     def _join_group(self, config: WorkerConfig, cache: CacheConfig):
         """Meet the other ranks; an in-process group (no address given, rank 0) starts them itself."""
