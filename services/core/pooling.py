@@ -42,6 +42,25 @@ class PoolingSpec:
         return self.mode != "last"
 
 
+@dataclass(frozen=True, kw_only=True)
+class PoolingModel:
+    """What a frontend reads from the model folder: how a pair is scored (a cross-encoder's text pair,
+    or a decoder reranker's prompt), and whether `dimensions` may shorten an embedding."""
+
+    encoder: bool = False
+    spec: PoolingSpec = PoolingSpec()
+
+    @classmethod
+    def of(cls, folder: Path | None) -> PoolingModel:
+        if folder is None or not Path(folder).is_dir():
+            return cls()
+        encoder = is_encoder_folder(folder)
+        try:
+            return cls(encoder=encoder, spec=pooling_spec(folder, encoder))
+        except InvalidArgument:  # a layout the workers refuse: they say why when they load it
+            return cls(encoder=encoder)
+
+
 def resolve_task(task: str, folder: Path, architectures: tuple[str, ...]) -> str:
     """auto: score for a *ForSequenceClassification model, embed for a bare encoder or a
     sentence-transformers folder, generate otherwise (a Qwen3-Reranker is a causal LM: --task score)."""

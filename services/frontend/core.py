@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 import structlog
 
 from services.core.errors import REFUSALS, InvalidArgument, ResourceExhausted, Unavailable, check
+from services.core.pooling import PoolingModel
 from services.core.widths import INT32_MAX, INT32_MIN, check_int
 from services.core.structured import GrammarLimits
 from services.core.tokenizer import Tokenizer
@@ -49,6 +50,7 @@ class FrontendCore:
         self.draining = False
         self.card: ModelCard | None = None  # known once a worker registered at the scheduler
         self.grammar_check = GrammarCheck(tokenizer, grammar_limits)
+        self.pooling_model = PoolingModel()  # the model folder's, for embeddings and scores (frontend/pooling.py)
 
     async def refresh(self) -> bool:
         """Ask the scheduler for the served model's limits; True when a worker is ready."""

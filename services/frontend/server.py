@@ -11,6 +11,7 @@ import structlog
 
 from pagedserve.v1 import generate_pb2, generate_pb2_grpc
 from services.core.errors import Unavailable
+from services.core.pooling import PoolingModel
 from services.core.tokenizer import Tokenizer
 from services.frontend import reasoning
 from services.frontend.config import FrontendConfig
@@ -29,7 +30,8 @@ SERVICE_NAME = generate_pb2.DESCRIPTOR.services_by_name["Generation"].full_name
 class FrontendServer:
     """Health is SERVING while the scheduler reports a registered worker, until `drain`."""
 
-    def __init__(self, config: FrontendConfig, tokenizer_path: Path):
+    def __init__(self, config: FrontendConfig, tokenizer_path: Path, model_path: Path | None = None):
+        """model_path: the workers' model folder (its pooling layout); the tokenizer's folder by default."""
         self.config = config
         self.scheduler = SchedulerClient(config.scheduler_address, config.scheduler_failover_timeout_s)
         tokenizer = Tokenizer(tokenizer_path)
@@ -39,6 +41,7 @@ class FrontendServer:
                                  reasoning.choose(config.reasoning_parser, tokenizer.template_source),
                                  config.template_kwargs())
         self.core.trust_request_chat_template = config.trust_request_chat_template
+        self.core.pooling_model = PoolingModel.of(model_path or tokenizer_path)
         servicer = GenerationServicer(self.core)
         self.grpc = GrpcServer(lambda server: generate_pb2_grpc.add_GenerationServicer_to_server(servicer, server),
                                SERVICE_NAME, config.reflection, config.max_message_bytes)

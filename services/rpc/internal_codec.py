@@ -33,7 +33,7 @@ def params_to_proto(params: SamplingParams) -> common_pb2.SamplingParams:
         seed=params.seed, max_tokens=params.max_tokens,
         min_tokens=params.min_tokens, stop_token_ids=params.stop_token_ids, ignore_eos=params.ignore_eos,
         logprobs=_opt_to_proto(params.logprobs), prompt_logprobs=_opt_to_proto(params.prompt_logprobs),
-        structured_outputs=_constraint_to_proto(params.structured_outputs))
+        structured_outputs=_constraint_to_proto(params.structured_outputs), pooling=params.pooling)
 
 
 def params_from_proto(msg: common_pb2.SamplingParams) -> SamplingParams:
@@ -46,7 +46,7 @@ def params_from_proto(msg: common_pb2.SamplingParams) -> SamplingParams:
         stop_token_ids=tuple(msg.stop_token_ids), ignore_eos=msg.ignore_eos,
         logprobs=_opt_from_proto(msg.logprobs), prompt_logprobs=_opt_from_proto(msg.prompt_logprobs),
         structured_outputs=Constraint(msg.structured_outputs.kind, msg.structured_outputs.spec)
-        if msg.HasField("structured_outputs") else None)
+        if msg.HasField("structured_outputs") else None, pooling=msg.pooling)
 
 
 def _constraint_to_proto(constraint: Constraint | None) -> common_pb2.Constraint | None:
@@ -86,13 +86,15 @@ def info_to_proto(info: WorkerInfo) -> common_pb2.WorkerInfo:
     return common_pb2.WorkerInfo(
         model=info.model, dtype=info.dtype, block_size=info.block_size, num_gpu_blocks=info.num_gpu_blocks,
         num_cpu_blocks=info.num_cpu_blocks, vocab_size=info.vocab_size, max_model_len=info.max_model_len,
-        eos_token_ids=info.eos_token_ids, device=info.device, batch_invariant=info.batch_invariant)
+        eos_token_ids=info.eos_token_ids, device=info.device, batch_invariant=info.batch_invariant, task=info.task,
+        pooling_whole=info.pooling_whole)
 
 
 def info_from_proto(msg: common_pb2.WorkerInfo) -> WorkerInfo:
     return WorkerInfo(model=msg.model, dtype=msg.dtype, block_size=msg.block_size, num_gpu_blocks=msg.num_gpu_blocks,
                       num_cpu_blocks=msg.num_cpu_blocks, vocab_size=msg.vocab_size, max_model_len=msg.max_model_len,
-                      eos_token_ids=tuple(msg.eos_token_ids), device=msg.device, batch_invariant=msg.batch_invariant)
+                      eos_token_ids=tuple(msg.eos_token_ids), device=msg.device, batch_invariant=msg.batch_invariant,
+                      task=msg.task or "generate", pooling_whole=msg.pooling_whole)
 
 # ---- step delta and result (scheduler <-> worker) -------------------------------
 
@@ -163,7 +165,7 @@ def result_to_proto(result: StepResult) -> worker_pb2.StepResponse:
     return worker_pb2.StepResponse(
         step_id=result.step_id,
         outputs=[worker_pb2.SeqOutput(seq_id=o.seq_id, token_ids=o.token_ids,
-                                      logprobs=[logprobs_to_proto(lp) for lp in o.logprobs or ()])
+                                      logprobs=[logprobs_to_proto(lp) for lp in o.logprobs or ()], pooled=o.pooled)
                  for o in result.outputs],
         prompt_logprobs=[worker_pb2.PromptLogprobsChunk(seq_id=seq_id, entries=optional_logprobs_to_proto(entries))
                          for seq_id, entries in result.prompt_logprobs.items()])
@@ -172,8 +174,8 @@ def result_to_proto(result: StepResult) -> worker_pb2.StepResponse:
 def result_from_proto(msg: worker_pb2.StepResponse) -> StepResult:
     return StepResult(
         msg.step_id,
-        [SeqOutput(o.seq_id, list(o.token_ids), [logprobs_from_proto(lp) for lp in o.logprobs] or None)
-         for o in msg.outputs],
+        [SeqOutput(o.seq_id, list(o.token_ids), [logprobs_from_proto(lp) for lp in o.logprobs] or None,
+                   list(o.pooled) or None) for o in msg.outputs],
         {c.seq_id: optional_logprobs_from_proto(c.entries) for c in msg.prompt_logprobs})
 
 # ---- scheduler -> frontend stream -------------------------------------------------
@@ -187,7 +189,7 @@ def updates_to_response(updates: list[SeqUpdate]) -> scheduler_pb2.SubmitRespons
         deltas=[scheduler_pb2.SampleDelta(
             sample_index=u.sample_index, token_ids=u.token_ids,
             logprobs=[logprobs_to_proto(lp) for lp in u.logprobs or ()], finish_reason=u.finish_reason or "",
-            stop_token_id=u.stop_token_id) for u in updates],
+            stop_token_id=u.stop_token_id, pooled=u.pooled) for u in updates],
         seed=first.seed, num_prompt_tokens=first.num_prompt_tokens, num_cached_tokens=first.num_cached_tokens,
         prompt_logprobs=optional_logprobs_to_proto(prompt_logprobs))
 
@@ -200,7 +202,8 @@ def updates_from_response(request_id: str, msg: scheduler_pb2.SubmitResponse) ->
                       finish_reason=d.finish_reason or None,
                       stop_token_id=d.stop_token_id if d.HasField("stop_token_id") else None,
                       prompt_logprobs=prompt_logprobs if d.sample_index == 0 else None,
-                      num_prompt_tokens=msg.num_prompt_tokens, num_cached_tokens=msg.num_cached_tokens, seed=msg.seed)
+                      num_prompt_tokens=msg.num_prompt_tokens, num_cached_tokens=msg.num_cached_tokens, seed=msg.seed,
+                      pooled=list(d.pooled) or None)
             for d in msg.deltas]
 
 

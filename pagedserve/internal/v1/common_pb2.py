@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#pagedserve/internal/v1/common.proto\x12\x16pagedserve.internal.v1\"\xc6\x03\n\x0eSamplingParams\x12\t\n\x01n\x18\x01 \x01(\r\x12\x13\n\x0btemperature\x18\x02 \x01(\x01\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\r\n\x05top_p\x18\x04 \x01(\x01\x12\r\n\x05min_p\x18\x05 \x01(\x01\x12\x1a\n\x12repetition_penalty\x18\x06 \x01(\x01\x12\x18\n\x10presence_penalty\x18\x07 \x01(\x01\x12\x19\n\x11\x66requency_penalty\x18\x08 \x01(\x01\x12\x35\n\nlogit_bias\x18\t \x03(\x0b\x32!.pagedserve.internal.v1.LogitBias\x12\x11\n\x04seed\x18\n \x01(\x04H\x00\x88\x01\x01\x12\x12\n\nmax_tokens\x18\x0c \x01(\r\x12\x12\n\nmin_tokens\x18\r \x01(\r\x12\x16\n\x0estop_token_ids\x18\x0e \x03(\r\x12\x12\n\nignore_eos\x18\x0f \x01(\x08\x12\x10\n\x08logprobs\x18\x10 \x01(\x05\x12\x17\n\x0fprompt_logprobs\x18\x11 \x01(\x05\x12>\n\x12structured_outputs\x18\x12 \x01(\x0b\x32\".pagedserve.internal.v1.ConstraintB\x07\n\x05_seedJ\x04\x08\x0b\x10\x0c\"(\n\nConstraint\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x0c\n\x04spec\x18\x02 \x01(\t\"+\n\tLogitBias\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0c\n\x04\x62ias\x18\x02 \x01(\x01\"n\n\x08Logprobs\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x01\x12\x0c\n\x04rank\x18\x03 \x01(\r\x12\x31\n\x03top\x18\x04 \x03(\x0b\x32$.pagedserve.internal.v1.TokenLogprob\"1\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x01\"V\n\x10OptionalLogprobs\x12\x11\n\thas_value\x18\x01 \x01(\x08\x12/\n\x05value\x18\x02 \x01(\x0b\x32 .pagedserve.internal.v1.Logprobs\"\xd9\x01\n\nWorkerInfo\x12\r\n\x05model\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\x12\n\nblock_size\x18\x03 \x01(\r\x12\x16\n\x0enum_gpu_blocks\x18\x04 \x01(\r\x12\x16\n\x0enum_cpu_blocks\x18\x05 \x01(\r\x12\x12\n\nvocab_size\x18\x06 \x01(\r\x12\x15\n\rmax_model_len\x18\x07 \x01(\r\x12\x15\n\reos_token_ids\x18\x08 \x03(\r\x12\x0e\n\x06\x64\x65vice\x18\t \x01(\t\x12\x17\n\x0f\x62\x61tch_invariant\x18\n \x01(\x08\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#pagedserve/internal/v1/common.proto\x12\x16pagedserve.internal.v1\"\xd7\x03\n\x0eSamplingParams\x12\t\n\x01n\x18\x01 \x01(\r\x12\x13\n\x0btemperature\x18\x02 \x01(\x01\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\r\n\x05top_p\x18\x04 \x01(\x01\x12\r\n\x05min_p\x18\x05 \x01(\x01\x12\x1a\n\x12repetition_penalty\x18\x06 \x01(\x01\x12\x18\n\x10presence_penalty\x18\x07 \x01(\x01\x12\x19\n\x11\x66requency_penalty\x18\x08 \x01(\x01\x12\x35\n\nlogit_bias\x18\t \x03(\x0b\x32!.pagedserve.internal.v1.LogitBias\x12\x11\n\x04seed\x18\n \x01(\x04H\x00\x88\x01\x01\x12\x12\n\nmax_tokens\x18\x0c \x01(\r\x12\x12\n\nmin_tokens\x18\r \x01(\r\x12\x16\n\x0estop_token_ids\x18\x0e \x03(\r\x12\x12\n\nignore_eos\x18\x0f \x01(\x08\x12\x10\n\x08logprobs\x18\x10 \x01(\x05\x12\x17\n\x0fprompt_logprobs\x18\x11 \x01(\x05\x12>\n\x12structured_outputs\x18\x12 \x01(\x0b\x32\".pagedserve.internal.v1.Constraint\x12\x0f\n\x07pooling\x18\x13 \x01(\x08\x42\x07\n\x05_seedJ\x04\x08\x0b\x10\x0c\"(\n\nConstraint\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x0c\n\x04spec\x18\x02 \x01(\t\"+\n\tLogitBias\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0c\n\x04\x62ias\x18\x02 \x01(\x01\"n\n\x08Logprobs\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x01\x12\x0c\n\x04rank\x18\x03 \x01(\r\x12\x31\n\x03top\x18\x04 \x03(\x0b\x32$.pagedserve.internal.v1.TokenLogprob\"1\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x01\"V\n\x10OptionalLogprobs\x12\x11\n\thas_value\x18\x01 \x01(\x08\x12/\n\x05value\x18\x02 \x01(\x0b\x32 .pagedserve.internal.v1.Logprobs\"\xfe\x01\n\nWorkerInfo\x12\r\n\x05model\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\x12\n\nblock_size\x18\x03 \x01(\r\x12\x16\n\x0enum_gpu_blocks\x18\x04 \x01(\r\x12\x16\n\x0enum_cpu_blocks\x18\x05 \x01(\r\x12\x12\n\nvocab_size\x18\x06 \x01(\r\x12\x15\n\rmax_model_len\x18\x07 \x01(\r\x12\x15\n\reos_token_ids\x18\x08 \x03(\r\x12\x0e\n\x06\x64\x65vice\x18\t \x01(\t\x12\x17\n\x0f\x62\x61tch_invariant\x18\n \x01(\x08\x12\x0c\n\x04task\x18\x0b \x01(\t\x12\x15\n\rpooling_whole\x18\x0c \x01(\x08\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,17 +32,17 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'pagedserve.internal.v1.comm
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_SAMPLINGPARAMS']._serialized_start=64
-  _globals['_SAMPLINGPARAMS']._serialized_end=518
-  _globals['_CONSTRAINT']._serialized_start=520
-  _globals['_CONSTRAINT']._serialized_end=560
-  _globals['_LOGITBIAS']._serialized_start=562
-  _globals['_LOGITBIAS']._serialized_end=605
-  _globals['_LOGPROBS']._serialized_start=607
-  _globals['_LOGPROBS']._serialized_end=717
-  _globals['_TOKENLOGPROB']._serialized_start=719
-  _globals['_TOKENLOGPROB']._serialized_end=768
-  _globals['_OPTIONALLOGPROBS']._serialized_start=770
-  _globals['_OPTIONALLOGPROBS']._serialized_end=856
-  _globals['_WORKERINFO']._serialized_start=859
-  _globals['_WORKERINFO']._serialized_end=1076
+  _globals['_SAMPLINGPARAMS']._serialized_end=535
+  _globals['_CONSTRAINT']._serialized_start=537
+  _globals['_CONSTRAINT']._serialized_end=577
+  _globals['_LOGITBIAS']._serialized_start=579
+  _globals['_LOGITBIAS']._serialized_end=622
+  _globals['_LOGPROBS']._serialized_start=624
+  _globals['_LOGPROBS']._serialized_end=734
+  _globals['_TOKENLOGPROB']._serialized_start=736
+  _globals['_TOKENLOGPROB']._serialized_end=785
+  _globals['_OPTIONALLOGPROBS']._serialized_start=787
+  _globals['_OPTIONALLOGPROBS']._serialized_end=873
+  _globals['_WORKERINFO']._serialized_start=876
+  _globals['_WORKERINFO']._serialized_end=1130
 # @@protoc_insertion_point(module_scope)

@@ -30,18 +30,20 @@ class ContinuedSample(_message.Message):
     def __init__(self, sample_index: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class SampleDelta(_message.Message):
-    __slots__ = ("sample_index", "token_ids", "logprobs", "finish_reason", "stop_token_id")
+    __slots__ = ("sample_index", "token_ids", "logprobs", "finish_reason", "stop_token_id", "pooled")
     SAMPLE_INDEX_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     STOP_TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
+    POOLED_FIELD_NUMBER: _ClassVar[int]
     sample_index: int
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     logprobs: _containers.RepeatedCompositeFieldContainer[_common_pb2.Logprobs]
     finish_reason: str
     stop_token_id: int
-    def __init__(self, sample_index: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[_Union[_common_pb2.Logprobs, _Mapping]]] = ..., finish_reason: _Optional[str] = ..., stop_token_id: _Optional[int] = ...) -> None: ...
+    pooled: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, sample_index: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[_Union[_common_pb2.Logprobs, _Mapping]]] = ..., finish_reason: _Optional[str] = ..., stop_token_id: _Optional[int] = ..., pooled: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class SubmitResponse(_message.Message):
     __slots__ = ("deltas", "seed", "num_prompt_tokens", "num_cached_tokens", "prompt_logprobs", "queue_time_s")
