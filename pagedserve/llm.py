@@ -128,7 +128,7 @@ class LLM:
         if self.engine.info.task != task:
             raise InvalidArgument("task", f"this model is served for {self.engine.info.task}; "
                                           f"LLM(model, task={task!r}) to {task}")
-        params = SamplingParams(pooling=True, max_tokens=1)
+        params = SamplingParams(pooling=task, max_tokens=1)
         outputs = {}
         for text, ids in inputs:
             request_id = str(next(self._ids))

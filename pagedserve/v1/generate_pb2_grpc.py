@@ -60,6 +60,16 @@ class GenerationStub:
                 request_serializer=pagedserve_dot_v1_dot_generate__pb2.ListModelsRequest.SerializeToString,
                 response_deserializer=pagedserve_dot_v1_dot_generate__pb2.ListModelsResponse.FromString,
                 _registered_method=True)
+        self.Embed = channel.unary_unary(
+                '/pagedserve.v1.Generation/Embed',
+                request_serializer=pagedserve_dot_v1_dot_generate__pb2.EmbedRequest.SerializeToString,
+                response_deserializer=pagedserve_dot_v1_dot_generate__pb2.EmbedResponse.FromString,
+                _registered_method=True)
+        self.Score = channel.unary_unary(
+                '/pagedserve.v1.Generation/Score',
+                request_serializer=pagedserve_dot_v1_dot_generate__pb2.ScoreRequest.SerializeToString,
+                response_deserializer=pagedserve_dot_v1_dot_generate__pb2.ScoreResponse.FromString,
+                _registered_method=True)
 
 
 class GenerationServicer:
@@ -109,6 +119,24 @@ class GenerationServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Embed(self, request, context):
+        """One embedding per input, in input order, from a model served with --task embed. An input
+        that is empty, outside the vocabulary or longer than max_model_len is INVALID_ARGUMENT naming
+        it (inputs[i]); a generator answers INVALID_ARGUMENT (task). The same input gives the same
+        vector bits alone or batched with others (the deterministic mode).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Score(self, request, context):
+        """Each document's relevance to the query, in input order, from a model served with --task score
+        (a cross-encoder's score, or a yes/no decoder reranker's P(yes)).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GenerationServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -136,6 +164,16 @@ def add_GenerationServicer_to_server(servicer, server):
                     servicer.ListModels,
                     request_deserializer=pagedserve_dot_v1_dot_generate__pb2.ListModelsRequest.FromString,
                     response_serializer=pagedserve_dot_v1_dot_generate__pb2.ListModelsResponse.SerializeToString,
+            ),
+            'Embed': grpc.unary_unary_rpc_method_handler(
+                    servicer.Embed,
+                    request_deserializer=pagedserve_dot_v1_dot_generate__pb2.EmbedRequest.FromString,
+                    response_serializer=pagedserve_dot_v1_dot_generate__pb2.EmbedResponse.SerializeToString,
+            ),
+            'Score': grpc.unary_unary_rpc_method_handler(
+                    servicer.Score,
+                    request_deserializer=pagedserve_dot_v1_dot_generate__pb2.ScoreRequest.FromString,
+                    response_serializer=pagedserve_dot_v1_dot_generate__pb2.ScoreResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -274,6 +312,60 @@ class Generation:
             '/pagedserve.v1.Generation/ListModels',
             pagedserve_dot_v1_dot_generate__pb2.ListModelsRequest.SerializeToString,
             pagedserve_dot_v1_dot_generate__pb2.ListModelsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Embed(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pagedserve.v1.Generation/Embed',
+            pagedserve_dot_v1_dot_generate__pb2.EmbedRequest.SerializeToString,
+            pagedserve_dot_v1_dot_generate__pb2.EmbedResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Score(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pagedserve.v1.Generation/Score',
+            pagedserve_dot_v1_dot_generate__pb2.ScoreRequest.SerializeToString,
+            pagedserve_dot_v1_dot_generate__pb2.ScoreResponse.FromString,
             options,
             channel_credentials,
             insecure,

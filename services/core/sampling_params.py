@@ -63,9 +63,9 @@ class SamplingParams:
     skip_special_tokens: bool = True
     # the output must match this (services/core/structured.py); a dict is vLLM's form, e.g. {"json": schema}
     structured_outputs: Constraint | None = None
-    # prefill only: the worker returns the prompt's pooled output (its task's: an embedding, or
-    # scores) instead of a token, and the request ends (services/core/pooling.py)
-    pooling: bool = False
+    # "embed" or "score": prefill only, the worker returns the prompt's pooled output (an embedding,
+    # or scores) instead of a token, and the request ends (services/core/pooling.py); "": generate
+    pooling: str = ""
 
     def __post_init__(self) -> None:
         # Accept lists and dicts from callers; store hashable tuples.
@@ -112,6 +112,7 @@ class SamplingParams:
               "structured_outputs", "must be a Constraint or a dict of vLLM's options")
         check(self.structured_outputs is None or self.min_tokens == 0, "min_tokens",
               "cannot be combined with structured outputs (the grammar decides where the output may end)")
+        check(self.pooling in ("", "embed", "score"), "pooling", f"one of embed, score or \"\", got {self.pooling!r}")
         check(not self.pooling or (self.n == 1 and self.logprobs is None and self.prompt_logprobs is None
                                    and self.structured_outputs is None), "pooling",
               "a pooling request takes no sampling options (n, logprobs, structured outputs)")

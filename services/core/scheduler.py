@@ -223,8 +223,8 @@ class Scheduler:
             check(info.task == "generate", "task", f"this model is served for {info.task}, not to generate "
                                                    f"(use the {info.task} API)")
             return False
-        check(info.task != "generate", "task", "this model is served to generate; start its workers with "
-                                               "--task embed or score to pool")
+        check(info.task == params.pooling, "task", f"this model is served for {info.task}, not to "
+                                                   f"{params.pooling} (start its workers with --task {params.pooling})")
         num_prompt = len(prompt_token_ids)
         capacity = max(slot.info.num_gpu_blocks for slot in self.workers.values()) * self.config.block_size
         check(num_prompt <= capacity, "input", f"{num_prompt} tokens do not fit in the largest worker's KV "

@@ -113,7 +113,7 @@ class WorkerScheduler:
 
     def _runs_whole(self, seq: Sequence) -> bool:
         """A pooling sequence this worker pools over its whole prompt at once (an encoder, mean or CLS)."""
-        return self.info.pooling_whole and seq.request.params.pooling
+        return self.info.pooling_whole and bool(seq.request.params.pooling)
 
     def _schedule_running(self, plan: StepPlan) -> bool:
         preempted = False

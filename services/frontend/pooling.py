@@ -24,7 +24,7 @@ from services.frontend.core import FrontendCore, _check_vocab
 
 log = structlog.get_logger("frontend")
 MAX_INPUTS = 2048  # inputs in one embeddings request (OpenAI's limit), documents in one score/rerank
-POOLING_PARAMS = SamplingParams(pooling=True, max_tokens=1)
+POOLING_PARAMS = {task: SamplingParams(pooling=task, max_tokens=1) for task in ("embed", "score")}
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,7 @@ async def embed(core: FrontendCore, inputs: list[Input], dimensions: int | None 
     """One embedding per input (a text, with the tokenizer's special tokens, or token ids)."""
     check(0 < len(inputs) <= MAX_INPUTS, field, f"must hold 1 to {MAX_INPUTS} inputs, got {len(inputs)}")
     ids = [await _tokens(core, item, f"{field}[{i}]" if len(inputs) > 1 else field) for i, item in enumerate(inputs)]
-    pooled = await _pool(core, ids, field)
+    pooled = await _pool(core, ids, field, "embed")
     if dimensions is None:
         return pooled
     return [Pooled(shorten(p.data, dimensions, core.pooling_model.spec), p.num_prompt_tokens) for p in pooled]
@@ -55,7 +55,7 @@ async def score(core: FrontendCore, queries: list[str], documents: list[str], in
     ids = [score_input(core.tokenizer, encoder, q, d, instruction) for q, d in zip(queries, documents)]
     for i, tokens in enumerate(ids):
         await _check_input(core, tokens, f"{field}[{i}]")
-    return await _pool(core, ids, field)
+    return await _pool(core, ids, field, "score")
 
 
 async def _tokens(core: FrontendCore, item: Input, field: str) -> list[int]:
@@ -80,7 +80,7 @@ async def _check_input(core: FrontendCore, tokens: list[int], field: str) -> Non
     _check_vocab(field, tokens, card.vocab_size)
 
 
-async def _pool(core: FrontendCore, inputs: list[list[int]], field: str) -> list[Pooled]:
+async def _pool(core: FrontendCore, inputs: list[list[int]], field: str, task: str) -> list[Pooled]:
     """Every input as its own pooling request, at once; their outputs in input order."""
     if core.draining:
         raise Unavailable("the frontend is shutting down")
@@ -89,7 +89,7 @@ async def _pool(core: FrontendCore, inputs: list[list[int]], field: str) -> list
     base, started = uuid.uuid4().hex, time.monotonic()
     core.num_pending += 1
     try:
-        return list(await asyncio.gather(*(_one(core, f"{base}-{i}", ids) for i, ids in enumerate(inputs))))
+        return list(await asyncio.gather(*(_one(core, f"{base}-{i}", ids, task) for i, ids in enumerate(inputs))))
     except REFUSALS as error:
         log.info("refused", request_id=base, error=type(error).__name__, details=str(error))
         raise
@@ -99,8 +99,8 @@ async def _pool(core: FrontendCore, inputs: list[list[int]], field: str) -> list
                  num_prompt_tokens=sum(map(len, inputs)), seconds=round(time.monotonic() - started, 4))
 
 
-async def _one(core: FrontendCore, request_id: str, ids: list[int]) -> Pooled:
-    async with aclosing(core.scheduler.submit(request_id, ids, POOLING_PARAMS, 0)) as steps:
+async def _one(core: FrontendCore, request_id: str, ids: list[int], task: str) -> Pooled:
+    async with aclosing(core.scheduler.submit(request_id, ids, POOLING_PARAMS[task], 0)) as steps:
         async for step in steps:
             for update in step.updates:
                 if update.pooled is not None:

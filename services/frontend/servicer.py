@@ -7,8 +7,8 @@ from contextlib import aclosing
 
 from pagedserve.v1 import generate_pb2 as pb
 from pagedserve.v1 import generate_pb2_grpc
-from services.core.errors import InvalidArgument
-from services.frontend import public_codec
+from services.core.errors import InvalidArgument, check
+from services.frontend import pooling, public_codec
 from services.frontend.batch import run_batch
 from services.frontend.core import FrontendCore
 from services.frontend.types import GenerateRequest, Prompt
@@ -48,6 +48,28 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
         self.core.check_model(request.model)
         skip = request.skip_special_tokens if request.HasField("skip_special_tokens") else True
         return pb.DetokenizeResponse(text=await self.core.detokenize(list(request.token_ids), skip))
+
+    @rpc_errors
+    async def Embed(self, request: pb.EmbedRequest, context) -> pb.EmbedResponse:
+        public_codec.reject_unknown_fields(request)
+        self.core.check_model(request.model)
+        inputs = [item.text if item.WhichOneof("input") == "text" else list(item.token_ids.ids)
+                  for item in request.inputs]
+        dimensions = request.dimensions if request.HasField("dimensions") else None
+        pooled = await pooling.embed(self.core, inputs, dimensions, field="inputs")
+        return pb.EmbedResponse(embeddings=[pb.Embedding(values=p.data, num_prompt_tokens=p.num_prompt_tokens)
+                                            for p in pooled])
+
+    @rpc_errors
+    async def Score(self, request: pb.ScoreRequest, context) -> pb.ScoreResponse:
+        public_codec.reject_unknown_fields(request)
+        self.core.check_model(request.model)
+        check(len(request.query) > 0, "query", "must not be empty")
+        documents = list(request.documents)
+        instruction = request.instruction if request.HasField("instruction") else None
+        pooled = await pooling.score(self.core, [request.query] * len(documents), documents, instruction)
+        return pb.ScoreResponse(scores=[p.data[0] for p in pooled],
+                                num_prompt_tokens=sum(p.num_prompt_tokens for p in pooled))
 
     @rpc_errors
     async def ListModels(self, request: pb.ListModelsRequest, context) -> pb.ListModelsResponse:

@@ -1,0 +1,123 @@
+"""Embeddings and reranking through the three services (a scheduler, a worker and a frontend in
+process, tiny random BERT models): the official openai client, the same bits alone or batched,
+vLLM's score and rerank shapes with sentence-transformers' order, the public gRPC Embed and Score,
+and the limits (400 naming the field, 429 when full)."""
+from __future__ import annotations
+
+import base64
+import json
+
+import grpc
+import numpy as np
+import openai
+import pytest
+
+from pagedserve.v1 import generate_pb2 as pb
+from pagedserve.v1 import generate_pb2_grpc
+from test_http_api import raw
+from test_http_cluster import serve
+from tests.conftest import random_prompts
+
+TEXTS = ["the quick brown fox", "paged attention keeps the KV cache in blocks", "a", "hello world " * 20]
+QUERY = "how does the scheduler place a request"
+DOCUMENTS = [  # a small fixed set; the expected order is sentence-transformers' for the same model
+    "The scheduler places each request on the worker holding its longest cached prefix.",
+    "A fox jumped over the lazy dog.",
+    "Workers step at their own pace, one loop each.",
+    "Blocks are freed when a request finishes.",
+    "The frontend tokenizes the prompt and checks every parameter.",
+    "Placement breaks ties by load, then free blocks, then step time.",
+]
+
+
+@pytest.fixture(scope="module")
+def embedder(model_dir):
+    yield from serve(model_dir("bert"), max_num_batched_tokens=256)
+
+
+@pytest.fixture(scope="module")
+def client(embedder):
+    return openai.OpenAI(base_url=embedder.url + "/v1", api_key="unused", max_retries=0)
+
+
+def test_openai_client_embeddings_match_sentence_transformers(embedder, client, model_dir):
+    from sentence_transformers import SentenceTransformer
+
+    created = client.embeddings.create(model=embedder.model, input=TEXTS)  # the client asks for base64
+    got = np.array([d.embedding for d in created.data])
+    want = SentenceTransformer(str(model_dir("bert")), device="cpu").encode(TEXTS, convert_to_numpy=True)
+    cos = (got * want).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(want, axis=1)
+    assert cos.min() >= 0.99999
+    assert [d.index for d in created.data] == [0, 1, 2, 3]
+    floats = client.embeddings.create(model=embedder.model, input=TEXTS[0], encoding_format="float")
+    assert floats.data[0].embedding == got[0].tolist()  # float32 bits either way
+    assert created.usage.prompt_tokens == created.usage.total_tokens > len(TEXTS)
+
+
+def test_token_ids_and_batches_give_the_same_bits(embedder, client):
+    prompts = random_prompts(12, 512, min_len=2, max_len=100, seed=11)
+    batched = client.embeddings.create(model=embedder.model, input=prompts, encoding_format="float")
+    for i in (0, 5, 11):
+        alone = client.embeddings.create(model=embedder.model, input=prompts[i], encoding_format="float")
+        assert alone.data[0].embedding == batched.data[i].embedding
+    status, body = raw(embedder.url + "/v1/embeddings", {"input": TEXTS[1], "encoding_format": "base64"})
+    vector = np.frombuffer(base64.b64decode(json.loads(body)["data"][0]["embedding"]), "<f4")
+    with grpc.insecure_channel(f"127.0.0.1:{embedder.frontend.port}") as channel:
+        reply = generate_pb2_grpc.GenerationStub(channel).Embed(pb.EmbedRequest(inputs=[
+            pb.EmbedInput(text=TEXTS[1]), pb.EmbedInput(token_ids=pb.TokenIds(ids=prompts[5]))]), timeout=30)
+    assert status == 200 and list(reply.embeddings[0].values) == vector.tolist()
+    assert list(reply.embeddings[1].values) == batched.data[5].embedding
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"input": "hi", "dimensions": 8}, "dimensions"),  # not a Matryoshka model
+    ({"input": ["fine", [5] * 600]}, "input[1]"),  # past max_model_len (512)
+    ({"input": [3, 9999]}, "input"),  # outside the vocabulary
+    ({"input": ""}, "input"),
+    ({"input": "hi", "encoding_format": "int8"}, "encoding_format"),
+    ({"input": "hi", "model": "other"}, "model"),
+])
+def test_bad_embedding_requests_name_the_field(embedder, body, param):
+    status, reply = raw(embedder.url + "/v1/embeddings", body)
+    assert status in (400, 404) and json.loads(reply)["error"]["param"] == param
+
+
+def test_full_queue_and_wrong_task_are_refused(embedder):
+    core = embedder.frontend.core
+    core.max_pending, core.num_pending = 1, 1  # as if one request were pending
+    try:
+        status, _ = raw(embedder.url + "/v1/embeddings", {"input": "hi"})
+    finally:
+        core.max_pending, core.num_pending = 0, 0
+    assert status == 429
+    status, reply = raw(embedder.url + "/v1/completions", {"prompt": "hi", "max_tokens": 2})
+    assert status == 400 and json.loads(reply)["error"]["param"] == "task"
+    status, reply = raw(embedder.url + "/v1/rerank", {"query": "q", "documents": ["d"]})
+    assert status == 400 and json.loads(reply)["error"]["param"] == "task"
+
+
+@pytest.fixture(scope="module")
+def reranker(model_dir):
+    yield from serve(model_dir("bert_classifier"))
+
+
+def test_rerank_and_score_follow_the_cross_encoder(reranker, model_dir):
+    from sentence_transformers import CrossEncoder
+
+    cross = CrossEncoder(str(model_dir("bert_classifier")), device="cpu")
+    want = cross.rank(QUERY, DOCUMENTS)
+    for path in ("/rerank", "/v1/rerank"):
+        status, body = raw(reranker.url + path, {"query": QUERY, "documents": DOCUMENTS, "top_n": 4})
+        results = json.loads(body)["results"]
+        assert status == 200 and [r["index"] for r in results] == [w["corpus_id"] for w in want[:4]]
+        assert results[0]["document"]["text"] == DOCUMENTS[want[0]["corpus_id"]]
+        np.testing.assert_allclose([r["relevance_score"] for r in results], [w["score"] for w in want[:4]], atol=1e-6)
+    status, body = raw(reranker.url + "/v1/score", {"text_1": QUERY, "text_2": DOCUMENTS[:3]})
+    scores = [d["score"] for d in json.loads(body)["data"]]
+    np.testing.assert_allclose(scores, cross.predict([(QUERY, d) for d in DOCUMENTS[:3]]), atol=1e-6)
+    with grpc.insecure_channel(f"127.0.0.1:{reranker.frontend.port}") as channel:
+        reply = generate_pb2_grpc.GenerationStub(channel).Score(
+            pb.ScoreRequest(query=QUERY, documents=DOCUMENTS[:3]), timeout=30)
+    np.testing.assert_allclose(list(reply.scores), scores, atol=1e-7)  # fp32 on the wire
+    status, body = raw(reranker.url + "/v1/score", {"text_1": ["a", "b"], "text_2": ["x", "y", "z"]})
+    assert status == 400 and json.loads(body)["error"]["param"] == "text_1"
