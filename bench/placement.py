@@ -70,7 +70,7 @@ class StandIn:
         for seq in delta.new_seqs + delta.cached_seqs:
             length = self.lengths[seq.seq_id]
             if seq.num_computed_tokens + seq.num_scheduled_tokens == length:
-                result.outputs.append(SeqOutput(seq.seq_id, [3 + (length * 7919) % (VOCAB - 3)]))
+                result.outputs.append(SeqOutput(seq_id=seq.seq_id, token_ids=[3 + (length * 7919) % (VOCAB - 3)]))
                 cost += DECODE_S if seq.num_scheduled_tokens == 1 else PREFILL_S * seq.num_scheduled_tokens
             else:
                 cost += PREFILL_S * seq.num_scheduled_tokens

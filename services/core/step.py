@@ -80,7 +80,7 @@ class Logprobs:
     top: list[tuple[int, float]]  # the top k (token id, logprob), best first
 
 
-@dataclass
+@dataclass(kw_only=True)
 class SeqOutput:
     """What a step produced for one sequence that reached the end of its tokens."""
 

@@ -174,8 +174,8 @@ def result_to_proto(result: StepResult) -> worker_pb2.StepResponse:
 def result_from_proto(msg: worker_pb2.StepResponse) -> StepResult:
     return StepResult(
         msg.step_id,
-        [SeqOutput(o.seq_id, list(o.token_ids), [logprobs_from_proto(lp) for lp in o.logprobs] or None,
-                   list(o.pooled) or None) for o in msg.outputs],
+        [SeqOutput(seq_id=o.seq_id, token_ids=list(o.token_ids),
+                   logprobs=[logprobs_from_proto(lp) for lp in o.logprobs] or None, pooled=list(o.pooled) or None) for o in msg.outputs],
         {c.seq_id: optional_logprobs_from_proto(c.entries) for c in msg.prompt_logprobs})
 
 # ---- scheduler -> frontend stream -------------------------------------------------

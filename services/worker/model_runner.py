@@ -112,7 +112,7 @@ class ModelRunner:
             return result
         if self.pooler is not None:
             for state, first_row, last_row, start in batch.pool_spans:
-                result.outputs.append(SeqOutput(state.seq_id, [], pooled=self.pooler.pool(hidden, first_row, last_row,
+                result.outputs.append(SeqOutput(seq_id=state.seq_id, token_ids=[], pooled=self.pooler.pool(hidden, first_row, last_row,
                                                                                            start)))
             return result
         self._sample(sampling, hidden, result, masks)
@@ -250,7 +250,7 @@ class ModelRunner:
             state.num_samples = 1  # the fork (if any) happened: from now on one token a step
             state.draft_token_ids = []
             logprobs = [lp for _, lp in picks] if state.params.logprobs is not None else None
-            result.outputs.append(SeqOutput(state.seq_id, [tok for tok, _ in picks], logprobs))
+            result.outputs.append(SeqOutput(seq_id=state.seq_id, token_ids=[tok for tok, _ in picks], logprobs=logprobs))
 
     def _prompt_logprobs(self, batch: _Batch, hidden: torch.Tensor, result: StepResult) -> None:
         for state, first_row, start in batch.prompt_rows:

@@ -50,7 +50,7 @@ NON_DEFAULT = {
     "block_size": 32, "num_gpu_blocks": 10, "kv_cache_memory_bytes": 1 << 20, "max_model_len": 1024,
     "preemption_mode": "swap", "scheduling_policy": "priority", "seed": 7,
     "speculative_config": {"method": "suffix", "num_speculative_tokens": 3},
-    "kv_events_config": KVEventsConfig(enable_kv_cache_events=True, publisher="null"),
+    "kv_events_config": KVEventsConfig(enable_kv_cache_events=True, publisher="null"), "task": "embed",
 }
 
 

@@ -34,7 +34,7 @@ class FakeWorker:
         for seq_id, state in self.seqs.items():
             touched = any(s.seq_id == seq_id for s in delta.new_seqs + delta.cached_seqs)
             if touched and state["computed"] == state["n"]:
-                result.outputs.append(SeqOutput(seq_id, [3 + (state["n"] * 7 + k) % 50 for k in range(state["samples"])]))
+                result.outputs.append(SeqOutput(seq_id=seq_id, token_ids=[3 + (state["n"] * 7 + k) % 50 for k in range(state["samples"])]))
         return result
 
 

@@ -50,7 +50,7 @@ def test_the_scheduler_ends_sequences_by_the_stop_rule(params, token, num_out, n
     for i in range(num_out):
         delta = sched.schedule()["w"]
         seq_id = (delta.new_seqs or delta.cached_seqs)[0].seq_id
-        updates += sched.update("w", StepResult(delta.step_id, [SeqOutput(seq_id, [token if i == num_out - 1 else 5])]))
+        updates += sched.update("w", StepResult(delta.step_id, [SeqOutput(seq_id=seq_id, token_ids=[token if i == num_out - 1 else 5])]))
     last = updates[-1]
     assert (last.finish_reason, last.stop_token_id) == ((expected.reason, expected.stop_token_id) if expected else
                                                       (None, None))

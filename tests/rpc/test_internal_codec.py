@@ -27,6 +27,8 @@ def test_sampling_params_round_trip():
     msg = internal_codec.params_to_proto(plain)
     assert (msg.HasField("seed"), msg.logprobs, msg.prompt_logprobs) == (False, -1, -1)
     assert internal_codec.params_from_proto(msg) == plain
+    embed = SamplingParams(pooling="embed", max_tokens=1)
+    assert internal_codec.params_from_proto(internal_codec.params_to_proto(embed)) == embed
 
 
 def test_params_from_the_wire_are_checked_at_admission_not_each_time_they_are_decoded(monkeypatch):
@@ -71,7 +73,8 @@ def test_new_sequence_carries_its_seed_in_the_params_once():
 
 
 def test_step_result_round_trip():
-    result = StepResult(5, [SeqOutput(1, [7, 8], [lp(7, -AWKWARD), lp(8, -1e-30)]), SeqOutput(2, [9])],
+    result = StepResult(5, [SeqOutput(seq_id=1, token_ids=[7, 8], logprobs=[lp(7, -AWKWARD), lp(8, -1e-30)]),
+                            SeqOutput(seq_id=2, token_ids=[9], pooled=[0.5, -1.25, 2.0 ** -120])],
                         {1: [None, lp(3, -2.0)], 2: [lp(4, -0.25)]})
     assert internal_codec.result_from_proto(internal_codec.result_to_proto(result)) == result
 
@@ -88,6 +91,9 @@ def test_seq_updates_round_trip_through_a_submit_response():
     response = internal_codec.updates_to_response(updates)
     assert response.deltas[1].finish_reason == "stop" and response.deltas[1].HasField("stop_token_id")
     assert internal_codec.updates_from_response("r", response) == updates
+    pooled = [SeqUpdate(request_id="p", sample_index=0, token_ids=[], finish_reason="stop", num_prompt_tokens=3,
+                        seed=1, pooled=[0.5, -1.25, 2.0 ** -120])]  # a pooling request's end: fp32 values exactly
+    assert internal_codec.updates_from_response("p", internal_codec.updates_to_response(pooled)) == pooled
 
 
 def test_submit_request_round_trip():

@@ -50,7 +50,7 @@ class StandIn:
         for seq in delta.new_seqs + delta.cached_seqs:
             self.seq_ids.add(seq.seq_id)
             if seq.num_computed_tokens + seq.num_scheduled_tokens == self.lengths[seq.seq_id]:
-                result.outputs.append(SeqOutput(seq.seq_id, [token_at(self.lengths[seq.seq_id])]))
+                result.outputs.append(SeqOutput(seq_id=seq.seq_id, token_ids=[token_at(self.lengths[seq.seq_id])]))
         self.last_seen = time.monotonic()
         return result
 
