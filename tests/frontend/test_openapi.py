@@ -29,9 +29,15 @@ def served(tiny_llama):
     harness.close()
 
 
-def operations(served) -> list:
+# a pooling model's operations, checked against one that serves them (tests/frontend/test_pooling_http.py)
+POOLING_PATHS = ("/v1/embeddings", "/v1/score", "/rerank", "/v1/rerank", "/v2/rerank")
+
+
+def operations(served, paths: tuple[str, ...] | None = None) -> list:
+    """The schema's operations: those of `paths`, or all but the pooling ones (this module's model generates)."""
     schema = schemathesis.openapi.from_url(served.url + "/openapi.json")
-    return [result.ok() for result in schema.get_all_operations()]
+    found = [result.ok() for result in schema.get_all_operations()]
+    return [op for op in found if (op.path in paths if paths else op.path not in POOLING_PATHS)]
 
 
 @pytest.mark.parametrize("mode", [schemathesis.GenerationMode.POSITIVE, schemathesis.GenerationMode.NEGATIVE])

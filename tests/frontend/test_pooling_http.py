@@ -121,3 +121,32 @@ def test_rerank_and_score_follow_the_cross_encoder(reranker, model_dir):
     np.testing.assert_allclose(list(reply.scores), scores, atol=1e-7)  # fp32 on the wire
     status, body = raw(reranker.url + "/v1/score", {"text_1": ["a", "b"], "text_2": ["x", "y", "z"]})
     assert status == 400 and json.loads(body)["error"]["param"] == "text_1"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["positive", "negative"])
+def test_schemathesis_finds_no_server_error_in_the_pooling_operations(embedder, reranker, mode):
+    """/openapi.json's embeddings, score and rerank operations against servers of each task: no 5xx,
+    every status, content type and body one the schema documents, every schema-invalid body a 4xx."""
+    import hypothesis
+    import schemathesis
+    from test_openapi import CHECKS, operations
+
+    generation = getattr(schemathesis.GenerationMode, mode.upper())
+    failures = []
+    for served, paths in ((embedder, ("/v1/embeddings",)), (reranker, ("/v1/score", "/v1/rerank", "/rerank"))):
+        found = operations(served, paths)
+        assert len(found) == len(paths)
+        for operation in found:
+
+            @hypothesis.settings(deadline=None, max_examples=12, derandomize=True, database=None,
+                                 suppress_health_check=list(hypothesis.HealthCheck), phases=[hypothesis.Phase.generate])
+            @hypothesis.given(case=operation.as_strategy(generation_mode=generation))
+            def check(case) -> None:
+                try:
+                    case.call_and_validate(checks=CHECKS, timeout=30)
+                except Exception as error:  # noqa: BLE001 - collected: one report for every operation
+                    failures.append(f"{operation.label}: {error}"[:2000])
+
+            check()
+    assert failures == []
