@@ -8,6 +8,7 @@ import hypothesis
 import pytest
 import schemathesis
 from schemathesis.checks import not_a_server_error
+from schemathesis.core.errors import InvalidSchema
 from schemathesis.specs.openapi.checks import (content_type_conformance, negative_data_rejection,
                                          response_schema_conformance, status_code_conformance)
 
@@ -69,6 +70,11 @@ def test_every_response_is_one_the_schema_documents(served, mode):
             tested.append(operation.label)
         except hypothesis.errors.Unsatisfiable:  # negative: nothing to make invalid (no body, any path)
             assert mode is schemathesis.GenerationMode.NEGATIVE
+        except InvalidSchema as error:  # negative: schemathesis' generator gave up on one mutation (the
+            # examples drawn before it were sent and checked); the draws follow the whole schema, so adding
+            # operations made count_tokens' 'Cannot generate an array with 1 demanded elements' come up
+            assert mode is schemathesis.GenerationMode.NEGATIVE and str(error).startswith("Cannot generate"), error
+            tested.append(operation.label)
     assert failures == []
     assert {"POST /v1/completions", "POST /v1/chat/completions", "POST /v1/responses", "POST /v1/messages",
             "POST /v1/messages/count_tokens", "POST /tokenize", "POST /detokenize"} <= set(tested)
