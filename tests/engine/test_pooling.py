@@ -121,3 +121,24 @@ def test_decoder_last_token_embedding_exact_chunked_or_batched(qwen3):
         for doc, score in zip(docs, scores):
             logits = lm(torch.tensor([score_input(tok, False, "what is paged attention?", doc)])).logits[0, -1]
             assert score == pytest.approx(float(torch.softmax(logits[[no, yes]], -1)[1]), abs=1e-6)
+
+
+@pytest.mark.slow
+def test_xlm_roberta_positions_start_after_the_padding_id(bert, tmp_path):
+    """XLM-RoBERTa is BERT's code with its positions offset by pad_token_id + 1 and one token type."""
+    import shutil
+
+    import transformers
+    from sentence_transformers import SentenceTransformer
+
+    config = transformers.XLMRobertaConfig(vocab_size=512, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                           intermediate_size=128, max_position_embeddings=513, type_vocab_size=1,
+                                           pad_token_id=0, architectures=["XLMRobertaModel"])
+    torch.manual_seed(0)
+    transformers.XLMRobertaModel(config).save_pretrained(tmp_path)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "modules.json"):
+        shutil.copy(bert / name, tmp_path / name)
+    for folder in ("1_Pooling", "2_Normalize"):
+        shutil.copytree(bert / folder, tmp_path / folder)
+    ours = [o.outputs.embedding for o in make_llm(tmp_path, dtype="float32").embed(TEXTS, use_tqdm=False)]
+    assert cosines(ours, SentenceTransformer(str(tmp_path), device="cpu").encode(TEXTS)).min() >= COSINE
