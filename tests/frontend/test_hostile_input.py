@@ -20,7 +20,7 @@ from test_http_api import http_harness, raw
 
 METHODS = {  # public method -> (request streaming, response streaming)
     "Generate": (False, True), "GenerateBatch": (True, True), "Tokenize": (False, False),
-    "Detokenize": (False, False), "ListModels": (False, False),
+    "Detokenize": (False, False), "ListModels": (False, False), "Embed": (False, False), "Score": (False, False),
 }
 SERVICE = pb.DESCRIPTOR.services_by_name["Generation"]
 

@@ -141,7 +141,7 @@ def test_schemathesis_finds_no_server_error_in_the_pooling_operations(embedder, 
         assert len(found) == len(paths)
         for operation in found:
 
-            @hypothesis.settings(deadline=None, max_examples=12, derandomize=True, database=None,
+            @hypothesis.settings(deadline=None, max_examples=8, derandomize=True, database=None,
                                  suppress_health_check=list(hypothesis.HealthCheck), phases=[hypothesis.Phase.generate])
             @hypothesis.given(case=operation.as_strategy(generation_mode=generation))
             def check(case) -> None:
