@@ -282,6 +282,14 @@ class Client:
     def list_models(self) -> list[ModelInfo]:
         return [_model(m) for m in self._call(self.stub.ListModels, pb.ListModelsRequest()).models]
 
+    def embed(self, inputs: str | list[int] | list, dimensions: int | None = None) -> list[list[float]]:
+        """One fp32 vector per input (a text or token ids; a list of them), from a model served to embed."""
+        return [list(e.values) for e in self._call(self.stub.Embed, _embed_request(inputs, dimensions)).embeddings]
+
+    def score(self, query: str, documents: list[str], instruction: str | None = None) -> list[float]:
+        """Each document's relevance to the query, from a model served to score."""
+        return list(self._call(self.stub.Score, _score_request(query, documents, instruction)).scores)
+
     def close(self) -> None:
         self.channel.close()
 
@@ -337,6 +345,13 @@ class AsyncClient:
     async def list_models(self) -> list[ModelInfo]:
         return [_model(m) for m in (await self._call(self.stub.ListModels, pb.ListModelsRequest())).models]
 
+    async def embed(self, inputs: str | list[int] | list, dimensions: int | None = None) -> list[list[float]]:
+        reply = await self._call(self.stub.Embed, _embed_request(inputs, dimensions))
+        return [list(e.values) for e in reply.embeddings]
+
+    async def score(self, query: str, documents: list[str], instruction: str | None = None) -> list[float]:
+        return list((await self._call(self.stub.Score, _score_request(query, documents, instruction))).scores)
+
     async def close(self) -> None:
         await self.channel.close()
 
@@ -352,6 +367,24 @@ class AsyncClient:
             return await method(request)
         except grpc.aio.AioRpcError as error:
             raise GenerationError.wrap(error) from None
+
+
+def _embed_request(inputs: str | list[int] | list, dimensions: int | None) -> pb.EmbedRequest:
+    """A text, token ids, or a list of texts and token-id lists."""
+    single = isinstance(inputs, str) or (isinstance(inputs, list) and inputs and isinstance(inputs[0], int))
+    items = [inputs] if single else list(inputs)
+    request = pb.EmbedRequest(inputs=[pb.EmbedInput(text=i) if isinstance(i, str) else
+                                      pb.EmbedInput(token_ids=pb.TokenIds(ids=i)) for i in items])
+    if dimensions is not None:
+        request.dimensions = dimensions
+    return request
+
+
+def _score_request(query: str, documents: list[str], instruction: str | None) -> pb.ScoreRequest:
+    request = pb.ScoreRequest(query=query, documents=documents)
+    if instruction is not None:
+        request.instruction = instruction
+    return request
 
 
 def _chat(messages: list[dict], add_generation_prompt: bool | None) -> pb.ChatMessages:

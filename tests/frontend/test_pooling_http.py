@@ -12,8 +12,7 @@ import numpy as np
 import openai
 import pytest
 
-from pagedserve.v1 import generate_pb2 as pb
-from pagedserve.v1 import generate_pb2_grpc
+from pagedserve import Client, GenerationError
 from test_http_api import raw
 from test_http_cluster import serve
 from tests.conftest import random_prompts
@@ -62,11 +61,13 @@ def test_token_ids_and_batches_give_the_same_bits(embedder, client):
         assert alone.data[0].embedding == batched.data[i].embedding
     status, body = raw(embedder.url + "/v1/embeddings", {"input": TEXTS[1], "encoding_format": "base64"})
     vector = np.frombuffer(base64.b64decode(json.loads(body)["data"][0]["embedding"]), "<f4")
-    with grpc.insecure_channel(f"127.0.0.1:{embedder.frontend.port}") as channel:
-        reply = generate_pb2_grpc.GenerationStub(channel).Embed(pb.EmbedRequest(inputs=[
-            pb.EmbedInput(text=TEXTS[1]), pb.EmbedInput(token_ids=pb.TokenIds(ids=prompts[5]))]), timeout=30)
-    assert status == 200 and list(reply.embeddings[0].values) == vector.tolist()
-    assert list(reply.embeddings[1].values) == batched.data[5].embedding
+    with Client(f"127.0.0.1:{embedder.frontend.port}") as grpc_client:
+        vectors = grpc_client.embed([TEXTS[1], prompts[5]])
+        with pytest.raises(GenerationError) as error:
+            grpc_client.embed([[5] * 600])
+    assert status == 200 and vectors[0] == vector.tolist()
+    assert vectors[1] == batched.data[5].embedding
+    assert error.value.code == grpc.StatusCode.INVALID_ARGUMENT and error.value.field == "inputs"
 
 
 @pytest.mark.parametrize("body, param", [
@@ -117,10 +118,8 @@ def test_rerank_and_score_follow_the_cross_encoder(reranker, model_dir):
     status, body = raw(reranker.url + "/v1/score", {"text_1": QUERY, "text_2": DOCUMENTS[:3]})
     scores = [d["score"] for d in json.loads(body)["data"]]
     np.testing.assert_allclose(scores, cross.predict([(QUERY, d) for d in DOCUMENTS[:3]]), atol=1e-6)
-    with grpc.insecure_channel(f"127.0.0.1:{reranker.frontend.port}") as channel:
-        reply = generate_pb2_grpc.GenerationStub(channel).Score(
-            pb.ScoreRequest(query=QUERY, documents=DOCUMENTS[:3]), timeout=30)
-    np.testing.assert_allclose(list(reply.scores), scores, atol=1e-7)  # fp32 on the wire
+    with Client(f"127.0.0.1:{reranker.frontend.port}") as grpc_client:
+        np.testing.assert_allclose(grpc_client.score(QUERY, DOCUMENTS[:3]), scores, atol=1e-7)  # fp32 on the wire
     status, body = raw(reranker.url + "/v1/score", {"text_1": ["a", "b"], "text_2": ["x", "y", "z"]})
     assert status == 400 and json.loads(body)["error"]["param"] == "text_1"
 
