@@ -304,9 +304,16 @@ class WorkerConfig:
     group_address: str = setting("", "host:port where rank 0 of the worker group meets the others (empty: a "
                                      "free port on 127.0.0.1, for a group that one process starts)")
     distributed_backend: str = setting("gloo", "the worker group's torch.distributed backend (gloo; nccl later)")
+    enable_lora: bool = setting(False, "serve LoRA adapters (PEFT folders) over the base model: a request names "
+                                       "its adapter as its model (docs/guide/lora.md)")
+    max_lora_rank: int = setting(16, "the largest adapter rank (r) a worker loads; a larger one is refused")
+    max_cpu_loras: int = setting(8, "adapters a worker holds at once; past it the least recently used idle one is "
+                                    "dropped (reloaded from its folder when asked again)")
 
     def __post_init__(self) -> None:
         check(bool(self.model), "model", "must name a model folder or hub id")
+        check(self.max_lora_rank >= 1, "max_lora_rank", f"must be >= 1, got {self.max_lora_rank}")
+        check(self.max_cpu_loras >= 1, "max_cpu_loras", f"must be >= 1, got {self.max_cpu_loras}")
         check(self.tensor_parallel_size >= 1, "tensor_parallel_size", f"must be >= 1, got {self.tensor_parallel_size}")
         check(self.pipeline_parallel_size >= 1, "pipeline_parallel_size",
               f"must be >= 1, got {self.pipeline_parallel_size}")

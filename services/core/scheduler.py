@@ -141,9 +141,10 @@ class Scheduler:
 
     # ---- requests --------------------------------------------------------------
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                    priority: int = 0, continued: tuple[ContinuedSample, ...] = ()) -> Request:
+                    priority: int = 0, continued: tuple[ContinuedSample, ...] = (), lora_name: str = "") -> Request:
         """Admit a request; `continued` non-empty: a continuation (ContinuedSample), which runs
-        just the samples it names, each from its own tokens."""
+        just the samples it names, each from its own tokens; lora_name: the LoRA adapter it runs under
+        (loaded on the workers by whoever admits it), "" for the base model."""
         params.validate()  # admission: the one check after the edge's (the wire's decoding checks nothing)
         check_int("priority", priority, INT32_MIN, INT32_MAX)  # the LLM's callers reach here unchecked
         check(request_id not in self.requests, "request_id", f"{request_id!r} is already running")
@@ -160,7 +161,7 @@ class Scheduler:
         if params.seed is None:
             params = params.with_seed(self._seeds.getrandbits(63) if self._seeds else new_request_seed())
         request = Request(request_id=request_id, prompt_token_ids=list(prompt_token_ids), params=params,
-                          arrival=next(self._arrivals), priority=priority)
+                          arrival=next(self._arrivals), priority=priority, lora_name=lora_name)
         if continued:
             self._continue(request, continued)
         else:

@@ -187,7 +187,7 @@ class WorkerScheduler:
         if not self.has_seat() or plan.num_tokens >= self.config.max_num_batched_tokens:
             return False
         if seq.request.params.prompt_logprobs is None:  # prompt logprobs need every position run
-            seq.num_computed_tokens = self.blocks.match_prefix(seq.seq_id, seq.token_ids)
+            seq.num_computed_tokens = self.blocks.match_prefix(seq.seq_id, seq.token_ids, seq.request.cache_root)
         num_new = self.num_new_tokens(seq, plan)
         if num_new == 0 or not self.blocks.can_allocate(seq.seq_id, seq.num_computed_tokens + num_new):
             self.blocks.free(seq.seq_id)
@@ -236,7 +236,8 @@ class WorkerScheduler:
                     output_token_ids=list(seq.output_token_ids), block_ids=list(table),
                     num_computed_tokens=seq.num_computed_tokens, num_scheduled_tokens=num_new, params=request.params,
                     sample_index=seq.sample_index,
-                    num_samples=request.params.n if not request.forked and seq.sample_index == 0 else 1))
+                    num_samples=request.params.n if not request.forked and seq.sample_index == 0 else 1,
+                    lora_name=request.lora_name))
             else:
                 num_prompt = len(seq.prompt_token_ids)
                 plan.delta.cached_seqs.append(CachedSequence(
@@ -257,7 +258,8 @@ class WorkerScheduler:
                 continue
             _add_prompt_logprobs(seq, result.prompt_logprobs.get(seq.seq_id))
             seq.num_computed_tokens += num_new - len(plan.drafts.get(seq.seq_id, ()))
-            self.blocks.cache_full_blocks(seq.seq_id, seq.token_ids, seq.num_computed_tokens)
+            self.blocks.cache_full_blocks(seq.seq_id, seq.token_ids, seq.num_computed_tokens,
+                                              seq.request.cache_root)
         for output in result.outputs:
             seq = self.shared.seqs.get(output.seq_id)
             if seq is None or seq.is_finished:
@@ -325,7 +327,8 @@ class WorkerScheduler:
             raise AssertionError(f"sequence {seq.seq_id}: the worker kept {tokens[:-1]} of the drafts {drafts}")
         self.shared.speculator.record(seq.seq_id, len(drafts), num_accepted)
         seq.num_computed_tokens += num_accepted
-        self.blocks.cache_full_blocks(seq.seq_id, seq.token_ids + tokens[:num_accepted], seq.num_computed_tokens)
+        self.blocks.cache_full_blocks(seq.seq_id, seq.token_ids + tokens[:num_accepted], seq.num_computed_tokens,
+                                      seq.request.cache_root)
         update = self._append_tokens(seq, tokens, output.logprobs or [None] * len(tokens))
         if not seq.is_finished:
             self.blocks.trim(seq.seq_id, seq.num_tokens)

@@ -15,6 +15,7 @@ from services.core.sampling_params import SamplingParams
 from services.core.step import NewSequence, SeqOutput, StepDelta, StepResult
 from services.worker.grammar import Grammars, SequenceGrammar
 from services.worker.kv_cache import KVCache
+from services.worker.lora import LoraAdapter, LoraBatch, LoraRegistry
 from services.worker.models.llama import AttentionMetadata, LlamaForCausalLM
 from services.worker.sampler import SamplingRow, prompt_logprobs, sample
 
@@ -33,6 +34,7 @@ class SeqState:
     num_samples: int = 1
     grammar: SequenceGrammar | None = None  # structured outputs: the matcher of its output tokens
     draft_token_ids: list[int] = field(default_factory=list)  # this step's drafts to verify (speculation)
+    lora: LoraAdapter | None = None  # the adapter it runs under (services/worker/lora.py)
 
     @property
     def num_tokens(self) -> int:
@@ -57,6 +59,7 @@ class _Batch:
     tables: list[list[int]] = field(default_factory=list)
     sample_seqs: list[tuple[SeqState, int]] = field(default_factory=list)  # (seq, row in hidden)
     prompt_rows: list[tuple[SeqState, int, int]] = field(default_factory=list)  # (seq, first row, first pos)
+    lora_rows: dict[str, tuple[LoraAdapter, list[int]]] = field(default_factory=dict)  # name -> (adapter, rows)
 
 
 @dataclass(kw_only=True)
@@ -72,8 +75,10 @@ class _Sampling:
 
 class ModelRunner:
     def __init__(self, model: LlamaForCausalLM, kv_cache: KVCache, device: torch.device,
-                 batch_invariant: bool = False, grammars: Grammars | None = None):
+                 batch_invariant: bool = False, grammars: Grammars | None = None, loras: LoraRegistry | None = None):
+        """loras: the worker's adapters where --enable-lora (the model's LoRA sites enabled)."""
         self.model, self.kv_cache, self.device = model, kv_cache, device
+        self.loras = loras
         self.block_size = kv_cache.block_size
         self.eos_token_ids = model.cfg.eos_token_ids
         self.batch_invariant = batch_invariant  # a row's bits do not depend on its batch: subsets may be served
@@ -104,12 +109,23 @@ class ModelRunner:
         batch = self._prepare(scheduled)
         sampling = self._sampling(batch)
         masks = self.grammars.start_masks(sampling.constrained) if sampling.constrained else None  # beside the forward
-        hidden = self.model(*self._tensors(batch))
+        hidden = self._forward(batch)
         if hidden is None:  # a later pipeline stage of a worker group: stage 0 samples
             return result
         self._sample(sampling, hidden, result, masks)
         self._prompt_logprobs(batch, hidden, result)
         return result
+
+    def _forward(self, batch: _Batch) -> torch.Tensor | None:
+        if not batch.lora_rows:
+            return self.model(*self._tensors(batch))
+        groups = [(adapter, torch.tensor(rows, dtype=torch.int64, device=self.device))
+                  for adapter, rows in batch.lora_rows.values()]
+        self.model.lora.batch = LoraBatch(groups)
+        try:
+            return self.model(*self._tensors(batch))
+        finally:
+            self.model.lora.batch = None
 
     # ---- delta -> mirror -------------------------------------------------------
     def _add(self, new: NewSequence) -> tuple[SeqState, int]:
@@ -119,6 +135,10 @@ class ModelRunner:
                          output_token_ids=list(new.output_token_ids), block_ids=list(new.block_ids),
                          num_computed_tokens=new.num_computed_tokens, params=new.params,
                          sample_index=new.sample_index, num_samples=new.num_samples)
+        if new.lora_name:
+            if self.loras is None:
+                raise InvalidArgument("lora_name", f"adapter {new.lora_name!r}: this worker runs without --enable-lora")
+            state.lora = self.loras.get(new.lora_name)
         if new.params.structured_outputs is not None:
             if self.grammars is None:
                 raise InvalidArgument("structured_outputs", "this worker has no grammar compiler")
@@ -164,6 +184,9 @@ class ModelRunner:
             batch.input_ids += state.token_ids(start, real_end) + drafts
             batch.positions += range(start, end)
             batch.token_seqs += [len(batch.tables)] * num_new
+            if state.lora is not None:
+                batch.lora_rows.setdefault(state.lora.name, (state.lora, []))[1].extend(
+                    range(first_row, first_row + num_new))
             batch.slots += [state.block_ids[p // bs] * bs + p % bs for p in range(start, end)]
             batch.seq_lens.append(end)
             batch.query_start_loc.append(len(batch.input_ids))
