@@ -28,12 +28,14 @@ class Engine:
 
     def load_lora(self, name: str, path: str) -> None:
         """Adapter `name` held by every worker (a no-op where held from that path)."""
-        for worker in self.workers.values():
+        for worker_id, worker in self.workers.items():
             worker.load_lora(name, path)
+            self.scheduler.set_worker_loras(worker_id, set(worker.runner.loras.adapters))
 
     def unload_lora(self, name: str) -> None:
-        for worker in self.workers.values():
+        for worker_id, worker in self.workers.items():
             worker.unload_lora(name)
+            self.scheduler.set_worker_loras(worker_id, set(worker.runner.loras.adapters))
 
     def close(self) -> None:
         """Stop the follower ranks of tensor/pipeline parallel workers and leave their groups."""

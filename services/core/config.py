@@ -22,6 +22,7 @@ from typing import Any
 
 from services.core.errors import InvalidArgument, check
 from services.core.kv_events import KVEventsConfig
+from services.core.lora import lora_modules_setting, parse_lora_modules
 
 ALLOWED_BLOCK_SIZES = (8, 16, 32)
 POLICIES = ("fcfs", "priority", "sjf")
@@ -309,11 +310,16 @@ class WorkerConfig:
     max_lora_rank: int = setting(16, "the largest adapter rank (r) a worker loads; a larger one is refused")
     max_cpu_loras: int = setting(8, "adapters a worker holds at once; past it the least recently used idle one is "
                                     "dropped (reloaded from its folder when asked again)")
+    lora_modules: str = lora_modules_setting()
 
     def __post_init__(self) -> None:
         check(bool(self.model), "model", "must name a model folder or hub id")
         check(self.max_lora_rank >= 1, "max_lora_rank", f"must be >= 1, got {self.max_lora_rank}")
         check(self.max_cpu_loras >= 1, "max_cpu_loras", f"must be >= 1, got {self.max_cpu_loras}")
+        modules = parse_lora_modules(self.lora_modules)
+        check(self.enable_lora or not modules, "lora_modules", "needs --enable-lora")
+        check(len(modules) <= self.max_cpu_loras, "lora_modules",
+              f"{len(modules)} adapters exceed max_cpu_loras {self.max_cpu_loras}")
         check(self.tensor_parallel_size >= 1, "tensor_parallel_size", f"must be >= 1, got {self.tensor_parallel_size}")
         check(self.pipeline_parallel_size >= 1, "pipeline_parallel_size",
               f"must be >= 1, got {self.pipeline_parallel_size}")

@@ -153,6 +153,9 @@ class Scheduler:
               f"{len(prompt_token_ids)} tokens leave no room to generate within max_model_len "
               f"{self.config.max_model_len}")
         self._check_against_workers(prompt_token_ids, params)
+        if lora_name and self.workers:
+            check(any(lora_name in ws.lora_names for ws in self.workers.values()), "model",
+                  f"LoRA adapter {lora_name!r} is not held by any worker")
         # A burst arrives before any step runs: the requests that free seats will take are not waiting
         free_seats = max(0, len(self.workers) * self.config.max_num_seqs - self.num_running)
         if len(self.waiting) >= self.config.max_waiting_requests + free_seats:
@@ -168,6 +171,10 @@ class Scheduler:
             self.enqueue(self.new_seq(request, 0))
         self.requests[request_id] = request
         return request
+
+    def set_worker_loras(self, worker_id: str, lora_names: set[str]) -> None:
+        """The LoRA adapters a worker now holds (after it loaded or dropped one)."""
+        self.workers[worker_id].lora_names = set(lora_names)
 
     def _continue(self, request: Request, continued: tuple[ContinuedSample, ...]) -> None:
         """A continuation's samples, each waiting to be recomputed from prompt + its own tokens
@@ -273,6 +280,8 @@ class Scheduler:
             seq = self.seqs[seq_id]
             if below is not None and policy_key(self.config.scheduling_policy, seq) >= below:
                 return
+            if not ws.serves(seq.request):
+                continue
             owner = self.workers.get(seq.placed) or self._place(seq)
             if owner is not ws and not (owner is None or owner.is_stalled(now) or not has_room(owner, seq)):
                 continue

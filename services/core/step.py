@@ -114,3 +114,4 @@ class WorkerInfo:
     eos_token_ids: tuple[int, ...]
     device: str
     batch_invariant: bool
+    lora_names: tuple[str, ...] = ()  # the LoRA adapters it serves (--lora-modules)

@@ -46,6 +46,7 @@ class WorkerScheduler:
 
     def __init__(self, worker_id: str, info: WorkerInfo, config: SchedulerConfig, shared: Scheduler):
         self.worker_id, self.info, self.config, self.shared = worker_id, info, config, shared
+        self.lora_names = set(info.lora_names)  # the LoRA adapters it holds (Scheduler.set_worker_loras)
         self.blocks = BlockManager(info.num_gpu_blocks, info.block_size, info.num_cpu_blocks,
                                    config.enable_prefix_caching)
         if shared.kv_events is not None:
@@ -75,9 +76,9 @@ class WorkerScheduler:
         return len(self.running) + len(self.swapped) + self.num_waiting
 
     def serves(self, request) -> bool:
-        """Hook: whether this worker serves the request's model (and, once they exist, its adapter).
-        Every worker serves the one model today (the scheduler refuses one that does not fit)."""
-        return True
+        """Hook: whether this worker serves the request's model and its LoRA adapter. Every worker serves the
+        one model (the scheduler refuses one that does not fit); an adapter, the workers that hold it."""
+        return not request.lora_name or request.lora_name in self.lora_names
 
     # ---- one step --------------------------------------------------------------
     def schedule(self, step_id: int) -> StepDelta | None:

@@ -49,6 +49,7 @@ class FrontendCore:
         self.draining = False
         self.card: ModelCard | None = None  # known once a worker registered at the scheduler
         self.grammar_check = GrammarCheck(tokenizer, grammar_limits)
+        self.loras: dict[str, str] = {}  # LoRA adapter name -> folder (--lora-modules): models a request may name
 
     async def refresh(self) -> bool:
         """Ask the scheduler for the served model's limits; True when a worker is ready."""
@@ -64,9 +65,11 @@ class FrontendCore:
                               "e.g. one it cannot reach at its --advertise-host, logs registration_refused with why)")
         return self.card
 
-    def check_model(self, model: str) -> None:
-        if model and model != self.model_id:
+    def check_model(self, model: str) -> str:
+        """The LoRA adapter a request's model names ("" for the base model); UnknownModel for anything else."""
+        if model and model != self.model_id and model not in self.loras:
             raise UnknownModel(model, self.model_id)
+        return model if model in self.loras else ""
 
     def render(self, prompt: Prompt) -> str:
         """The prompt's text: as given, or chat messages rendered with the chat template."""
@@ -138,7 +141,7 @@ class FrontendCore:
         timer, status = self.metrics.timer(), "ok"
         try:
             async with aclosing(self.scheduler.submit(request_id, prompt_ids, request.params,
-                                                      request.priority)) as steps:
+                                                      request.priority, self.check_model(request.model))) as steps:
                 async for step in steps:
                     timer.on_queue_time(step.queue_time_s)
                     event = tracker.apply(step.updates)

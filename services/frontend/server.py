@@ -11,6 +11,7 @@ import structlog
 
 from pagedserve.v1 import generate_pb2, generate_pb2_grpc
 from services.core.errors import Unavailable
+from services.core.lora import parse_lora_modules
 from services.core.tokenizer import Tokenizer
 from services.frontend import reasoning
 from services.frontend.config import FrontendConfig
@@ -39,6 +40,7 @@ class FrontendServer:
                                  reasoning.choose(config.reasoning_parser, tokenizer.template_source),
                                  config.template_kwargs())
         self.core.trust_request_chat_template = config.trust_request_chat_template
+        self.core.loras = parse_lora_modules(config.lora_modules)
         servicer = GenerationServicer(self.core)
         self.grpc = GrpcServer(lambda server: generate_pb2_grpc.add_GenerationServicer_to_server(servicer, server),
                                SERVICE_NAME, config.reflection, config.max_message_bytes)

@@ -52,8 +52,10 @@ class StepLoop:
 
     # ---- requests --------------------------------------------------------------
     def submit(self, request_id: str, prompt: list[int], params: SamplingParams, priority: int,
-               continued: tuple[ContinuedSample, ...], deliver: Callable[[Delivery], None]) -> UpdateStream:
-        """Admit a request (a continuation when `continued`); its updates go to `deliver`."""
+               continued: tuple[ContinuedSample, ...], deliver: Callable[[Delivery], None],
+               lora_name: str = "") -> UpdateStream:
+        """Admit a request (a continuation when `continued`; under the LoRA adapter `lora_name`); its updates
+        go to `deliver`."""
         if self.draining:
             raise Unavailable("the scheduler is shutting down")
         if self.core is None or not self.workers:
@@ -61,7 +63,8 @@ class StepLoop:
             raise Unavailable(f"no worker is registered yet{refused}")
         check(bool(request_id), "request_id", "must not be empty")
         check(request_id not in self.router.streams, "request_id", f"{request_id!r} is already running")
-        stream = self.router.open(self.core.add_request(request_id, prompt, params, priority, continued), deliver)
+        stream = self.router.open(self.core.add_request(request_id, prompt, params, priority, continued,
+                                                         lora_name), deliver)
         self._wake_all()
         return stream
 

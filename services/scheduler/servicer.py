@@ -43,7 +43,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                 request_id = message.submit.request_id
                 try:  # StepLoop.submit refuses an empty or running request_id
                     args = internal_codec.submit_from_proto(message.submit)
-                    mux.streams[request_id] = self.loop.submit(*args, deliver=mux.sink(request_id))
+                    *args, lora_name = args
+                    mux.streams[request_id] = self.loop.submit(*args, deliver=mux.sink(request_id), lora_name=lora_name)
                 except REFUSALS as error:  # that request only
                     mux.put(request_id, 0.0, error)
         finally:

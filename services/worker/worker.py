@@ -18,6 +18,7 @@ from kernels import cpu_kernels
 from kernels.ops import get_ops
 from services.core.config import CacheConfig, WorkerConfig
 from services.core.errors import InvalidArgument, Unavailable, UnknownSequence, check
+from services.core.lora import parse_lora_modules
 from services.core.model_path import resolve_model_path, resolve_tokenizer_path
 from services.core.step import StepDelta, StepResult, WorkerInfo
 from services.worker.kv_cache import KVCache, block_bytes, num_blocks_for
@@ -102,7 +103,8 @@ class Worker:
             model=str(self.model_path), dtype=str(self.dtype).removeprefix("torch."), block_size=cache.block_size,
             num_gpu_blocks=num_blocks, num_cpu_blocks=num_cpu_blocks, vocab_size=arch.vocab_size,
             max_model_len=arch.max_position_embeddings, eos_token_ids=arch.eos_token_ids,
-            device=self.device.type, batch_invariant=config.batch_invariant)
+            device=self.device.type, batch_invariant=config.batch_invariant,
+            lora_names=tuple(self.load_lora(name, path).name for name, path in parse_lora_modules(config.lora_modules).items()))
         log.info("worker_ready", model=self.info.model, dtype=self.info.dtype, device=self.info.device,
                  num_gpu_blocks=num_blocks, num_cpu_blocks=num_cpu_blocks, kernels=ops.name,
                  quantization=self.quantization, activation_quant=self.activation_quant, cpu_isa=cpu_kernels.active_tier() if ops.name == "cpu" else None,

@@ -53,13 +53,17 @@ def build_app(core: FrontendCore, is_ready: Callable[[], bool], api_key: str = "
 
     @app.get("/v1/models", response_model=schemas.ModelList, responses=schemas.errors(401, 503))
     async def models() -> dict:
-        return {"object": "list", "data": [_model_body(await core.model_card())]}
+        card = await core.model_card()  # the base, then its LoRA adapters (vLLM's parent / root)
+        adapters = [{**_model_body(card), "id": name, "root": path, "parent": card.id} for name, path in core.loras.items()]
+        return {"object": "list", "data": [_model_body(card), *adapters]}
 
     @app.get("/v1/models/{model_id:path}", response_model=schemas.Model, responses=schemas.errors(401, 404, 503))
     async def model(model_id: str) -> dict:
-        """The served model; 404 (model_not_found) for any other id."""
-        core.check_model(model_id)
-        return _model_body(await core.model_card())
+        """The served model or one of its LoRA adapters; 404 (model_not_found) for any other id."""
+        card = await core.model_card()
+        if core.check_model(model_id):
+            return {**_model_body(card), "id": model_id, "root": core.loras[model_id], "parent": card.id}
+        return _model_body(card)
 
     @app.post("/v1/completions", response_model=None, responses=schemas.completion_responses(schemas.Completion))
     async def completions(body: CompletionRequest, request: Request) -> Response:

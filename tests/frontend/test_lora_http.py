@@ -1,0 +1,48 @@
+"""LoRA adapters over the services (scheduler, worker, HTTP frontend, in process): a request names its
+adapter as its model, with the official openai client; /v1/models lists the adapters under their base."""
+from __future__ import annotations
+
+import openai
+import pytest
+
+from services.core.lora import LoRARequest
+from services.tools.make_lora import make_lora
+from test_http_api import raw
+from test_http_cluster import serve
+from tests.conftest import greedy, make_llm
+
+PROMPT = [5, 17, 99, 230, 41, 8, 300, 12, 77]
+
+
+@pytest.fixture(scope="module")
+def adapters(tiny_llama, tmp_path_factory):
+    out = tmp_path_factory.mktemp("loras")
+    return {"sql": str(make_lora(out / "sql", tiny_llama, rank=8, seed=1)),
+            "chat": str(make_lora(out / "chat", tiny_llama, rank=4, seed=2, targets=("q_proj", "v_proj")))}
+
+
+@pytest.fixture(scope="module")
+def served(tiny_llama, adapters):
+    modules = " ".join(f"{name}={path}" for name, path in adapters.items())
+    yield from serve(tiny_llama, {"lora_modules": modules}, {"enable_lora": True, "lora_modules": modules})
+
+
+def test_openai_client_names_the_adapter_as_its_model(served, tiny_llama, adapters):
+    client = openai.OpenAI(base_url=served.url + "/v1", api_key="unused", max_retries=0)
+    llm = make_llm(tiny_llama, dtype="float32", enable_lora=True, num_gpu_blocks=64)
+    for model in (str(tiny_llama), "sql", "chat"):
+        got = client.completions.create(model=model, prompt=PROMPT, max_tokens=8, temperature=0, logprobs=1)
+        lora = LoRARequest(model, 1, adapters[model]) if model in adapters else None
+        want = llm.generate([PROMPT], greedy(8, logprobs=1), use_tqdm=False, lora_request=lora)[0].outputs[0]
+        assert got.choices[0].logprobs.token_logprobs == [lp.logprob for lp in want.logprobs], model
+        assert got.choices[0].text == want.text, model
+
+
+def test_models_lists_the_adapters_under_their_base(served, tiny_llama, adapters):
+    client = openai.OpenAI(base_url=served.url + "/v1", api_key="unused", max_retries=0)
+    models = {m.id: m for m in client.models.list().data}
+    assert set(models) == {str(tiny_llama), "sql", "chat"}
+    assert models["sql"].parent == str(tiny_llama) and models["sql"].root == adapters["sql"]
+    assert client.models.retrieve("chat").parent == str(tiny_llama)
+    status, body = raw(served.url + "/v1/completions", {"model": "nope", "prompt": "hi", "max_tokens": 2})
+    assert status == 404 and b"nope" in body
