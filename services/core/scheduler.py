@@ -12,6 +12,7 @@ Python.
 """
 from __future__ import annotations
 
+from collections import Counter
 import itertools
 import random
 import time
@@ -363,5 +364,15 @@ class Scheduler:
         return SchedulerStats(num_waiting=len(self.waiting), num_running=self.num_running,
                               num_swapped=sum(len(ws.swapped) for ws in self.workers.values()),
                               num_preemptions=self.num_preemptions, workers=workers,
-                              max_model_len=self.config.max_model_len,
+                              max_model_len=self.config.max_model_len, **self._lora_stats(),
                               **(spec.as_stats() if spec is not None else {}))
+
+    def _lora_stats(self) -> dict:
+        """Per LoRA adapter: its sequences running and waiting (SchedulerStats.lora_*)."""
+        running, waiting = Counter(), Counter()
+        for ws in self.workers.values():
+            running.update(seq.request.lora_name for seq in ws.running.values() if seq.request.lora_name)
+        waiting.update(self.seqs[i].request.lora_name for i in self.waiting if self.seqs[i].request.lora_name)
+        names = tuple(sorted(running.keys() | waiting.keys()))
+        return dict(lora_names=names, lora_num_running=tuple(running[n] for n in names),
+                    lora_num_waiting=tuple(waiting[n] for n in names))

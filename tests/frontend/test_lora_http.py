@@ -7,9 +7,10 @@ import pytest
 
 from services.core.lora import LoRARequest
 from services.tools.make_lora import make_lora
-from test_http_api import raw
+from test_http_api import metric, raw
 from test_http_cluster import serve
 from tests.conftest import greedy, make_llm
+from tests.waits import poll
 
 PROMPT = [5, 17, 99, 230, 41, 8, 300, 12, 77]
 
@@ -46,3 +47,19 @@ def test_models_lists_the_adapters_under_their_base(served, tiny_llama, adapters
     assert client.models.retrieve("chat").parent == str(tiny_llama)
     status, body = raw(served.url + "/v1/completions", {"model": "nope", "prompt": "hi", "max_tokens": 2})
     assert status == 404 and b"nope" in body
+
+
+def test_metrics_name_the_adapters_running(served):
+    """While a streamed request runs under "sql": vllm:lora_requests_info lists it as running, and its
+    per-adapter gauge counts it; after it ends, nothing runs under an adapter."""
+    client = openai.OpenAI(base_url=served.url + "/v1", api_key="unused", max_retries=0)
+    stream = client.completions.create(model="sql", prompt=PROMPT, max_tokens=400, temperature=0, stream=True,
+                                       extra_body={"ignore_eos": True})
+    next(iter(stream))
+    status, body = raw(served.url + "/metrics")
+    stream.close()
+    text = body.decode()
+    assert status == 200
+    assert metric(text, "vllm:lora_requests_info", running_lora_adapters="sql", waiting_lora_adapters="") > 0
+    assert metric(text, "pagedserve:lora_num_requests_running", lora_name="sql") == 1
+    poll(lambda: 'running_lora_adapters=""' in raw(served.url + "/metrics")[1].decode(), 10, "the adapter idle")
