@@ -33,7 +33,8 @@ class Engine:
             self.scheduler.set_worker_loras(worker_id, set(worker.runner.loras.adapters))
 
     def unload_lora(self, name: str) -> None:
-        for worker_id, worker in self.workers.items():
+        for worker_id in self.scheduler.retire_lora(name):
+            worker = self.workers[worker_id]
             worker.unload_lora(name)
             self.scheduler.set_worker_loras(worker_id, set(worker.runner.loras.adapters))
 

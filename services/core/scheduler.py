@@ -177,6 +177,19 @@ class Scheduler:
         """The LoRA adapters a worker now holds (after it loaded or dropped one)."""
         self.workers[worker_id].lora_names = set(lora_names)
 
+    def retire_lora(self, name: str) -> list[str]:
+        """Before an adapter is unloaded: refused (naming lora_name) while requests under it run or wait;
+        else no worker counts as holding it from now, so no new request is admitted under it. Returns the
+        workers that held it (to unload it from)."""
+        holders = [worker_id for worker_id, ws in self.workers.items() if name in ws.lora_names]
+        check(bool(holders), "lora_name", f"adapter {name!r} is not loaded")
+        num_requests = sum(1 for request in self.requests.values() if request.lora_name == name)
+        check(num_requests == 0, "lora_name", f"adapter {name!r} has {num_requests} requests running or waiting; "
+                                              f"unload it once they finish")
+        for worker_id in holders:
+            self.workers[worker_id].lora_names.discard(name)
+        return holders
+
     def _continue(self, request: Request, continued: tuple[ContinuedSample, ...]) -> None:
         """A continuation's samples, each waiting to be recomputed from prompt + its own tokens
         (as after a preemption); none is forked: each sample index is named at most once."""

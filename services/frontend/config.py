@@ -21,6 +21,10 @@ class FrontendConfig:
     tokenizer: str = tokenizer_setting()
     served_model_name: str = setting("", "the model's id for clients (default: the --model value)")
     lora_modules: str = lora_modules_setting()
+    lora_dir: str = setting("", "the folder POST /v1/load_lora_adapter may load adapters from (their paths must lie "
+                                "under it); empty: none, unless --allow-any-lora-path")
+    allow_any_lora_path: bool = setting(False, "let POST /v1/load_lora_adapter load an adapter from any path the "
+                                               "workers can read (behind --api-key)")
     scheduler_address: str = setting("127.0.0.1:50052", "the scheduler's HOST:PORT; several, comma-separated: "
                                                         "one is active, the next takes over when it is lost")
     scheduler_failover_timeout_s: float = setting(

@@ -50,6 +50,7 @@ class FrontendCore:
         self.card: ModelCard | None = None  # known once a worker registered at the scheduler
         self.grammar_check = GrammarCheck(tokenizer, grammar_limits)
         self.loras: dict[str, str] = {}  # LoRA adapter name -> folder (--lora-modules): models a request may name
+        self.lora_dir, self.allow_any_lora_path = "", False  # where POST /v1/load_lora_adapter may load from
 
     async def refresh(self) -> bool:
         """Ask the scheduler for the served model's limits; True when a worker is ready."""

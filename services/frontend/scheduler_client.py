@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import grpc
 import structlog
 
-from pagedserve.internal.v1 import scheduler_pb2, scheduler_pb2_grpc
+from pagedserve.internal.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 from services.rpc import internal_codec
 from services.rpc.status import StatusError, code_of, core_error, scheduler_lost
 from services.core.errors import InvalidArgument, Unavailable
@@ -228,6 +228,15 @@ class SchedulerClient:
         except grpc.aio.AioRpcError as error:
             _raise_core_error(error)
         return internal_codec.stats_from_proto(response)
+
+    async def lora(self, load: bool, name: str, path: str = "") -> list[str]:
+        """Load (or unload) a LoRA adapter on every worker; the adapters they all hold after."""
+        call = self.stub.LoadLoraAdapter if load else self.stub.UnloadLoraAdapter
+        try:
+            response = await call(common_pb2.LoraAdapterRequest(lora_name=name, lora_path=path))
+        except grpc.aio.AioRpcError as error:
+            _raise_core_error(error)
+        return list(response.lora_names)
 
     async def close(self) -> None:
         if self._submit_many is not None:

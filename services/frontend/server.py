@@ -41,6 +41,7 @@ class FrontendServer:
                                  config.template_kwargs())
         self.core.trust_request_chat_template = config.trust_request_chat_template
         self.core.loras = parse_lora_modules(config.lora_modules)
+        self.core.lora_dir, self.core.allow_any_lora_path = config.lora_dir, config.allow_any_lora_path
         servicer = GenerationServicer(self.core)
         self.grpc = GrpcServer(lambda server: generate_pb2_grpc.add_GenerationServicer_to_server(servicer, server),
                                SERVICE_NAME, config.reflection, config.max_message_bytes)

@@ -134,11 +134,15 @@ class Worker:
         return adapter
 
     def unload_lora(self, name: str) -> None:
-        """Drop adapter `name`; refused while a sequence this worker holds runs under it."""
-        check(name not in self._loras_in_use(), "lora_name", f"adapter {name!r} has requests running; unload it "
-                                                             f"once they finish")
+        """Drop adapter `name` (the scheduler first checks that nothing runs or waits under it,
+        Scheduler.retire_lora: this worker's mirrors may still hold finished sequences it was not yet told
+        to forget)."""
         self._registry().unload(name)
         log.info("lora_unloaded", lora_name=name)
+
+    def lora_names(self) -> list[str]:
+        """The adapters held now (none without --enable-lora)."""
+        return list(self.runner.loras.adapters) if self.runner.loras is not None else []
 
     def _registry(self) -> LoraRegistry:
         check(self.runner.loras is not None, "enable_lora", "this worker runs without --enable-lora")

@@ -113,3 +113,17 @@ class WorkerInfo(_message.Message):
     batch_invariant: bool
     lora_names: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, model: _Optional[str] = ..., dtype: _Optional[str] = ..., block_size: _Optional[int] = ..., num_gpu_blocks: _Optional[int] = ..., num_cpu_blocks: _Optional[int] = ..., vocab_size: _Optional[int] = ..., max_model_len: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., device: _Optional[str] = ..., batch_invariant: _Optional[bool] = ..., lora_names: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class LoraAdapterRequest(_message.Message):
+    __slots__ = ("lora_name", "lora_path")
+    LORA_NAME_FIELD_NUMBER: _ClassVar[int]
+    LORA_PATH_FIELD_NUMBER: _ClassVar[int]
+    lora_name: str
+    lora_path: str
+    def __init__(self, lora_name: _Optional[str] = ..., lora_path: _Optional[str] = ...) -> None: ...
+
+class LoraAdapterResponse(_message.Message):
+    __slots__ = ("lora_names",)
+    LORA_NAMES_FIELD_NUMBER: _ClassVar[int]
+    lora_names: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, lora_names: _Optional[_Iterable[str]] = ...) -> None: ...

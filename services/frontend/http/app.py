@@ -13,7 +13,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from services.core.errors import REFUSALS, Unavailable
 from services.frontend.core import STATS_TIMEOUT_S, FrontendCore
-from services.frontend.http import messages_api, openai_requests, responses_api, schemas, tokenize_api
+from services.frontend.http import lora_api, messages_api, openai_requests, responses_api, schemas, tokenize_api
 from services.frontend.http.errors import error_body, install_error_handlers
 from services.frontend.http.guard import Guard
 from services.frontend.http.models import ChatCompletionRequest, CompletionRequest
@@ -91,6 +91,7 @@ def build_app(core: FrontendCore, is_ready: Callable[[], bool], api_key: str = "
     responses_api.add_routes(app, core, store, _unless_disconnected)
     messages_api.add_routes(app, core, _unless_disconnected)
     tokenize_api.add_routes(app, core)
+    lora_api.add_routes(app, core)
     return Guard(app, api_key, max_body_bytes)
 
 
