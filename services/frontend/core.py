@@ -72,6 +72,10 @@ class FrontendCore:
             raise UnknownModel(model, self.model_id)
         return model if model in self.loras else ""
 
+    def served_name(self, model: str) -> str:
+        """The model a response names: the request's LoRA adapter, else the base model's id."""
+        return self.check_model(model) or self.model_id
+
     def render(self, prompt: Prompt) -> str:
         """The prompt's text: as given, or chat messages rendered with the chat template."""
         if prompt.messages is None:

@@ -50,6 +50,7 @@ def test_openai_client_names_the_adapter_as_its_model(served, tiny_llama, adapte
         want = llm.generate([PROMPT], greedy(8, logprobs=1), use_tqdm=False, lora_request=lora)[0].outputs[0]
         assert got.choices[0].logprobs.token_logprobs == [lp.logprob for lp in want.logprobs], model
         assert got.choices[0].text == want.text, model
+        assert got.model == model  # the response names the adapter (vLLM's behaviour)
 
 
 def test_models_lists_the_adapters_under_their_base(served, tiny_llama, adapters):

@@ -70,7 +70,7 @@ def build_app(core: FrontendCore, is_ready: Callable[[], bool], api_key: str = "
         request_id = request.state.request_id = f"cmpl-{uuid.uuid4().hex}"
         requests = openai_requests.completion_requests(body, request_id)
         renderer = CompletionRenderer(
-            id=request_id, model=core.model_id, fingerprint=await _fingerprint(core), tokenizer=core.tokenizer,
+            id=request_id, model=core.served_name(body.model or ""), fingerprint=await _fingerprint(core), tokenizer=core.tokenizer,
             n=requests[0].params.n, prompt_logprobs=body.prompt_logprobs, top_k=body.logprobs,
             echoes=await openai_requests.echo_prompts(core, requests) if body.echo else None,
             score_only=body.max_tokens == 0)
@@ -81,7 +81,7 @@ def build_app(core: FrontendCore, is_ready: Callable[[], bool], api_key: str = "
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         request_id = request.state.request_id = f"chatcmpl-{uuid.uuid4().hex}"
         generate_request, tool_plan = await openai_requests.chat_request(core, body, request_id)
-        shared = dict(id=request_id, model=core.model_id, fingerprint=await _fingerprint(core),
+        shared = dict(id=request_id, model=core.served_name(body.model or ""), fingerprint=await _fingerprint(core),
                       tokenizer=core.tokenizer, n=generate_request.params.n, prompt_logprobs=body.prompt_logprobs)
         plain = tool_plan.mode == "none" and tool_plan.thinking is None
         renderer = ChatRenderer(**shared) if plain else ToolChatRenderer(**shared, plan=tool_plan)
