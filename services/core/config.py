@@ -222,6 +222,8 @@ class SchedulerConfig:
     preemption_mode: str = setting("recompute", f"one of {PREEMPTION_MODES}")
     scheduling_policy: str = setting("fcfs", f"one of {POLICIES}")
     max_waiting_requests: int = setting(4096, "beyond this, new requests are refused (RESOURCE_EXHAUSTED)")
+    max_loras: int = setting(8, "LoRA adapters whose sequences a worker runs at once; a request under another "
+                                "waits until one of them has none left (the base needs no slot)")
     seed: int | None = setting(None, "draw the seeds of requests that bring none from this, so a run repeats "
                                      "itself (default: random; the worker's own torch seed is --torch-seed)")
     async_scheduling: bool = setting(
@@ -254,6 +256,7 @@ class SchedulerConfig:
         _check_choice("preemption_mode", self.preemption_mode, PREEMPTION_MODES)
         _check_choice("scheduling_policy", self.scheduling_policy, POLICIES)
         check(self.max_waiting_requests >= 1, "max_waiting_requests", "must be >= 1")
+        check(self.max_loras >= 1, "max_loras", f"must be >= 1, got {self.max_loras}")
 
     def for_model(self, model_max_len: int) -> SchedulerConfig:
         """This config with max_model_len settled once the model's own limit is known."""

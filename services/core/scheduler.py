@@ -294,8 +294,8 @@ class Scheduler:
             seq = self.seqs[seq_id]
             if below is not None and policy_key(self.config.scheduling_policy, seq) >= below:
                 return
-            if not ws.serves(seq.request):
-                continue
+            if not ws.serves(seq.request) or not ws.has_lora_slot(seq.request.lora_name):
+                continue  # another adapter's slot may free up; those behind it need not wait for it
             owner = self.workers.get(seq.placed) or self._place(seq)
             if owner is not ws and not (owner is None or owner.is_stalled(now) or not has_room(owner, seq)):
                 continue

@@ -201,6 +201,14 @@ class WorkerScheduler:
         self.allocate(seq, num_new, plan)
         return True
 
+    def has_lora_slot(self, lora_name: str) -> bool:
+        """Whether a sequence under this LoRA adapter may start here: the adapters of the running
+        sequences, with it, stay within max_loras (the base needs no slot)."""
+        if not lora_name:
+            return True
+        running = {s.request.lora_name for s in self.running.values() if s.request.lora_name}
+        return lora_name in running or len(running) < self.config.max_loras
+
     def allocate(self, seq: Sequence, num_new: int, plan: StepPlan, drafts: list[int] = ()) -> None:
         """Slots for num_new tokens and the drafts after them (given back on rejection: _apply_verified)."""
         num_new += len(drafts)

@@ -113,3 +113,24 @@ def test_an_adapters_requests_go_only_to_the_workers_that_hold_it():
     with pytest.raises(InvalidArgument) as error:
         sched.add_request("x", [5, 6], params(2), lora_name="nope")
     assert error.value.field == "model"
+
+
+def test_max_loras_bounds_the_adapters_running_together_on_a_worker():
+    """max_loras 2: of three adapters' requests, the third adapter's waits until one of the first two has
+    none running, and the base request queued behind it does not wait for it; every request finishes."""
+    sched, fakes = make_scheduler(max_loras=2)
+    sched.set_worker_loras("w0", {"a", "b", "c"})
+    for i, name in enumerate(["a", "b", "c", "", "a"]):
+        sched.add_request(f"r{i}", list(range(10 + i, 20 + i)), params(3 + 2 * (name == "a")), lora_name=name)
+    seen = []
+    for step in range(50):
+        delta = sched.schedule_worker("w0")
+        if delta is None:
+            break
+        if step == 0:
+            assert {sched.seqs[new.seq_id].request.request_id for new in delta.new_seqs} == {"r0", "r1", "r3", "r4"}
+        running = {seq.request.lora_name for seq in sched.workers["w0"].running.values()} - {""}
+        seen.append(running)
+        sched.update("w0", fakes["w0"].step(delta))
+    assert max(len(s) for s in seen) == 2 and any("c" in s for s in seen)
+    assert not sched.has_unfinished()
