@@ -276,6 +276,7 @@ class StepLoop:
         """What every worker's prefix cache gained and lost since the last call (services/core/kv_events.py)."""
         if self.kv_events is not None:
             self.kv_events.publish(self.core.drain_kv_events())
+
     # ---- LoRA adapters -----------------------------------------------------------
     async def load_lora(self, name: str, path: str) -> list[str]:
         """Load adapter `name` on every registered worker (each checks it); the adapters all of them hold."""

@@ -70,9 +70,9 @@ def build_app(core: FrontendCore, is_ready: Callable[[], bool], api_key: str = "
         request_id = request.state.request_id = f"cmpl-{uuid.uuid4().hex}"
         requests = openai_requests.completion_requests(body, request_id)
         renderer = CompletionRenderer(
-            id=request_id, model=core.served_name(body.model or ""), fingerprint=await _fingerprint(core), tokenizer=core.tokenizer,
-            n=requests[0].params.n, prompt_logprobs=body.prompt_logprobs, top_k=body.logprobs,
-            echoes=await openai_requests.echo_prompts(core, requests) if body.echo else None,
+            id=request_id, model=core.served_name(body.model or ""), fingerprint=await _fingerprint(core),
+            tokenizer=core.tokenizer, n=requests[0].params.n, prompt_logprobs=body.prompt_logprobs,
+            top_k=body.logprobs, echoes=await openai_requests.echo_prompts(core, requests) if body.echo else None,
             score_only=body.max_tokens == 0)
         return await _respond(core, requests, renderer, body, body.logprobs is not None, request)
 
