@@ -103,8 +103,12 @@ class Worker:
             model=str(self.model_path), dtype=str(self.dtype).removeprefix("torch."), block_size=cache.block_size,
             num_gpu_blocks=num_blocks, num_cpu_blocks=num_cpu_blocks, vocab_size=arch.vocab_size,
             max_model_len=arch.max_position_embeddings, eos_token_ids=arch.eos_token_ids,
-            device=self.device.type, batch_invariant=config.batch_invariant,
-            lora_names=tuple(self.load_lora(name, path).name for name, path in parse_lora_modules(config.lora_modules).items()))
+            device=self.device.type, batch_invariant=config.batch_invariant)
+        for name, path in parse_lora_modules(config.lora_modules).items():  # a bad one stops the worker, named
+            self.load_lora(name, path)
+        # what it registers with (and GetInfo answers, which the scheduler's probe compares): its --lora-modules;
+        # adapters loaded at run time are the scheduler's to remember (set_worker_loras)
+        self.info = dataclasses.replace(self.info, lora_names=tuple(self.lora_names()))
         log.info("worker_ready", model=self.info.model, dtype=self.info.dtype, device=self.info.device,
                  num_gpu_blocks=num_blocks, num_cpu_blocks=num_cpu_blocks, kernels=ops.name,
                  quantization=self.quantization, activation_quant=self.activation_quant, cpu_isa=cpu_kernels.active_tier() if ops.name == "cpu" else None,
