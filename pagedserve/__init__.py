@@ -16,6 +16,7 @@ import importlib
 _HOMES = {
     "LLM": "pagedserve.llm",
     "SamplingParams": "services.core.sampling_params",
+    "LoRARequest": "services.core.lora",
     "RequestOutput": "services.core.outputs",
     "CompletionOutput": "services.core.outputs",
     **{name: "pagedserve.client" for name in (

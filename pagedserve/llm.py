@@ -10,6 +10,7 @@ from tqdm import tqdm
 
 from services.core.config import EngineArgs
 from services.core.errors import InvalidArgument
+from services.core.lora import LoRARequest
 from services.core.outputs import OutputCollector, PoolingOutput, PoolingRequestOutput, RequestOutput
 from services.core.pooling import is_encoder_folder, pooling_spec, score_input, shorten
 from services.core.sampling_params import SamplingParams
@@ -45,8 +46,11 @@ class LLM:
         return self.engine.scheduler
 
     def generate(self, prompts: Prompt | Seq[Prompt], sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
-                 use_tqdm: bool = True, priority: Seq[int] | None = None) -> list[RequestOutput]:
-        """Outputs in input order. One SamplingParams for all prompts, or one per prompt."""
+                 use_tqdm: bool = True, priority: Seq[int] | None = None,
+                 lora_request: LoRARequest | Seq[LoRARequest | None] | None = None) -> list[RequestOutput]:
+        """Outputs in input order. One SamplingParams for all prompts, or one per prompt; likewise one
+        LoRARequest (an adapter, loaded on first use; needs LLM(..., enable_lora=True)) or one per prompt
+        (None: the base model)."""
         prompts = [prompts] if isinstance(prompts, str) or _is_token_ids(prompts) else list(prompts)
         params = sampling_params if isinstance(sampling_params, (list, tuple)) else \
             [sampling_params or SamplingParams()] * len(prompts)
@@ -54,11 +58,20 @@ class LLM:
             raise InvalidArgument("sampling_params", f"{len(params)} given for {len(prompts)} prompts")
         if priority is not None and len(priority) != len(prompts):
             raise InvalidArgument("priority", f"{len(priority)} given for {len(prompts)} prompts")
+        loras = lora_request if isinstance(lora_request, (list, tuple)) else [lora_request] * len(prompts)
+        if len(loras) != len(prompts):
+            raise InvalidArgument("lora_request", f"{len(loras)} given for {len(prompts)} prompts")
+        adapters = list(dict.fromkeys(lr for lr in loras if lr is not None))
+        if len(adapters) > self.args.worker.max_cpu_loras:
+            raise InvalidArgument("lora_request", f"{len(adapters)} adapters in one call exceed max_cpu_loras "
+                                                  f"{self.args.worker.max_cpu_loras}")
+        for lora in adapters:
+            self.engine.load_lora(lora.lora_name, lora.lora_path)
         grammars = next(iter(self.engine.workers.values())).runner.grammars
         for constraint in {sp.structured_outputs for sp in params} - {None}:
             grammars.cache.matcher(constraint)  # an invalid one is refused here, naming the field
-        collectors = [self._submit(p, sp, priority[i] if priority else 0)
-                      for i, (p, sp) in enumerate(zip(prompts, params))]
+        collectors = [self._submit(p, sp, priority[i] if priority else 0, lr.lora_name if lr else "")
+                      for i, (p, sp, lr) in enumerate(zip(prompts, params, loras))]
         by_id = {c.output.request_id: c for c in collectors}
         with tqdm(total=len(collectors), desc="generate", unit="req", disable=not use_tqdm) as bar:
             while self.scheduler.has_unfinished():
@@ -144,13 +157,13 @@ class LLM:
                         bar.update(1)
         return list(outputs.values())
 
-    def _submit(self, prompt: Prompt, params: SamplingParams, priority: int) -> OutputCollector:
+    def _submit(self, prompt: Prompt, params: SamplingParams, priority: int, lora_name: str = "") -> OutputCollector:
         if isinstance(prompt, str):
             text, ids = prompt, self.tokenizer.encode(prompt)
         else:
             text, ids = None, [int(t) for t in prompt]
         request_id = str(next(self._ids))
-        request = self.scheduler.add_request(request_id, ids, params, priority)
+        request = self.scheduler.add_request(request_id, ids, params, priority, lora_name=lora_name)
         return OutputCollector(request_id, text, ids, request.params, self.tokenizer)
 
 

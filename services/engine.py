@@ -26,6 +26,18 @@ class Engine:
         events = self.scheduler.config.kv_events_config  # published as the scheduler service does
         self.kv_events = KVEventPublisher(events) if self.scheduler.kv_events is not None else None
 
+    def load_lora(self, name: str, path: str) -> None:
+        """Adapter `name` held by every worker (a no-op where held from that path)."""
+        for worker_id, worker in self.workers.items():
+            worker.load_lora(name, path)
+            self.scheduler.set_worker_loras(worker_id, set(worker.runner.loras.adapters))
+
+    def unload_lora(self, name: str) -> None:
+        for worker_id in self.scheduler.retire_lora(name):
+            worker = self.workers[worker_id]
+            worker.unload_lora(name)
+            self.scheduler.set_worker_loras(worker_id, set(worker.runner.loras.adapters))
+
     def close(self) -> None:
         """Stop the follower ranks of tensor/pipeline parallel workers and leave their groups."""
         for worker in self.workers.values():

@@ -48,8 +48,10 @@ class Generation:
 
 
 class Cluster:
-    def __init__(self, model, **scheduler_config):
+    def __init__(self, model, worker_config: dict | None = None, **scheduler_config):
+        """worker_config: the workers' WorkerConfig settings beside model and dtype (e.g. enable_lora)."""
         self.model = str(model)
+        self.worker_config = worker_config or {}
         service, scheduler = split_settings(scheduler_config, SchedulerServiceConfig, SchedulerConfig)
         self.scheduler = SchedulerServer(SchedulerServiceConfig(host="127.0.0.1", port=0, **service,
                                                                 scheduler=SchedulerConfig(**scheduler)))
@@ -68,7 +70,7 @@ class Cluster:
 
     async def add_worker(self, worker_id: str, scheduler_address: str | None = None) -> WorkerServer:
         address = scheduler_address or f"127.0.0.1:{self.scheduler.port}"
-        server = await start_worker(WorkerConfig(model=self.model, dtype="float32"),
+        server = await start_worker(WorkerConfig(model=self.model, dtype="float32", **self.worker_config),
                                     CacheConfig(block_size=16, num_gpu_blocks=NUM_GPU_BLOCKS),
                                     WorkerServiceConfig(scheduler_address=address, worker_id=worker_id,
                                                         host="127.0.0.1"))

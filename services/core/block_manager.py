@@ -96,13 +96,13 @@ class BlockManager:
         return -(-num_tokens // self.block_size)
 
     # ---- prefix cache --------------------------------------------------------
-    def match_prefix(self, seq_id: int, token_ids: list[int]) -> int:
+    def match_prefix(self, seq_id: int, token_ids: list[int], root: bytes = ROOT_HASH) -> int:
         """For a sequence that holds no blocks: attach the longest run of cached full blocks
         that match token_ids from the start (ref+1 each; taken out of the free pool if
         there) and return how many tokens they cover. Covers at most len(token_ids) - 1
         tokens (rounded down to a block multiple), so at least one token is always left to
         compute. Returns 0 when prefix caching is off. Counts a query of len(token_ids)
-        tokens and the hit tokens in `stats`."""
+        tokens and the hit tokens in `stats`. root: the first block's parent hash (its adapter's)."""
         if self._held_blocks(seq_id):
             raise ValueError(f"match_prefix: sequence {seq_id} already holds blocks")
         if not self.enable_prefix_caching:
@@ -113,7 +113,7 @@ class BlockManager:
         matched_hashes: list[bytes] = []
         for index in range(max_num_blocks):
             start = index * self.block_size
-            parent_hash = matched_hashes[-1] if matched_hashes else ROOT_HASH
+            parent_hash = matched_hashes[-1] if matched_hashes else root
             block_hash = hash_block(parent_hash, token_ids[start:start + self.block_size])
             block_id = self._pool.lookup(block_hash)
             if block_id is None:
@@ -145,7 +145,8 @@ class BlockManager:
         """The hashes the prefix cache holds now (what the KV events told a subscriber it holds)."""
         return set(self._pool.cached_block_ids())
 
-    def cache_full_blocks(self, seq_id: int, token_ids: list[int], num_computed_tokens: int) -> None:
+    def cache_full_blocks(self, seq_id: int, token_ids: list[int], num_computed_tokens: int,
+                          root: bytes = ROOT_HASH) -> None:
         """Register (hash) every block of the sequence that is full and entirely within the
         first num_computed_tokens tokens and not registered yet. No-op when caching is off.
         If an identical block is already registered under that hash, keep the existing
@@ -157,7 +158,7 @@ class BlockManager:
         known_hashes = self._seq_hashes.get(seq_id, [])
         if num_full_blocks <= len(known_hashes):
             return
-        hashes = hash_full_blocks(token_ids, self.block_size, num_full_blocks, known_hashes)
+        hashes = hash_full_blocks(token_ids, self.block_size, num_full_blocks, known_hashes, root)
         stored = [index for index in range(len(known_hashes), num_full_blocks)
                   if self._pool.register(table[index], hashes[index])]
         self._seq_hashes[seq_id] = hashes

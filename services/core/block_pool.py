@@ -13,7 +13,13 @@ from dataclasses import dataclass
 
 from services.core.kv_events import BlockRemoved, KVEventLog
 
-ROOT_HASH = b""  # parent hash of a sequence's first block
+ROOT_HASH = b""  # parent hash of a sequence's first block (under the base model)
+
+
+def root_hash(lora_name: str) -> bytes:
+    """The parent hash of the first block of a sequence under this LoRA adapter ("": the base model), so
+    that blocks computed under different weights never share a chain."""
+    return ROOT_HASH if not lora_name else hashlib.sha256(b"lora\0" + lora_name.encode()).digest()
 
 
 def hash_block(parent_hash: bytes, token_ids: list[int]) -> bytes:
@@ -23,11 +29,12 @@ def hash_block(parent_hash: bytes, token_ids: list[int]) -> bytes:
 
 
 def hash_full_blocks(token_ids: list[int], block_size: int, num_blocks: int,
-                     known_hashes: list[bytes]) -> list[bytes]:
-    """Chained hashes of the first num_blocks full blocks, reusing known_hashes (a prefix)."""
+                     known_hashes: list[bytes], root: bytes = ROOT_HASH) -> list[bytes]:
+    """Chained hashes of the first num_blocks full blocks, reusing known_hashes (a prefix); root: the first
+    block's parent (root_hash of the sequence's adapter)."""
     hashes = known_hashes[:num_blocks]
     for index in range(len(hashes), num_blocks):
-        parent_hash = hashes[-1] if hashes else ROOT_HASH
+        parent_hash = hashes[-1] if hashes else root
         hashes.append(hash_block(parent_hash, token_ids[index * block_size:(index + 1) * block_size]))
     return hashes
 

@@ -23,6 +23,7 @@ from typing import Any
 from services.core.errors import InvalidArgument, check
 from services.core.kv_events import KVEventsConfig
 from services.core.pooling import TASKS
+from services.core.lora import lora_modules_setting, parse_lora_modules
 
 ALLOWED_BLOCK_SIZES = (8, 16, 32)
 POLICIES = ("fcfs", "priority", "sjf")
@@ -222,6 +223,8 @@ class SchedulerConfig:
     preemption_mode: str = setting("recompute", f"one of {PREEMPTION_MODES}")
     scheduling_policy: str = setting("fcfs", f"one of {POLICIES}")
     max_waiting_requests: int = setting(4096, "beyond this, new requests are refused (RESOURCE_EXHAUSTED)")
+    max_loras: int = setting(8, "LoRA adapters whose sequences a worker runs at once; a request under another "
+                                "waits until one of them has none left (the base needs no slot)")
     seed: int | None = setting(None, "draw the seeds of requests that bring none from this, so a run repeats "
                                      "itself (default: random; the worker's own torch seed is --torch-seed)")
     async_scheduling: bool = setting(
@@ -254,6 +257,7 @@ class SchedulerConfig:
         _check_choice("preemption_mode", self.preemption_mode, PREEMPTION_MODES)
         _check_choice("scheduling_policy", self.scheduling_policy, POLICIES)
         check(self.max_waiting_requests >= 1, "max_waiting_requests", "must be >= 1")
+        check(self.max_loras >= 1, "max_loras", f"must be >= 1, got {self.max_loras}")
 
     def for_model(self, model_max_len: int) -> SchedulerConfig:
         """This config with max_model_len settled once the model's own limit is known."""
@@ -308,9 +312,21 @@ class WorkerConfig:
     task: str = setting("auto", "what the model is served for: generate, embed (one vector per input) or score "
                                 "(a reranker); auto: score for *ForSequenceClassification, embed for a bare encoder "
                                 "or a sentence-transformers folder, else generate (services/core/pooling.py)")
+    enable_lora: bool = setting(False, "serve LoRA adapters (PEFT folders) over the base model: a request names "
+                                       "its adapter as its model (docs/guide/lora.md)")
+    max_lora_rank: int = setting(16, "the largest adapter rank (r) a worker loads; a larger one is refused")
+    max_cpu_loras: int = setting(8, "adapters a worker holds at once; past it the least recently used idle one is "
+                                    "dropped (reloaded from its folder when asked again)")
+    lora_modules: str = lora_modules_setting()
 
     def __post_init__(self) -> None:
         check(bool(self.model), "model", "must name a model folder or hub id")
+        check(self.max_lora_rank >= 1, "max_lora_rank", f"must be >= 1, got {self.max_lora_rank}")
+        check(self.max_cpu_loras >= 1, "max_cpu_loras", f"must be >= 1, got {self.max_cpu_loras}")
+        modules = parse_lora_modules(self.lora_modules)
+        check(self.enable_lora or not modules, "lora_modules", "needs --enable-lora")
+        check(len(modules) <= self.max_cpu_loras, "lora_modules",
+              f"{len(modules)} adapters exceed max_cpu_loras {self.max_cpu_loras}")
         check(self.tensor_parallel_size >= 1, "tensor_parallel_size", f"must be >= 1, got {self.tensor_parallel_size}")
         check(self.pipeline_parallel_size >= 1, "pipeline_parallel_size",
               f"must be >= 1, got {self.pipeline_parallel_size}")

@@ -41,4 +41,4 @@ def prefix_hashes(seq: Sequence, config: SchedulerConfig) -> list[bytes]:
     if not config.enable_prefix_caching or seq.request.params.prompt_logprobs is not None:
         return []
     token_ids, block_size = seq.token_ids, config.block_size
-    return hash_full_blocks(token_ids, block_size, (len(token_ids) - 1) // block_size, [])
+    return hash_full_blocks(token_ids, block_size, (len(token_ids) - 1) // block_size, [], seq.request.cache_root)

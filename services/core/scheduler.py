@@ -12,6 +12,7 @@ Python.
 """
 from __future__ import annotations
 
+from collections import Counter
 import itertools
 import random
 import time
@@ -141,9 +142,10 @@ class Scheduler:
 
     # ---- requests --------------------------------------------------------------
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                    priority: int = 0, continued: tuple[ContinuedSample, ...] = ()) -> Request:
+                    priority: int = 0, continued: tuple[ContinuedSample, ...] = (), lora_name: str = "") -> Request:
         """Admit a request; `continued` non-empty: a continuation (ContinuedSample), which runs
-        just the samples it names, each from its own tokens."""
+        just the samples it names, each from its own tokens; lora_name: the LoRA adapter it runs under
+        (loaded on the workers by whoever admits it), "" for the base model."""
         params.validate()  # admission: the one check after the edge's (the wire's decoding checks nothing)
         check_int("priority", priority, INT32_MIN, INT32_MAX)  # the LLM's callers reach here unchecked
         check(request_id not in self.requests, "request_id", f"{request_id!r} is already running")
@@ -156,6 +158,9 @@ class Scheduler:
                   f"{len(prompt_token_ids)} tokens leave no room to generate within max_model_len "
                   f"{self.config.max_model_len}")
         self._check_against_workers(prompt_token_ids, params)
+        if lora_name and self.workers:
+            check(any(lora_name in ws.lora_names for ws in self.workers.values()), "model",
+                  f"LoRA adapter {lora_name!r} is not held by any worker")
         # A burst arrives before any step runs: the requests that free seats will take are not waiting
         free_seats = max(0, len(self.workers) * self.config.max_num_seqs - self.num_running)
         if len(self.waiting) >= self.config.max_waiting_requests + free_seats:
@@ -164,13 +169,30 @@ class Scheduler:
         if params.seed is None:
             params = params.with_seed(self._seeds.getrandbits(63) if self._seeds else new_request_seed())
         request = Request(request_id=request_id, prompt_token_ids=list(prompt_token_ids), params=params,
-                          arrival=next(self._arrivals), priority=priority)
+                          arrival=next(self._arrivals), priority=priority, lora_name=lora_name)
         if continued:
             self._continue(request, continued)
         else:
             self.enqueue(self.new_seq(request, 0))
         self.requests[request_id] = request
         return request
+
+    def set_worker_loras(self, worker_id: str, lora_names: set[str]) -> None:
+        """The LoRA adapters a worker now holds (after it loaded or dropped one)."""
+        self.workers[worker_id].lora_names = set(lora_names)
+
+    def retire_lora(self, name: str) -> list[str]:
+        """Before an adapter is unloaded: refused (naming lora_name) while requests under it run or wait;
+        else no worker counts as holding it from now, so no new request is admitted under it. Returns the
+        workers that held it (to unload it from)."""
+        holders = [worker_id for worker_id, ws in self.workers.items() if name in ws.lora_names]
+        check(bool(holders), "lora_name", f"adapter {name!r} is not loaded")
+        num_requests = sum(1 for request in self.requests.values() if request.lora_name == name)
+        check(num_requests == 0, "lora_name", f"adapter {name!r} has {num_requests} requests running or waiting; "
+                                              f"unload it once they finish")
+        for worker_id in holders:
+            self.workers[worker_id].lora_names.discard(name)
+        return holders
 
     def _continue(self, request: Request, continued: tuple[ContinuedSample, ...]) -> None:
         """A continuation's samples, each waiting to be recomputed from prompt + its own tokens
@@ -298,6 +320,8 @@ class Scheduler:
             seq = self.seqs[seq_id]
             if below is not None and policy_key(self.config.scheduling_policy, seq) >= below:
                 return
+            if not ws.serves(seq.request) or not ws.has_lora_slot(seq.request.lora_name):
+                continue  # another adapter's slot may free up; those behind it need not wait for it
             owner = self.workers.get(seq.placed) or self._place(seq)
             if owner is not ws and not (owner is None or owner.is_stalled(now) or not has_room(owner, seq)):
                 continue
@@ -387,5 +411,15 @@ class Scheduler:
         return SchedulerStats(num_waiting=len(self.waiting), num_running=self.num_running,
                               num_swapped=sum(len(ws.swapped) for ws in self.workers.values()),
                               num_preemptions=self.num_preemptions, workers=workers,
-                              max_model_len=self.config.max_model_len,
+                              max_model_len=self.config.max_model_len, **self._lora_stats(),
                               **(spec.as_stats() if spec is not None else {}))
+
+    def _lora_stats(self) -> dict:
+        """Per LoRA adapter: its sequences running and waiting (SchedulerStats.lora_*)."""
+        running, waiting = Counter(), Counter()
+        for ws in self.workers.values():
+            running.update(seq.request.lora_name for seq in ws.running.values() if seq.request.lora_name)
+        waiting.update(self.seqs[i].request.lora_name for i in self.waiting if self.seqs[i].request.lora_name)
+        names = tuple(sorted(running.keys() | waiting.keys()))
+        return dict(lora_names=names, lora_num_running=tuple(running[n] for n in names),
+                    lora_num_waiting=tuple(waiting[n] for n in names))

@@ -4,6 +4,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from services.core.block_pool import root_hash
 from services.core.sampling_params import SamplingParams
 from services.core.step import Logprobs
 
@@ -26,6 +27,13 @@ class Request:
     forked: bool = False  # the n-1 parallel samples have been forked off sample 0
     prompt_logprobs: list[Logprobs | None] = field(default_factory=list)
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache at first admission
+    lora_name: str = ""  # the LoRA adapter it runs under ("": the base model); keys its prefix-cache blocks
+
+    @property
+    def cache_root(self) -> bytes:
+        """The parent hash of its first KV block: a base block is never reused under an adapter, nor one
+        adapter's under another (services/core/block_pool.py root_hash)."""
+        return root_hash(self.lora_name)
 
     @property
     def seed(self) -> int:

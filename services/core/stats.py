@@ -51,6 +51,10 @@ class SchedulerStats:
     spec_decode_num_draft_tokens: int = 0  # tokens drafted
     spec_decode_num_accepted_tokens: int = 0  # drafted tokens kept
     spec_decode_num_accepted_tokens_per_pos: tuple[int, ...] = ()  # [i]: kept at draft position i
+    # LoRA adapters with sequences running or waiting (sorted), and how many of each, side by side
+    lora_names: tuple[str, ...] = ()
+    lora_num_running: tuple[int, ...] = ()
+    lora_num_waiting: tuple[int, ...] = ()
 
     @property
     def num_workers(self) -> int:

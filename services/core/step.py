@@ -29,6 +29,7 @@ class NewSequence:
     params: SamplingParams  # its seed always set (the request's, assigned at admission if it had none)
     sample_index: int = 0  # which of the request's n samples this is
     num_samples: int = 1  # >1: sample this many first tokens (parallel sampling fork)
+    lora_name: str = ""  # the LoRA adapter it runs under (loaded on the worker); "": the base model
 
 
 @dataclass(kw_only=True)
@@ -120,3 +121,4 @@ class WorkerInfo:
     # a pooling request runs its whole prompt in one step with no cached prefix (an encoder; mean or
     # CLS pooling): the scheduler never chunks it
     pooling_whole: bool = False
+    lora_names: tuple[str, ...] = ()  # the LoRA adapters it serves (--lora-modules)

@@ -46,6 +46,7 @@ class WorkerScheduler:
 
     def __init__(self, worker_id: str, info: WorkerInfo, config: SchedulerConfig, shared: Scheduler):
         self.worker_id, self.info, self.config, self.shared = worker_id, info, config, shared
+        self.lora_names = set(info.lora_names)  # the LoRA adapters it holds (Scheduler.set_worker_loras)
         self.blocks = BlockManager(info.num_gpu_blocks, info.block_size, info.num_cpu_blocks,
                                    config.enable_prefix_caching)
         if shared.kv_events is not None:
@@ -75,9 +76,9 @@ class WorkerScheduler:
         return len(self.running) + len(self.swapped) + self.num_waiting
 
     def serves(self, request) -> bool:
-        """Hook: whether this worker serves the request's model (and, once they exist, its adapter).
-        Every worker serves the one model today (the scheduler refuses one that does not fit)."""
-        return True
+        """Hook: whether this worker serves the request's model and its LoRA adapter. Every worker serves the
+        one model (the scheduler refuses one that does not fit); an adapter, the workers that hold it."""
+        return not request.lora_name or request.lora_name in self.lora_names
 
     # ---- one step --------------------------------------------------------------
     def schedule(self, step_id: int) -> StepDelta | None:
@@ -191,7 +192,7 @@ class WorkerScheduler:
         if not self.has_seat() or plan.num_tokens >= self.config.max_num_batched_tokens:
             return False
         if seq.request.params.prompt_logprobs is None and not self._runs_whole(seq):  # every position run
-            seq.num_computed_tokens = self.blocks.match_prefix(seq.seq_id, seq.token_ids)
+            seq.num_computed_tokens = self.blocks.match_prefix(seq.seq_id, seq.token_ids, seq.request.cache_root)
         num_new = self.num_new_tokens(seq, plan)
         if num_new == 0 or not self.blocks.can_allocate(seq.seq_id, seq.num_computed_tokens + num_new):
             self.blocks.free(seq.seq_id)
@@ -203,6 +204,14 @@ class WorkerScheduler:
         self.running[seq.seq_id] = seq
         self.allocate(seq, num_new, plan)
         return True
+
+    def has_lora_slot(self, lora_name: str) -> bool:
+        """Whether a sequence under this LoRA adapter may start here: the adapters of the running
+        sequences, with it, stay within max_loras (the base needs no slot)."""
+        if not lora_name:
+            return True
+        running = {s.request.lora_name for s in self.running.values() if s.request.lora_name}
+        return lora_name in running or len(running) < self.config.max_loras
 
     def allocate(self, seq: Sequence, num_new: int, plan: StepPlan, drafts: list[int] = ()) -> None:
         """Slots for num_new tokens and the drafts after them (given back on rejection: _apply_verified)."""
@@ -240,7 +249,8 @@ class WorkerScheduler:
                     output_token_ids=list(seq.output_token_ids), block_ids=list(table),
                     num_computed_tokens=seq.num_computed_tokens, num_scheduled_tokens=num_new, params=request.params,
                     sample_index=seq.sample_index,
-                    num_samples=request.params.n if not request.forked and seq.sample_index == 0 else 1))
+                    num_samples=request.params.n if not request.forked and seq.sample_index == 0 else 1,
+                    lora_name=request.lora_name))
             else:
                 num_prompt = len(seq.prompt_token_ids)
                 plan.delta.cached_seqs.append(CachedSequence(
@@ -261,7 +271,8 @@ class WorkerScheduler:
                 continue
             _add_prompt_logprobs(seq, result.prompt_logprobs.get(seq.seq_id))
             seq.num_computed_tokens += num_new - len(plan.drafts.get(seq.seq_id, ()))
-            self.blocks.cache_full_blocks(seq.seq_id, seq.token_ids, seq.num_computed_tokens)
+            self.blocks.cache_full_blocks(seq.seq_id, seq.token_ids, seq.num_computed_tokens,
+                                              seq.request.cache_root)
         for output in result.outputs:
             seq = self.shared.seqs.get(output.seq_id)
             if seq is None or seq.is_finished:
@@ -332,7 +343,8 @@ class WorkerScheduler:
             raise AssertionError(f"sequence {seq.seq_id}: the worker kept {tokens[:-1]} of the drafts {drafts}")
         self.shared.speculator.record(seq.seq_id, len(drafts), num_accepted)
         seq.num_computed_tokens += num_accepted
-        self.blocks.cache_full_blocks(seq.seq_id, seq.token_ids + tokens[:num_accepted], seq.num_computed_tokens)
+        self.blocks.cache_full_blocks(seq.seq_id, seq.token_ids + tokens[:num_accepted], seq.num_computed_tokens,
+                                      seq.request.cache_root)
         update = self._append_tokens(seq, tokens, output.logprobs or [None] * len(tokens))
         if not seq.is_finished:
             self.blocks.trim(seq.seq_id, seq.num_tokens)

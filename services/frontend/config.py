@@ -7,6 +7,7 @@ from pathlib import Path
 
 from services.core.config import LogConfig, model_cache_dir_setting, setting, tokenizer_setting
 from services.core.errors import check
+from services.core.lora import lora_modules_setting, parse_lora_modules
 from services.core.structured import GrammarLimits
 from services.frontend import reasoning
 from services.frontend.response_store import ResponseStoreLimits
@@ -19,6 +20,11 @@ class FrontendConfig:
     model_cache_dir: str = model_cache_dir_setting()
     tokenizer: str = tokenizer_setting()
     served_model_name: str = setting("", "the model's id for clients (default: the --model value)")
+    lora_modules: str = lora_modules_setting()
+    lora_dir: str = setting("", "the folder POST /v1/load_lora_adapter may load adapters from (their paths must lie "
+                                "under it); empty: none, unless --allow-any-lora-path")
+    allow_any_lora_path: bool = setting(False, "let POST /v1/load_lora_adapter load an adapter from any path the "
+                                               "workers can read (behind --api-key)")
     scheduler_address: str = setting("127.0.0.1:50052", "the scheduler's HOST:PORT; several, comma-separated: "
                                                         "one is active, the next takes over when it is lost")
     scheduler_failover_timeout_s: float = setting(
@@ -56,6 +62,8 @@ class FrontendConfig:
 
     def __post_init__(self) -> None:
         check(bool(self.model), "model", "must not be empty")
+        check(self.model_id not in parse_lora_modules(self.lora_modules), "lora_modules",
+              f"an adapter may not be named as the base model {self.model_id!r}")
         for address in self.scheduler_address.split(","):
             check(":" in address, "scheduler_address", f"must be HOST:PORT[,HOST:PORT...], got {self.scheduler_address!r}")
         check(self.scheduler_failover_timeout_s >= 0, "scheduler_failover_timeout_s",

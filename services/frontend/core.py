@@ -51,6 +51,8 @@ class FrontendCore:
         self.card: ModelCard | None = None  # known once a worker registered at the scheduler
         self.grammar_check = GrammarCheck(tokenizer, grammar_limits)
         self.pooling_model = PoolingModel()  # the model folder's, for embeddings and scores (frontend/pooling.py)
+        self.loras: dict[str, str] = {}  # LoRA adapter name -> folder (--lora-modules): models a request may name
+        self.lora_dir, self.allow_any_lora_path = "", False  # where POST /v1/load_lora_adapter may load from
 
     async def refresh(self) -> bool:
         """Ask the scheduler for the served model's limits; True when a worker is ready."""
@@ -66,9 +68,22 @@ class FrontendCore:
                               "e.g. one it cannot reach at its --advertise-host, logs registration_refused with why)")
         return self.card
 
-    def check_model(self, model: str) -> None:
-        if model and model != self.model_id:
+    def check_model(self, model: str) -> str:
+        """The LoRA adapter a request's model names ("" for the base model); UnknownModel for anything else."""
+        if model and model != self.model_id and model not in self.loras:
             raise UnknownModel(model, self.model_id)
+        return model if model in self.loras else ""
+
+    def check_pooling_model(self, model: str) -> None:
+        """An embeddings or score request's model: the base model's id (or none); a LoRA adapter is refused
+        (adapters serve generation only: docs/guide/embeddings.md)."""
+        if self.check_model(model):
+            raise InvalidArgument("model", f"{model!r} is a LoRA adapter: adapters serve generation only, "
+                                           f"embeddings and scores come from the base model {self.model_id!r}")
+
+    def served_name(self, model: str) -> str:
+        """The model a response names: the request's LoRA adapter, else the base model's id."""
+        return self.check_model(model) or self.model_id
 
     def render(self, prompt: Prompt) -> str:
         """The prompt's text: as given, or chat messages rendered with the chat template."""
@@ -140,7 +155,7 @@ class FrontendCore:
         timer, status = self.metrics.timer(), "ok"
         try:
             async with aclosing(self.scheduler.submit(request_id, prompt_ids, request.params,
-                                                      request.priority)) as steps:
+                                                      request.priority, self.check_model(request.model))) as steps:
                 async for step in steps:
                     timer.on_queue_time(step.queue_time_s)
                     event = tracker.apply(step.updates)

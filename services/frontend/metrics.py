@@ -151,6 +151,23 @@ class SchedulerCollector:
         yield from self._per_worker(stats)
         yield from self._spec_decode(stats)
         yield from self._inference_extension(stats)
+        yield from self._lora(stats)
+
+    def _lora(self, stats: SchedulerStats):
+        """vLLM's vllm:lora_requests_info (the adapters running and waiting as comma-separated labels, the
+        Gateway API Inference Extension routes by it) and each adapter's sequences."""
+        running = [n for n, k in zip(stats.lora_names, stats.lora_num_running) if k]
+        waiting = [n for n, k in zip(stats.lora_names, stats.lora_num_waiting) if k]
+        info = GaugeMetricFamily("vllm:lora_requests_info", "LoRA adapters with requests running and waiting.",
+                                 labels=["running_lora_adapters", "waiting_lora_adapters"])
+        info.add_metric([",".join(running), ",".join(waiting)], time.time())
+        yield info
+        for name, doc, values in (("lora_num_requests_running", "Sequences running under the adapter.",
+                                   stats.lora_num_running),
+                                  ("lora_num_requests_waiting", "Sequences waiting under the adapter.",
+                                   stats.lora_num_waiting)):
+            yield self._family(GaugeMetricFamily, name, doc, [([n], k) for n, k in zip(stats.lora_names, values)],
+                               ["lora_name"])
 
     def _per_worker(self, stats: SchedulerStats):
         """Each worker's queues and pace (label `worker`): the workers step independently, so one

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import grpc
 import structlog
 
-from pagedserve.internal.v1 import scheduler_pb2, scheduler_pb2_grpc
+from pagedserve.internal.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 from services.rpc import internal_codec
 from services.rpc.status import StatusError, code_of, core_error, scheduler_lost
 from services.core.errors import InvalidArgument, Unavailable
@@ -130,7 +130,7 @@ class SchedulerClient:
         return self._submit_many
 
     async def submit(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                     priority: int) -> AsyncIterator[SubmitStep]:
+                     priority: int, lora_name: str = "") -> AsyncIterator[SubmitStep]:
         """Each step's updates; closing the iterator early (or being cancelled) cancels the
         request at the scheduler, which aborts it and frees its blocks. A lost scheduler is waited
         for (while the pool searches, a new request waits too, from when it was lost) and the
@@ -151,7 +151,7 @@ class SchedulerClient:
                 sent_params, continued = progress.resubmission() if resubmit else (params, ())
                 try:
                     async with aclosing(self._run(mux, request_id, prompt_token_ids, sent_params, priority,
-                                                  continued, resubmit)) as steps:
+                                                  continued, resubmit, lora_name)) as steps:
                         async for step in steps:
                             progress.apply(step.updates)
                             lost_since, attempt = None, 0
@@ -169,7 +169,8 @@ class SchedulerClient:
             self._open.pop(request_id, None)
 
     async def _run(self, mux: SubmitManyCall, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                   priority: int, continued: tuple[ContinuedSample, ...], resubmit: bool) -> AsyncIterator[SubmitStep]:
+                   priority: int, continued: tuple[ContinuedSample, ...], resubmit: bool,
+                   lora_name: str = "") -> AsyncIterator[SubmitStep]:
         """One submission of the request on `mux`, until its last news. A resubmission refused as
         "already running" reached a scheduler that is still aborting it (the call broke, the
         scheduler lived): it is tried again like a lost one."""
@@ -179,7 +180,7 @@ class SchedulerClient:
         finished = False
         try:
             mux.send(scheduler_pb2.SubmitManyRequest(submit=internal_codec.submit_to_proto(
-                request_id, prompt_token_ids, params, priority, continued)))
+                request_id, prompt_token_ids, params, priority, continued, lora_name)))
             while True:
                 news = await queue.get()
                 if isinstance(news, Exception):
@@ -227,6 +228,15 @@ class SchedulerClient:
         except grpc.aio.AioRpcError as error:
             _raise_core_error(error)
         return internal_codec.stats_from_proto(response)
+
+    async def lora(self, load: bool, name: str, path: str = "") -> list[str]:
+        """Load (or unload) a LoRA adapter on every worker; the adapters they all hold after."""
+        call = self.stub.LoadLoraAdapter if load else self.stub.UnloadLoraAdapter
+        try:
+            response = await call(common_pb2.LoraAdapterRequest(lora_name=name, lora_path=path))
+        except grpc.aio.AioRpcError as error:
+            _raise_core_error(error)
+        return list(response.lora_names)
 
     async def close(self) -> None:
         if self._submit_many is not None:

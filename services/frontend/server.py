@@ -11,6 +11,7 @@ import structlog
 
 from pagedserve.v1 import generate_pb2, generate_pb2_grpc
 from services.core.errors import Unavailable
+from services.core.lora import parse_lora_modules
 from services.core.pooling import PoolingModel
 from services.core.tokenizer import Tokenizer
 from services.frontend import reasoning
@@ -42,6 +43,8 @@ class FrontendServer:
                                  config.template_kwargs())
         self.core.trust_request_chat_template = config.trust_request_chat_template
         self.core.pooling_model = PoolingModel.of(model_path or tokenizer_path)
+        self.core.loras = parse_lora_modules(config.lora_modules)
+        self.core.lora_dir, self.core.allow_any_lora_path = config.lora_dir, config.allow_any_lora_path
         servicer = GenerationServicer(self.core)
         self.grpc = GrpcServer(lambda server: generate_pb2_grpc.add_GenerationServicer_to_server(servicer, server),
                                SERVICE_NAME, config.reflection, config.max_message_bytes)

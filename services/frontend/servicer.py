@@ -52,7 +52,7 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
     @rpc_errors
     async def Embed(self, request: pb.EmbedRequest, context) -> pb.EmbedResponse:
         public_codec.reject_unknown_fields(request)
-        self.core.check_model(request.model)
+        self.core.check_pooling_model(request.model)
         inputs = [item.text if item.WhichOneof("input") == "text" else list(item.token_ids.ids)
                   for item in request.inputs]
         dimensions = request.dimensions if request.HasField("dimensions") else None
@@ -63,7 +63,7 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
     @rpc_errors
     async def Score(self, request: pb.ScoreRequest, context) -> pb.ScoreResponse:
         public_codec.reject_unknown_fields(request)
-        self.core.check_model(request.model)
+        self.core.check_pooling_model(request.model)
         check(len(request.query) > 0, "query", "must not be empty")
         documents = list(request.documents)
         instruction = request.instruction if request.HasField("instruction") else None

@@ -52,8 +52,10 @@ class StepLoop:
 
     # ---- requests --------------------------------------------------------------
     def submit(self, request_id: str, prompt: list[int], params: SamplingParams, priority: int,
-               continued: tuple[ContinuedSample, ...], deliver: Callable[[Delivery], None]) -> UpdateStream:
-        """Admit a request (a continuation when `continued`); its updates go to `deliver`."""
+               continued: tuple[ContinuedSample, ...], deliver: Callable[[Delivery], None],
+               lora_name: str = "") -> UpdateStream:
+        """Admit a request (a continuation when `continued`; under the LoRA adapter `lora_name`); its updates
+        go to `deliver`."""
         if self.draining:
             raise Unavailable("the scheduler is shutting down")
         if self.core is None or not self.workers:
@@ -61,7 +63,8 @@ class StepLoop:
             raise Unavailable(f"no worker is registered yet{refused}")
         check(bool(request_id), "request_id", "must not be empty")
         check(request_id not in self.router.streams, "request_id", f"{request_id!r} is already running")
-        stream = self.router.open(self.core.add_request(request_id, prompt, params, priority, continued), deliver)
+        stream = self.router.open(self.core.add_request(request_id, prompt, params, priority, continued,
+                                                         lora_name), deliver)
         self._wake_all()
         return stream
 
@@ -273,6 +276,37 @@ class StepLoop:
         """What every worker's prefix cache gained and lost since the last call (services/core/kv_events.py)."""
         if self.kv_events is not None:
             self.kv_events.publish(self.core.drain_kv_events())
+
+    # ---- LoRA adapters -----------------------------------------------------------
+    async def load_lora(self, name: str, path: str) -> list[str]:
+        """Load adapter `name` on every registered worker (each checks it); the adapters all of them hold."""
+        check(bool(name) and bool(path), "lora_name" if not name else "lora_path", "must not be empty")
+        if self.core is None or not self.workers:
+            raise Unavailable("no worker is registered yet")
+        for worker_id, handle in list(self.workers.items()):
+            held = await handle.lora(True, name, path)
+            if worker_id in self.core.workers:
+                self.core.set_worker_loras(worker_id, held)
+        log.info("lora_loaded", lora_name=name, path=path, num_workers=len(self.workers))
+        self._wake_all()  # what waited for a worker that holds it may run now
+        return self._common_loras()
+
+    async def unload_lora(self, name: str) -> list[str]:
+        """Unload adapter `name` from every worker; refused while requests under it run or wait."""
+        if self.core is None:
+            raise Unavailable("no worker is registered yet")
+        for worker_id in self.core.retire_lora(name):  # no await before this: nothing is admitted under it after
+            handle = self.workers.get(worker_id)
+            if handle is not None:
+                held = await handle.lora(False, name)
+                if worker_id in self.core.workers:
+                    self.core.set_worker_loras(worker_id, held)
+        log.info("lora_unloaded", lora_name=name)
+        return self._common_loras()
+
+    def _common_loras(self) -> list[str]:
+        held = [ws.lora_names for ws in self.core.workers.values()]
+        return sorted(set.intersection(*held)) if held else []
 
     # ---- stats -----------------------------------------------------------------
     def stats(self) -> SchedulerStats:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import asyncio
 
-from pagedserve.internal.v1 import scheduler_pb2, scheduler_pb2_grpc
+from pagedserve.internal.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 from services.rpc import internal_codec
 from services.core.errors import REFUSALS
 from services.rpc.status import rpc_errors, status_of
@@ -43,7 +43,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                 request_id = message.submit.request_id
                 try:  # StepLoop.submit refuses an empty or running request_id
                     args = internal_codec.submit_from_proto(message.submit)
-                    mux.streams[request_id] = self.loop.submit(*args, deliver=mux.sink(request_id))
+                    *args, lora_name = args
+                    mux.streams[request_id] = self.loop.submit(*args, deliver=mux.sink(request_id), lora_name=lora_name)
                 except REFUSALS as error:  # that request only
                     mux.put(request_id, 0.0, error)
         finally:
@@ -62,6 +63,14 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     @rpc_errors
     async def Heartbeat(self, request, context):
         return scheduler_pb2.HeartbeatResponse(known=self.loop.heartbeat(request.worker_id))
+
+    @rpc_errors
+    async def LoadLoraAdapter(self, request, context):
+        return common_pb2.LoraAdapterResponse(lora_names=await self.loop.load_lora(request.lora_name, request.lora_path))
+
+    @rpc_errors
+    async def UnloadLoraAdapter(self, request, context):
+        return common_pb2.LoraAdapterResponse(lora_names=await self.loop.unload_lora(request.lora_name))
 
 
 def _news(request_id: str, queue_time_s: float, item: Delivery) -> scheduler_pb2.RequestNews:

@@ -21,17 +21,19 @@ import time
 
 import grpc
 
-from pagedserve.internal.v1 import worker_pb2, worker_pb2_grpc
+from pagedserve.internal.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from services.rpc import internal_codec
 from services.core.step import StepDelta, StepResult, WorkerInfo
 from services.rpc.grpc_server import RECONNECT_OPTIONS
-from services.rpc.status import worker_forgot
+from services.rpc.status import core_error, worker_forgot
 
 CHANNEL_OPTIONS = [("grpc.max_send_message_length", 64 << 20), ("grpc.max_receive_message_length", 64 << 20)]
 PROBE_RETRY_S = 0.2  # between attempts while the address is UNAVAILABLE (a name not resolvable yet, a refused connection)
 ADVERTISE_FIX = ("start the worker with --advertise-host (PAGEDSERVE_ADVERTISE_HOST) set to a host name or IP "
                  "address at which the scheduler reaches it, and --host listening on that interface")
 
+
+LORA_TIMEOUT_S = 120.0  # loading an adapter reads and packs its tensors
 
 class WorkerLost(RuntimeError):
     """A Step failed, timed out or was cancelled: drop the worker and recompute its sequences elsewhere."""
@@ -68,6 +70,15 @@ class RemoteWorker:
             raise
         finally:
             self._call = None
+
+    async def lora(self, load: bool, name: str, path: str = "") -> set[str]:
+        """Load (or unload) a LoRA adapter; the adapters held after. InvalidArgument as the worker named it."""
+        call = self.stub.LoadLora if load else self.stub.UnloadLora
+        try:
+            answer = await call(common_pb2.LoraAdapterRequest(lora_name=name, lora_path=path), timeout=LORA_TIMEOUT_S)
+        except grpc.RpcError as error:
+            raise core_error(error.code(), error.details(), f"worker {self.worker_id}") from error
+        return set(answer.lora_names)
 
     async def close(self) -> None:
         """Cancel an in-flight step and close the channel."""

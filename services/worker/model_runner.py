@@ -15,6 +15,7 @@ from services.core.sampling_params import SamplingParams
 from services.core.step import NewSequence, SeqOutput, StepDelta, StepResult
 from services.worker.grammar import Grammars, SequenceGrammar
 from services.worker.kv_cache import KVCache
+from services.worker.lora import LoraAdapter, LoraBatch, LoraRegistry
 from services.worker.models.llama import AttentionMetadata, LlamaForCausalLM
 from services.worker.sampler import SamplingRow, prompt_logprobs, sample
 
@@ -33,6 +34,7 @@ class SeqState:
     num_samples: int = 1
     grammar: SequenceGrammar | None = None  # structured outputs: the matcher of its output tokens
     draft_token_ids: list[int] = field(default_factory=list)  # this step's drafts to verify (speculation)
+    lora: LoraAdapter | None = None  # the adapter it runs under (services/worker/lora.py)
 
     @property
     def num_tokens(self) -> int:
@@ -58,6 +60,7 @@ class _Batch:
     sample_seqs: list[tuple[SeqState, int]] = field(default_factory=list)  # (seq, row in hidden)
     prompt_rows: list[tuple[SeqState, int, int]] = field(default_factory=list)  # (seq, first row, first pos)
     pool_spans: list[tuple[SeqState, int, int, int]] = field(default_factory=list)  # (seq, first, last row, first pos)
+    lora_rows: dict[str, tuple[LoraAdapter, list[int]]] = field(default_factory=dict)  # name -> (adapter, rows)
 
 
 @dataclass(kw_only=True)
@@ -73,10 +76,12 @@ class _Sampling:
 
 class ModelRunner:
     def __init__(self, model: LlamaForCausalLM, kv_cache: KVCache, device: torch.device,
-                 batch_invariant: bool = False, grammars: Grammars | None = None, pooler=None):
-        """pooler: a pooling worker's (services/worker/pooler.py): its sequences are pooled, not sampled."""
+                 batch_invariant: bool = False, grammars: Grammars | None = None, pooler=None,
+                 loras: LoraRegistry | None = None):
+        """pooler: a pooling worker's (services/worker/pooler.py): its sequences are pooled, not sampled.
+        loras: the worker's adapters where --enable-lora (the model's LoRA sites enabled)."""
         self.model, self.kv_cache, self.device = model, kv_cache, device
-        self.pooler = pooler
+        self.pooler, self.loras = pooler, loras
         self.block_size = kv_cache.block_size
         self.eos_token_ids = model.cfg.eos_token_ids
         self.batch_invariant = batch_invariant  # a row's bits do not depend on its batch: subsets may be served
@@ -107,17 +112,28 @@ class ModelRunner:
         batch = self._prepare(scheduled)
         sampling = self._sampling(batch)
         masks = self.grammars.start_masks(sampling.constrained) if sampling.constrained else None  # beside the forward
-        hidden = self.model(*self._tensors(batch))
+        hidden = self._forward(batch)
         if hidden is None:  # a later pipeline stage of a worker group: stage 0 samples
             return result
         if self.pooler is not None:
             for state, first_row, last_row, start in batch.pool_spans:
-                result.outputs.append(SeqOutput(seq_id=state.seq_id, token_ids=[], pooled=self.pooler.pool(hidden, first_row, last_row,
-                                                                                           start)))
+                pooled = self.pooler.pool(hidden, first_row, last_row, start)
+                result.outputs.append(SeqOutput(seq_id=state.seq_id, token_ids=[], pooled=pooled))
             return result
         self._sample(sampling, hidden, result, masks)
         self._prompt_logprobs(batch, hidden, result)
         return result
+
+    def _forward(self, batch: _Batch) -> torch.Tensor | None:
+        if not batch.lora_rows:
+            return self.model(*self._tensors(batch))
+        groups = [(adapter, torch.tensor(rows, dtype=torch.int64, device=self.device))
+                  for adapter, rows in batch.lora_rows.values()]
+        self.model.lora.batch = LoraBatch(groups)
+        try:
+            return self.model(*self._tensors(batch))
+        finally:
+            self.model.lora.batch = None
 
     # ---- delta -> mirror -------------------------------------------------------
     def _add(self, new: NewSequence) -> tuple[SeqState, int]:
@@ -127,6 +143,10 @@ class ModelRunner:
                          output_token_ids=list(new.output_token_ids), block_ids=list(new.block_ids),
                          num_computed_tokens=new.num_computed_tokens, params=new.params,
                          sample_index=new.sample_index, num_samples=new.num_samples)
+        if new.lora_name:
+            if self.loras is None:
+                raise InvalidArgument("lora_name", f"adapter {new.lora_name!r}: this worker runs without --enable-lora")
+            state.lora = self.loras.get(new.lora_name)
         if new.params.structured_outputs is not None:
             if self.grammars is None:
                 raise InvalidArgument("structured_outputs", "this worker has no grammar compiler")
@@ -172,6 +192,9 @@ class ModelRunner:
             batch.input_ids += state.token_ids(start, real_end) + drafts
             batch.positions += range(start, end)
             batch.token_seqs += [len(batch.tables)] * num_new
+            if state.lora is not None:
+                batch.lora_rows.setdefault(state.lora.name, (state.lora, []))[1].extend(
+                    range(first_row, first_row + num_new))
             batch.slots += [state.block_ids[p // bs] * bs + p % bs for p in range(start, end)]
             batch.seq_lens.append(end)
             batch.query_start_loc.append(len(batch.input_ids))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from concurrent.futures import ThreadPoolExecutor
 
-from pagedserve.internal.v1 import worker_pb2_grpc
+from pagedserve.internal.v1 import common_pb2, worker_pb2_grpc
 from services.rpc import internal_codec
 from services.rpc.status import rpc_errors
 from services.worker.worker import GroupBroken, Worker
@@ -44,6 +44,19 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     @rpc_errors
     async def GetInfo(self, request, context):
         return internal_codec.info_to_proto(self.worker.info)
+
+    @rpc_errors
+    async def LoadLora(self, request, context):
+        """On the torch thread, between steps (the adapter is packed there)."""
+        load = lambda: self.worker.load_lora(request.lora_name, request.lora_path)  # noqa: E731
+        await asyncio.get_running_loop().run_in_executor(self._executor, load)
+        return common_pb2.LoraAdapterResponse(lora_names=self.worker.lora_names())
+
+    @rpc_errors
+    async def UnloadLora(self, request, context):
+        unload = lambda: self.worker.unload_lora(request.lora_name)  # noqa: E731
+        await asyncio.get_running_loop().run_in_executor(self._executor, unload)
+        return common_pb2.LoraAdapterResponse(lora_names=self.worker.lora_names())
 
     async def forget_all(self) -> None:
         """The scheduler dropped this worker: its mirrored sequences will never be named again."""

@@ -17,15 +17,17 @@ import structlog
 from kernels import cpu_kernels
 from kernels.ops import get_ops
 from services.core.config import CacheConfig, WorkerConfig
-from services.core.errors import InvalidArgument, Unavailable, UnknownSequence
+from services.core.errors import InvalidArgument, Unavailable, UnknownSequence, check
+from services.core.lora import parse_lora_modules
 from services.core.model_path import resolve_model_path, resolve_tokenizer_path
 from services.core.step import StepDelta, StepResult, WorkerInfo
 from services.worker.kv_cache import KVCache, block_bytes, num_blocks_for
-from kernels.linear import invariant_linear, plain_linear
+from kernels.linear import invariant_linear, plain_linear, prepack
 from services.worker.loader import (gguf_align, load_model, resolve_activation_quant, resolve_dtype,
                                    resolve_quantization)
 from services.worker.model_config import ModelArchConfig
 from services.worker.grammar import Grammars
+from services.worker.lora import LoraRegistry, LoraState, load_adapter, site_splits
 from services.worker.async_scheduling import AsyncModelRunner
 from services.worker.parallel import Shard, check_layout
 from services.worker.pooler import architectures, make_pooler
@@ -67,6 +69,9 @@ class Worker:
         self.task = resolve_task(config.task, self.model_path, architectures(self.model_path))
         if arch.is_encoder and self.task == "generate":
             raise InvalidArgument("task", f"{arch.model_type} is an encoder: serve it with --task embed or score")
+        if self.task != "generate" and config.enable_lora:  # docs/guide/embeddings.md, "Limits"
+            raise InvalidArgument("enable_lora", f"LoRA adapters are served for generation only, not by a worker "
+                                                 f"of task {self.task} (start it without --enable-lora)")
         tp, pp = config.tensor_parallel_size, config.pipeline_parallel_size
         self.quantization = resolve_quantization(config.quantization, self.model_path, self.device.type)
         align = gguf_align(self.quantization, self.model_path)
@@ -102,17 +107,64 @@ class Worker:
         grammars = Grammars(self.tokenizer_path, arch.vocab_size, arch.eos_token_ids)
         pooler = None if self.task == "generate" else make_pooler(model, self.task, self.model_path,
                                                                   self.tokenizer_path, arch)
-        self.runner = AsyncModelRunner(model, kv_cache, self.device, config.batch_invariant, grammars, pooler)
+        loras = self._lora_registry(config, model, local, linear) if config.enable_lora else None
+        self.runner = AsyncModelRunner(model, kv_cache, self.device, config.batch_invariant, grammars, pooler, loras)
         self.info = WorkerInfo(
             model=str(self.model_path), dtype=str(self.dtype).removeprefix("torch."), block_size=cache.block_size,
             num_gpu_blocks=num_blocks, num_cpu_blocks=num_cpu_blocks, vocab_size=arch.vocab_size,
             max_model_len=arch.max_position_embeddings, eos_token_ids=arch.eos_token_ids,
             device=self.device.type, batch_invariant=config.batch_invariant, task=self.task,
             pooling_whole=pooler is not None and pooler.whole)
+        for name, path in parse_lora_modules(config.lora_modules).items():  # a bad one stops the worker, named
+            self.load_lora(name, path)
+        # what it registers with (and GetInfo answers, which the scheduler's probe compares): its --lora-modules;
+        # adapters loaded at run time are the scheduler's to remember (set_worker_loras)
+        self.info = dataclasses.replace(self.info, lora_names=tuple(self.lora_names()))
         log.info("worker_ready", model=self.info.model, dtype=self.info.dtype, device=self.info.device,
                  num_gpu_blocks=num_blocks, num_cpu_blocks=num_cpu_blocks, kernels=ops.name,
                  quantization=self.quantization, activation_quant=self.activation_quant, cpu_isa=cpu_kernels.active_tier() if ops.name == "cpu" else None,
                  rank=self.shard.rank, tensor_parallel_size=tp, pipeline_parallel_size=pp, task=self.task)
+
+    def _lora_registry(self, config: WorkerConfig, model, local: ModelArchConfig, linear) -> LoraRegistry:
+        """The adapters this worker holds (services/worker/lora.py), the model's LoRA sites enabled."""
+        if self.shard.world_size > 1:
+            raise InvalidArgument("enable_lora", "LoRA adapters are served by single-process workers only, not yet "
+                                                 "by a tensor/pipeline parallel group")
+        model.enable_lora(LoraState(linear))
+        splits = site_splits(local.num_heads, local.num_kv_heads, local.head_dim, local.hidden_size,
+                             local.intermediate_size)
+        num_layers, dtype, device = local.num_layers, self.dtype, self.device
+
+        def load(name: str, path: str):
+            return load_adapter(name, path, max_rank=config.max_lora_rank, num_layers=num_layers, splits=splits,
+                                dtype=dtype, device=device, pack=prepack)
+        return LoraRegistry(config.max_cpu_loras, load)
+
+    def load_lora(self, name: str, path: str):
+        """Hold adapter `name` from the PEFT folder `path` (a no-op where held from that path); InvalidArgument
+        naming the problem for a bad adapter. Past max_cpu_loras the least recently used idle one is dropped."""
+        registry = self._registry()
+        adapter = registry.load(name, path, in_use=self._loras_in_use())
+        log.info("lora_loaded", lora_name=name, path=str(path), rank=adapter.rank, targets=list(adapter.target_modules))
+        return adapter
+
+    def unload_lora(self, name: str) -> None:
+        """Drop adapter `name` (the scheduler first checks that nothing runs or waits under it,
+        Scheduler.retire_lora: this worker's mirrors may still hold finished sequences it was not yet told
+        to forget)."""
+        self._registry().unload(name)
+        log.info("lora_unloaded", lora_name=name)
+
+    def lora_names(self) -> list[str]:
+        """The adapters held now (none without --enable-lora)."""
+        return list(self.runner.loras.adapters) if self.runner.loras is not None else []
+
+    def _registry(self) -> LoraRegistry:
+        check(self.runner.loras is not None, "enable_lora", "this worker runs without --enable-lora")
+        return self.runner.loras
+
+    def _loras_in_use(self) -> set[str]:
+        return {s.lora.name for s in self.runner.seqs.values() if s.lora is not None}
 
     def _join_group(self, config: WorkerConfig, cache: CacheConfig):
         """Meet the other ranks; an in-process group (no address given, rank 0) starts them itself."""

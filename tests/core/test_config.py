@@ -51,6 +51,7 @@ NON_DEFAULT = {
     "preemption_mode": "swap", "scheduling_policy": "priority", "seed": 7,
     "speculative_config": {"method": "suffix", "num_speculative_tokens": 3},
     "kv_events_config": KVEventsConfig(enable_kv_cache_events=True, publisher="null"), "task": "embed",
+    "lora_modules": "sql=/srv/loras/sql",
 }
 
 

@@ -86,3 +86,51 @@ def test_workers_stepping_in_any_interleaving_give_the_same_tokens():
     assert all(len(t) == 12 for t in lockstep.values())
     assert run(["w0", "w0", "w0", "w1"]) == lockstep  # w1 at a quarter of w0's pace
     assert run(["w1"] * 5 + ["w0"]) == lockstep
+
+
+def test_an_adapters_requests_go_only_to_the_workers_that_hold_it():
+    """w1 holds the adapter; the base requests spread, the adapter's all run on w1 (even while w1 has no
+    seat and w0 does); an adapter no worker holds is refused naming the model."""
+    import pytest
+
+    from services.core.errors import InvalidArgument
+
+    sched, fakes = make_scheduler(workers=("w0", "w1"), max_num_seqs=3)
+    sched.set_worker_loras("w1", {"sql"})
+    for i in range(4):
+        sched.add_request(f"sql{i}", list(range(10 + i, 30 + i)), params(3), lora_name="sql")
+    for i in range(2):
+        sched.add_request(f"base{i}", list(range(50 + i, 70 + i)), params(3))
+    ran_on = {}
+    for _ in range(50):
+        for worker_id, delta in sched.schedule().items():
+            for new in delta.new_seqs:
+                ran_on[sched.seqs[new.seq_id].request.request_id] = (worker_id, new.lora_name)
+            sched.update(worker_id, fakes[worker_id].step(delta))
+    assert {ran_on[f"sql{i}"] for i in range(4)} == {("w1", "sql")}
+    assert {ran_on[f"base{i}"][1] for i in range(2)} == {""} and {ran_on[f"base{i}"][0] for i in range(2)} >= {"w0"}
+    assert not sched.has_unfinished()
+    with pytest.raises(InvalidArgument) as error:
+        sched.add_request("x", [5, 6], params(2), lora_name="nope")
+    assert error.value.field == "model"
+
+
+def test_max_loras_bounds_the_adapters_running_together_on_a_worker():
+    """max_loras 2: of three adapters' requests, the third adapter's waits until one of the first two has
+    none running, and the base request queued behind it does not wait for it; every request finishes."""
+    sched, fakes = make_scheduler(max_loras=2)
+    sched.set_worker_loras("w0", {"a", "b", "c"})
+    for i, name in enumerate(["a", "b", "c", "", "a"]):
+        sched.add_request(f"r{i}", list(range(10 + i, 20 + i)), params(3 + 2 * (name == "a")), lora_name=name)
+    seen = []
+    for step in range(50):
+        delta = sched.schedule_worker("w0")
+        if delta is None:
+            break
+        if step == 0:
+            assert {sched.seqs[new.seq_id].request.request_id for new in delta.new_seqs} == {"r0", "r1", "r3", "r4"}
+        running = {seq.request.lora_name for seq in sched.workers["w0"].running.values()} - {""}
+        seen.append(running)
+        sched.update("w0", fakes["w0"].step(delta))
+    assert max(len(s) for s in seen) == 2 and any("c" in s for s in seen)
+    assert not sched.has_unfinished()

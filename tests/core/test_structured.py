@@ -28,7 +28,7 @@ LONG = {"type": "array", "items": {"type": "string", "minLength": 6, "maxLength"
 EMAIL = r"[a-z]{1,8}@[a-z]{1,8}\.(com|org)"
 ARITH = 'start: expr\nexpr: term (("+" | "-") term)*\nterm: NUM | "(" expr ")"\nNUM: /[0-9]{1,2}/'
 ARITH_RE = re.compile(r"[0-9()+\-]+")
-NUM_SEEDS = 12
+NUM_SEEDS = 6
 
 
 def sampled(llm, options: dict, max_tokens: int = 120, num: int = NUM_SEEDS, prompts=None):
@@ -83,23 +83,23 @@ def tokens(llm, prompts, params):
 
 @pytest.mark.slow
 def test_seeded_constrained_outputs_alone_in_a_batch_and_after_preemption(tiny_llama):
-    prompts = random_prompts(12, 512, 20, 100, seed=8)
-    params = [constrained(i) if i < 6 else free(i) for i in range(12)]
-    alone = [tokens(make_llm(tiny_llama, dtype="float32"), [p], [sp])[0] for p, sp in zip(prompts[:6], params)]
-    crowd = tokens(make_llm(tiny_llama, dtype="float32"), prompts, params)[:6]
-    assert crowd == alone
+    prompts = random_prompts(8, 512, 20, 100, seed=8)
+    params = [constrained(i) if i < 4 else free(i) for i in range(8)]
+    llm = make_llm(tiny_llama, dtype="float32", enable_prefix_caching=False)
+    alone = [tokens(llm, [p], [sp])[0] for p, sp in zip(prompts[:4], params)]
+    assert tokens(llm, prompts, params)[:4] == alone
     for mode in ("recompute", "swap"):
-        small = make_llm(tiny_llama, dtype="float32", num_gpu_blocks=28, preemption_mode=mode)
-        assert tokens(small, prompts, params)[:6] == alone, mode
+        small = make_llm(tiny_llama, dtype="float32", num_gpu_blocks=20, preemption_mode=mode)
+        assert tokens(small, prompts, params)[:4] == alone, mode
         assert small.scheduler.num_preemptions > 0, mode
-    jsonschema.validate(json.loads(make_llm(tiny_llama).tokenizer.decode(alone[0][0])), LONG)
+    jsonschema.validate(json.loads(llm.tokenizer.decode(alone[0][0])), LONG)
 
 
 def test_async_scheduling_advances_the_matcher_consistently(tiny_llama):
     """The early step samples under the mask of the token it assumes; the matcher is rolled
     back when the mirror drops that token, so plain and async-scheduled steps give the same tokens."""
-    prompts = random_prompts(6, 512, 3, 40, seed=5)
-    params = [constrained(i) for i in range(6)]
+    prompts = random_prompts(3, 512, 3, 40, seed=5)
+    params = [constrained(i) for i in range(3)]
     worker, got = run_async(tiny_llama, prompts, params)
     want = make_llm(tiny_llama, dtype="float32").generate(prompts, params, use_tqdm=False)
     for steps, out in zip(got, want):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import greedy, make_llm
+from tests.conftest import greedy, make_llm
 from services.core.errors import InvalidArgument
 from services.core.tokenizer import Tokenizer
 

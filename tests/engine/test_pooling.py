@@ -81,6 +81,12 @@ def test_encoder_input_limits(bert_llm):
     assert error.value.field == "dimensions"
 
 
+def test_a_pooling_worker_refuses_enable_lora(bert):
+    with pytest.raises(InvalidArgument) as error:  # adapters serve generation only (docs/guide/embeddings.md)
+        make_llm(bert, dtype="float32", enable_lora=True)
+    assert error.value.field == "enable_lora" and "embed" in error.value.message
+
+
 def test_cross_encoder_scores_match_sentence_transformers(model_dir):
     from sentence_transformers import CrossEncoder
 

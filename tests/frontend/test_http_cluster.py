@@ -25,17 +25,18 @@ PROMPT = "The quick brown fox"
 class HttpCluster:
     """Scheduler, one worker and a frontend with HTTP, on one loop in a background thread."""
 
-    def __init__(self, model, frontend_config: dict | None = None, **scheduler_config):
+    def __init__(self, model, frontend_config: dict | None = None, worker_config: dict | None = None,
+                 **scheduler_config):
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
         self.model = str(model)
         self.frontend_config = frontend_config or {}
-        self.run(self._start(model, scheduler_config))  # grpc.aio objects belong to the loop they are made in
+        self.run(self._start(model, worker_config, scheduler_config))  # grpc.aio objects belong to the loop they are made in
         self.url = f"http://127.0.0.1:{self.frontend.http.port}"
 
-    async def _start(self, model, scheduler_config: dict) -> None:
-        self.cluster = await Cluster(model, **scheduler_config).start(1)
+    async def _start(self, model, worker_config: dict | None, scheduler_config: dict) -> None:
+        self.cluster = await Cluster(model, worker_config, **scheduler_config).start(1)
         self.frontend = FrontendServer(FrontendConfig(
             model=self.model, scheduler_address=f"127.0.0.1:{self.cluster.scheduler.port}", host="127.0.0.1",
             grpc_port=0, http_port=free_ports(1)[0], health_poll_s=0.02, **self.frontend_config), model)
@@ -51,10 +52,10 @@ class HttpCluster:
         self.thread.join(5)
 
 
-def serve(model, frontend_config: dict | None = None, **scheduler_config):
+def serve(model, frontend_config: dict | None = None, worker_config: dict | None = None, **scheduler_config):
     """A module fixture's body: an HttpCluster once its frontend has seen the registered worker
     (/health 200), closed after the module."""
-    served = HttpCluster(model, frontend_config, **scheduler_config)
+    served = HttpCluster(model, frontend_config, worker_config, **scheduler_config)
     poll(lambda: http_healthy(served.url), 10, "/health 200", every=0.02)
     yield served
     served.close()

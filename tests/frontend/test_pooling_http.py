@@ -95,6 +95,12 @@ def test_full_queue_and_wrong_task_are_refused(embedder):
     assert status == 400 and json.loads(reply)["error"]["param"] == "task"
     status, reply = raw(embedder.url + "/v1/rerank", {"query": "q", "documents": ["d"]})
     assert status == 400 and json.loads(reply)["error"]["param"] == "task"
+    core.loras = {"sql": "/srv/loras/sql"}  # as if the frontend had --lora-modules: adapters serve generation only
+    try:
+        status, reply = raw(embedder.url + "/v1/embeddings", {"input": "hi", "model": "sql"})
+    finally:
+        core.loras = {}
+    assert status == 400 and json.loads(reply)["error"]["param"] == "model"
 
 
 @pytest.fixture(scope="module")

@@ -103,12 +103,13 @@ def test_sliding_window_triton_matches_reference(window, poisoned_empty):
     torch.testing.assert_close(out, paged_attention_ref(**batch, window=window), **TOLERANCE[torch.float32])
 
 
-@pytest.mark.parametrize("window", [0, 50])
-def test_sinks_triton_matches_reference(window, poisoned_empty):
-    batch = make_paged_batch([(300, 5), (200, 150), (1, 1)], 8, 2, 64, 16)
+def test_sinks_triton_matches_reference(poisoned_empty):
+    """Sinks with a window shorter than two of the contexts (the interpreter is slow: the smallest batch that
+    has a decode, a prefill crossing the window and a one-token sequence)."""
+    batch = make_paged_batch([(120, 3), (70, 40), (1, 1)], 8, 2, 64, 16)
     sinks = torch.tensor([-3.0, -1.0, 0.0, 0.5, 1.0, 2.0, 4.0, 12.0], device=DEVICE)
-    out = paged_attention_triton(**batch, window=window, sinks=sinks)
-    torch.testing.assert_close(out, paged_attention_ref(**batch, window=window, sinks=sinks),
+    out = paged_attention_triton(**batch, window=50, sinks=sinks)
+    torch.testing.assert_close(out, paged_attention_ref(**batch, window=50, sinks=sinks),
                                **TOLERANCE[torch.float32])
 
 

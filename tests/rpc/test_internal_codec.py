@@ -49,14 +49,15 @@ def test_params_from_the_wire_are_checked_at_admission_not_each_time_they_are_de
 
 def test_worker_info_round_trip():
     info = WorkerInfo(model="/models/x", dtype="float32", block_size=16, num_gpu_blocks=100, num_cpu_blocks=7,
-                      vocab_size=512, max_model_len=2048, eos_token_ids=(2, 0), device="cpu", batch_invariant=True)
+                      vocab_size=512, max_model_len=2048, eos_token_ids=(2, 0), device="cpu", batch_invariant=True,
+                      lora_names=("sql", "chat"), task="embed", pooling_whole=True)
     assert internal_codec.info_from_proto(internal_codec.info_to_proto(info)) == info
 
 
 def test_step_delta_round_trip():
     new = NewSequence(seq_id=3, prompt_token_ids=[5, 6, 7], output_token_ids=[9], block_ids=[0, 4],
                       num_computed_tokens=16, num_scheduled_tokens=2, params=PARAMS, sample_index=1,
-                      num_samples=3)
+                      num_samples=3, lora_name="sql")
     cached = CachedSequence(seq_id=4, new_token_ids=[8], new_block_ids=[11], num_computed_tokens=20,
                             num_scheduled_tokens=1)
     delta = StepDelta(step_id=12, new_seqs=[new], cached_seqs=[cached], finished_seq_ids=[1, 2],
@@ -98,10 +99,10 @@ def test_seq_updates_round_trip_through_a_submit_response():
 
 def test_submit_request_round_trip():
     msg = internal_codec.submit_to_proto("req-1", [1, 2, 3], PARAMS, priority=-4)
-    assert internal_codec.submit_from_proto(msg) == ("req-1", [1, 2, 3], PARAMS, -4, ())
+    assert internal_codec.submit_from_proto(msg) == ("req-1", [1, 2, 3], PARAMS, -4, (), "")
     continued = (ContinuedSample(1, (7, 8)), ContinuedSample(0, ()))
-    msg = internal_codec.submit_to_proto("req-1", [1, 2, 3], PARAMS, priority=0, continued=continued)
-    assert internal_codec.submit_from_proto(msg) == ("req-1", [1, 2, 3], PARAMS, 0, continued)
+    msg = internal_codec.submit_to_proto("req-1", [1, 2, 3], PARAMS, priority=0, continued=continued, lora_name="sql")
+    assert internal_codec.submit_from_proto(msg) == ("req-1", [1, 2, 3], PARAMS, 0, continued, "sql")
 
 
 def test_stats_travel_typed_with_every_field_by_its_one_name():

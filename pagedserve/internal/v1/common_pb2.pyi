@@ -91,7 +91,7 @@ class OptionalLogprobs(_message.Message):
     def __init__(self, has_value: _Optional[bool] = ..., value: _Optional[_Union[Logprobs, _Mapping]] = ...) -> None: ...
 
 class WorkerInfo(_message.Message):
-    __slots__ = ("model", "dtype", "block_size", "num_gpu_blocks", "num_cpu_blocks", "vocab_size", "max_model_len", "eos_token_ids", "device", "batch_invariant", "task", "pooling_whole")
+    __slots__ = ("model", "dtype", "block_size", "num_gpu_blocks", "num_cpu_blocks", "vocab_size", "max_model_len", "eos_token_ids", "device", "batch_invariant", "lora_names", "task", "pooling_whole")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -102,6 +102,7 @@ class WorkerInfo(_message.Message):
     EOS_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     DEVICE_FIELD_NUMBER: _ClassVar[int]
     BATCH_INVARIANT_FIELD_NUMBER: _ClassVar[int]
+    LORA_NAMES_FIELD_NUMBER: _ClassVar[int]
     TASK_FIELD_NUMBER: _ClassVar[int]
     POOLING_WHOLE_FIELD_NUMBER: _ClassVar[int]
     model: str
@@ -114,6 +115,21 @@ class WorkerInfo(_message.Message):
     eos_token_ids: _containers.RepeatedScalarFieldContainer[int]
     device: str
     batch_invariant: bool
+    lora_names: _containers.RepeatedScalarFieldContainer[str]
     task: str
     pooling_whole: bool
-    def __init__(self, model: _Optional[str] = ..., dtype: _Optional[str] = ..., block_size: _Optional[int] = ..., num_gpu_blocks: _Optional[int] = ..., num_cpu_blocks: _Optional[int] = ..., vocab_size: _Optional[int] = ..., max_model_len: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., device: _Optional[str] = ..., batch_invariant: _Optional[bool] = ..., task: _Optional[str] = ..., pooling_whole: _Optional[bool] = ...) -> None: ...
+    def __init__(self, model: _Optional[str] = ..., dtype: _Optional[str] = ..., block_size: _Optional[int] = ..., num_gpu_blocks: _Optional[int] = ..., num_cpu_blocks: _Optional[int] = ..., vocab_size: _Optional[int] = ..., max_model_len: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., device: _Optional[str] = ..., batch_invariant: _Optional[bool] = ..., lora_names: _Optional[_Iterable[str]] = ..., task: _Optional[str] = ..., pooling_whole: _Optional[bool] = ...) -> None: ...
+
+class LoraAdapterRequest(_message.Message):
+    __slots__ = ("lora_name", "lora_path")
+    LORA_NAME_FIELD_NUMBER: _ClassVar[int]
+    LORA_PATH_FIELD_NUMBER: _ClassVar[int]
+    lora_name: str
+    lora_path: str
+    def __init__(self, lora_name: _Optional[str] = ..., lora_path: _Optional[str] = ...) -> None: ...
+
+class LoraAdapterResponse(_message.Message):
+    __slots__ = ("lora_names",)
+    LORA_NAMES_FIELD_NUMBER: _ClassVar[int]
+    lora_names: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, lora_names: _Optional[_Iterable[str]] = ...) -> None: ...

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from pagedserve.internal.v1 import common_pb2 as pagedserve_dot_internal_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n&pagedserve/internal/v1/scheduler.proto\x12\x16pagedserve.internal.v1\x1a#pagedserve/internal/v1/common.proto\"\xcb\x01\n\rSubmitRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12\x36\n\x06params\x18\x03 \x01(\x0b\x32&.pagedserve.internal.v1.SamplingParams\x12\x10\n\x08priority\x18\x04 \x01(\x05\x12\x42\n\x11\x63ontinued_samples\x18\x05 \x03(\x0b\x32\'.pagedserve.internal.v1.ContinuedSample\":\n\x0f\x43ontinuedSample\x12\x14\n\x0csample_index\x18\x01 \x01(\r\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\"\xc5\x01\n\x0bSampleDelta\x12\x14\n\x0csample_index\x18\x01 \x01(\r\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x32\n\x08logprobs\x18\x03 \x03(\x0b\x32 .pagedserve.internal.v1.Logprobs\x12\x15\n\rfinish_reason\x18\x04 \x01(\t\x12\x1a\n\rstop_token_id\x18\x05 \x01(\rH\x00\x88\x01\x01\x12\x0e\n\x06pooled\x18\x07 \x03(\x02\x42\x10\n\x0e_stop_token_idJ\x04\x08\x06\x10\x07\"\xe2\x01\n\x0eSubmitResponse\x12\x33\n\x06\x64\x65ltas\x18\x01 \x03(\x0b\x32#.pagedserve.internal.v1.SampleDelta\x12\x0c\n\x04seed\x18\x02 \x01(\x04\x12\x19\n\x11num_prompt_tokens\x18\x03 \x01(\r\x12\x19\n\x11num_cached_tokens\x18\x04 \x01(\r\x12\x41\n\x0fprompt_logprobs\x18\x05 \x03(\x0b\x32(.pagedserve.internal.v1.OptionalLogprobs\x12\x14\n\x0cqueue_time_s\x18\x06 \x01(\x01\"\xa1\x01\n\x11SubmitManyRequest\x12\x37\n\x06submit\x18\x01 \x01(\x0b\x32%.pagedserve.internal.v1.SubmitRequestH\x00\x12\x10\n\x06\x63\x61ncel\x18\x02 \x01(\tH\x00\x12\x39\n\x0bstop_sample\x18\x03 \x01(\x0b\x32\".pagedserve.internal.v1.StopSampleH\x00\x42\x06\n\x04kind\"6\n\nStopSample\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x14\n\x0csample_index\x18\x02 \x01(\r\"\x94\x01\n\x0bRequestNews\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x38\n\x08response\x18\x02 \x01(\x0b\x32&.pagedserve.internal.v1.SubmitResponse\x12\x0c\n\x04\x64one\x18\x03 \x01(\x08\x12\x12\n\nerror_code\x18\x04 \x01(\x05\x12\x15\n\rerror_message\x18\x05 \x01(\t\"G\n\x12SubmitManyResponse\x12\x31\n\x04news\x18\x01 \x03(\x0b\x32#.pagedserve.internal.v1.RequestNews\"\x11\n\x0fGetStatsRequest\"\xbb\x02\n\x0bWorkerStats\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x16\n\x0enum_gpu_blocks\x18\x03 \x01(\r\x12\x1b\n\x13num_free_gpu_blocks\x18\x04 \x01(\r\x12\x16\n\x0enum_cpu_blocks\x18\x05 \x01(\r\x12\x1b\n\x13num_free_cpu_blocks\x18\x06 \x01(\r\x12\x1c\n\x14prefix_cache_queries\x18\x07 \x01(\x04\x12\x19\n\x11prefix_cache_hits\x18\x08 \x01(\x04\x12\x13\n\x0bnum_running\x18\t \x01(\r\x12\x13\n\x0bnum_waiting\x18\n \x01(\r\x12\x13\n\x0bnum_swapped\x18\x0b \x01(\r\x12\x11\n\tnum_steps\x18\x0c \x01(\x04\x12\x13\n\x0bstep_time_s\x18\r \x01(\x01\"\xa6\x03\n\x10GetStatsResponse\x12\x13\n\x0bnum_waiting\x18\x01 \x01(\r\x12\x13\n\x0bnum_running\x18\x02 \x01(\r\x12\x13\n\x0bnum_swapped\x18\x03 \x01(\r\x12\x17\n\x0fnum_preemptions\x18\x04 \x01(\x04\x12\x34\n\x07workers\x18\x05 \x03(\x0b\x32#.pagedserve.internal.v1.WorkerStats\x12\x15\n\rmax_model_len\x18\x06 \x01(\r\x12\x12\n\nvocab_size\x18\x07 \x01(\r\x12\r\n\x05model\x18\x08 \x01(\t\x12\x11\n\tnum_steps\x18\t \x01(\x04\x12\x17\n\x0f\x62\x61tch_invariant\x18\n \x01(\x08\x12\x1e\n\x16spec_decode_num_drafts\x18\x1e \x01(\x04\x12$\n\x1cspec_decode_num_draft_tokens\x18\x1f \x01(\x04\x12\'\n\x1fspec_decode_num_accepted_tokens\x18  \x01(\x04\x12/\n\'spec_decode_num_accepted_tokens_per_pos\x18! \x03(\x04\"m\n\x15RegisterWorkerRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x30\n\x04info\x18\x03 \x01(\x0b\x32\".pagedserve.internal.v1.WorkerInfo\"X\n\x16RegisterWorkerResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x1c\n\x14heartbeat_interval_s\x18\x03 \x01(\x01\"%\n\x10HeartbeatRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\"\"\n\x11HeartbeatResponse\x12\r\n\x05known\x18\x01 \x01(\x08\x32\xa6\x03\n\tScheduler\x12g\n\nSubmitMany\x12).pagedserve.internal.v1.SubmitManyRequest\x1a*.pagedserve.internal.v1.SubmitManyResponse(\x01\x30\x01\x12]\n\x08GetStats\x12\'.pagedserve.internal.v1.GetStatsRequest\x1a(.pagedserve.internal.v1.GetStatsResponse\x12o\n\x0eRegisterWorker\x12-.pagedserve.internal.v1.RegisterWorkerRequest\x1a..pagedserve.internal.v1.RegisterWorkerResponse\x12`\n\tHeartbeat\x12(.pagedserve.internal.v1.HeartbeatRequest\x1a).pagedserve.internal.v1.HeartbeatResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n&pagedserve/internal/v1/scheduler.proto\x12\x16pagedserve.internal.v1\x1a#pagedserve/internal/v1/common.proto\"\xde\x01\n\rSubmitRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12\x36\n\x06params\x18\x03 \x01(\x0b\x32&.pagedserve.internal.v1.SamplingParams\x12\x10\n\x08priority\x18\x04 \x01(\x05\x12\x42\n\x11\x63ontinued_samples\x18\x05 \x03(\x0b\x32\'.pagedserve.internal.v1.ContinuedSample\x12\x11\n\tlora_name\x18\x06 \x01(\t\":\n\x0f\x43ontinuedSample\x12\x14\n\x0csample_index\x18\x01 \x01(\r\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\"\xc5\x01\n\x0bSampleDelta\x12\x14\n\x0csample_index\x18\x01 \x01(\r\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x32\n\x08logprobs\x18\x03 \x03(\x0b\x32 .pagedserve.internal.v1.Logprobs\x12\x15\n\rfinish_reason\x18\x04 \x01(\t\x12\x1a\n\rstop_token_id\x18\x05 \x01(\rH\x00\x88\x01\x01\x12\x0e\n\x06pooled\x18\x07 \x03(\x02\x42\x10\n\x0e_stop_token_idJ\x04\x08\x06\x10\x07\"\xe2\x01\n\x0eSubmitResponse\x12\x33\n\x06\x64\x65ltas\x18\x01 \x03(\x0b\x32#.pagedserve.internal.v1.SampleDelta\x12\x0c\n\x04seed\x18\x02 \x01(\x04\x12\x19\n\x11num_prompt_tokens\x18\x03 \x01(\r\x12\x19\n\x11num_cached_tokens\x18\x04 \x01(\r\x12\x41\n\x0fprompt_logprobs\x18\x05 \x03(\x0b\x32(.pagedserve.internal.v1.OptionalLogprobs\x12\x14\n\x0cqueue_time_s\x18\x06 \x01(\x01\"\xa1\x01\n\x11SubmitManyRequest\x12\x37\n\x06submit\x18\x01 \x01(\x0b\x32%.pagedserve.internal.v1.SubmitRequestH\x00\x12\x10\n\x06\x63\x61ncel\x18\x02 \x01(\tH\x00\x12\x39\n\x0bstop_sample\x18\x03 \x01(\x0b\x32\".pagedserve.internal.v1.StopSampleH\x00\x42\x06\n\x04kind\"6\n\nStopSample\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x14\n\x0csample_index\x18\x02 \x01(\r\"\x94\x01\n\x0bRequestNews\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x38\n\x08response\x18\x02 \x01(\x0b\x32&.pagedserve.internal.v1.SubmitResponse\x12\x0c\n\x04\x64one\x18\x03 \x01(\x08\x12\x12\n\nerror_code\x18\x04 \x01(\x05\x12\x15\n\rerror_message\x18\x05 \x01(\t\"G\n\x12SubmitManyResponse\x12\x31\n\x04news\x18\x01 \x03(\x0b\x32#.pagedserve.internal.v1.RequestNews\"\x11\n\x0fGetStatsRequest\"\xbb\x02\n\x0bWorkerStats\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x16\n\x0enum_gpu_blocks\x18\x03 \x01(\r\x12\x1b\n\x13num_free_gpu_blocks\x18\x04 \x01(\r\x12\x16\n\x0enum_cpu_blocks\x18\x05 \x01(\r\x12\x1b\n\x13num_free_cpu_blocks\x18\x06 \x01(\r\x12\x1c\n\x14prefix_cache_queries\x18\x07 \x01(\x04\x12\x19\n\x11prefix_cache_hits\x18\x08 \x01(\x04\x12\x13\n\x0bnum_running\x18\t \x01(\r\x12\x13\n\x0bnum_waiting\x18\n \x01(\r\x12\x13\n\x0bnum_swapped\x18\x0b \x01(\r\x12\x11\n\tnum_steps\x18\x0c \x01(\x04\x12\x13\n\x0bstep_time_s\x18\r \x01(\x01\"\xee\x03\n\x10GetStatsResponse\x12\x13\n\x0bnum_waiting\x18\x01 \x01(\r\x12\x13\n\x0bnum_running\x18\x02 \x01(\r\x12\x13\n\x0bnum_swapped\x18\x03 \x01(\r\x12\x17\n\x0fnum_preemptions\x18\x04 \x01(\x04\x12\x34\n\x07workers\x18\x05 \x03(\x0b\x32#.pagedserve.internal.v1.WorkerStats\x12\x15\n\rmax_model_len\x18\x06 \x01(\r\x12\x12\n\nvocab_size\x18\x07 \x01(\r\x12\r\n\x05model\x18\x08 \x01(\t\x12\x11\n\tnum_steps\x18\t \x01(\x04\x12\x17\n\x0f\x62\x61tch_invariant\x18\n \x01(\x08\x12\x1e\n\x16spec_decode_num_drafts\x18\x1e \x01(\x04\x12$\n\x1cspec_decode_num_draft_tokens\x18\x1f \x01(\x04\x12\'\n\x1fspec_decode_num_accepted_tokens\x18  \x01(\x04\x12/\n\'spec_decode_num_accepted_tokens_per_pos\x18! \x03(\x04\x12\x12\n\nlora_names\x18( \x03(\t\x12\x18\n\x10lora_num_running\x18) \x03(\r\x12\x18\n\x10lora_num_waiting\x18* \x03(\r\"m\n\x15RegisterWorkerRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x30\n\x04info\x18\x03 \x01(\x0b\x32\".pagedserve.internal.v1.WorkerInfo\"X\n\x16RegisterWorkerResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x1c\n\x14heartbeat_interval_s\x18\x03 \x01(\x01\"%\n\x10HeartbeatRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\"\"\n\x11HeartbeatResponse\x12\r\n\x05known\x18\x01 \x01(\x08\x32\x80\x05\n\tScheduler\x12g\n\nSubmitMany\x12).pagedserve.internal.v1.SubmitManyRequest\x1a*.pagedserve.internal.v1.SubmitManyResponse(\x01\x30\x01\x12]\n\x08GetStats\x12\'.pagedserve.internal.v1.GetStatsRequest\x1a(.pagedserve.internal.v1.GetStatsResponse\x12o\n\x0eRegisterWorker\x12-.pagedserve.internal.v1.RegisterWorkerRequest\x1a..pagedserve.internal.v1.RegisterWorkerResponse\x12`\n\tHeartbeat\x12(.pagedserve.internal.v1.HeartbeatRequest\x1a).pagedserve.internal.v1.HeartbeatResponse\x12j\n\x0fLoadLoraAdapter\x12*.pagedserve.internal.v1.LoraAdapterRequest\x1a+.pagedserve.internal.v1.LoraAdapterResponse\x12l\n\x11UnloadLoraAdapter\x12*.pagedserve.internal.v1.LoraAdapterRequest\x1a+.pagedserve.internal.v1.LoraAdapterResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,35 +33,35 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'pagedserve.internal.v1.sche
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_SUBMITREQUEST']._serialized_start=104
-  _globals['_SUBMITREQUEST']._serialized_end=307
-  _globals['_CONTINUEDSAMPLE']._serialized_start=309
-  _globals['_CONTINUEDSAMPLE']._serialized_end=367
-  _globals['_SAMPLEDELTA']._serialized_start=370
-  _globals['_SAMPLEDELTA']._serialized_end=567
-  _globals['_SUBMITRESPONSE']._serialized_start=570
-  _globals['_SUBMITRESPONSE']._serialized_end=796
-  _globals['_SUBMITMANYREQUEST']._serialized_start=799
-  _globals['_SUBMITMANYREQUEST']._serialized_end=960
-  _globals['_STOPSAMPLE']._serialized_start=962
-  _globals['_STOPSAMPLE']._serialized_end=1016
-  _globals['_REQUESTNEWS']._serialized_start=1019
-  _globals['_REQUESTNEWS']._serialized_end=1167
-  _globals['_SUBMITMANYRESPONSE']._serialized_start=1169
-  _globals['_SUBMITMANYRESPONSE']._serialized_end=1240
-  _globals['_GETSTATSREQUEST']._serialized_start=1242
-  _globals['_GETSTATSREQUEST']._serialized_end=1259
-  _globals['_WORKERSTATS']._serialized_start=1262
-  _globals['_WORKERSTATS']._serialized_end=1577
-  _globals['_GETSTATSRESPONSE']._serialized_start=1580
-  _globals['_GETSTATSRESPONSE']._serialized_end=2002
-  _globals['_REGISTERWORKERREQUEST']._serialized_start=2004
-  _globals['_REGISTERWORKERREQUEST']._serialized_end=2113
-  _globals['_REGISTERWORKERRESPONSE']._serialized_start=2115
-  _globals['_REGISTERWORKERRESPONSE']._serialized_end=2203
-  _globals['_HEARTBEATREQUEST']._serialized_start=2205
-  _globals['_HEARTBEATREQUEST']._serialized_end=2242
-  _globals['_HEARTBEATRESPONSE']._serialized_start=2244
-  _globals['_HEARTBEATRESPONSE']._serialized_end=2278
-  _globals['_SCHEDULER']._serialized_start=2281
-  _globals['_SCHEDULER']._serialized_end=2703
+  _globals['_SUBMITREQUEST']._serialized_end=326
+  _globals['_CONTINUEDSAMPLE']._serialized_start=328
+  _globals['_CONTINUEDSAMPLE']._serialized_end=386
+  _globals['_SAMPLEDELTA']._serialized_start=389
+  _globals['_SAMPLEDELTA']._serialized_end=586
+  _globals['_SUBMITRESPONSE']._serialized_start=589
+  _globals['_SUBMITRESPONSE']._serialized_end=815
+  _globals['_SUBMITMANYREQUEST']._serialized_start=818
+  _globals['_SUBMITMANYREQUEST']._serialized_end=979
+  _globals['_STOPSAMPLE']._serialized_start=981
+  _globals['_STOPSAMPLE']._serialized_end=1035
+  _globals['_REQUESTNEWS']._serialized_start=1038
+  _globals['_REQUESTNEWS']._serialized_end=1186
+  _globals['_SUBMITMANYRESPONSE']._serialized_start=1188
+  _globals['_SUBMITMANYRESPONSE']._serialized_end=1259
+  _globals['_GETSTATSREQUEST']._serialized_start=1261
+  _globals['_GETSTATSREQUEST']._serialized_end=1278
+  _globals['_WORKERSTATS']._serialized_start=1281
+  _globals['_WORKERSTATS']._serialized_end=1596
+  _globals['_GETSTATSRESPONSE']._serialized_start=1599
+  _globals['_GETSTATSRESPONSE']._serialized_end=2093
+  _globals['_REGISTERWORKERREQUEST']._serialized_start=2095
+  _globals['_REGISTERWORKERREQUEST']._serialized_end=2204
+  _globals['_REGISTERWORKERRESPONSE']._serialized_start=2206
+  _globals['_REGISTERWORKERRESPONSE']._serialized_end=2294
+  _globals['_HEARTBEATREQUEST']._serialized_start=2296
+  _globals['_HEARTBEATREQUEST']._serialized_end=2333
+  _globals['_HEARTBEATRESPONSE']._serialized_start=2335
+  _globals['_HEARTBEATRESPONSE']._serialized_end=2369
+  _globals['_SCHEDULER']._serialized_start=2372
+  _globals['_SCHEDULER']._serialized_end=3012
 # @@protoc_insertion_point(module_scope)

@@ -8,18 +8,20 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class SubmitRequest(_message.Message):
-    __slots__ = ("request_id", "prompt_token_ids", "params", "priority", "continued_samples")
+    __slots__ = ("request_id", "prompt_token_ids", "params", "priority", "continued_samples", "lora_name")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     PARAMS_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
     CONTINUED_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    LORA_NAME_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     params: _common_pb2.SamplingParams
     priority: int
     continued_samples: _containers.RepeatedCompositeFieldContainer[ContinuedSample]
-    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., params: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., priority: _Optional[int] = ..., continued_samples: _Optional[_Iterable[_Union[ContinuedSample, _Mapping]]] = ...) -> None: ...
+    lora_name: str
+    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., params: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., priority: _Optional[int] = ..., continued_samples: _Optional[_Iterable[_Union[ContinuedSample, _Mapping]]] = ..., lora_name: _Optional[str] = ...) -> None: ...
 
 class ContinuedSample(_message.Message):
     __slots__ = ("sample_index", "token_ids")
@@ -134,7 +136,7 @@ class WorkerStats(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., address: _Optional[str] = ..., num_gpu_blocks: _Optional[int] = ..., num_free_gpu_blocks: _Optional[int] = ..., num_cpu_blocks: _Optional[int] = ..., num_free_cpu_blocks: _Optional[int] = ..., prefix_cache_queries: _Optional[int] = ..., prefix_cache_hits: _Optional[int] = ..., num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., num_swapped: _Optional[int] = ..., num_steps: _Optional[int] = ..., step_time_s: _Optional[float] = ...) -> None: ...
 
 class GetStatsResponse(_message.Message):
-    __slots__ = ("num_waiting", "num_running", "num_swapped", "num_preemptions", "workers", "max_model_len", "vocab_size", "model", "num_steps", "batch_invariant", "spec_decode_num_drafts", "spec_decode_num_draft_tokens", "spec_decode_num_accepted_tokens", "spec_decode_num_accepted_tokens_per_pos")
+    __slots__ = ("num_waiting", "num_running", "num_swapped", "num_preemptions", "workers", "max_model_len", "vocab_size", "model", "num_steps", "batch_invariant", "spec_decode_num_drafts", "spec_decode_num_draft_tokens", "spec_decode_num_accepted_tokens", "spec_decode_num_accepted_tokens_per_pos", "lora_names", "lora_num_running", "lora_num_waiting")
     NUM_WAITING_FIELD_NUMBER: _ClassVar[int]
     NUM_RUNNING_FIELD_NUMBER: _ClassVar[int]
     NUM_SWAPPED_FIELD_NUMBER: _ClassVar[int]
@@ -149,6 +151,9 @@ class GetStatsResponse(_message.Message):
     SPEC_DECODE_NUM_DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     SPEC_DECODE_NUM_ACCEPTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     SPEC_DECODE_NUM_ACCEPTED_TOKENS_PER_POS_FIELD_NUMBER: _ClassVar[int]
+    LORA_NAMES_FIELD_NUMBER: _ClassVar[int]
+    LORA_NUM_RUNNING_FIELD_NUMBER: _ClassVar[int]
+    LORA_NUM_WAITING_FIELD_NUMBER: _ClassVar[int]
     num_waiting: int
     num_running: int
     num_swapped: int
@@ -163,7 +168,10 @@ class GetStatsResponse(_message.Message):
     spec_decode_num_draft_tokens: int
     spec_decode_num_accepted_tokens: int
     spec_decode_num_accepted_tokens_per_pos: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, num_waiting: _Optional[int] = ..., num_running: _Optional[int] = ..., num_swapped: _Optional[int] = ..., num_preemptions: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerStats, _Mapping]]] = ..., max_model_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., model: _Optional[str] = ..., num_steps: _Optional[int] = ..., batch_invariant: _Optional[bool] = ..., spec_decode_num_drafts: _Optional[int] = ..., spec_decode_num_draft_tokens: _Optional[int] = ..., spec_decode_num_accepted_tokens: _Optional[int] = ..., spec_decode_num_accepted_tokens_per_pos: _Optional[_Iterable[int]] = ...) -> None: ...
+    lora_names: _containers.RepeatedScalarFieldContainer[str]
+    lora_num_running: _containers.RepeatedScalarFieldContainer[int]
+    lora_num_waiting: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, num_waiting: _Optional[int] = ..., num_running: _Optional[int] = ..., num_swapped: _Optional[int] = ..., num_preemptions: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerStats, _Mapping]]] = ..., max_model_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., model: _Optional[str] = ..., num_steps: _Optional[int] = ..., batch_invariant: _Optional[bool] = ..., spec_decode_num_drafts: _Optional[int] = ..., spec_decode_num_draft_tokens: _Optional[int] = ..., spec_decode_num_accepted_tokens: _Optional[int] = ..., spec_decode_num_accepted_tokens_per_pos: _Optional[_Iterable[int]] = ..., lora_names: _Optional[_Iterable[str]] = ..., lora_num_running: _Optional[_Iterable[int]] = ..., lora_num_waiting: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class RegisterWorkerRequest(_message.Message):
     __slots__ = ("worker_id", "address", "info")

@@ -3,6 +3,7 @@
 import grpc
 import warnings
 
+from pagedserve.internal.v1 import common_pb2 as pagedserve_dot_internal_dot_v1_dot_common__pb2
 from pagedserve.internal.v1 import scheduler_pb2 as pagedserve_dot_internal_dot_v1_dot_scheduler__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
@@ -55,6 +56,16 @@ class SchedulerStub:
                 request_serializer=pagedserve_dot_internal_dot_v1_dot_scheduler__pb2.HeartbeatRequest.SerializeToString,
                 response_deserializer=pagedserve_dot_internal_dot_v1_dot_scheduler__pb2.HeartbeatResponse.FromString,
                 _registered_method=True)
+        self.LoadLoraAdapter = channel.unary_unary(
+                '/pagedserve.internal.v1.Scheduler/LoadLoraAdapter',
+                request_serializer=pagedserve_dot_internal_dot_v1_dot_common__pb2.LoraAdapterRequest.SerializeToString,
+                response_deserializer=pagedserve_dot_internal_dot_v1_dot_common__pb2.LoraAdapterResponse.FromString,
+                _registered_method=True)
+        self.UnloadLoraAdapter = channel.unary_unary(
+                '/pagedserve.internal.v1.Scheduler/UnloadLoraAdapter',
+                request_serializer=pagedserve_dot_internal_dot_v1_dot_common__pb2.LoraAdapterRequest.SerializeToString,
+                response_deserializer=pagedserve_dot_internal_dot_v1_dot_common__pb2.LoraAdapterResponse.FromString,
+                _registered_method=True)
 
 
 class SchedulerServicer:
@@ -94,6 +105,20 @@ class SchedulerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def LoadLoraAdapter(self, request, context):
+        """Load a LoRA adapter on every registered worker (each checks it; INVALID_ARGUMENT names the problem).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UnloadLoraAdapter(self, request, context):
+        """Unload a LoRA adapter from every worker; INVALID_ARGUMENT while requests under it run or wait.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SchedulerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -116,6 +141,16 @@ def add_SchedulerServicer_to_server(servicer, server):
                     servicer.Heartbeat,
                     request_deserializer=pagedserve_dot_internal_dot_v1_dot_scheduler__pb2.HeartbeatRequest.FromString,
                     response_serializer=pagedserve_dot_internal_dot_v1_dot_scheduler__pb2.HeartbeatResponse.SerializeToString,
+            ),
+            'LoadLoraAdapter': grpc.unary_unary_rpc_method_handler(
+                    servicer.LoadLoraAdapter,
+                    request_deserializer=pagedserve_dot_internal_dot_v1_dot_common__pb2.LoraAdapterRequest.FromString,
+                    response_serializer=pagedserve_dot_internal_dot_v1_dot_common__pb2.LoraAdapterResponse.SerializeToString,
+            ),
+            'UnloadLoraAdapter': grpc.unary_unary_rpc_method_handler(
+                    servicer.UnloadLoraAdapter,
+                    request_deserializer=pagedserve_dot_internal_dot_v1_dot_common__pb2.LoraAdapterRequest.FromString,
+                    response_serializer=pagedserve_dot_internal_dot_v1_dot_common__pb2.LoraAdapterResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -227,6 +262,60 @@ class Scheduler:
             '/pagedserve.internal.v1.Scheduler/Heartbeat',
             pagedserve_dot_internal_dot_v1_dot_scheduler__pb2.HeartbeatRequest.SerializeToString,
             pagedserve_dot_internal_dot_v1_dot_scheduler__pb2.HeartbeatResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LoadLoraAdapter(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pagedserve.internal.v1.Scheduler/LoadLoraAdapter',
+            pagedserve_dot_internal_dot_v1_dot_common__pb2.LoraAdapterRequest.SerializeToString,
+            pagedserve_dot_internal_dot_v1_dot_common__pb2.LoraAdapterResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UnloadLoraAdapter(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pagedserve.internal.v1.Scheduler/UnloadLoraAdapter',
+            pagedserve_dot_internal_dot_v1_dot_common__pb2.LoraAdapterRequest.SerializeToString,
+            pagedserve_dot_internal_dot_v1_dot_common__pb2.LoraAdapterResponse.FromString,
             options,
             channel_credentials,
             insecure,

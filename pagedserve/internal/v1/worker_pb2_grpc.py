@@ -46,6 +46,16 @@ class WorkerStub:
                 request_serializer=pagedserve_dot_internal_dot_v1_dot_worker__pb2.GetInfoRequest.SerializeToString,
                 response_deserializer=pagedserve_dot_internal_dot_v1_dot_common__pb2.WorkerInfo.FromString,
                 _registered_method=True)
+        self.LoadLora = channel.unary_unary(
+                '/pagedserve.internal.v1.Worker/LoadLora',
+                request_serializer=pagedserve_dot_internal_dot_v1_dot_common__pb2.LoraAdapterRequest.SerializeToString,
+                response_deserializer=pagedserve_dot_internal_dot_v1_dot_common__pb2.LoraAdapterResponse.FromString,
+                _registered_method=True)
+        self.UnloadLora = channel.unary_unary(
+                '/pagedserve.internal.v1.Worker/UnloadLora',
+                request_serializer=pagedserve_dot_internal_dot_v1_dot_common__pb2.LoraAdapterRequest.SerializeToString,
+                response_deserializer=pagedserve_dot_internal_dot_v1_dot_common__pb2.LoraAdapterResponse.FromString,
+                _registered_method=True)
 
 
 class WorkerServicer:
@@ -70,6 +80,21 @@ class WorkerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def LoadLora(self, request, context):
+        """Hold a LoRA adapter (a no-op where held from that path); INVALID_ARGUMENT naming the problem for a
+        bad one (rank over --max-lora-rank, unsupported target modules, a missing file, shapes).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UnloadLora(self, request, context):
+        """Drop a LoRA adapter; INVALID_ARGUMENT while a sequence it holds runs under it, or when not held.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -82,6 +107,16 @@ def add_WorkerServicer_to_server(servicer, server):
                     servicer.GetInfo,
                     request_deserializer=pagedserve_dot_internal_dot_v1_dot_worker__pb2.GetInfoRequest.FromString,
                     response_serializer=pagedserve_dot_internal_dot_v1_dot_common__pb2.WorkerInfo.SerializeToString,
+            ),
+            'LoadLora': grpc.unary_unary_rpc_method_handler(
+                    servicer.LoadLora,
+                    request_deserializer=pagedserve_dot_internal_dot_v1_dot_common__pb2.LoraAdapterRequest.FromString,
+                    response_serializer=pagedserve_dot_internal_dot_v1_dot_common__pb2.LoraAdapterResponse.SerializeToString,
+            ),
+            'UnloadLora': grpc.unary_unary_rpc_method_handler(
+                    servicer.UnloadLora,
+                    request_deserializer=pagedserve_dot_internal_dot_v1_dot_common__pb2.LoraAdapterRequest.FromString,
+                    response_serializer=pagedserve_dot_internal_dot_v1_dot_common__pb2.LoraAdapterResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -139,6 +174,60 @@ class Worker:
             '/pagedserve.internal.v1.Worker/GetInfo',
             pagedserve_dot_internal_dot_v1_dot_worker__pb2.GetInfoRequest.SerializeToString,
             pagedserve_dot_internal_dot_v1_dot_common__pb2.WorkerInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LoadLora(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pagedserve.internal.v1.Worker/LoadLora',
+            pagedserve_dot_internal_dot_v1_dot_common__pb2.LoraAdapterRequest.SerializeToString,
+            pagedserve_dot_internal_dot_v1_dot_common__pb2.LoraAdapterResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UnloadLora(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pagedserve.internal.v1.Worker/UnloadLora',
+            pagedserve_dot_internal_dot_v1_dot_common__pb2.LoraAdapterRequest.SerializeToString,
+            pagedserve_dot_internal_dot_v1_dot_common__pb2.LoraAdapterResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -13,7 +13,8 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from services.core.errors import REFUSALS, Unavailable
 from services.frontend.core import STATS_TIMEOUT_S, FrontendCore
-from services.frontend.http import messages_api, openai_requests, pooling_api, responses_api, schemas, tokenize_api
+from services.frontend.http import (lora_api, messages_api, openai_requests, pooling_api, responses_api, schemas,
+                                   tokenize_api)
 from services.frontend.http.errors import error_body, install_error_handlers
 from services.frontend.http.guard import Guard
 from services.frontend.http.models import ChatCompletionRequest, CompletionRequest
@@ -53,22 +54,26 @@ def build_app(core: FrontendCore, is_ready: Callable[[], bool], api_key: str = "
 
     @app.get("/v1/models", response_model=schemas.ModelList, responses=schemas.errors(401, 503))
     async def models() -> dict:
-        return {"object": "list", "data": [_model_body(await core.model_card())]}
+        card = await core.model_card()  # the base, then its LoRA adapters (vLLM's parent / root)
+        adapters = [{**_model_body(card), "id": name, "root": path, "parent": card.id} for name, path in core.loras.items()]
+        return {"object": "list", "data": [_model_body(card), *adapters]}
 
     @app.get("/v1/models/{model_id:path}", response_model=schemas.Model, responses=schemas.errors(401, 404, 503))
     async def model(model_id: str) -> dict:
-        """The served model; 404 (model_not_found) for any other id."""
-        core.check_model(model_id)
-        return _model_body(await core.model_card())
+        """The served model or one of its LoRA adapters; 404 (model_not_found) for any other id."""
+        card = await core.model_card()
+        if core.check_model(model_id):
+            return {**_model_body(card), "id": model_id, "root": core.loras[model_id], "parent": card.id}
+        return _model_body(card)
 
     @app.post("/v1/completions", response_model=None, responses=schemas.completion_responses(schemas.Completion))
     async def completions(body: CompletionRequest, request: Request) -> Response:
         request_id = request.state.request_id = f"cmpl-{uuid.uuid4().hex}"
         requests = openai_requests.completion_requests(body, request_id)
         renderer = CompletionRenderer(
-            id=request_id, model=core.model_id, fingerprint=await _fingerprint(core), tokenizer=core.tokenizer,
-            n=requests[0].params.n, prompt_logprobs=body.prompt_logprobs, top_k=body.logprobs,
-            echoes=await openai_requests.echo_prompts(core, requests) if body.echo else None,
+            id=request_id, model=core.served_name(body.model or ""), fingerprint=await _fingerprint(core),
+            tokenizer=core.tokenizer, n=requests[0].params.n, prompt_logprobs=body.prompt_logprobs,
+            top_k=body.logprobs, echoes=await openai_requests.echo_prompts(core, requests) if body.echo else None,
             score_only=body.max_tokens == 0)
         return await _respond(core, requests, renderer, body, body.logprobs is not None, request)
 
@@ -77,7 +82,7 @@ def build_app(core: FrontendCore, is_ready: Callable[[], bool], api_key: str = "
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         request_id = request.state.request_id = f"chatcmpl-{uuid.uuid4().hex}"
         generate_request, tool_plan = await openai_requests.chat_request(core, body, request_id)
-        shared = dict(id=request_id, model=core.model_id, fingerprint=await _fingerprint(core),
+        shared = dict(id=request_id, model=core.served_name(body.model or ""), fingerprint=await _fingerprint(core),
                       tokenizer=core.tokenizer, n=generate_request.params.n, prompt_logprobs=body.prompt_logprobs)
         plain = tool_plan.mode == "none" and tool_plan.thinking is None
         renderer = ChatRenderer(**shared) if plain else ToolChatRenderer(**shared, plan=tool_plan)
@@ -88,6 +93,7 @@ def build_app(core: FrontendCore, is_ready: Callable[[], bool], api_key: str = "
     messages_api.add_routes(app, core, _unless_disconnected)
     tokenize_api.add_routes(app, core)
     pooling_api.add_routes(app, core, _unless_disconnected)
+    lora_api.add_routes(app, core)
     return Guard(app, api_key, max_body_bytes)
 
 

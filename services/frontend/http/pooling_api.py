@@ -26,7 +26,7 @@ def add_routes(app: FastAPI, core: FrontendCore, unless_disconnected) -> None:
     async def embeddings(body: EmbeddingRequest, request: Request) -> Response:
         """One embedding per input, in input order (OpenAI's embeddings.create)."""
         request.state.request_id = f"embd-{uuid.uuid4().hex}"
-        core.check_model(body.model or "")
+        core.check_pooling_model(body.model or "")
         inputs = body.input if isinstance(body.input, list) and body.input and not isinstance(body.input[0], int) \
             else [body.input]
         pooled = await unless_disconnected(request, pooling.embed(core, inputs, body.dimensions))
@@ -40,7 +40,7 @@ def add_routes(app: FastAPI, core: FrontendCore, unless_disconnected) -> None:
     async def score(body: ScoreRequest, request: Request) -> Response:
         """Each text_2's relevance to text_1 (one query for all, or pairwise), as vLLM's /v1/score."""
         request_id = request.state.request_id = f"score-{uuid.uuid4().hex}"
-        core.check_model(body.model or "")
+        core.check_pooling_model(body.model or "")
         documents = body.text_2 if isinstance(body.text_2, list) else [body.text_2]
         if isinstance(body.text_1, list):
             check(len(body.text_1) in (1, len(documents)), "text_1",
@@ -59,7 +59,7 @@ def add_routes(app: FastAPI, core: FrontendCore, unless_disconnected) -> None:
     async def rerank(body: RerankRequest, request: Request) -> Response:
         """The documents by relevance to the query, best first (the Jina/Cohere shape vLLM serves)."""
         request_id = request.state.request_id = f"rerank-{uuid.uuid4().hex}"
-        core.check_model(body.model or "")
+        core.check_pooling_model(body.model or "")
         pooled = await unless_disconnected(request, pooling.score(core, [body.query] * len(body.documents),
                                                                   body.documents, body.instruction))
         if pooled is None:

@@ -42,7 +42,7 @@ def add_routes(app: FastAPI, core: FrontendCore, store: ResponseStore, unless_di
             core, _instructions(body.instructions) + messages, plan, response_id,
             lambda max_tokens: _sampling_params(body, max_tokens, plan.constraint()), body.max_output_tokens,
             body.model or "", body.priority, max_tokens_field="max_output_tokens", template=_template(body))
-        builder = ResponseBuilder(response_id, _echo(body, core.model_id), plan.stream())
+        builder = ResponseBuilder(response_id, _echo(body, core.served_name(body.model or "")), plan.stream())
         [started] = await start([core.generate(generate_request)])
         events = merge([started])
 

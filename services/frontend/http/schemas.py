@@ -135,6 +135,8 @@ class Model(BaseModel):
     created: int
     owned_by: str
     max_model_len: int
+    root: str | None = None  # a LoRA adapter's folder (vLLM's field)
+    parent: str | None = None  # a LoRA adapter's base model id (vLLM's field)
 
 
 class ModelList(BaseModel):

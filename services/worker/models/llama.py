@@ -52,6 +52,7 @@ class AttentionMetadata:
 class Attention(nn.Module):
     linear_weights = ("qkv_weight",)  # multiplied by self.linear; see LlamaForCausalLM.prepack
     row_parallel_weights = ("o_weight",)  # in K groups (kernels/row_parallel.py)
+    lora_qkv = lora_o = None  # services/worker/lora.py LoraSite, set by LlamaForCausalLM.enable_lora
 
     def __init__(self, cfg: ModelArchConfig, ops: Ops, linear: Callable, window: int = 0):
         """window > 0: a sliding-window layer (its keys: the last `window` positions)."""
@@ -71,7 +72,10 @@ class Attention(nn.Module):
                 rotary_cache: torch.Tensor) -> torch.Tensor:
         cfg, ops = self.cfg, self.ops
         num_tokens = x.shape[0]
-        q, k, v = self.linear(x, self.qkv_weight, self.qkv_bias).split(self.split, dim=-1)
+        qkv = self.linear(x, self.qkv_weight, self.qkv_bias)
+        if self.lora_qkv is not None:
+            qkv = self.lora_qkv.add(qkv, x)
+        q, k, v = qkv.split(self.split, dim=-1)
         q = q.reshape(num_tokens, cfg.num_heads, cfg.head_dim)  # [T, H, D]
         k = k.reshape(num_tokens, cfg.num_kv_heads, cfg.head_dim)  # [T, KVH, D]
         v = v.reshape(num_tokens, cfg.num_kv_heads, cfg.head_dim)
@@ -84,7 +88,9 @@ class Attention(nn.Module):
         window = {"window": self.window} if self.window else {}
         out = ops.paged_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc,
                                   self.scale, meta.layout, **window)
-        return self.linear(out.reshape(num_tokens, -1), self.o_weight, None)
+        out = out.reshape(num_tokens, -1)
+        o = self.linear(out, self.o_weight, None)
+        return o if self.lora_o is None else self.lora_o.add(o, out)
 
     def rotate(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, rotary_cache: torch.Tensor):
         """Rotary embedding of each head's first cfg.rotary_dim dims (Phi's partial rotary), all by default."""
@@ -99,6 +105,7 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     linear_weights = ("gate_up_weight",)
     row_parallel_weights = ("down_weight",)
+    lora_gate_up = lora_down = None  # services/worker/lora.py LoraSite (a dense MLP's; never an expert's)
 
     def __init__(self, cfg: ModelArchConfig, ops: Ops, linear: Callable, activation: Callable | None = None):
         """activation: of the fused [gate, up] product, SiLU-and-multiply by default."""
@@ -111,7 +118,11 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.linear(x, self.gate_up_weight, None)
-        return self.linear(self.activation(gate_up), self.down_weight, None)
+        if self.lora_gate_up is not None:
+            gate_up = self.lora_gate_up.add(gate_up, x)
+        h = self.activation(gate_up)
+        down = self.linear(h, self.down_weight, None)
+        return down if self.lora_down is None else self.lora_down.add(down, h)
 
 
 class DecoderLayer(nn.Module):
@@ -157,6 +168,7 @@ class LlamaForCausalLM(nn.Module):
             self.lm_head = self.embed if cfg.tie_word_embeddings else nn.Parameter(
                 torch.empty(v1 - v0, cfg.hidden_size), requires_grad=False)
         self.stack = None  # kernels.decoder.DecoderStack, set by prepack where the ops have one
+        self.lora = None  # services/worker/lora.py LoraState, set by enable_lora
         self.micro_batches = self.shard.pp_size  # a pipelined step's micro-batches (services/worker/pipeline.py)
         rotary_dim = cfg.rotary_dim or cfg.head_dim
         self.register_buffer("rotary_cache", cos_sin_cache(rotary_dim, cfg.max_position_embeddings, cfg.rope_theta,
@@ -208,6 +220,20 @@ class LlamaForCausalLM(nn.Module):
             self.stack = self.ops.decoder_stack(layers, self.final_norm.data, self.rotary_cache, shape,
                                                 gather=self.comm.gather_partials_into if gather else None)
 
+    def enable_lora(self, state) -> None:
+        """Give every decoder layer's attention and dense MLP its LoRA sites (services/worker/lora.py): a
+        step whose batch has adapter rows (state.batch) runs the layers one by one and adds their products."""
+        from services.worker.lora import LoraSite
+
+        self.lora = state
+        first = self.shard.layers(self.cfg)[0]
+        for i, layer in enumerate(self.layers):
+            index = first + i
+            layer.attn.lora_qkv, layer.attn.lora_o = LoraSite(state, index, "qkv"), LoraSite(state, index, "o")
+            if isinstance(layer.mlp, MLP):
+                layer.mlp.lora_gate_up, layer.mlp.lora_down = (LoraSite(state, index, "gate_up"),
+                                                               LoraSite(state, index, "down"))
+
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
                 meta: AttentionMetadata) -> torch.Tensor | None:  # [T] -> [T, hidden], final norm applied
@@ -221,7 +247,8 @@ class LlamaForCausalLM(nn.Module):
     def run_layers(self, x: torch.Tensor, residual: torch.Tensor | None, kv_caches, meta: AttentionMetadata,
                    final_norm: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         """This rank's layers: (x, residual) in, the final norm applied (residual None) or (x, residual) out."""
-        if self.stack is not None and self.stack.runs(x, kv_caches):  # the same kernels, one call
+        lora_rows = self.lora is not None and self.lora.batch is not None  # the stack has no LoRA sites
+        if self.stack is not None and not lora_rows and self.stack.runs(x, kv_caches):  # the same kernels, one call
             layout = meta.layout if meta.layout is not None else token_layout(meta.seq_lens, meta.query_start_loc)
             return self.stack(x, kv_caches, meta.positions, meta.slot_mapping, meta.block_tables, *layout,
                               residual=residual, final_norm=final_norm)
