@@ -1,7 +1,7 @@
 """One scheduler's capacity: the real scheduler service driving N stand-in workers over real gRPC.
 
     python bench/scheduler_scale.py [--workers 1,2,4,8,16,32] [--seqs-per-worker 8] [--seconds 4]
-                                    [--rounds 2] [--profile N] [--compare TREE]
+                                    [--rounds 2] [--profile N] [--compare TREE] [--step-ms MS]
 
 The scheduler is the service itself, `python -m services.scheduler`, in a process of its own (a
 fresh one per N), whose CPU time psutil reads. Each stand-in worker (StandInWorker) serves the
@@ -19,6 +19,10 @@ use (the stand-ins and the client: when it nears 1.0 they, not the scheduler, se
 latency the scheduler adds per step as a worker sees it: from a worker's answer leaving until its
 next Step arriving (p50, p99), which is the scheduler's turn plus two loopback hops. --profile N
 runs the scheduler at N workers under cProfile and prints its top functions.
+
+--step-ms MS makes each stand-in take MS milliseconds per step (asyncio.sleep: no CPU), as a
+real worker's forward pass does: the scheduler is then measured below saturation, at the step
+rate of N such workers, instead of at the most it can drive.
 
 --compare TREE runs, beside this checkout's scheduler, the one of another checkout of the
 repository (e.g. a git worktree of an older commit), interleaved: for each round and worker count
@@ -69,8 +73,8 @@ INFO = WorkerInfo(model="stand-in", dtype="float32", block_size=16, num_gpu_bloc
 class StandInWorker(worker_pb2_grpc.WorkerServicer):
     """The worker's gRPC contract with no model: each Step is answered at once."""
 
-    def __init__(self, worker_id: str, scheduler_address: str):
-        self.worker_id, self.scheduler_address = worker_id, scheduler_address
+    def __init__(self, worker_id: str, scheduler_address: str, step_s: float = 0.0):
+        self.worker_id, self.scheduler_address, self.step_s = worker_id, scheduler_address, step_s
         self.grpc = GrpcServer(lambda server: worker_pb2_grpc.add_WorkerServicer_to_server(self, server),
                                SERVICE_NAME, reflection_on=False)
         self.lengths: dict[int, int] = {}  # seq_id -> tokens it has (prompt + output)
@@ -108,6 +112,8 @@ class StandInWorker(worker_pb2_grpc.WorkerServicer):
             total = self.lengths[seq.seq_id] = self.lengths[seq.seq_id] + len(seq.new_token_ids)
             if seq.num_computed_tokens + seq.num_scheduled_tokens >= total:
                 outputs.append(worker_pb2.SeqOutput(seq_id=seq.seq_id, token_ids=[TOKEN]))
+        if self.step_s:
+            await asyncio.sleep(self.step_s)  # a forward pass's time, not its CPU
         self.num_steps += 1
         self.answered = time.perf_counter()
         return worker_pb2.StepResponse(step_id=request.step_id, outputs=outputs)
@@ -188,12 +194,12 @@ def cpu_seconds(process: psutil.Process) -> float:
 
 
 async def measure(num_workers: int, seqs_per_worker: int, seconds: float, profile_to: Path | None = None,
-                  tree: Path = REPO) -> dict:
+                  tree: Path = REPO, step_s: float = 0.0) -> dict:
     [port] = free_ports(1)
     process = start_scheduler(port, profile_to, tree)
     scheduler, me = psutil.Process(process.pid), psutil.Process()
     address = f"127.0.0.1:{port}"
-    workers = [StandInWorker(f"w{i:02d}", address) for i in range(num_workers)]
+    workers = [StandInWorker(f"w{i:02d}", address, step_s) for i in range(num_workers)]
     channel = grpc.aio.insecure_channel(address)
     stub = scheduler_pb2_grpc.SchedulerStub(channel)
     load = None
@@ -289,6 +295,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--target-ms", type=float, default=1.0, help="scheduler CPU per worker-step, at 8 workers")
     parser.add_argument("--profile", type=int, default=0, help="only profile the scheduler at this many workers")
     parser.add_argument("--out", default="scheduler_scale", help="results file stem in bench/results")
+    parser.add_argument("--step-ms", type=float, default=0.0,
+                        help="each stand-in's step time (a sleep); 0: it answers at once")
     parser.add_argument("--compare", type=Path, default=None,
                         help="another checkout whose scheduler runs interleaved with this one's (A/B)")
     return parser.parse_args()
@@ -297,7 +305,8 @@ def parse_args() -> argparse.Namespace:
 def profile(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "scheduler.prof"
-        row = uvloop.run(measure(args.profile, args.seqs_per_worker, args.seconds, profile_to=path))
+        row = uvloop.run(measure(args.profile, args.seqs_per_worker, args.seconds, profile_to=path,
+                                 step_s=args.step_ms / 1e3))
         print({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()})
         pstats.Stats(str(path)).sort_stats("tottime").print_stats(25)
 
@@ -324,7 +333,8 @@ def compare(args: argparse.Namespace) -> None:
             order = ["this", "compare"] if turn % 2 == 0 else ["compare", "this"]
             turn += 1
             for name in order:
-                row = uvloop.run(measure(num_workers, args.seqs_per_worker, args.seconds, tree=trees[name]))
+                row = uvloop.run(measure(num_workers, args.seqs_per_worker, args.seconds, tree=trees[name],
+                                         step_s=args.step_ms / 1e3))
                 row["tree"] = name
                 show(name, row)
                 runs[num_workers][name].append(row)
@@ -354,12 +364,14 @@ def compare(args: argparse.Namespace) -> None:
     body = (f"A/B: this checkout's scheduler against {other.name}'s (commit {tree_commit(other)}), interleaved: "
             f"for each of {args.rounds} rounds and each worker count both ran back to back in alternating order "
             f"(ABBA), a fresh scheduler process each, a {args.seconds:g} s window each; the same stand-in "
-            f"workers and client (this checkout's), {args.seqs_per_worker} running sequences per worker. The last "
+            f"workers and client (this checkout's), {args.seqs_per_worker} running sequences per worker, each "
+            + (f"step taking {args.step_ms:g} ms (a sleep)" if args.step_ms else "step answered at once")
+            + ". The last "
             f"column is the median over rounds of the paired ratio of CPU ms per worker-step. \"messages\" are "
             f"the SubmitMany responses the scheduler wrote to the client. The host is shared with other "
             f"developers' jobs (load average above).\n\n{table}")
     write_results(args.out, "One scheduler driving N stand-in workers: A/B against another checkout", load_before,
-                  body, {"seqs_per_worker": args.seqs_per_worker, "window_s": args.seconds,
+                  body, {"seqs_per_worker": args.seqs_per_worker, "window_s": args.seconds, "step_ms": args.step_ms,
                          "compare_commit": tree_commit(other), "rows": rows,
                          "runs": [run for n in counts for name in ("this", "compare") for run in runs[n][name]]})
     print(f"wrote {RESULTS_DIR / args.out}.md")
@@ -377,7 +389,7 @@ def main() -> None:
     runs: dict[int, list[dict]] = {n: [] for n in counts}
     for round_index in range(args.rounds):  # up, down, up...: a load change on the host hits every count
         for num_workers in counts if round_index % 2 == 0 else counts[::-1]:
-            row = uvloop.run(measure(num_workers, args.seqs_per_worker, args.seconds))
+            row = uvloop.run(measure(num_workers, args.seqs_per_worker, args.seconds, step_s=args.step_ms / 1e3))
             show("", row)
             runs[num_workers].append(row)
     rows = [{key: statistics.median(r[key] for r in runs[n]) if isinstance(value, float) else value
@@ -394,7 +406,7 @@ def main() -> None:
             f"alternately up and down the counts, each figure the median of its runs. The host is shared "
             f"with other developers' jobs (load average above).\n\n{table}\n![scheduler scale]({args.out}.png)\n")
     write_results(args.out, "One scheduler driving N stand-in workers", load_before, body,
-                  {"seqs_per_worker": args.seqs_per_worker, "window_s": args.seconds, "rows": rows,
+                  {"seqs_per_worker": args.seqs_per_worker, "window_s": args.seconds, "step_ms": args.step_ms, "rows": rows,
                    "runs": [run for n in counts for run in runs[n]]})
     plot(rows, RESULTS_DIR / f"{args.out}.png", args.target_ms)
     print(f"wrote {RESULTS_DIR / args.out}.md")
