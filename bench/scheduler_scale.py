@@ -52,7 +52,7 @@ import uvloop  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import REPO, RESULTS_DIR, loadavg, markdown_table, write_results  # noqa: E402
+from bench.common import REPO, RESULTS_DIR, figure_path, loadavg, markdown_table, write_results  # noqa: E402
 from pagedserve.internal.v1 import scheduler_pb2, scheduler_pb2_grpc, worker_pb2, worker_pb2_grpc  # noqa: E402
 from services.core.sampling_params import SamplingParams  # noqa: E402
 from services.core.step import WorkerInfo  # noqa: E402
@@ -408,7 +408,7 @@ def main() -> None:
     write_results(args.out, "One scheduler driving N stand-in workers", load_before, body,
                   {"seqs_per_worker": args.seqs_per_worker, "window_s": args.seconds, "step_ms": args.step_ms, "rows": rows,
                    "runs": [run for n in counts for run in runs[n]]})
-    plot(rows, RESULTS_DIR / f"{args.out}.png", args.target_ms)
+    plot(rows, figure_path(args.out), args.target_ms)
     print(f"wrote {RESULTS_DIR / args.out}.md")
 
 
