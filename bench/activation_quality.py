@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
 
 import llamacpp  # noqa: E402
-from common import loadavg, markdown_table, write_results  # noqa: E402
+from common import loadavg, markdown_table, show_results  # noqa: E402
 from workload import model_folder, sharegpt_requests  # noqa: E402
 
 MODES = {  # --modes key: (label, quantization, activation_quant)
@@ -245,9 +245,9 @@ def main() -> None:
         print(results[name], flush=True)
     parities = {label: [parity(MODES[key][0], outputs[key], tokens, tops, prompts, models, args)
                         for key in PARITY_MODES if key in outputs] for label, (tokens, tops, _) in peers.items()}
-    print(write_results(args.out, "int8 activations and llama.cpp: quality against fp32 weights, and parity",
-                        load_before, report(results, parities, skipped, args),
-                        {"modes": results, "parity": parities, "llama_cpp_skipped": skipped}).read_text())
+    show_results(args.out, "int8 activations and llama.cpp: quality against fp32 weights, and parity",
+                 load_before, report(results, parities, skipped, args),
+                 {"modes": results, "parity": parities, "llama_cpp_skipped": skipped})
 
 
 def report(results: dict, parities: dict, skipped: str | None, args) -> str:

@@ -137,6 +137,19 @@ def write_results(stem: str, title: str, load_before: str, body: str, data: dict
     return md
 
 
+def show_results(stem: str, title: str, load_before: str, body: str, data: dict) -> Path:
+    """write_results, then the markdown file on stdout: how a benchmark run ends."""
+    path = write_results(stem, title, load_before, body, data)
+    print(path.read_text())
+    return path
+
+
+def figure_path(stem: str) -> Path:
+    """bench/results/<stem>.png, its folder made: where a benchmark's plot goes beside its results."""
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    return RESULTS_DIR / f"{stem}.png"
+
+
 def markdown_table(headers: list[str], rows: list[list]) -> str:
     lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     lines += ["| " + " | ".join(_cell(v) for v in row) + " |" for row in rows]

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.common import loadavg, markdown_table, write_results  # noqa: E402
+from bench.common import loadavg, markdown_table, show_results  # noqa: E402
 from pagedserve import LLM, SamplingParams  # noqa: E402
 from services.tools.default_model import default_model_path  # noqa: E402
 
@@ -60,9 +60,8 @@ def main() -> None:
              "yes" if eager[b][1] == compiled[b][1] else "no"] for b in batches]
     body = (f"Model: SmolLM2-135M-Instruct, {args.dtype}, decode at context 128; compile took {compile_s:.0f} s.\n\n"
             + markdown_table(["batch", "eager ms/step", "compiled-MLP ms/step", "speed-up", "same tokens"], rows))
-    path = write_results("compile_probe", "torch.compile of the MLP on a CPU decode step", load_before, body,
-                         {"dtype": args.dtype, "compile_s": compile_s, "rows": rows})
-    print(path.read_text())
+    show_results("compile_probe", "torch.compile of the MLP on a CPU decode step", load_before, body,
+                 {"dtype": args.dtype, "compile_s": compile_s, "rows": rows})
 
 
 if __name__ == "__main__":

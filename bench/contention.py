@@ -38,7 +38,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
 
-from common import add_cpu_isa, engine_tier_args, loadavg, markdown_table, select_tier, write_results  # noqa: E402
+from common import add_cpu_isa, engine_tier_args, loadavg, markdown_table, select_tier, show_results  # noqa: E402
 from workload import model_folder  # noqa: E402
 
 BUSY_LOOP = "while True: pass"
@@ -168,10 +168,9 @@ def main() -> None:
             f"{args.rounds} rounds (range). Each policy in its own process.\n\n"
             + markdown_table(["wait policy", "batch", "busy processes", "tok/s", "range",
                               "vs the policy quiet", f"vs {first} quiet"], table))
-    path = write_results(args.out, "Contention: the engine next to other CPU-bound processes", load_before, body,
-                         {"args": {k: v for k, v in vars(args).items() if k != "child"}, "rows": rows,
-                          "raw": results})
-    print(path.read_text())
+    show_results(args.out, "Contention: the engine next to other CPU-bound processes", load_before, body,
+                 {"args": {k: v for k, v in vars(args).items() if k != "child"}, "rows": rows,
+                  "raw": results})
 
 
 if __name__ == "__main__":

@@ -36,7 +36,7 @@ sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
 
 import llamacpp  # noqa: E402
 from activation_quality import as_tensors, bucket_kl, full_logits  # noqa: E402
-from common import add_cpu_isa, loadavg, markdown_table, select_tier, write_results  # noqa: E402
+from common import add_cpu_isa, loadavg, markdown_table, select_tier, show_results  # noqa: E402
 from gguf_files import gguf_path, mix_text, model_path, type_label  # noqa: E402
 from workload import sharegpt_requests  # noqa: E402
 
@@ -201,8 +201,8 @@ def main() -> None:
     args.tier = select_tier(args.cpu_isa, args.libraries_isa)
     server_bin = llamacpp.binary(args.llama_cpp_dir, "llama-server")
     results = [one_file(model, args, server_bin) for model in args.models]
-    print(write_results(args.out, "Quality per GGUF type: the engine against transformers and llama.cpp on the same "
-                        "file", load_before, report(results, args), {"files": results}).read_text())
+    show_results(args.out, "Quality per GGUF type: the engine against transformers and llama.cpp on the same "
+                 "file", load_before, report(results, args), {"files": results})
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
 
 import llamacpp  # noqa: E402
 import quant  # noqa: E402
-from common import add_cpu_isa, loadavg, markdown_table, select_tier, write_results  # noqa: E402
+from common import add_cpu_isa, loadavg, markdown_table, select_tier, show_results  # noqa: E402
 from gguf_files import gguf_path, mix_text, model_path, type_label  # noqa: E402
 from workload import add_workload_flags, describe  # noqa: E402
 
@@ -128,8 +128,8 @@ def main() -> None:
     bench_bin = llamacpp.binary(args.llama_cpp_dir, "llama-bench")
     server_bin = llamacpp.binary(args.llama_cpp_dir, "llama-server")
     results = [one_file(model, args, bench_bin, server_bin) for model in args.models]
-    print(write_results(args.out, "Speed per GGUF type against llama.cpp on the same file", load_before,
-                        report(results, args), {"files": results}).read_text())
+    show_results(args.out, "Speed per GGUF type against llama.cpp on the same file", load_before,
+                 report(results, args), {"files": results})
 
 
 if __name__ == "__main__":

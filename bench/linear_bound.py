@@ -32,7 +32,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
 
-from common import add_cpu_isa, loadavg, markdown_table, select_tier, write_results  # noqa: E402
+from common import add_cpu_isa, loadavg, markdown_table, select_tier, show_results  # noqa: E402
 from kernels import quant  # noqa: E402
 from kernels.linear import GemmWeight, invariant_linear, prepack  # noqa: E402
 from runners import DTYPES  # noqa: E402
@@ -135,9 +135,8 @@ def main() -> None:
             f"{len(shapes)} linear weights per step ({len(shapes) - 1} in the layers + lm_head).\n\n"
             + markdown_table(["dtype", "batch", "library", "ms / step", "weight GB/s", "GFLOP/s",
                               "decode tok/s bound"], rows))
-    path = write_results(args.out, "Linear layers alone: the floor under a decode step", load_before, body,
-                         {"rows": data})
-    print(path.read_text())
+    show_results(args.out, "Linear layers alone: the floor under a decode step", load_before, body,
+                 {"rows": data})
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import loadavg, markdown_table, write_results  # noqa: E402
+from bench.common import loadavg, markdown_table, show_results  # noqa: E402
 from services.tools import make_tokenizer  # noqa: E402
 from services.tools.make_model import make_model, num_parameters  # noqa: E402
 
@@ -50,9 +50,8 @@ def main() -> None:
     body = (f"make_model(arch='llama', size=..., seed=0), {args.repeats} runs per size, interleaved; "
             "the host is shared with other developers' jobs (load average above).\n\n"
             + markdown_table(["size", "parameters", "median s", "fastest s", "claim"], rows))
-    path = write_results("make_model", "Making a random model (services/tools/make_model.py)", load_before, body,
-                         {"repeats": args.repeats, "seconds": seconds, "claim_s": CLAIM_S})
-    print(path.read_text())
+    show_results("make_model", "Making a random model (services/tools/make_model.py)", load_before, body,
+                 {"repeats": args.repeats, "seconds": seconds, "claim_s": CLAIM_S})
 
 
 if __name__ == "__main__":

@@ -48,7 +48,7 @@ sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
 
 import llamacpp  # noqa: E402
 import runners  # noqa: E402
-from common import RESULTS_DIR, add_cpu_isa, loadavg, markdown_table, select_tier, write_results  # noqa: E402
+from common import add_cpu_isa, figure_path, loadavg, markdown_table, select_tier, write_results  # noqa: E402
 from workload import add_workload_flags, describe, load_workload, model_folder, summary  # noqa: E402
 
 MODES = ("engine", "services", "services-batch", "hf-batch", "hf-single", "llamacpp", "engine-plain", "vllm")
@@ -196,8 +196,7 @@ def report(results: dict, args, requests, load_before: str) -> Path:
             rows.append([dtype, LABELS[mode], r["tokens_per_s"], r["seconds"], ratio, note])
     table = markdown_table(["dtype", "contender", "output tok/s", "seconds", "vs (a)", "notes"], rows)
     body = f"Workload: {describe(args)}; {summary(requests)}\n\n{table}\n![offline]({args.out}.png)\n"
-    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-    _plot(results, RESULTS_DIR / f"{args.out}.png")
+    _plot(results, figure_path(args.out))
     return write_results(args.out, "Offline throughput", load_before, body,
                          {"workload": describe(args), "summary": summary(requests), "results": results})
 

@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import psutil  # noqa: E402
 import torch  # noqa: E402
 
-from bench.common import loadavg, markdown_table, write_results  # noqa: E402
+from bench.common import loadavg, markdown_table, show_results  # noqa: E402
 from kernels.linear import prepack  # noqa: E402
 from kernels.row_parallel import RowParallelWeight, split_dense  # noqa: E402
 from kernels.row_parallel import library as row_parallel_library  # noqa: E402
@@ -233,9 +233,8 @@ def main() -> None:
         "only if this script shows it faster; on a 2-core host the collectives' time is mostly ranks waiting for a "
         "core (rank 0's comm ms/step above), not copying bytes, so it could not show that here.",
     ])
-    path = write_results("parallel", "Tensor and pipeline parallel worker groups", load_before, body,
-                         {"reduction": reduction, "layouts": layouts, "bubble": bubbles})
-    print(path.read_text())
+    show_results("parallel", "Tensor and pipeline parallel worker groups", load_before, body,
+                 {"reduction": reduction, "layouts": layouts, "bubble": bubbles})
 
 
 if __name__ == "__main__":

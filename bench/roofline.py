@@ -37,7 +37,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
 
-from common import add_cpu_isa, engine_tier_args, loadavg, markdown_table, select_tier, write_results  # noqa: E402
+from common import add_cpu_isa, engine_tier_args, loadavg, markdown_table, select_tier, show_results  # noqa: E402
 from kernels.linear import GemmWeight, invariant_linear, prepack  # noqa: E402
 from runners import DTYPES  # noqa: E402
 from workload import model_folder  # noqa: E402
@@ -310,10 +310,9 @@ def main() -> None:
     breakdowns = {f"{d} {q} batch {b}{mode}": breakdown for (d, q, b), t in timings.items() if t["breakdown"]
                   for mode, breakdown in t["breakdown"].items()}
     body = _body(costs, limits, rows, profiles, breakdowns, args)
-    path = write_results(args.out, "Roofline: prefill and decode against this machine's limits", load_before,
-                         body, {"costs": costs, "limits": limits, "rows": rows, "profiles": profiles,
-                                "breakdowns": breakdowns})
-    print(path.read_text())
+    show_results(args.out, "Roofline: prefill and decode against this machine's limits", load_before,
+                 body, {"costs": costs, "limits": limits, "rows": rows, "profiles": profiles,
+                        "breakdowns": breakdowns})
 
 
 def _body(costs: dict, limits: dict, rows: list[dict], profiles: dict, breakdowns: dict, args) -> str:

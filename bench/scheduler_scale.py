@@ -1,7 +1,7 @@
 """One scheduler's capacity: the real scheduler service driving N stand-in workers over real gRPC.
 
     python bench/scheduler_scale.py [--workers 1,2,4,8,16,32] [--seqs-per-worker 8] [--seconds 4]
-                                    [--rounds 2] [--profile N]
+                                    [--rounds 2] [--profile N] [--compare TREE] [--step-ms MS]
 
 The scheduler is the service itself, `python -m services.scheduler`, in a process of its own (a
 fresh one per N), whose CPU time psutil reads. Each stand-in worker (StandInWorker) serves the
@@ -20,13 +20,22 @@ latency the scheduler adds per step as a worker sees it: from a worker's answer 
 next Step arriving (p50, p99), which is the scheduler's turn plus two loopback hops. --profile N
 runs the scheduler at N workers under cProfile and prints its top functions.
 
+--step-ms MS makes each stand-in take MS milliseconds per step (asyncio.sleep: no CPU), as a
+real worker's forward pass does: the scheduler is then measured below saturation, at the step
+rate of N such workers, instead of at the most it can drive.
+
+--compare TREE runs, beside this checkout's scheduler, the one of another checkout of the
+repository (e.g. a git worktree of an older commit), interleaved: for each round and worker count
+both are measured back to back, in alternating order (ABBA), so a change in the host's load hits
+both alike; the figure compared is the median of the paired ratios (this / TREE). The stand-ins
+and the client are this checkout's (the Worker and Scheduler wire contracts they use must match).
+
 Writes bench/results/scheduler_scale.{md,json,png}.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
-import cProfile  # noqa: F401  (the scheduler runs under `python -m cProfile` with --profile)
 import os
 import pstats
 import statistics
@@ -43,7 +52,7 @@ import uvloop  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import RESULTS_DIR, loadavg, markdown_table, write_results  # noqa: E402
+from bench.common import REPO, RESULTS_DIR, figure_path, loadavg, markdown_table, write_results  # noqa: E402
 from pagedserve.internal.v1 import scheduler_pb2, scheduler_pb2_grpc, worker_pb2, worker_pb2_grpc  # noqa: E402
 from services.core.sampling_params import SamplingParams  # noqa: E402
 from services.core.step import WorkerInfo  # noqa: E402
@@ -64,8 +73,8 @@ INFO = WorkerInfo(model="stand-in", dtype="float32", block_size=16, num_gpu_bloc
 class StandInWorker(worker_pb2_grpc.WorkerServicer):
     """The worker's gRPC contract with no model: each Step is answered at once."""
 
-    def __init__(self, worker_id: str, scheduler_address: str):
-        self.worker_id, self.scheduler_address = worker_id, scheduler_address
+    def __init__(self, worker_id: str, scheduler_address: str, step_s: float = 0.0):
+        self.worker_id, self.scheduler_address, self.step_s = worker_id, scheduler_address, step_s
         self.grpc = GrpcServer(lambda server: worker_pb2_grpc.add_WorkerServicer_to_server(self, server),
                                SERVICE_NAME, reflection_on=False)
         self.lengths: dict[int, int] = {}  # seq_id -> tokens it has (prompt + output)
@@ -103,6 +112,8 @@ class StandInWorker(worker_pb2_grpc.WorkerServicer):
             total = self.lengths[seq.seq_id] = self.lengths[seq.seq_id] + len(seq.new_token_ids)
             if seq.num_computed_tokens + seq.num_scheduled_tokens >= total:
                 outputs.append(worker_pb2.SeqOutput(seq_id=seq.seq_id, token_ids=[TOKEN]))
+        if self.step_s:
+            await asyncio.sleep(self.step_s)  # a forward pass's time, not its CPU
         self.num_steps += 1
         self.answered = time.perf_counter()
         return worker_pb2.StepResponse(step_id=request.step_id, outputs=outputs)
@@ -123,6 +134,7 @@ class Load:
                 submit=internal_codec.submit_to_proto(f"r{i}", prompt, params, 0)))
         self.call = stub.SubmitMany(self._requests())
         self.num_tokens = 0
+        self.num_messages = 0  # SubmitMany responses: the scheduler's writes to the frontend
         self.errors: list[str] = []
         self.reader = asyncio.create_task(self._read())
 
@@ -132,6 +144,7 @@ class Load:
 
     async def _read(self) -> None:
         async for response in self.call:
+            self.num_messages += 1
             for news in response.news:
                 if news.error_code:
                     self.errors.append(news.error_message)
@@ -142,12 +155,20 @@ class Load:
         await asyncio.gather(self.reader, return_exceptions=True)
 
 
-def start_scheduler(port: int, profile_to: Path | None) -> subprocess.Popen:
-    python = [sys.executable] + (["-m", "cProfile", "-o", str(profile_to)] if profile_to else [])
-    command = python + ["-m", "services.scheduler", "--host", "127.0.0.1", "--port", str(port),
+PROFILED = ("import cProfile, runpy, sys, time; sys.argv = sys.argv[1:]; p = cProfile.Profile(time.process_time); "
+            "p.enable()\ntry: runpy.run_module('services.scheduler', run_name='__main__', alter_sys=True)\n"
+            "finally: p.disable(); p.dump_stats({out!r})")
+
+
+def start_scheduler(port: int, profile_to: Path | None, tree: Path = REPO) -> subprocess.Popen:
+    """`python -m services.scheduler` of the checkout `tree` (its code, its working directory)."""
+    # --profile: cProfile on the process's CPU clock (time.process_time), so waiting in epoll is not counted
+    python = [sys.executable] + (["-c", PROFILED.format(out=str(profile_to)), "services.scheduler"] if profile_to
+                                 else ["-m", "services.scheduler"])
+    command = python + ["--host", "127.0.0.1", "--port", str(port),
                         "--heartbeat-timeout-s", "60", "--max-model-len", str(INFO.max_model_len), "--log-level", "warning"]
-    process = subprocess.Popen(command, cwd=Path(__file__).resolve().parents[1], stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL)
+    process = subprocess.Popen(command, cwd=tree, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                               env={**os.environ, "PYTHONPATH": str(tree)})
     deadline = time.monotonic() + 60
     while not is_serving(f"127.0.0.1:{port}", timeout=1):
         if process.poll() is not None or time.monotonic() > deadline:
@@ -172,12 +193,13 @@ def cpu_seconds(process: psutil.Process) -> float:
     return times.user + times.system
 
 
-async def measure(num_workers: int, seqs_per_worker: int, seconds: float, profile_to: Path | None = None) -> dict:
+async def measure(num_workers: int, seqs_per_worker: int, seconds: float, profile_to: Path | None = None,
+                  tree: Path = REPO, step_s: float = 0.0) -> dict:
     [port] = free_ports(1)
-    process = start_scheduler(port, profile_to)
+    process = start_scheduler(port, profile_to, tree)
     scheduler, me = psutil.Process(process.pid), psutil.Process()
     address = f"127.0.0.1:{port}"
-    workers = [StandInWorker(f"w{i:02d}", address) for i in range(num_workers)]
+    workers = [StandInWorker(f"w{i:02d}", address, step_s) for i in range(num_workers)]
     channel = grpc.aio.insecure_channel(address)
     stub = scheduler_pb2_grpc.SchedulerStub(channel)
     load = None
@@ -192,14 +214,14 @@ async def measure(num_workers: int, seqs_per_worker: int, seconds: float, profil
 
         for worker in workers:
             worker.gaps.clear()
-        each0, tokens0 = [w.num_steps for w in workers], load.num_tokens
+        each0, tokens0, messages0 = [w.num_steps for w in workers], load.num_tokens, load.num_messages
         cpu0, mine0, t0 = cpu_seconds(scheduler), cpu_seconds(me), time.perf_counter()
         await asyncio.sleep(seconds)
         cpu1, mine1, t1 = cpu_seconds(scheduler), cpu_seconds(me), time.perf_counter()
         stats = await stub.GetStats(scheduler_pb2.GetStatsRequest())
         each = [w.num_steps - n for w, n in zip(workers, each0)]
         worker_steps, steps = sum(each), min(each)  # steps: the slowest worker's (each steps at its own pace)
-        num_tokens = load.num_tokens - tokens0
+        num_tokens, num_messages = load.num_tokens - tokens0, load.num_messages - messages0
         if load.errors or stats.num_running != num_requests:
             raise RuntimeError(f"the load changed during the window: {stats.num_running} running, {load.errors[:3]}")
         gaps = sorted(g for w in workers for g in w.gaps)
@@ -212,6 +234,7 @@ async def measure(num_workers: int, seqs_per_worker: int, seconds: float, profil
             "scheduler_cpu_ms_per_worker_step": 1e3 * (cpu1 - cpu0) / max(worker_steps, 1),
             "scheduler_cpu_ms_per_step": 1e3 * (cpu1 - cpu0) / max(steps, 1),
             "scheduler_cpu_use": (cpu1 - cpu0) / wall,
+            "messages_per_worker_step": num_messages / max(worker_steps, 1),
             "driver_cpu_use": (mine1 - mine0) / wall,
             "added_latency_ms_p50": 1e3 * statistics.median(gaps),
             "added_latency_ms_p99": 1e3 * gaps[min(len(gaps) - 1, int(0.99 * len(gaps)))],
@@ -272,15 +295,86 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--target-ms", type=float, default=1.0, help="scheduler CPU per worker-step, at 8 workers")
     parser.add_argument("--profile", type=int, default=0, help="only profile the scheduler at this many workers")
     parser.add_argument("--out", default="scheduler_scale", help="results file stem in bench/results")
+    parser.add_argument("--step-ms", type=float, default=0.0,
+                        help="each stand-in's step time (a sleep); 0: it answers at once")
+    parser.add_argument("--compare", type=Path, default=None,
+                        help="another checkout whose scheduler runs interleaved with this one's (A/B)")
     return parser.parse_args()
 
 
 def profile(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "scheduler.prof"
-        row = uvloop.run(measure(args.profile, args.seqs_per_worker, args.seconds, profile_to=path))
+        row = uvloop.run(measure(args.profile, args.seqs_per_worker, args.seconds, profile_to=path,
+                                 step_s=args.step_ms / 1e3))
         print({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()})
         pstats.Stats(str(path)).sort_stats("tottime").print_stats(25)
+
+
+def tree_commit(tree: Path) -> str:
+    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                          cwd=tree, timeout=5).stdout.strip() or "n/a"
+
+
+def show(label: str, row: dict) -> None:
+    print(label, {k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}, flush=True)
+
+
+def compare(args: argparse.Namespace) -> None:
+    """This checkout's scheduler (A) against args.compare's (B), interleaved ABBA per round and count."""
+    load_before = loadavg()
+    other = args.compare.resolve()
+    trees = {"this": REPO, "compare": other}
+    counts = [int(n) for n in args.workers.split(",")]
+    runs: dict[int, dict[str, list[dict]]] = {n: {"this": [], "compare": []} for n in counts}
+    turn = 0
+    for round_index in range(args.rounds):
+        for num_workers in counts if round_index % 2 == 0 else counts[::-1]:
+            order = ["this", "compare"] if turn % 2 == 0 else ["compare", "this"]
+            turn += 1
+            for name in order:
+                row = uvloop.run(measure(num_workers, args.seqs_per_worker, args.seconds, tree=trees[name],
+                                         step_s=args.step_ms / 1e3))
+                row["tree"] = name
+                show(name, row)
+                runs[num_workers][name].append(row)
+    keys = ["scheduler_cpu_ms_per_worker_step", "worker_steps_per_s", "scheduler_cpu_use", "driver_cpu_use",
+            "messages_per_worker_step", "added_latency_ms_p50", "added_latency_ms_p99"]
+    table_rows, rows = [], []
+    for n in counts:
+        pair = runs[n]
+        ratios = [a["scheduler_cpu_ms_per_worker_step"] / b["scheduler_cpu_ms_per_worker_step"]
+                  for a, b in zip(pair["this"], pair["compare"])]
+        summary = {"workers": n, "cpu_ratio_median": statistics.median(ratios), "cpu_ratios": ratios}
+        for name in ("this", "compare"):
+            cpu = [r["scheduler_cpu_ms_per_worker_step"] for r in pair[name]]
+            summary[name] = {key: statistics.median(r[key] for r in pair[name]) for key in keys}
+            summary[name]["cpu_min"], summary[name]["cpu_max"] = min(cpu), max(cpu)
+            m = summary[name]
+            table_rows.append([n, f"{name} ({tree_commit(trees[name])})", m["scheduler_cpu_ms_per_worker_step"],
+                               f"{m['cpu_min']:.3g}-{m['cpu_max']:.3g}", m["worker_steps_per_s"],
+                               m["scheduler_cpu_use"], m["driver_cpu_use"], m["messages_per_worker_step"],
+                               m["added_latency_ms_p50"], m["added_latency_ms_p99"],
+                               f"{summary['cpu_ratio_median']:.3f}" if name == "this" else ""])
+        rows.append(summary)
+    table = markdown_table(
+        ["workers", "scheduler", "CPU ms / worker-step (median)", "range", "worker-steps/s", "scheduler CPU use",
+         "driver CPU use", "messages / worker-step", "added ms p50", "added ms p99", "this / compare (paired)"],
+        table_rows)
+    body = (f"A/B: this checkout's scheduler against {other.name}'s (commit {tree_commit(other)}), interleaved: "
+            f"for each of {args.rounds} rounds and each worker count both ran back to back in alternating order "
+            f"(ABBA), a fresh scheduler process each, a {args.seconds:g} s window each; the same stand-in "
+            f"workers and client (this checkout's), {args.seqs_per_worker} running sequences per worker, each "
+            + (f"step taking {args.step_ms:g} ms (a sleep)" if args.step_ms else "step answered at once")
+            + ". The last "
+            f"column is the median over rounds of the paired ratio of CPU ms per worker-step. \"messages\" are "
+            f"the SubmitMany responses the scheduler wrote to the client. The host is shared with other "
+            f"developers' jobs (load average above).\n\n{table}")
+    write_results(args.out, "One scheduler driving N stand-in workers: A/B against another checkout", load_before,
+                  body, {"seqs_per_worker": args.seqs_per_worker, "window_s": args.seconds, "step_ms": args.step_ms,
+                         "compare_commit": tree_commit(other), "rows": rows,
+                         "runs": [run for n in counts for name in ("this", "compare") for run in runs[n][name]]})
+    print(f"wrote {RESULTS_DIR / args.out}.md")
 
 
 def main() -> None:
@@ -288,13 +382,15 @@ def main() -> None:
     configure_logging("bench", "warning")
     if args.profile:
         return profile(args)
+    if args.compare is not None:
+        return compare(args)
     load_before = loadavg()
     counts = [int(n) for n in args.workers.split(",")]
     runs: dict[int, list[dict]] = {n: [] for n in counts}
     for round_index in range(args.rounds):  # up, down, up...: a load change on the host hits every count
         for num_workers in counts if round_index % 2 == 0 else counts[::-1]:
-            row = uvloop.run(measure(num_workers, args.seqs_per_worker, args.seconds))
-            print({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}, flush=True)
+            row = uvloop.run(measure(num_workers, args.seqs_per_worker, args.seconds, step_s=args.step_ms / 1e3))
+            show("", row)
             runs[num_workers].append(row)
     rows = [{key: statistics.median(r[key] for r in runs[n]) if isinstance(value, float) else value
              for key, value in runs[n][0].items()} for n in counts]
@@ -310,9 +406,9 @@ def main() -> None:
             f"alternately up and down the counts, each figure the median of its runs. The host is shared "
             f"with other developers' jobs (load average above).\n\n{table}\n![scheduler scale]({args.out}.png)\n")
     write_results(args.out, "One scheduler driving N stand-in workers", load_before, body,
-                  {"seqs_per_worker": args.seqs_per_worker, "window_s": args.seconds, "rows": rows,
+                  {"seqs_per_worker": args.seqs_per_worker, "window_s": args.seconds, "step_ms": args.step_ms, "rows": rows,
                    "runs": [run for n in counts for run in runs[n]]})
-    plot(rows, RESULTS_DIR / f"{args.out}.png", args.target_ms)
+    plot(rows, figure_path(args.out), args.target_ms)
     print(f"wrote {RESULTS_DIR / args.out}.md")
 
 

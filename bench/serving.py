@@ -29,7 +29,7 @@ sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
 
 from tqdm import tqdm  # noqa: E402
 
-from common import RESULTS_DIR, loadavg, markdown_table, write_results  # noqa: E402
+from common import figure_path, loadavg, markdown_table, write_results  # noqa: E402
 from workload import add_workload_flags, describe, load_workload, model_folder, summary  # noqa: E402
 
 PERCENTILES = (("mean", None), ("median", 50), ("p90", 90), ("p99", 99))
@@ -126,8 +126,7 @@ def report(results: list[dict], args, requests, load_before: str) -> Path:
     errors = [e for r in results for e in r["errors"]]
     if errors:
         body += "\nFirst errors: " + "; ".join(errors[:5]) + "\n"
-    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-    _plot(results, RESULTS_DIR / f"{args.out}.png")
+    _plot(results, figure_path(args.out))
     return write_results(args.out, "Serving: latency against throughput", load_before, body,
                          {"workload": describe(args), "backend": args.backend, "results": results})
 

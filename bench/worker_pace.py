@@ -2,13 +2,18 @@
 
     python bench/worker_pace.py                                   # the default model, 3 rounds of 2 x 6 s
     python bench/worker_pace.py --model tiny --rounds 2 --window 3     # a random tiny model: a quick check
+    python bench/worker_pace.py --others-core 1        # 2 cores: worker-0 alone on core 0, the rest on core 1
 
 The claim (issue 40): with one worker slowed to half speed by a CPU hog, the other worker's streams
 keep at least 0.9x of their undisturbed rate. `python -m services up --workers 2 --num-threads 1`
 runs the services; this script pins each worker (every thread of it) to a core of its own, worker-0
 to the first of --cores, worker-1 to the second, and, when the machine has more cores, the scheduler,
 the frontend and itself to the rest (on 2 cores they float: when the hog takes worker-1's core they
-move onto worker-0's, so the claim's figure needs a third core).
+move onto worker-0's, so the claim's figure needs a third core). --others-core C pins the scheduler,
+the frontend, the launcher and this client to core C instead: with C worker-1's core, on 2 cores
+worker-0 has core 0 to itself and the hog shares core 1 with worker-1 and those services, so what
+slows worker-0 then is only what it waits for from them (the scheduler's turn between its steps,
+the frontend's streaming), not its own core.
 It streams 2 x --streams-per-worker long greedy requests at once (placed by load: as many on each
 worker) and keeps them running through every window (each started again with its prompt when it ends
 at the model's length; its cached prefix keeps it on its worker). Rounds alternate two conditions, in an order
@@ -62,6 +67,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--window", type=float, default=6.0, help="seconds measured per condition and round")
     parser.add_argument("--settle", type=float, default=1.0, help="seconds after a condition starts, unmeasured")
     parser.add_argument("--cores", default="0,1", help="the two cores worker-0 and worker-1 are pinned to")
+    parser.add_argument("--others-core", type=int, default=None,
+                        help="pin the scheduler, the frontend, the launcher and this client to this core (e.g. "
+                             "worker-1's on a 2-core machine); default: the cores other than --cores, unpinned when "
+                             "there are none")
+    parser.add_argument("--out", default="worker_pace", help="results file stem in bench/results")
     parser.add_argument("--startup-timeout", type=float, default=300.0)
     return parser.parse_args()
 
@@ -249,7 +259,7 @@ def summarize(windows: list[dict]) -> dict:
 def main() -> None:
     args = parse_args()
     cores = [int(c) for c in args.cores.split(",")]
-    rest = set(os.sched_getaffinity(0)) - set(cores)
+    rest = {args.others_core} if args.others_core is not None else set(os.sched_getaffinity(0)) - set(cores)
     load_before = loadavg()
     folder = resolve_model(args.model)
     services = Services(str(folder), args.dtype, args.startup_timeout)
@@ -258,9 +268,10 @@ def main() -> None:
         names = services.worker_names()
         for name, core in zip(("worker-0", "worker-1"), cores):
             pin(pids[name], {core})
-        if rest:  # the scheduler, the frontend and this client off the workers' cores
+        if rest:  # the scheduler, the frontend and this client off the workers' cores (or onto --others-core)
             for service in ("scheduler", "frontend"):
                 pin(pids[service], rest)
+            pin(services.process.pid, rest)  # the launcher (`up`): it only watches, but not on worker-0's core
             pin(os.getpid(), rest)
         windows = asyncio.run(measure(services, args, names, hog_core=cores[1]))
     finally:
@@ -271,7 +282,10 @@ def main() -> None:
     verdict = "holds" if summary["worker-0"]["ratio"] >= CLAIM else "does not hold"
     body = (f"Model {args.model}, {args.dtype}; `up --workers 2 --num-threads 1`; worker-0 pinned to core {cores[0]}, "
             f"worker-1 to core {cores[1]}, the hog to core {cores[1]}; "
-            + (f"scheduler, frontend and client on cores {sorted(rest)}" if rest else
+            + (f"scheduler, frontend, launcher and client pinned to core{'s' if len(rest) > 1 else ''} "
+               f"{', '.join(map(str, sorted(rest)))}" + (" (worker-1's: there the hog slows worker-1 and them, "
+                                                       f"and worker-0 has core {cores[0]} to itself)"
+                                                       if rest == {cores[1]} else "") if rest else
                "scheduler, frontend and client unpinned: with no third core, when the hog takes worker-1's core they "
                "can only run on worker-0's, so this run measures that too, not only the workers' independence; the "
                "claim's figure needs a machine with a third core, where they are pinned off the workers' cores")
@@ -287,7 +301,7 @@ def main() -> None:
         body += (f"\nThe host was shared when this ran (1-minute load {load_before.split()[0]} before, on "
                  f"{os.cpu_count()} CPUs): the figures check that the script works, they do not test the claim; "
                  "rerun it on a quiet machine.\n")
-    md = write_results("worker_pace", "A CPU hog on one worker's core: the other worker's pace", load_before, body,
+    md = write_results(args.out, "A CPU hog on one worker's core: the other worker's pace", load_before, body,
                        {"args": vars(args), "cores": cores, "other_cores": sorted(rest), "summary": summary,
                         "windows": windows})
     print(md.read_text())

@@ -48,10 +48,14 @@ class Generation:
 
 
 class Cluster:
-    def __init__(self, model, worker_config: dict | None = None, **scheduler_config):
-        """worker_config: the workers' WorkerConfig settings beside model and dtype (e.g. enable_lora)."""
+    """A scheduler and `num_workers` workers in this process. `async with Cluster(...) as cluster:`
+    starts them and stops them all on the way out, whatever happens inside (or in starting).
+    worker_config: the workers' WorkerConfig settings beside model and dtype (e.g. enable_lora)."""
+
+    def __init__(self, model, worker_config: dict | None = None, num_workers: int = 0, **scheduler_config):
         self.model = str(model)
         self.worker_config = worker_config or {}
+        self.num_workers = num_workers
         service, scheduler = split_settings(scheduler_config, SchedulerServiceConfig, SchedulerConfig)
         self.scheduler = SchedulerServer(SchedulerServiceConfig(host="127.0.0.1", port=0, **service,
                                                                 scheduler=SchedulerConfig(**scheduler)))
@@ -59,7 +63,18 @@ class Cluster:
         self.channel = None
         self.stub = None
 
-    async def start(self, num_workers: int = 0) -> Cluster:
+    async def __aenter__(self) -> Cluster:
+        try:
+            return await self.start()
+        except BaseException:
+            await self.close()
+            raise
+
+    async def __aexit__(self, *exc_info) -> None:
+        await self.close()
+
+    async def start(self, num_workers: int | None = None) -> Cluster:
+        num_workers = self.num_workers if num_workers is None else num_workers
         port = await self.scheduler.start()
         self.channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
         self.stub = scheduler_pb2_grpc.SchedulerStub(self.channel)

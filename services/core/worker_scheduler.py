@@ -266,26 +266,38 @@ class WorkerScheduler:
         plan, self.inflight = self.inflight, None
         self._time_step()
         updates = []
+        drafts, block_size, seqs = plan.drafts, self.blocks.block_size, self.shared.seqs
+        prompt_logprobs = result.prompt_logprobs
         for seq, num_new in plan.scheduled:
-            if seq.is_finished or seq.worker_id != self.worker_id or seq.status is not SeqStatus.RUNNING:
+            if seq.status is not SeqStatus.RUNNING or seq.worker_id != self.worker_id:  # finished, moved
                 continue
-            _add_prompt_logprobs(seq, result.prompt_logprobs.get(seq.seq_id))
-            seq.num_computed_tokens += num_new - len(plan.drafts.get(seq.seq_id, ()))
-            self.blocks.cache_full_blocks(seq.seq_id, seq.token_ids, seq.num_computed_tokens,
-                                              seq.request.cache_root)
+            if prompt_logprobs:
+                _add_prompt_logprobs(seq, prompt_logprobs.get(seq.seq_id))
+            before = seq.num_computed_tokens
+            seq.num_computed_tokens = after = before + num_new - len(drafts.get(seq.seq_id, ()))
+            # A block is full, so cacheable, only once computed tokens cross its end: most decode steps
+            # cross none, and then neither the prompt + output copy (token_ids) nor the call is made.
+            if after // block_size > before // block_size:
+                self.blocks.cache_full_blocks(seq.seq_id, seq.token_ids, after, seq.request.cache_root)
         for output in result.outputs:
-            seq = self.shared.seqs.get(output.seq_id)
-            if seq is None or seq.is_finished:
+            seq = seqs.get(output.seq_id)
+            if seq is None or seq.status is SeqStatus.FINISHED:
                 continue
-            if seq.seq_id in plan.drafts:
-                updates.append(self._apply_verified(seq, plan.drafts[seq.seq_id], output))
+            if drafts and seq.seq_id in drafts:
+                updates.append(self._apply_verified(seq, drafts[seq.seq_id], output))
                 continue
             if output.pooled is not None:  # a pooling request: its prompt is done, and so is it
                 updates.append(self.shared.pooled_update(seq, output.pooled))
                 continue
-            children = self._fork(seq, output.token_ids[1:], output.logprobs)
-            for s, token, lp in [(seq, output.token_ids[0], output.logprobs[0] if output.logprobs else None)] + children:
-                updates.append(self._append_tokens(s, [token], [lp]))
+            tokens, logprobs = output.token_ids, output.logprobs
+            first = [logprobs[0] if logprobs else None]
+            if seq.request.forked or seq.sample_index != 0:  # nothing to fork (every step after a request's first)
+                updates.append(self._append_tokens(seq, tokens[:1], first))
+                continue
+            children = self._fork(seq, tokens[1:], logprobs)  # before the parent's token is appended
+            updates.append(self._append_tokens(seq, tokens[:1], first))
+            for child, token, lp in children:
+                updates.append(self._append_tokens(child, [token], [lp]))
         return updates
 
     def _time_step(self) -> None:

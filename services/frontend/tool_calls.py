@@ -96,15 +96,26 @@ class ToolPlan:
         return tool["function"].get("parameters") or {"type": "object"}
 
 
-def plan(tools: list[dict] | None, tool_choice, parallel_tool_calls: bool | None) -> ToolPlan:
-    """Validate tools and tool_choice (plain dicts, as the request carried them)."""
+@dataclass(frozen=True)
+class ToolFields:
+    """Where an API's request carries a tool's name and parameters and a named tool choice's name,
+    so an error names the field the client wrote ({i}: the tool's index). Chat completions' by default."""
+
+    name: str = "tools[{i}].function.name"
+    parameters: str = "tools[{i}].function.parameters"
+    choice_name: str = "tool_choice.function.name"
+
+
+def plan(tools: list[dict] | None, tool_choice, parallel_tool_calls: bool | None,
+         fields: ToolFields = ToolFields()) -> ToolPlan:
+    """Validate tools and tool_choice (chat completions' plain dicts, whichever API carried them)."""
     tools = tools or []
     check(len(tools) <= MAX_TOOLS, "tools", f"at most {MAX_TOOLS} tools, got {len(tools)}")
     for i, tool in enumerate(tools):
         function = tool.get("function") or {}
         check(isinstance(function.get("name"), str) and NAME.match(function["name"]) is not None,
-              f"tools[{i}].function.name", "must be 1 to 64 letters, digits, '_', '.' or '-'")
-        check(isinstance(function.get("parameters", {}), dict), f"tools[{i}].function.parameters",
+              fields.name.format(i=i), "must be 1 to 64 letters, digits, '_', '.' or '-'")
+        check(isinstance(function.get("parameters", {}), dict), fields.parameters.format(i=i),
               "must be a JSON schema object")
     names = [t["function"]["name"] for t in tools]
     check(len(set(names)) == len(names), "tools", "function names must be unique")
@@ -112,7 +123,7 @@ def plan(tools: list[dict] | None, tool_choice, parallel_tool_calls: bool | None
     parallel = True if parallel_tool_calls is None else parallel_tool_calls
     if isinstance(choice, dict):
         name = (choice.get("function") or {}).get("name")
-        check(name in names, "tool_choice.function.name", f"{name!r} is not one of the tools")
+        check(name in names, fields.choice_name, f"{name!r} is not one of the tools")
         return ToolPlan(tools=tools, mode="named", name=name, parallel=parallel)
     check(choice in ("none", "auto", "required"), "tool_choice",
           "must be none, auto, required or {\"type\": \"function\", \"function\": {\"name\": ...}}")

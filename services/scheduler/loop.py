@@ -225,7 +225,8 @@ class StepLoop:
         delta = self.core.schedule_worker(worker_id)
         if delta is None:
             return False
-        self._mark_scheduled(delta)
+        if delta.new_seqs:
+            self._mark_scheduled(delta)
         try:
             result = await handle.step(delta)
         except WorkerForgot as error:
@@ -246,9 +247,7 @@ class StepLoop:
             self._publish_kv_events()
         if len(self.core.waiting):  # a finished sequence may have freed room another worker's turn can use
             self._wake_others(worker_id)
-        log.debug("step", worker_id=worker_id, step=delta.step_id, num_updates=len(updates),
-                  num_tokens=delta.num_scheduled_tokens)
-        return True
+        return True  # no log line per step: a step is the hot path (GetStats and /metrics count them)
 
     def _mark_scheduled(self, delta) -> None:
         """The queue time of each request whose sequence this step starts."""

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from tests.core.test_scheduler import FakeWorker, make_scheduler, params, run_to_end
 
 
@@ -134,3 +136,22 @@ def test_max_loras_bounds_the_adapters_running_together_on_a_worker():
         sched.update("w0", fakes["w0"].step(delta))
     assert max(len(s) for s in seen) == 2 and any("c" in s for s in seen)
     assert not sched.has_unfinished()
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_blocks_completed_by_generated_tokens_are_cached_for_the_next_turn(async_scheduling):
+    """A decode step registers a block in the prefix cache once its computed tokens complete it (most
+    decode steps complete none, and `update` skips the registration then): a follow-up turn whose
+    prompt is the first turn's prompt and answer finds every full block of both cached."""
+    sched, fakes = make_scheduler(async_scheduling=async_scheduling)
+    prompt = list(range(10, 20))  # 10 tokens: one full block of 8
+    sched.add_request("a", prompt, params(20))
+    answer = []
+    while sched.has_unfinished():
+        for update in updates_of(sched, fakes, "w0"):
+            answer += update.token_ids
+    assert len(answer) == 20
+    sched.add_request("a2", prompt + answer + [7, 8, 9], params(1))
+    cached = [u.num_cached_tokens for _ in range(5) for u in updates_of(sched, fakes, "w0")]
+    # 30 tokens, 29 computed (the last one sampled is never run): 3 full blocks, 24 tokens
+    assert cached == [24]

@@ -11,31 +11,25 @@ import pytest
 
 from services.core.errors import InvalidArgument
 from services.core.sampling_params import SamplingParams
-from tests.conftest import make_llm, random_prompts
+from tests.conftest import make_llm
+from tests.e2e.parallel_batch import ENGINE, MODEL, batch_params, batch_prompts, bits
 
 pytestmark = pytest.mark.slow
 
-# the tiny model with 4 layers: 4 heads, 2 KV heads (replicated at TP 4), MLP 128 -> 4 reduction groups
-MODEL = dict(arch="llama", size="tiny", num_layers=4)
-ENGINE = dict(max_num_batched_tokens=48, num_gpu_blocks=14, block_size=16, num_threads=1)
-
 
 def _params() -> list[SamplingParams]:
-    common = dict(max_tokens=12, ignore_eos=True, logprobs=2)
-    return [SamplingParams(temperature=0, **common), SamplingParams(temperature=0.8, seed=7, **common),
-            SamplingParams(temperature=1.0, top_p=0.9, seed=11, **common),
-            SamplingParams(temperature=0, prompt_logprobs=1, **common)] * 2
+    return batch_params(max_tokens=12)
 
 
 def _prompts() -> list[list[int]]:
-    return random_prompts(8, 512, min_len=5, max_len=70, seed=3, shared_prefix=20)
+    return batch_prompts(max_len=70, seed=3, shared_prefix=20)
 
 
 def _run(folder, **layout) -> tuple[list, dict]:
     with make_llm(folder, **ENGINE, **layout) as llm:
         outputs = llm.generate(_prompts(), _params(), use_tqdm=False)
         stats = llm.scheduler.stats()
-    return [(o.outputs[0].token_ids, o.outputs[0].logprobs, o.prompt_logprobs) for o in outputs], stats
+    return bits(outputs), stats
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +63,7 @@ def test_a_sequence_gives_the_same_bits_in_any_micro_batch(folder, single):
     with make_llm(folder, **ENGINE, pipeline_parallel_size=2, pipeline_micro_batches=8) as llm:
         outputs = llm.generate(_prompts(), _params(), use_tqdm=False)
         timers = next(iter(llm.engine.workers.values())).group_timers()
-    assert [(o.outputs[0].token_ids, o.outputs[0].logprobs, o.prompt_logprobs) for o in outputs] == single[0]
+    assert bits(outputs) == single[0]
     assert len(timers) == 2 and all(0 < t["busy_seconds"] <= t["forward_seconds"] for t in timers)
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import make_llm, random_prompts
-from tests.e2e.test_parallel import ENGINE, MODEL, _params
+from tests.e2e.parallel_batch import ENGINE, MODEL, batch_params
 from tests.netns import Hosts, why_not
 
 REASON = why_not()
@@ -24,7 +24,7 @@ PORT = 7261
 def test_a_tp2_group_across_two_hosts_gives_the_bits_of_one_process(model_dir, tmp_path, monkeypatch):
     folder = model_dir(**MODEL)
     prompts = random_prompts(4, 512, min_len=5, max_len=40, seed=4)
-    params = _params()[:4]
+    params = batch_params(max_tokens=12)[:4]
     with make_llm(folder, **ENGINE) as llm:
         want = [(o.outputs[0].token_ids, o.outputs[0].logprobs) for o in llm.generate(prompts, params, use_tqdm=False)]
     with Hosts(["r1"], prefix="ps26-", subnet="10.226.0.0/24") as hosts:

@@ -150,7 +150,7 @@ def test_a_failure_after_the_first_event_is_each_apis_failure_event():
     import asyncio
 
     from services.core.errors import Unavailable
-    from services.frontend.http import messages_api, responses_api
+    from services.frontend.http import messages_api, respond, responses_api
     from services.frontend.tool_calls import plan
     from services.frontend.types import GenerateEvent, SampleEvent
 
@@ -166,11 +166,11 @@ def test_a_failure_after_the_first_event_is_each_apis_failure_event():
         raise AssertionError("a failed response is not stored")
 
     reader = plan([], "none", None).stream()
-    sent = asyncio.run(lines(responses_api._sse(responses_api.ResponseBuilder("resp_1", {}, reader), events(), keep)))
+    sent = asyncio.run(lines(respond.sse(responses_api.ResponseBuilder("resp_1", {}, reader, keep), events())))
     assert [e["type"] for e in sent][-2:] == ["response.output_text.delta", "response.failed"]
     assert sent[-1]["response"]["error"]["message"] == "the scheduler went away"
     assert sent[-1]["response"]["status"] == "failed"
     builder = messages_api.MessageBuilder("msg_1", MODEL_ID, plan([], "none", None).stream(), 3)
-    sent = asyncio.run(lines(messages_api._sse(builder, events())))
+    sent = asyncio.run(lines(respond.sse(builder, events())))
     assert sent[-2]["delta"] == {"type": "text_delta", "text": "Hel"}
     assert sent[-1] == {"type": "error", "error": {"type": "overloaded_error", "message": "the scheduler went away"}}

@@ -53,8 +53,7 @@ def test_a_continuation_goes_on_with_the_tokens_and_logprobs_of_an_undisturbed_r
     """Cut at the start (sample 0 with no token yet, sample 1 with one) and after 40%; and n=2 with
     sample 1 finished at the frontend, so only sample 0 runs and the stream still ends."""
     async def main():
-        cluster = await Cluster(model).start(num_workers=1)
-        try:
+        async with Cluster(model, num_workers=1) as cluster:
             wholes = await asyncio.gather(*(cluster.generate(f"{name}-whole", PROMPT, params)
                                             for name, params in CASES.items()))
             for cut in (0.0, 0.4):
@@ -75,8 +74,6 @@ def test_a_continuation_goes_on_with_the_tokens_and_logprobs_of_an_undisturbed_r
             assert list(rest.samples) == [0]
             assert n2.samples[0].token_ids[:5] + rest.samples[0].token_ids == n2.samples[0].token_ids
             await cluster.wait_idle()
-        finally:
-            await cluster.close()
 
     run(main())
 
@@ -89,8 +86,7 @@ BAD = [((ContinuedSample(0, tuple(range(3, 27))),), "continued_samples"),  # no 
 
 def test_a_bad_continuation_is_refused_naming_the_field(model):
     async def main():
-        cluster = await Cluster(model).start(num_workers=1)
-        try:
+        async with Cluster(model, num_workers=1) as cluster:
             for continued, field in BAD + [((ContinuedSample(0, (5,)),), "seed")]:
                 params = CASES["n2"] if field != "seed" else SamplingParams(max_tokens=8)  # no seed
                 with pytest.raises(grpc.aio.AioRpcError) as error:
@@ -99,7 +95,5 @@ def test_a_bad_continuation_is_refused_naming_the_field(model):
                 assert error.value.details().startswith(field), error.value.details()
             stats = await cluster.stats()
             assert stats.num_waiting == 0 and stats.num_running == 0
-        finally:
-            await cluster.close()
 
     run(main())

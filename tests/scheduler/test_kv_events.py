@@ -248,9 +248,8 @@ def test_the_scheduler_service_publishes_its_workers_caches_and_clears_a_lost_on
             await asyncio.sleep(0.05)
 
     async def main():
-        cluster = await Cluster(model_dir("llama", "tiny"), kv_events_config=config).start(num_workers=2)
-        loop = cluster.scheduler.loop
-        try:
+        async with Cluster(model_dir("llama", "tiny"), kv_events_config=config, num_workers=2) as cluster:
+            loop = cluster.scheduler.loop
             shared = random_prompts(1, VOCAB, 40, 40, seed=5)[0]
             prompts = [shared + p for p in random_prompts(6, VOCAB, 5, 30, seed=6)]
             await asyncio.gather(*(cluster.generate(f"r{i}", p, greedy(3)) for i, p in enumerate(prompts)))
@@ -259,8 +258,6 @@ def test_the_scheduler_service_publishes_its_workers_caches_and_clears_a_lost_on
             await loop.drop("w1", "lost")  # what a failed step or missed heartbeats do
             counts = await history_matches(loop)
             assert counts["AllBlocksCleared"] == 1
-        finally:
-            await cluster.close()
 
     try:
         run(main())

@@ -24,13 +24,10 @@ def test_two_workers_match_in_process_generate(model):
     want = reference(model, prompts, params)
 
     async def main():
-        cluster = await Cluster(model).start(num_workers=2)
-        try:
+        async with Cluster(model, num_workers=2) as cluster:
             got = await asyncio.gather(*(cluster.generate(f"r{i}", p, sp)
                                          for i, (p, sp) in enumerate(zip(prompts, params))))
             stats = await cluster.stats()
-        finally:
-            await cluster.close()
         for g, w in zip(got, want):
             assert_same(g, w)
         assert [w.prefix_cache_queries > 0 for w in stats.workers] == [True, True], "both workers got requests"
@@ -53,11 +50,8 @@ def test_a_served_worker_steps_on_the_thread_that_loaded_its_model(model, monkey
     monkeypatch.setattr(Worker, "step", lambda self, d: (threads["step"].add(threading.get_ident()), step(self, d))[1])
 
     async def main():
-        cluster = await Cluster(model).start(num_workers=1)
-        try:
+        async with Cluster(model, num_workers=1) as cluster:
             got = await cluster.generate("r0", random_prompts(1, VOCAB, 5, 20, seed=9)[0], greedy(4))
-        finally:
-            await cluster.close()
         assert len(got.samples[0].token_ids) == 4
 
     run(main())
@@ -75,12 +69,9 @@ def test_cancelled_streams_free_every_block(model):
         call.cancel()
 
     async def main():
-        cluster = await Cluster(model).start(num_workers=2)
-        try:
+        async with Cluster(model, num_workers=2) as cluster:
             await asyncio.gather(*(read_then_cancel(cluster, i, p) for i, p in enumerate(prompts)))
             await cluster.check_idle_and_serving(prompts[0], num_workers=2)
-        finally:
-            await cluster.close()
 
     run(main())
 
@@ -90,8 +81,7 @@ def test_worker_started_after_the_scheduler_registers_and_serves(model):
     want = reference(model, [prompt], [greedy(8)])[0]
 
     async def main():
-        cluster = await Cluster(model).start(num_workers=0)
-        try:
+        async with Cluster(model) as cluster:
             with pytest.raises(grpc.aio.AioRpcError) as error:
                 await cluster.generate("early", prompt, greedy(8))
             assert error.value.code() == grpc.StatusCode.UNAVAILABLE
@@ -101,8 +91,6 @@ def test_worker_started_after_the_scheduler_registers_and_serves(model):
             async with grpc.aio.insecure_channel(f"127.0.0.1:{worker.port}") as channel:
                 health = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest())
             assert health.status == health_pb2.HealthCheckResponse.SERVING
-        finally:
-            await cluster.close()
 
     run(main())
 
@@ -114,12 +102,9 @@ def test_killed_worker_requests_complete_without_repeats(model):
     want = reference(model, prompts, params)
 
     async def main():
-        cluster = await Cluster(model).start(num_workers=2)
-        try:
+        async with Cluster(model, num_workers=2) as cluster:
             requests = [(f"k{i}", p, sp) for i, (p, sp) in enumerate(zip(prompts, params))]
             got, _ = await cluster.generate_killing(requests, after_messages=3)
-        finally:
-            await cluster.close()
         for g, w in zip(got, want):
             assert_same(g, w)  # same ids and logprobs, and no token streamed twice
 
@@ -135,31 +120,28 @@ def test_a_hung_worker_is_dropped_at_the_step_timeout_and_its_requests_complete_
     want = reference(model, prompts, params)
 
     async def main():
-        cluster = await Cluster(model, step_timeout_s=1.0).start(num_workers=2)
-        hung = asyncio.Event()
-        worker = cluster.workers["w0"].worker
-        real_step = worker.step
+        async with Cluster(model, step_timeout_s=1.0, num_workers=2) as cluster:
+            hung = asyncio.Event()
+            worker = cluster.workers["w0"].worker
+            real_step = worker.step
 
-        def step(delta):
-            if delta.cached_seqs and not hung.is_set():  # once, in a decode step: stuck for 3 s
-                hung.set()
-                time.sleep(3)
-            return real_step(delta)
+            def step(delta):
+                if delta.cached_seqs and not hung.is_set():  # once, in a decode step: stuck for 3 s
+                    hung.set()
+                    time.sleep(3)
+                return real_step(delta)
 
-        worker.step = step
-        dropped = []
-        loop, real_drop = cluster.scheduler.loop, cluster.scheduler.loop.drop
+            worker.step = step
+            dropped = []
+            loop, real_drop = cluster.scheduler.loop, cluster.scheduler.loop.drop
 
-        async def drop(worker_id, reason):
-            dropped.append((worker_id, reason))
-            await real_drop(worker_id, reason)
+            async def drop(worker_id, reason):
+                dropped.append((worker_id, reason))
+                await real_drop(worker_id, reason)
 
-        loop.drop = drop
-        try:
+            loop.drop = drop
             got = await asyncio.gather(*(cluster.generate(f"h{i}", p, sp) for i, (p, sp) in
                                          enumerate(zip(prompts, params))))
-        finally:
-            await cluster.close()
         assert hung.is_set() and dropped and dropped[0][0] == "w0" and "DEADLINE_EXCEEDED" in dropped[0][1]
         for g, w in zip(got, want):
             assert_same(g, w)  # recomputed on w1: the same tokens, none twice
@@ -169,8 +151,7 @@ def test_a_hung_worker_is_dropped_at_the_step_timeout_and_its_requests_complete_
 
 def test_bad_submits_are_invalid_argument_and_the_next_one_works(model):
     async def main():
-        cluster = await Cluster(model, max_model_len=64).start(num_workers=1)
-        try:
+        async with Cluster(model, max_model_len=64, num_workers=1) as cluster:
             for prompt, params, field in [([], greedy(), "prompt"), ([5] * 64, greedy(), "prompt"),
                                           ([5, 6], greedy(), "request_id"), ([5, VOCAB], greedy(), "prompt_token_ids")]:
                 request_id = "" if field == "request_id" else "bad"
@@ -184,8 +165,6 @@ def test_bad_submits_are_invalid_argument_and_the_next_one_works(model):
             assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
             good = await cluster.generate("good", [5, 6, 7], greedy(5))
             assert len(good.samples[0].token_ids) == 5
-        finally:
-            await cluster.close()
 
     run(main())
 
@@ -210,23 +189,19 @@ def test_unknown_sequence_is_failed_precondition(model):
 
 def test_dropped_worker_re_registers_and_a_silent_one_is_dropped(model):
     async def main():
-        cluster = await Cluster(model, heartbeat_timeout_s=0.4).start(num_workers=1)
-        try:
+        async with Cluster(model, heartbeat_timeout_s=0.4, num_workers=1) as cluster:
             await cluster.scheduler.loop.drop("w0", "test")  # the worker's next heartbeat hears "unknown"
             await cluster.wait_for_workers(1, timeout=5)
             assert len((await cluster.generate("again", [5, 6, 7], greedy(3))).samples[0].token_ids) == 3
             cluster.workers["w0"].registration.cancel()  # no more heartbeats
             await cluster.wait_for_workers(0, timeout=5)
-        finally:
-            await cluster.close()
 
     run(main())
 
 
 def test_graceful_shutdown_finishes_running_requests_and_refuses_new_ones(model):
     async def main():
-        cluster = await Cluster(model).start(num_workers=1)
-        try:
+        async with Cluster(model, num_workers=1) as cluster:
             call = cluster.submit("long", [5, 6, 7], greedy(60))
             responses = [await call.read()]
             shutdown = asyncio.create_task(cluster.scheduler.shutdown(grace=1))
@@ -240,8 +215,6 @@ def test_graceful_shutdown_finishes_running_requests_and_refuses_new_ones(model)
                 responses.append(response)
             assert sum(len(d.token_ids) for r in responses for d in r.deltas) == 60
             await shutdown
-        finally:
-            await cluster.close()
 
     run(main())
 
@@ -251,11 +224,8 @@ def test_a_burst_of_a_thousand_submits_all_complete(model):
     prompts = random_prompts(1000, VOCAB, 1, 8, seed=7)
 
     async def main():
-        cluster = await Cluster(model, max_num_seqs=256).start(num_workers=2)
-        try:
+        async with Cluster(model, max_num_seqs=256, num_workers=2) as cluster:
             got = await asyncio.gather(*(cluster.generate(f"b{i}", p, greedy(2)) for i, p in enumerate(prompts)))
-        finally:
-            await cluster.close()
         assert [len(g.samples[0].token_ids) for g in got] == [2] * len(prompts)
 
     run(main())
@@ -265,10 +235,9 @@ def test_stop_one_sample_then_cancel_the_request_on_the_call(model):
     """A stop string's end of a sample travels on the request's SubmitMany call (no per-request
     RPC), so it is ordered after everything sent for the request before it."""
     async def main():
-        cluster = await Cluster(model).start(num_workers=1)
-        call = cluster.submit("a", [5, 6, 7], SamplingParams(n=2, seed=1, max_tokens=100, ignore_eos=True))
-        got = Generation()
-        try:
+        async with Cluster(model, num_workers=1) as cluster:
+            call = cluster.submit("a", [5, 6, 7], SamplingParams(n=2, seed=1, max_tokens=100, ignore_eos=True))
+            got = Generation()
             async for response in call:
                 got.add("a", response)
                 if got.num_messages == 2:  # the frontend matched a stop string in sample 1
@@ -278,8 +247,6 @@ def test_stop_one_sample_then_cancel_the_request_on_the_call(model):
                     await call.call.write(scheduler_pb2.SubmitManyRequest(cancel="a"))
                     break
             await cluster.wait_idle(num_workers=1)
-        finally:
-            await cluster.close()
         # the stop was written after message 2; a step the scheduler had already answered may still
         # bring sample 1 one more token before it reads the stop (each worker steps on its own)
         assert got.samples[1].finish_reason == "stop" and len(got.samples[1].token_ids) in (2, 3)
@@ -325,8 +292,7 @@ def test_a_worker_restarted_under_the_same_id_replaces_the_old_one(model):
 def test_a_failing_step_ends_open_streams_with_internal_and_the_scheduler_keeps_serving(model):
     """A bug in a step (not a worker failure) must not leave clients waiting forever."""
     async def main():
-        cluster = await Cluster(model).start(num_workers=1)
-        try:
+        async with Cluster(model, num_workers=1) as cluster:
             core = cluster.scheduler.loop.core
             real_update, calls = core.update, []
 
@@ -344,8 +310,6 @@ def test_a_failing_step_ends_open_streams_with_internal_and_the_scheduler_keeps_
             core.update = real_update
             good = await cluster.generate("good", [5, 6, 7], greedy(5))
             assert len(good.samples[0].token_ids) == 5
-        finally:
-            await cluster.close()
 
     run(main())
 
@@ -360,8 +324,7 @@ def test_a_worker_that_answers_failed_precondition_gets_its_sequences_re_sent_in
     want = reference(model, prompts, params)
 
     async def main():
-        cluster = await Cluster(model).start(num_workers=1)
-        try:
+        async with Cluster(model, num_workers=1) as cluster:
             worker = cluster.workers["w0"].servicer.worker
             real_step, forgot = worker.step, []
 
@@ -379,8 +342,6 @@ def test_a_worker_that_answers_failed_precondition_gets_its_sequences_re_sent_in
             assert forgot, "the worker never lost its sequences: the test did not test anything"
             assert cluster.scheduler.loop.workers["w0"] is handle, "the worker was dropped, not re-sent to"
             assert len(stats.workers) == 1
-        finally:
-            await cluster.close()
         for g, w in zip(got, want):
             assert_same(g, w)
 

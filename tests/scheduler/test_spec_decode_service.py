@@ -17,12 +17,9 @@ def test_drafts_verified_over_grpc_with_async_scheduling_and_a_worker_crash(mode
     request_ids = [f"s{i}" for i in range(len(prompts))]
 
     async def main():
-        cluster = await Cluster(model, speculative_config=NGRAM, async_scheduling=True).start(num_workers=2)
-        oracle(cluster.scheduler.loop.core, want, request_ids=request_ids)
-        try:
+        async with Cluster(model, speculative_config=NGRAM, async_scheduling=True, num_workers=2) as cluster:
+            oracle(cluster.scheduler.loop.core, want, request_ids=request_ids)
             got, stats = await cluster.generate_killing(list(zip(request_ids, prompts, params)), after_messages=4)
-        finally:
-            await cluster.close()
         for g, w in zip(got, want):
             assert_same(g, w)  # same ids and logprobs, and no token streamed twice
         assert stats.spec_decode_num_accepted_tokens > 0 and stats.spec_decode_num_drafts > 0

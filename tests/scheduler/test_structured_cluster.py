@@ -21,13 +21,10 @@ def test_killed_worker_constrained_requests_complete_identically(tiny_llama):
     want = reference(tiny_llama, prompts, params)
 
     async def main():
-        cluster = await Cluster(tiny_llama).start(num_workers=2)
-        try:
+        async with Cluster(tiny_llama, num_workers=2) as cluster:
             requests = [(f"s{i}", p, sp) for i, (p, sp) in enumerate(zip(prompts, params))]
             got, _ = await cluster.generate_killing(requests, after_messages=4)
             return got
-        finally:
-            await cluster.close()
 
     got = run(main())
     for g, w in zip(got, want):

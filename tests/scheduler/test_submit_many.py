@@ -44,8 +44,7 @@ def test_many_requests_on_one_call_match_in_process_generate_in_one_message_a_st
     want = reference(model, prompts, params)
 
     async def main():
-        cluster = await Cluster(model).start(num_workers=2)
-        try:
+        async with Cluster(model, num_workers=2) as cluster:
             call = cluster.stub.SubmitMany()
             for i, (prompt, sp) in enumerate(zip(prompts, params)):
                 await call.write(submit(f"m{i}", prompt, sp))
@@ -55,8 +54,6 @@ def test_many_requests_on_one_call_match_in_process_generate_in_one_message_a_st
             assert await call.read() is grpc.aio.EOF  # nothing open and no more input: the call ends
             stats = await cluster.stats()
             served = sum(w.worker.runner.async_steps.num_used for w in cluster.workers.values())
-        finally:
-            await cluster.close()
         assert errors == {}
         assert served > 0  # async scheduling: decode steps answered from their continuation run early
         for i, w in enumerate(want):
@@ -71,8 +68,7 @@ def test_a_refused_request_gets_its_error_and_the_others_run_on(model):
     prompt = random_prompts(1, VOCAB, 5, 10, seed=8)[0]
 
     async def main():
-        cluster = await Cluster(model).start(num_workers=1)
-        try:
+        async with Cluster(model, num_workers=1) as cluster:
             call = cluster.stub.SubmitMany()
             bad = submit("bad", prompt, greedy(6))
             bad.submit.params.max_tokens = 0  # what a buggy client could send
@@ -83,8 +79,6 @@ def test_a_refused_request_gets_its_error_and_the_others_run_on(model):
             await collect(call, got, errors, {"good", "bad", ""})
             await call.done_writing()
             assert await call.read() is grpc.aio.EOF
-        finally:
-            await cluster.close()
         assert errors["bad"][0] == errors[""][0] == grpc.StatusCode.INVALID_ARGUMENT.value[0]
         assert errors["bad"][1].startswith("max_tokens: ")
         assert errors[""][1].startswith("request_id: ")
@@ -97,8 +91,7 @@ def test_cancel_and_ending_the_call_free_every_block(model):
     prompts = random_prompts(6, VOCAB, 20, 60, seed=9)
 
     async def main():
-        cluster = await Cluster(model).start(num_workers=2)
-        try:
+        async with Cluster(model, num_workers=2) as cluster:
             call = cluster.stub.SubmitMany()
             for i, prompt in enumerate(prompts):
                 await call.write(submit(f"c{i}", prompt, greedy(500)))
@@ -109,8 +102,6 @@ def test_cancel_and_ending_the_call_free_every_block(model):
             await cluster.wait_for(lambda s: s.num_running + s.num_waiting == 3, timeout=5)
             call.cancel()  # the frontend went away: the other three end too
             await cluster.check_idle_and_serving(prompts[0], num_workers=2)
-        finally:
-            await cluster.close()
 
     run(main())
 
@@ -121,16 +112,13 @@ def test_a_burst_fills_the_free_seats_before_the_waiting_room_refuses(model):
     prompts = random_prompts(64, VOCAB, 4, 12, seed=10)
 
     async def main():
-        cluster = await Cluster(model, max_num_seqs=16, max_waiting_requests=8).start(num_workers=1)
-        try:
+        async with Cluster(model, max_num_seqs=16, max_waiting_requests=8, num_workers=1) as cluster:
             call = cluster.stub.SubmitMany()
             for i, prompt in enumerate(prompts):
                 await call.write(submit(f"b{i}", prompt, greedy(8)))
             got, errors = {}, {}
             await collect(call, got, errors, {f"b{i}" for i in range(64)})
             await call.done_writing()
-        finally:
-            await cluster.close()
         return got, errors
 
     got, errors = run(main())

@@ -42,9 +42,8 @@ def test_a_worker_the_scheduler_cannot_reach_is_refused_and_exits_2_while_a_runn
     prompt = random_prompts(1, VOCAB, 20, 20, seed=3)[0]
 
     async def main():
-        cluster = await Cluster(model, worker_probe_timeout_s=PROBE_TIMEOUT_S).start(num_workers=1)
-        seen_workers: set[str] = set()
-        try:
+        async with Cluster(model, worker_probe_timeout_s=PROBE_TIMEOUT_S, num_workers=1) as cluster:
+            seen_workers: set[str] = set()
             async def watch():
                 while True:
                     seen_workers.update(w.worker_id for w in (await cluster.stats()).workers)
@@ -55,8 +54,6 @@ def test_a_worker_the_scheduler_cannot_reach_is_refused_and_exits_2_while_a_runn
                 code = await asyncio.wait_for(unreachable_worker(model, cluster, "lost"), 60)
             got = await asyncio.wait_for(running, 60)
             watcher.cancel()
-        finally:
-            await cluster.close()
         assert code == 2
         refused = [e for e in logs if e["event"] == "registration_refused"]
         assert len(refused) == 1, logs
@@ -74,13 +71,10 @@ def test_a_request_sent_when_only_an_unreachable_worker_tried_is_refused_at_once
     prompt = random_prompts(1, VOCAB, 20, 20, seed=4)[0]
 
     async def main():
-        cluster = await Cluster(model, worker_probe_timeout_s=PROBE_TIMEOUT_S).start(num_workers=0)
-        try:
+        async with Cluster(model, worker_probe_timeout_s=PROBE_TIMEOUT_S) as cluster:
             assert await asyncio.wait_for(unreachable_worker(model, cluster, "lost"), 30) == 2
             with pytest.raises(grpc.aio.AioRpcError) as error:
                 await asyncio.wait_for(cluster.generate("early", prompt, greedy(8)), 5)
-        finally:
-            await cluster.close()
         assert error.value.code() == grpc.StatusCode.UNAVAILABLE
         assert "127.0.0.2:" in error.value.details() and "--advertise-host" in error.value.details()
 
@@ -91,16 +85,13 @@ def test_a_registration_naming_another_workers_address_is_refused(model):
     """Two workers that advertise the same host:port from different hosts: the address answers, but as
     another worker, and the scheduler must not send this one's steps there."""
     async def main():
-        cluster = await Cluster(model, worker_probe_timeout_s=PROBE_TIMEOUT_S).start(num_workers=1)
-        try:
+        async with Cluster(model, worker_probe_timeout_s=PROBE_TIMEOUT_S, num_workers=1) as cluster:
             worker = cluster.workers["w0"]
             info = internal_codec.info_to_proto(worker.worker.info)
             info.num_gpu_blocks += 1
             answer = await cluster.stub.RegisterWorker(scheduler_pb2.RegisterWorkerRequest(
                 worker_id="impostor", address=f"127.0.0.1:{worker.port}", info=info))
             stats = await cluster.stats()
-        finally:
-            await cluster.close()
         assert not answer.accepted
         assert "answers as another worker" in answer.reason and "--advertise-host" in answer.reason
         assert [w.worker_id for w in stats.workers] == ["w0"]

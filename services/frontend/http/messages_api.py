@@ -14,9 +14,9 @@ import uuid
 from collections.abc import AsyncIterator
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import Response
 
-from services.core.errors import REFUSALS, InvalidArgument, check
+from services.core.errors import check
 from services.core.sampling_params import SamplingParams
 from services.core.structured import Constraint
 from services.frontend import tool_calls
@@ -25,13 +25,17 @@ from services.frontend.http import messages_schemas as schemas
 from services.frontend.http.errors import anthropic_error_body
 from services.frontend.http.messages_models import CountTokensRequest, MessagesRequest
 from services.frontend.http.openai_requests import Budget, ChatTemplate, conversation_request, conversation_tokens
-from services.frontend.http.streams import build, merge, start
+from services.frontend.http.respond import named_event, respond
+from services.frontend.http.streams import Events, build
 from services.frontend.reasoning import ReasoningReader
 from services.frontend.tool_stream import Piece, ToolCallStream
 from services.frontend.types import SampleEvent, Summary
 
+TOOL_FIELDS = tool_calls.ToolFields(name="tools[{i}].name", parameters="tools[{i}].input_schema",
+                                    choice_name="tool_choice.name")
 
-def add_routes(app: FastAPI, core: FrontendCore, unless_disconnected) -> None:
+
+def add_routes(app: FastAPI, core: FrontendCore) -> None:
     @app.post("/v1/messages", response_model=None, responses=schemas.create_responses())
     async def create_message(body: MessagesRequest, request: Request) -> Response:
         message_id = request.state.request_id = f"msg_{uuid.uuid4().hex}"
@@ -41,15 +45,7 @@ def add_routes(app: FastAPI, core: FrontendCore, unless_disconnected) -> None:
             core, chat_messages(body), plan, message_id, lambda max_tokens: _sampling_params(body, max_tokens, plan),
             body.max_tokens, body.model, body.priority, template=_template(body))
         builder = MessageBuilder(message_id, body.model, plan.stream(), len(generate_request.prompt.token_ids))
-        events = merge(await start([core.generate(generate_request)]))
-        if not body.stream:
-            try:
-                message = await unless_disconnected(request, _collect(builder, events))
-            finally:
-                await events.aclose()
-            return Response(status_code=499) if message is None else JSONResponse(message)
-        return StreamingResponse(_sse(builder, events), media_type="text/event-stream",
-                                 headers={"cache-control": "no-cache"})
+        return await respond(request, core, [generate_request], builder, body.stream)
 
     @app.post("/v1/messages/count_tokens", response_model=schemas.TokenCount,
               responses=schemas.errors(400, 401, 404, 413, 503))
@@ -111,11 +107,7 @@ def _tool_plan(body: CountTokensRequest) -> tool_calls.ToolPlan:
         check(choice.type != "tool" or choice.name is not None, "tool_choice.name", "is required with type tool")
         choice = {"auto": "auto", "any": "required", "none": "none"}.get(choice.type) or \
             {"type": "function", "function": {"name": choice.name}}
-    try:
-        return tool_calls.plan(definitions, choice, parallel)
-    except InvalidArgument as error:  # chat's field names -> this API's
-        field = error.field.replace(".function.name", ".name").replace("tool_choice.function.name", "tool_choice.name")
-        raise InvalidArgument(field, error.message) from None
+    return tool_calls.plan(definitions, choice, parallel, TOOL_FIELDS)
 
 
 def _sampling_params(body: MessagesRequest, max_tokens: int, plan: tool_calls.ToolPlan) -> SamplingParams:
@@ -169,6 +161,19 @@ class MessageBuilder:
                                                                     "stop_sequence": self.stop_sequence},
                                  "usage": usage}, {"type": "message_stop"}]
 
+    async def collect(self, events: Events) -> dict:
+        async for _ in build(self, events):
+            pass
+        return self.final
+
+    async def sse(self, events: Events) -> AsyncIterator[str]:
+        async for batch in build(self, events):
+            for event in batch:
+                yield named_event(event)
+
+    def refusal(self, error: Exception) -> str:
+        return f"event: error\ndata: {anthropic_error_body(503, str(error)).decode()}\n\n"
+
     def _usage(self, output_tokens: int, summary: Summary | None = None) -> dict:
         return {"input_tokens": self.num_prompt_tokens, "output_tokens": output_tokens,
                 "cache_read_input_tokens": summary.num_cached_tokens if summary else 0,
@@ -221,20 +226,3 @@ def _block(block: dict) -> dict:
         arguments = {}
     return {"type": "tool_use", "id": block["id"], "name": block["name"],
             "input": arguments if isinstance(arguments, dict) else {}}
-
-
-async def _collect(builder: MessageBuilder, events) -> dict:
-    async for _ in build(builder, events):
-        pass
-    return builder.final
-
-
-async def _sse(builder: MessageBuilder, events) -> AsyncIterator[str]:
-    try:
-        async for batch in build(builder, events):
-            for event in batch:
-                yield f"event: {event['type']}\ndata: {json.dumps(event, ensure_ascii=False)}\n\n"
-    except REFUSALS as error:
-        yield f"event: error\ndata: {anthropic_error_body(503, str(error)).decode()}\n\n"
-    finally:
-        await events.aclose()

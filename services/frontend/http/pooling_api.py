@@ -17,11 +17,12 @@ from services.frontend.core import FrontendCore
 from services.frontend.http import schemas
 from services.frontend.http.pooling_models import (EmbeddingList, EmbeddingRequest, RerankRequest, RerankResponse,
                                                    ScoreList, ScoreRequest)
+from services.frontend.http.respond import CLIENT_CLOSED, unless_disconnected
 
 ERRORS = schemas.errors(400, 401, 404, 413, 429, 503)
 
 
-def add_routes(app: FastAPI, core: FrontendCore, unless_disconnected) -> None:
+def add_routes(app: FastAPI, core: FrontendCore) -> None:
     @app.post("/v1/embeddings", response_model=EmbeddingList, responses=ERRORS)
     async def embeddings(body: EmbeddingRequest, request: Request) -> Response:
         """One embedding per input, in input order (OpenAI's embeddings.create)."""
@@ -31,7 +32,7 @@ def add_routes(app: FastAPI, core: FrontendCore, unless_disconnected) -> None:
             else [body.input]
         pooled = await unless_disconnected(request, pooling.embed(core, inputs, body.dimensions))
         if pooled is None:
-            return Response(status_code=499)
+            return Response(status_code=CLIENT_CLOSED)
         data = [{"object": "embedding", "index": i, "embedding": _encode(p.data, body.encoding_format)}
                 for i, p in enumerate(pooled)]
         return JSONResponse({"object": "list", "data": data, "model": core.model_id, "usage": _usage(pooled)})
@@ -51,7 +52,7 @@ def add_routes(app: FastAPI, core: FrontendCore, unless_disconnected) -> None:
         pooled = await unless_disconnected(request, pooling.score(core, queries, documents, body.instruction,
                                                                   "text_2"))
         if pooled is None:
-            return Response(status_code=499)
+            return Response(status_code=CLIENT_CLOSED)
         return JSONResponse({"id": request_id, "object": "list", "created": int(time.time()), "model": core.model_id,
                              "data": [{"object": "score", "index": i, "score": p.data[0]} for i, p in enumerate(pooled)],
                              "usage": _usage(pooled)})
@@ -63,7 +64,7 @@ def add_routes(app: FastAPI, core: FrontendCore, unless_disconnected) -> None:
         pooled = await unless_disconnected(request, pooling.score(core, [body.query] * len(body.documents),
                                                                   body.documents, body.instruction))
         if pooled is None:
-            return Response(status_code=499)
+            return Response(status_code=CLIENT_CLOSED)
         order = sorted(range(len(pooled)), key=lambda i: (-pooled[i].data[0], i))
         if body.top_n:
             order = order[:body.top_n]

@@ -1,7 +1,8 @@
 """FrontendCore events -> OpenAI response bodies and server-sent-event chunks.
 
 Choice `prompt_index * n + sample_index`, as OpenAI and vLLM number them. A renderer
-knows the shape of one endpoint (completions or chat); `collect` and `sse` drive it.
+knows the shape of one endpoint (completions or chat) and is that endpoint's Output
+(services/frontend/http/respond.py): its `collect` and `sse` drive it.
 
 Prompt scoring (docs/guide/scoring.md): completions' `echo` puts each prompt before its choices'
 text and, with `logprobs`, its tokens' logprobs before theirs (the first token's null), from the
@@ -12,7 +13,6 @@ and the top k), on each completions choice, or beside a chat's choices.
 """
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -20,11 +20,12 @@ from typing import ClassVar
 
 from services.core.step import Logprobs
 from services.core.tokenizer import Tokenizer
-from services.frontend.types import GenerateEvent, SampleEvent, Summary
+from services.frontend.http.errors import error_body
+from services.frontend.http.respond import data_event
+from services.frontend.http.streams import Events
+from services.frontend.types import SampleEvent, Summary
 
 PromptLogprobs = list[Logprobs | None]  # a prompt's, position 0 None (services/core/step.py StepResult)
-
-Events = AsyncIterator[tuple[int, GenerateEvent]]  # (prompt index, event)
 
 
 @dataclass
@@ -46,8 +47,20 @@ class Renderer:
     created: int = field(default_factory=lambda: int(time.time()))
     prompt_logprobs: int | None = None  # vLLM's prompt_logprobs: this many top tokens per prompt position
     prompt_entries: dict[int, PromptLogprobs] = field(default_factory=dict)  # prompt index -> its logprobs
+    num_prompts: int = 1
+    with_logprobs: bool = False  # the request asked for the sampled tokens' logprobs
+    include_usage: bool = False  # streamed: stream_options.include_usage, a last chunk with the usage
     object: ClassVar[str] = "text_completion"
     chunk_object: ClassVar[str] = "text_completion"
+
+    async def collect(self, events: Events) -> dict:
+        return await _collect(self, events)
+
+    def sse(self, events: Events) -> AsyncIterator[str]:
+        return _sse(self, events)
+
+    def refusal(self, error: Exception) -> str:
+        return data_event(error_body(str(error), "service_unavailable", "unavailable").decode()) + data_event("[DONE]")
 
     def body(self, object_name: str, choices: list[dict], usage: dict | None) -> dict:
         return {"id": self.id, "object": object_name, "created": self.created, "model": self.model,
@@ -214,9 +227,9 @@ def usage(summaries: list[Summary]) -> dict:
             "prompt_tokens_details": {"cached_tokens": sum(s.num_cached_tokens for s in summaries)}}
 
 
-async def collect(renderer: Renderer, events: Events, num_prompts: int, logprobs: bool) -> dict:
+async def _collect(renderer: Renderer, events: Events) -> dict:
     """The whole (non-streamed) response body."""
-    choices = [Choice() for _ in range(num_prompts * renderer.n)]
+    choices = [Choice() for _ in range(renderer.num_prompts * renderer.n)]
     summaries = []
     async for prompt_index, event in events:
         if event.prompt_logprobs is not None:
@@ -230,19 +243,20 @@ async def collect(renderer: Renderer, events: Events, num_prompts: int, logprobs
             choice.finish_reason = sample.finish_reason or choice.finish_reason
         if event.summary is not None:
             summaries.append(event.summary)
-    return renderer.whole(renderer.body(renderer.object, [renderer.choice(i, c, logprobs)
+    return renderer.whole(renderer.body(renderer.object, [renderer.choice(i, c, renderer.with_logprobs)
                                                           for i, c in enumerate(choices)], renderer.usage(summaries)))
 
 
-async def sse(renderer: Renderer, events: Events, num_prompts: int, include_usage: bool,
-              logprobs: bool = False) -> AsyncIterator[str]:
+async def _sse(renderer: Renderer, events: Events) -> AsyncIterator[str]:
     """Server-sent events: a chunk per sample event that carries something, then usage, then [DONE].
     Under echo each choice's first chunk is its prompt (with its logprobs when asked)."""
+    num_prompts, include_usage, logprobs = renderer.num_prompts, renderer.include_usage, renderer.with_logprobs
+
     def data(choices: list[dict], with_usage: dict | None = None) -> str:
         body = renderer.body(renderer.chunk_object, choices, with_usage)
         if not include_usage:
             del body["usage"]
-        return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
+        return data_event(body)
 
     if isinstance(renderer, ChatRenderer):
         for index in range(num_prompts * renderer.n):
@@ -269,4 +283,4 @@ async def sse(renderer: Renderer, events: Events, num_prompts: int, include_usag
             summaries.append(event.summary)
     if include_usage:
         yield data([], renderer.usage(summaries))
-    yield "data: [DONE]\n\n"
+    yield data_event("[DONE]")

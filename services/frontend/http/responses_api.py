@@ -3,34 +3,40 @@
 A request becomes a chat (instructions, then a stored previous response's conversation, then the
 input items) and goes the chat completions way (openai_requests.conversation_request: the chat
 template, tool plan, grammar). Its output is read by the tool-call reader as it is generated and
-turned into output items and events by one builder, streamed or not, so a streamed response ends
-with exactly the non-streamed one. Stored responses live in a ResponseStore (in memory, bounded).
+turned into output items and events by one builder (this API's Output, respond.py), streamed or not,
+so a streamed response ends with exactly the non-streamed one. Stored responses live in a
+ResponseStore (in memory, bounded).
 """
 from __future__ import annotations
 
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import Response
 
-from services.core.errors import REFUSALS, InvalidArgument, check
+from services.core.errors import InvalidArgument, check
 from services.core.sampling_params import SamplingParams
 from services.core.structured import Constraint
 from services.frontend import reasoning, tool_calls
 from services.frontend.core import FrontendCore
 from services.frontend.http import responses_schemas as schemas
 from services.frontend.http.openai_requests import Budget, ChatTemplate, conversation_request
+from services.frontend.http.respond import named_event, respond
 from services.frontend.http.responses_models import ResponseRequest
-from services.frontend.http.streams import build, merge, start
+from services.frontend.http.streams import Events, build
 from services.frontend.response_store import ResponseStore
 from services.frontend.tool_stream import Piece, ToolCallStream
 from services.frontend.types import ResponseNotFound, SampleEvent, Summary
 
+TOOL_FIELDS = tool_calls.ToolFields(name="tools[{i}].name", parameters="tools[{i}].parameters",
+                                    choice_name="tool_choice.name")  # a function tool is flat here
+FINAL = ("response.completed", "response.incomplete")  # the events that carry the final response
 
-def add_routes(app: FastAPI, core: FrontendCore, store: ResponseStore, unless_disconnected) -> None:
+
+def add_routes(app: FastAPI, core: FrontendCore, store: ResponseStore) -> None:
     @app.post("/v1/responses", response_model=None, responses=schemas.create_responses())
     async def create_response(body: ResponseRequest, request: Request) -> Response:
         response_id = request.state.request_id = f"resp_{uuid.uuid4().hex}"
@@ -42,25 +48,13 @@ def add_routes(app: FastAPI, core: FrontendCore, store: ResponseStore, unless_di
             core, _instructions(body.instructions) + messages, plan, response_id,
             lambda max_tokens: _sampling_params(body, max_tokens, plan.constraint()), body.max_output_tokens,
             body.model or "", body.priority, max_tokens_field="max_output_tokens", template=_template(body))
-        builder = ResponseBuilder(response_id, _echo(body, core.served_name(body.model or "")), plan.stream())
-        [started] = await start([core.generate(generate_request)])
-        events = merge([started])
 
         async def keep(final: dict) -> None:
-            if body.store and final["status"] != "failed":
+            if body.store:
                 store.put(response_id, final, messages + [builder.assistant_message()])
 
-        if not body.stream:
-            try:
-                final = await unless_disconnected(request, _collect(builder, events))
-            finally:
-                await events.aclose()
-            if final is None:
-                return Response(status_code=499)
-            await keep(final)
-            return JSONResponse(final)
-        return StreamingResponse(_sse(builder, events, keep), media_type="text/event-stream",
-                                 headers={"cache-control": "no-cache"})
+        builder = ResponseBuilder(response_id, _echo(body, core.served_name(body.model or "")), plan.stream(), keep)
+        return await respond(request, core, [generate_request], builder, body.stream)
 
     @app.get("/v1/responses/{response_id}", response_model=schemas.ResponseObject,
              responses=schemas.errors(401, 404))
@@ -145,10 +139,7 @@ def _tool_plan(body: ResponseRequest) -> tool_calls.ToolPlan:
     choice = body.tool_choice
     if choice is not None and not isinstance(choice, str):
         choice = {"type": "function", "function": {"name": choice.name}}
-    try:
-        return tool_calls.plan(definitions, choice, body.parallel_tool_calls)
-    except InvalidArgument as error:  # chat's field names -> this API's
-        raise InvalidArgument(error.field.replace(".function.", "."), error.message) from None
+    return tool_calls.plan(definitions, choice, body.parallel_tool_calls, TOOL_FIELDS)
 
 
 def _sampling_params(body: ResponseRequest, max_tokens: int, tool_constraint: Constraint | None) -> SamplingParams:
@@ -184,10 +175,12 @@ def _echo(body: ResponseRequest, model_id: str) -> dict:
 
 
 class ResponseBuilder:
-    """One response's output items and events, from its sample's text as it arrives."""
+    """One response's output items and events, from its sample's text as it arrives. `keep` is
+    given the final response (completed or incomplete; never a failed one), to store it."""
 
-    def __init__(self, response_id: str, echo: dict, reader: ToolCallStream):
-        self.id, self.echo, self.reader = response_id, echo, reader
+    def __init__(self, response_id: str, echo: dict, reader: ToolCallStream,
+                 keep: Callable[[dict], Awaitable[None]] | None = None):
+        self.id, self.echo, self.reader, self.keep = response_id, echo, reader, keep
         self.created_at = int(time.time())
         self.output: list[dict] = []
         self.open: dict | None = None  # the item being generated
@@ -226,9 +219,28 @@ class ResponseBuilder:
         usage = _usage(summary, self.num_reasoning_tokens)
         return events + [self.event(f"response.{status}", response=self.body(status, usage))]
 
-    def fail(self, message: str) -> dict:
-        return self.event("response.failed", response=self.body("failed", error={"code": "server_error",
-                                                                                  "message": message}))
+    async def collect(self, events: Events) -> dict:
+        final = None
+        async for batch in build(self, events):
+            if batch and batch[-1]["type"] in FINAL:
+                final = batch[-1]["response"]
+        await self._keep(final)
+        return final
+
+    async def sse(self, events: Events) -> AsyncIterator[str]:
+        async for batch in build(self, events):
+            for event in batch:
+                if event["type"] in FINAL:
+                    await self._keep(event["response"])
+                yield named_event(event)
+
+    def refusal(self, error: Exception) -> str:
+        return named_event(self.event("response.failed", response=self.body(
+            "failed", error={"code": "server_error", "message": str(error)})))
+
+    async def _keep(self, final: dict) -> None:
+        if self.keep is not None:
+            await self.keep(final)
 
     def assistant_message(self) -> dict:
         """The output as the chat message a continuation (previous_response_id) sees."""
@@ -320,25 +332,3 @@ def _usage(summary: Summary | None, num_reasoning_tokens: int = 0) -> dict:
                                                              else 0},
             "output_tokens": completion, "output_tokens_details": {"reasoning_tokens": num_reasoning_tokens},
             "total_tokens": prompt + completion}
-
-
-async def _collect(builder: ResponseBuilder, events) -> dict:
-    final = None
-    async for batch in build(builder, events):
-        final = batch[-1]["response"] if batch and batch[-1]["type"] in ("response.completed",
-                                                                           "response.incomplete") else final
-    return final
-
-
-async def _sse(builder: ResponseBuilder, events, keep) -> AsyncIterator[str]:
-    try:
-        async for batch in build(builder, events):
-            for event in batch:
-                if event["type"] in ("response.completed", "response.incomplete"):
-                    await keep(event["response"])
-                yield f"event: {event['type']}\ndata: {json.dumps(event, ensure_ascii=False)}\n\n"
-    except REFUSALS as error:
-        event = builder.fail(str(error))
-        yield f"event: {event['type']}\ndata: {json.dumps(event, ensure_ascii=False)}\n\n"
-    finally:
-        await events.aclose()

@@ -7,6 +7,7 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from services.frontend.types import GenerateEvent
 
 Started = tuple[GenerateEvent, AsyncGenerator[GenerateEvent, None]]  # (first event, the rest)
+Events = AsyncIterator[tuple[int, GenerateEvent]]  # merged: (prompt index, event)
 _END = object()
 
 
@@ -24,7 +25,7 @@ async def start(generations: list[AsyncGenerator[GenerateEvent, None]]) -> list[
     return started
 
 
-async def merge(started: list[Started]) -> AsyncIterator[tuple[int, GenerateEvent]]:
+async def merge(started: list[Started]) -> Events:
     """(prompt index, event) in arrival order. Closing it early closes (aborts) every generation."""
     queue: asyncio.Queue = asyncio.Queue()
 
@@ -52,7 +53,7 @@ async def merge(started: list[Started]) -> AsyncIterator[tuple[int, GenerateEven
             await rest.aclose()
 
 
-async def build(builder, events: AsyncIterator[tuple[int, GenerateEvent]]) -> AsyncIterator:
+async def build(builder, events: Events) -> AsyncIterator:
     """What a response builder (the Responses and Messages APIs') makes of merged events: its
     opening, what each sample adds, and its close with the last summary seen."""
     yield builder.begin()
