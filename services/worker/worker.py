@@ -63,7 +63,7 @@ class Worker:
     def __init__(self, config: WorkerConfig, cache: CacheConfig):
         self.config = config
         self.device = pick_device(config.device)
-        self.model_path = resolve_model_path(config.model, config.model_cache_dir)
+        self.model_path = resolve_model_path(config.model)
         self.tokenizer_path = resolve_tokenizer_path(config.tokenizer, self.model_path)
         arch = ModelArchConfig.from_model(self.model_path)
         self.task = resolve_task(config.task, self.model_path, architectures(self.model_path))

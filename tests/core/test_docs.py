@@ -200,22 +200,23 @@ def test_the_readme_carries_no_figures_only_links_to_them():
     assert "bench/RESULTS.md" in readme
 
 
-def test_the_gguf_sections_commands_parse_as_up_commands():
-    """docs/guide/models.md, "Bringing a GGUF file": every command it shows is one `pagedserve up` takes."""
+def test_the_gguf_guides_commands_name_a_gguf_file():
+    """docs/guide/gguf.md: every `pagedserve up` command it shows, its architectures' table's included, is one
+    `up` takes and names a GGUF file or a folder (or none: the default model, a GGUF file itself)."""
     import argparse
     import shlex
 
     from services.__main__ import add_up_parser
 
-    guide = (ROOT / "docs" / "guide" / "models.md").read_text()
-    section = guide.split("## Bringing a GGUF file\n", 1)[1].split("\n## ", 1)[0]
-    commands = re.findall(r"^\.venv/bin/pagedserve up (.+?)(?:\s+#.*)?$", section, re.M)
-    assert len(commands) >= 2, "the section's commands were not found: the pattern is wrong"
+    guide = (ROOT / "docs" / "guide" / "gguf.md").read_text()
+    commands = re.findall(r"^\.venv/bin/pagedserve up(.*?)(?:\s+#.*)?$", guide, re.M)
+    commands += re.findall(r"`pagedserve up (--model [^`]+)`", guide)  # the architectures' table
+    assert len(commands) >= 12, "the guide's commands were not found: the pattern is wrong"
     parser = argparse.ArgumentParser(exit_on_error=False)
     add_up_parser(parser.add_subparsers())
     for command in commands:
         args = parser.parse_args(["up", *shlex.split(command)])
-        assert args.model.endswith((".gguf", "/")), command
+        assert args.model.endswith((".gguf", "/")) or (args.model == "default" and not command), command
 
 
 def test_the_benchmark_documents_name_no_path_of_the_machine_they_ran_on():
@@ -243,3 +244,17 @@ def test_each_current_figure_says_when_where_and_under_what_load():
            or not re.fullmatch(r"[\d.]+(?:-[\d.]+)?", row["load"])
            or row["figure"].count("**") != 2]
     assert bad == []
+
+
+def test_the_gguf_guide_lists_what_is_served():
+    """docs/guide/gguf.md's tables name every block type (kernels/quant.py FORMATS) and every architecture
+    (services/worker/gguf_arch.py ARCHITECTURES) the engine serves, and no other."""
+    from kernels import quant
+    from services.worker.gguf_arch import ARCHITECTURES
+
+    guide = (ROOT / "docs" / "guide" / "gguf.md").read_text()
+    types = guide.split("\n## Types\n", 1)[1].split("\n## ", 1)[0]
+    listed = set(re.findall(r"^\| (\w+) \| (?:32|256) \|", types, re.M))
+    assert listed == {quant.NAMES[f].upper() for f in quant.GGUF_FORMATS}
+    archs = guide.split("\n## Architectures\n", 1)[1].split("\n## ", 1)[0]
+    assert set(re.findall(r"^\| `(\w+)` \|", archs, re.M)) == set(ARCHITECTURES)

