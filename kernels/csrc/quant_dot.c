@@ -47,7 +47,9 @@
  *       acc = fma(d_b * dx_b, (float)S, acc);   mins: acc = fma(-(dmin_b * dx_b), (float)M, acc)
  *     (float)S rounds to nearest even where |S| > 2^24: the same conversion of the same integer on
  *     every tier. One fp32 step per super-block, not per sub-block: the sub-blocks add in integers.
- *   then out = fma(acc, 1, bias) and bf16 as above. Their rows are never interleaved.
+ *   then out = fma(acc, 1, bias) and bf16 as above. Their rows are never interleaved. Q4_K and Q6_K on
+ *   x86 add the same integers in vectors (kq_chains_x86); the others, and every type on the generic and
+ *   aarch64 tiers, in integer loops per output (kq_chains).
  *
  * How the tiers get isum, for a tile of 16 outputs (AVX-512) or 8 (below) at a time:
  *   x86 (AVX-512, AVX2)  the block's weights are transposed in registers so that one int32 lane per
@@ -1145,8 +1147,9 @@ static int amx_fold_groups(int fmt, AmxRows *x, const ActQ *a, const void *src, 
  * Q2_K .. Q6_K, IQ4_XS (super-blocks of 256, activations per super-block) and Q5_0, Q5_1, IQ4_NL (blocks
  * of 32, activations per block of 32): each block of an output row is decoded once per tile of KQ_ROWS
  * rows of x into its integers (the header's w, sc, mn) and its fp16 d, dmin (Q5_1: m), then each row's
- * integer sums and its fold, in the header's order. The same code on every tier (integer loops the
- * compiler vectorizes, fmaf: the FMA instruction or libm's correctly rounded one). */
+ * integer sums and its fold, in the header's order: integer loops the compiler vectorizes, fmaf (the FMA
+ * instruction or libm's correctly rounded one). Q4_K and Q6_K on x86 (avx512, avx2) take kq_chains_x86
+ * instead: the same integers by vpmaddubsw and vpdpwssd / vpmaddwd, the same fold. */
 #define KQ_ROWS 8 /* rows of x per decoded block */
 
 typedef struct {
