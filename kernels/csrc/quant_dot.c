@@ -47,7 +47,9 @@
  *       acc = fma(d_b * dx_b, (float)S, acc);   mins: acc = fma(-(dmin_b * dx_b), (float)M, acc)
  *     (float)S rounds to nearest even where |S| > 2^24: the same conversion of the same integer on
  *     every tier. One fp32 step per super-block, not per sub-block: the sub-blocks add in integers.
- *   then out = fma(acc, 1, bias) and bf16 as above. Their rows are never interleaved.
+ *   then out = fma(acc, 1, bias) and bf16 as above. Their rows are never interleaved. Q4_K and Q6_K on
+ *   x86 add the same integers in vectors (kq_chains_x86); the others, and every type on the generic and
+ *   aarch64 tiers, in integer loops per output (kq_chains).
  *
  * How the tiers get isum, for a tile of 16 outputs (AVX-512) or 8 (below) at a time:
  *   x86 (AVX-512, AVX2)  the block's weights are transposed in registers so that one int32 lane per
@@ -270,6 +272,17 @@ static void quantize_super(const float *v, int8_t *q, float *d, int32_t *sum16, 
     block_sums(amax, total, d, &total, sx);
 }
 
+/* elements [start, start + span) of x's row r widened to fp32 (exactly) into v, zeros past column k: what
+ * quantize_block and quantize_super round */
+INLINE void widen_run(const void *x, int64_t ldx, int64_t r, int64_t start, int64_t k, int span, int is_bf16,
+                      float *v) {
+    const int64_t count = k - start < span ? k - start : span;
+    for (int64_t i = 0; i < count; i++)
+        v[i] = is_bf16 ? bf16_to_float(((const uint16_t *)x)[r * ldx + start + i]) : ((const float *)x)[r * ldx + start + i];
+    for (int64_t i = count; i < span; i++)
+        v[i] = 0.0f;
+}
+
 /* x's rows as super-blocks of 256 (a's span 256) */
 static void quantize_rows_super(const void *x, int64_t ldx, int64_t m, int64_t k, int is_bf16, ActQ *a,
                                 int num_threads) {
@@ -278,12 +291,7 @@ static void quantize_rows_super(const void *x, int64_t ldx, int64_t m, int64_t k
     for (int64_t r = 0; r < m; r++)
         for (int64_t b = 0; b < blocks; b++) {
             float v[QK_K];
-            const int64_t start = b * QK_K, count = k - start < QK_K ? k - start : QK_K;
-            for (int64_t i = 0; i < count; i++)
-                v[i] = is_bf16 ? bf16_to_float(((const uint16_t *)x)[r * ldx + start + i])
-                               : ((const float *)x)[r * ldx + start + i];
-            for (int64_t i = count; i < QK_K; i++)
-                v[i] = 0.0f;
+            widen_run(x, ldx, r, b * QK_K, k, QK_K, is_bf16, v);
             const int64_t at = r * blocks + b;
             quantize_super(v, a->q + at * QK_K, a->d + at, a->sum + at * 16, a->sx + at);
         }
@@ -306,12 +314,7 @@ static void quantize_rows(const void *x, int64_t ldx, int64_t m, int64_t k, int 
 #else
         for (int64_t b = 0; b < blocks; b++) {
             float v[QBLOCK];
-            const int64_t start = b * QBLOCK, count = k - start < QBLOCK ? k - start : QBLOCK;
-            for (int64_t i = 0; i < count; i++)
-                v[i] = is_bf16 ? bf16_to_float(((const uint16_t *)x)[r * ldx + start + i])
-                               : ((const float *)x)[r * ldx + start + i];
-            for (int64_t i = count; i < QBLOCK; i++)
-                v[i] = 0.0f;
+            widen_run(x, ldx, r, b * QBLOCK, k, QBLOCK, is_bf16, v);
             const int64_t at = r * blocks + b;
             quantize_block(v, a->q + at * QBLOCK, a->d + at, a->sum + at, a->sx + at);
         }
@@ -1144,8 +1147,9 @@ static int amx_fold_groups(int fmt, AmxRows *x, const ActQ *a, const void *src, 
  * Q2_K .. Q6_K, IQ4_XS (super-blocks of 256, activations per super-block) and Q5_0, Q5_1, IQ4_NL (blocks
  * of 32, activations per block of 32): each block of an output row is decoded once per tile of KQ_ROWS
  * rows of x into its integers (the header's w, sc, mn) and its fp16 d, dmin (Q5_1: m), then each row's
- * integer sums and its fold, in the header's order. The same code on every tier (integer loops the
- * compiler vectorizes, fmaf: the FMA instruction or libm's correctly rounded one). */
+ * integer sums and its fold, in the header's order: integer loops the compiler vectorizes, fmaf (the FMA
+ * instruction or libm's correctly rounded one). Q4_K and Q6_K on x86 (avx512, avx2) take kq_chains_x86
+ * instead: the same integers by vpmaddubsw and vpdpwssd / vpmaddwd, the same fold. */
 #define KQ_ROWS 8 /* rows of x per decoded block */
 
 typedef struct {
@@ -1320,6 +1324,197 @@ INLINE void kq_chains(const int fmt, const ActQ *a, int64_t r0, int rows, const 
     }
 }
 
+#if defined(__AVX2__)
+/* Q4_K and Q6_K on x86 (the avx2 and avx512 tiers): the same integers S, M and the same fold as kq_step, with
+ * the sums in vectors, a row of blocks at a time (no decode into Decoded). Per run of 32 elements, u the
+ * element's unsigned integer (Q4_K: the nibble; Q6_K: the six bits, w = u - 32) and q the activations:
+ * vpmaddubsw gives pairs u q + u' q' (<= 2 * 63 * 127 = 16002: never saturates), then vpmaddwd by the run's
+ * sub-block scales (vpdpwssd where VNNI is) adds sc_h (u q + u' q') into int32 lanes. Q6_K's - 32 comes off
+ * as 32 sum_h sc_h s_h (the activations' sums of each 16); Q4_K's M = sum_h mn_h s_h the same way. The lanes
+ * are added in any order (integers), then the header's two fmas per super-block. */
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define KQ_DOT16(acc, pairs, scales) _mm256_dpwssd_epi32(acc, pairs, scales)
+#else
+#define KQ_DOT16(acc, pairs, scales) _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, scales))
+#endif
+
+/* Q4_K / Q5_K's 12 bytes -> the 8 six-bit scales (bytes 0-7 of *scales) and mins (of *mins): k4_scales' rule
+ * on 4 sub-blocks at a time (bytes j of each word: sub-blocks j and j + 4) */
+INLINE void k4_scales_packed(const uint8_t *s, uint8_t scales[8], uint8_t mins[8]) {
+    uint32_t w[3], out[4];
+    memcpy(w, s, 12);
+    out[0] = w[0] & 0x3f3f3f3fu;                                            /* scales 0-3 */
+    out[1] = (w[2] & 0x0f0f0f0fu) | ((w[0] >> 6 & 0x03030303u) << 4);       /* scales 4-7 */
+    out[2] = w[1] & 0x3f3f3f3fu;                                            /* mins 0-3 */
+    out[3] = (w[2] >> 4 & 0x0f0f0f0fu) | ((w[1] >> 6 & 0x03030303u) << 4);  /* mins 4-7 */
+    memcpy(scales, out, 8);
+    memcpy(mins, out + 2, 8);
+}
+
+/* the 8 int32 lanes of v added (integers: any order) */
+INLINE int32_t kq_hsum(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+    return _mm_cvtsi128_si32(s);
+}
+
+#if COLS == 16
+/* AVX-512 (BW): the same integers 64 elements to a vector (Q4_K: one chunk of 32 bytes, its low nibbles
+ * then its high ones, = elements 64 c .. 64 c + 63 in order; Q6_K: runs 2i, 2i + 1), vpermw placing each
+ * sub-block's scale on its lanes */
+#if defined(__AVX512VNNI__)
+#define KQ_DOT32(acc, pairs, scales) _mm512_dpwssd_epi32(acc, pairs, scales)
+#else
+#define KQ_DOT32(acc, pairs, scales) _mm512_add_epi32(acc, _mm512_madd_epi16(pairs, scales))
+#endif
+
+INLINE void kq_chains_x86(const int fmt, const ActQ *a, int64_t r0, int rows, const uint8_t *row, float *acc) {
+    static const int16_t by_eight[32] __attribute__((aligned(64))) = {
+        0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3};
+    for (int r = 0; r < rows; r++)
+        acc[r] = 0.0f;
+    const int64_t bytes = block_bytes(fmt);
+    const __m512i low4 = _mm512_set1_epi8(0x0f), low2 = _mm512_set1_epi8(0x03);
+    const __m512i halves = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(1), 1); /* lane / 16 */
+    const __m512i quarters = _mm512_load_si512(by_eight);                                         /* lane / 8 */
+    for (int64_t b = 0; b < a->blocks; b++) {
+        const uint8_t *p = row + b * bytes;
+        __m512i u[4], sc[4], mn; /* vector i: elements 64 i .. 64 i + 63, their scales as int16 lanes */
+        float d, dmin = 0.0f;
+        if (fmt == FMT_Q4_K) {
+            uint8_t scales[8], mins[8];
+            k4_scales_packed(p + 4, scales, mins);
+            d = half_to_float(p), dmin = half_to_float(p + 2);
+            const __m512i sw = _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)scales)));
+            for (int c = 0; c < 4; c++) {
+                const __m256i raw = _mm256_loadu_si256((const __m256i *)(p + 16 + 32 * c));
+                u[c] = _mm512_and_si512(
+                    _mm512_inserti64x4(_mm512_castsi256_si512(raw), _mm256_srli_epi16(raw, 4), 1), low4);
+                sc[c] = _mm512_permutexvar_epi16(_mm512_add_epi16(halves, _mm512_set1_epi16((short)(2 * c))), sw);
+            }
+            const __m128i m8 = _mm_loadl_epi64((const __m128i *)mins);
+            mn = _mm512_cvtepu8_epi32(_mm_unpacklo_epi8(m8, m8)); /* h = 0 .. 15: each min twice */
+        } else { /* Q6_K: ql[64 n .. 64 n + 63] is runs 4n, 4n + 1's low bits (low nibbles), 4n + 2, 4n + 3's (high) */
+            d = half_to_float(p + 208);
+            for (int n = 0; n < 2; n++) {
+                const __m512i ql = _mm512_loadu_si512((const void *)(p + 64 * n));
+                const __m256i h = _mm256_loadu_si256((const __m256i *)(p + 128 + 32 * n));
+                const __m512i hh = _mm512_inserti64x4(_mm512_castsi256_si512(h), _mm256_srli_epi16(h, 2), 1);
+                u[2 * n] = _mm512_or_si512(_mm512_and_si512(ql, low4), _mm512_slli_epi16(_mm512_and_si512(hh, low2), 4));
+                u[2 * n + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), low4),
+                                               _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(hh, 4), low2), 4));
+            }
+            const __m128i s8 = _mm_loadu_si128((const __m128i *)(p + 192));
+            const __m512i sw = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(s8));
+            for (int i = 0; i < 4; i++) /* sub-blocks 4i .. 4i + 3, one per 128-bit lane */
+                sc[i] = _mm512_permutexvar_epi16(_mm512_add_epi16(quarters, _mm512_set1_epi16((short)(4 * i))), sw);
+            mn = _mm512_slli_epi32(_mm512_cvtepi8_epi32(s8), 5); /* 32 sc_h, taken off as 32 sum sc_h s_h */
+        }
+        for (int r = 0; r < rows; r++) {
+            const int64_t at = (r0 + r) * a->blocks + b;
+            const int8_t *q = a->q + at * QK_K;
+            __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512(); /* two chains */
+            for (int i = 0; i < 4; i += 2) {
+                s0 = KQ_DOT32(s0, _mm512_maddubs_epi16(u[i], _mm512_loadu_si512((const void *)(q + 64 * i))), sc[i]);
+                s1 = KQ_DOT32(s1, _mm512_maddubs_epi16(u[i + 1], _mm512_loadu_si512((const void *)(q + 64 * i + 64))),
+                              sc[i + 1]);
+            }
+            const __m512i m = _mm512_mullo_epi32(mn, _mm512_loadu_si512((const void *)(a->sum + at * 16)));
+            const float dx = a->d[at];
+            const float scale = d * dx; /* rounded once, then the fma, as kq_step */
+            if (fmt == FMT_Q4_K) {
+                const int32_t total = _mm512_reduce_add_epi32(_mm512_add_epi32(s0, s1));
+                const int32_t mins = _mm512_reduce_add_epi32(m);
+                acc[r] = fmaf(scale, (float)total, acc[r]);
+                const float min_scale = dmin * dx;
+                acc[r] = fmaf(-min_scale, (float)mins, acc[r]);
+            } else {
+                const int32_t total = _mm512_reduce_add_epi32(_mm512_sub_epi32(_mm512_add_epi32(s0, s1), m));
+                acc[r] = fmaf(scale, (float)total, acc[r]);
+            }
+        }
+    }
+}
+#else
+/* kq_chains for Q4_K / Q6_K (fmt a constant): acc[0 .. rows) */
+INLINE void kq_chains_x86(const int fmt, const ActQ *a, int64_t r0, int rows, const uint8_t *row, float *acc) {
+    for (int r = 0; r < rows; r++)
+        acc[r] = 0.0f;
+    const int64_t bytes = block_bytes(fmt);
+    const __m256i low4 = _mm256_set1_epi8(0x0f);
+    for (int64_t b = 0; b < a->blocks; b++) {
+        const uint8_t *p = row + b * bytes;
+        __m256i u[8], sc[8], mn[2]; /* run j's u and its scales as int16 (per 128-bit lane: a sub-block of 16) */
+        float d, dmin = 0.0f;
+        if (fmt == FMT_Q4_K) {
+            uint8_t scales[8], mins[8];
+            k4_scales_packed(p + 4, scales, mins);
+            d = half_to_float(p), dmin = half_to_float(p + 2);
+            for (int c = 0; c < 4; c++) { /* 32 bytes: run 2c's nibbles low, run 2c + 1's high */
+                const __m256i raw = _mm256_loadu_si256((const __m256i *)(p + 16 + 32 * c));
+                u[2 * c] = _mm256_and_si256(raw, low4);
+                u[2 * c + 1] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
+                sc[2 * c] = _mm256_set1_epi16(scales[2 * c]);
+                sc[2 * c + 1] = _mm256_set1_epi16(scales[2 * c + 1]);
+            }
+            /* per sub-block of 16 (both halves of a 32 the same), as int32 lanes: h = 0-7, 8-15 */
+            const __m128i m8 = _mm_loadl_epi64((const __m128i *)mins);
+            const __m128i m16 = _mm_unpacklo_epi8(m8, m8); /* each min twice */
+            mn[0] = _mm256_cvtepu8_epi32(m16);
+            mn[1] = _mm256_cvtepu8_epi32(_mm_srli_si128(m16, 8));
+        } else { /* Q6_K: ql[128], qh[64], scales[16], d; run 4n + g: elements 128 n + 32 g .. */
+            d = half_to_float(p + 208);
+            const __m256i low2 = _mm256_set1_epi8(0x03);
+            for (int n = 0; n < 2; n++) {
+                const __m256i a0 = _mm256_loadu_si256((const __m256i *)(p + 64 * n));
+                const __m256i a1 = _mm256_loadu_si256((const __m256i *)(p + 64 * n + 32));
+                const __m256i h = _mm256_loadu_si256((const __m256i *)(p + 128 + 32 * n));
+                u[4 * n] = _mm256_or_si256(_mm256_and_si256(a0, low4), _mm256_slli_epi16(_mm256_and_si256(h, low2), 4));
+                u[4 * n + 1] = _mm256_or_si256(_mm256_and_si256(a1, low4),
+                                               _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), low2), 4));
+                u[4 * n + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(a0, 4), low4),
+                                               _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), low2), 4));
+                u[4 * n + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(a1, 4), low4),
+                                               _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), low2), 4));
+            }
+            const int8_t *s = (const int8_t *)(p + 192);
+            for (int j = 0; j < 8; j++) /* run j: sub-blocks 2j (low lane), 2j + 1 (high lane) */
+                sc[j] = _mm256_setr_m128i(_mm_set1_epi16(s[2 * j]), _mm_set1_epi16(s[2 * j + 1]));
+            const __m128i s16 = _mm_loadu_si128((const __m128i *)s); /* 32 sc_h, taken off as 32 sum sc_h s_h */
+            mn[0] = _mm256_slli_epi32(_mm256_cvtepi8_epi32(s16), 5);
+            mn[1] = _mm256_slli_epi32(_mm256_cvtepi8_epi32(_mm_srli_si128(s16, 8)), 5);
+        }
+        for (int r = 0; r < rows; r++) {
+            const int64_t at = (r0 + r) * a->blocks + b;
+            const int8_t *q = a->q + at * QK_K;
+            const int32_t *sums = a->sum + at * 16;
+            __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256(); /* two chains */
+            for (int j = 0; j < 8; j += 2) {
+                const __m256i p0 = _mm256_maddubs_epi16(u[j], _mm256_loadu_si256((const __m256i *)(q + 32 * j)));
+                const __m256i p1 = _mm256_maddubs_epi16(u[j + 1], _mm256_loadu_si256((const __m256i *)(q + 32 * j + 32)));
+                s0 = KQ_DOT16(s0, p0, sc[j]);
+                s1 = KQ_DOT16(s1, p1, sc[j + 1]);
+            }
+            const __m256i m = _mm256_add_epi32(_mm256_mullo_epi32(mn[0], _mm256_loadu_si256((const __m256i *)sums)),
+                                               _mm256_mullo_epi32(mn[1], _mm256_loadu_si256((const __m256i *)(sums + 8))));
+            const float dx = a->d[at];
+            const float scale = d * dx; /* rounded once, then the fma, as kq_step */
+            if (fmt == FMT_Q4_K) {
+                const int32_t total = kq_hsum(_mm256_add_epi32(s0, s1)), mins = kq_hsum(m);
+                acc[r] = fmaf(scale, (float)total, acc[r]);
+                const float min_scale = dmin * dx;
+                acc[r] = fmaf(-min_scale, (float)mins, acc[r]);
+            } else {
+                const int32_t total = kq_hsum(_mm256_sub_epi32(_mm256_add_epi32(s0, s1), m));
+                acc[r] = fmaf(scale, (float)total, acc[r]);
+            }
+        }
+    }
+}
+#endif /* COLS == 16 */
+#endif
+
 /* each format its own copy (fmt a constant in the decode and the step) */
 static void kq_chains_any(int fmt, const ActQ *a, int64_t r0, int rows, const uint8_t *row, float *acc) {
     switch (fmt) {
@@ -1328,9 +1523,14 @@ static void kq_chains_any(int fmt, const ActQ *a, int64_t r0, int rows, const ui
     case FMT_IQ4_NL: kq_chains(FMT_IQ4_NL, a, r0, rows, row, acc); return;
     case FMT_Q2_K: kq_chains(FMT_Q2_K, a, r0, rows, row, acc); return;
     case FMT_Q3_K: kq_chains(FMT_Q3_K, a, r0, rows, row, acc); return;
+#if defined(__AVX2__)
+    case FMT_Q4_K: kq_chains_x86(FMT_Q4_K, a, r0, rows, row, acc); return;
+    case FMT_Q6_K: kq_chains_x86(FMT_Q6_K, a, r0, rows, row, acc); return;
+#else
     case FMT_Q4_K: kq_chains(FMT_Q4_K, a, r0, rows, row, acc); return;
-    case FMT_Q5_K: kq_chains(FMT_Q5_K, a, r0, rows, row, acc); return;
     case FMT_Q6_K: kq_chains(FMT_Q6_K, a, r0, rows, row, acc); return;
+#endif
+    case FMT_Q5_K: kq_chains(FMT_Q5_K, a, r0, rows, row, acc); return;
     default: kq_chains(FMT_IQ4_XS, a, r0, rows, row, acc); return;
     }
 }

@@ -10,7 +10,7 @@ import torch
 
 from kernels import cpu_kernels, kquant_int8, quant
 from kernels.row_parallel import RowParallelWeight, fold_reference, split_quant
-from tests.kernels.quant_helpers import gguf_dequantize, random_blocks
+from tests.kernels.quant_helpers import SCALE_FIELDS, gguf_dequantize, random_blocks
 from tests.kernels.test_quant_dot import _bits, _hard_rows, _tiers, assert_rows_independent
 
 FORMATS = ["q4_k", "q6_k", "q5_k", "q3_k", "q2_k", "iq4_xs", "q5_0", "q5_1", "iq4_nl"]
@@ -71,3 +71,25 @@ def test_row_parallel_groups_fold_the_groups_chains(name):
     want = fold_reference(torch.stack([quant.int8_linear_reference(rows[:, g * 256:(g + 1) * 256], p, None)
                                        for g, p in enumerate(parts)]), torch.float32)
     assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("name", ["q4_k", "q6_k"])
+def test_largest_integers_stay_exact_on_every_tier(libs, name):
+    """The x86 kernels add u q in int16 pairs (vpmaddubsw) before the sub-block scales: blocks whose every
+    value, scale and min is at its largest (Q4_K: 15, 63, 63; Q6_K: u = 63 with scale -128, and u = 0) against
+    activations of +-127 give the reference's bits, so no pair or sum saturates or wraps."""
+    fmt, k = quant.FORMATS[name], 512
+    data = np.full((32, quant.row_bytes(fmt, k)), 0xFF, np.uint8)
+    blocks = data.reshape(32, -1, quant.BLOCK_BYTES[fmt])
+    if name == "q6_k":
+        blocks[16:, :, :192] = 0  # u = 0: w = -32
+        blocks[..., 192:208] = 0x80  # scales -128
+    for offset, _ in SCALE_FIELDS[name][0]:
+        blocks[..., offset:offset + 2] = np.array([1e-3], np.float16).view(np.uint8)
+    weight = quant.from_blocks(data, fmt, k, torch.float32).with_activations(True)
+    signs = torch.ones(3, k)
+    signs[1] = -1
+    signs[2, ::2] = -1
+    want = quant.int8_linear_reference(signs, weight, None)
+    for tier, lib in libs.items():
+        assert torch.equal(_bits(quant.run_kernel(lib, signs, weight, None)), _bits(want)), tier
