@@ -33,6 +33,7 @@ in the libgomp that torch has already loaded, so it shares torch's threads.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import ctypes
 import hashlib
 import os
@@ -419,10 +420,22 @@ def compile_sources(compiler: str, flags: list[str], output: str, sources: list[
                     libraries: tuple[str, ...] = ()) -> None:
     """cc COMMON_FLAGS flags -o output sources libraries; KernelUnavailable with the compiler's
     message on failure. (Also the cross-compiled checks': tests/kernels/test_cross_arch.py.)"""
-    command = [compiler, *COMMON_FLAGS, *flags, "-o", output, *map(str, sources or SOURCES), *libraries]
-    result = subprocess.run(command, capture_output=True, text=True)
-    if result.returncode != 0:
-        raise KernelUnavailable(f"{compiler} failed: {result.stderr.strip()[:2000]}")
+    sources = [Path(source) for source in (sources or SOURCES)]
+
+    def run(command: list[str]) -> None:
+        result = subprocess.run(command, capture_output=True, text=True)
+        if result.returncode != 0:
+            raise KernelUnavailable(f"{compiler} failed: {result.stderr.strip()[:2000]}")
+
+    # each source its own object, as many at once as there are CPUs (quant_gemm.c alone is two thirds of a
+    # tier's build), then one link: the code of one command compiling them in turn
+    with tempfile.TemporaryDirectory(prefix="pagedserve-objects-") as folder:
+        objects = [str(Path(folder) / f"{index}-{source.stem}.o") for index, source in enumerate(sources)]
+        with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+            for done in [pool.submit(run, [compiler, *COMMON_FLAGS, *flags, "-c", str(source), "-o", target])
+                         for source, target in zip(sources, objects)]:
+                done.result()
+        run([compiler, *COMMON_FLAGS, *flags, "-o", output, *objects, *libraries])
 
 
 def build(tier: str = "avx512", build_dir: Path | None = None) -> Path:
