@@ -123,7 +123,7 @@ def layout_row(model: str, tp: int, pp: int, tokens: int) -> dict:
             produced = sum(len(o.outputs[0].token_ids) for o in outputs)
             comm = (worker.comm.comm_seconds - comm0) if worker.comm else 0.0
             out[batch] = (produced / seconds, comm / max(steps["n"], 1) * 1e3)
-        processes = [psutil.Process()] + [psutil.Process(p.pid) for p in worker.followers]
+        processes = [psutil.Process()] + [psutil.Process(p.pid) for p in getattr(worker, "followers", [])]
         rss = [p.memory_info().rss / 2**20 for p in processes]
     gc.collect()
     return {"layout": f"{tp}x{pp}", "tok_s_1": out[1][0], "tok_s_16": out[16][0], "comm_ms_1": out[1][1],

@@ -9,13 +9,13 @@ from services.core.config import EngineArgs
 from services.core.scheduler import Scheduler
 from services.core.sequence import SeqUpdate
 from services.scheduler.kv_publisher import KVEventPublisher
-from services.worker.worker import Worker
+from services.worker.worker_group import start_worker
 
 
 class Engine:
     def __init__(self, args: EngineArgs, num_workers: int = 1):
         self.args = args
-        self.workers = {f"worker-{i}": Worker(args.worker_config(), args.cache_config()) for i in range(num_workers)}
+        self.workers = {f"worker-{i}": start_worker(args.worker_config(), args.cache_config()) for i in range(num_workers)}
         first = next(iter(self.workers.values()))
         self.model_path = first.model_path
         self.tokenizer_path = first.tokenizer_path

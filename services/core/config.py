@@ -312,7 +312,8 @@ class WorkerConfig:
                                  "pp_rank * tensor_parallel_size + tp_rank)")
     group_address: str = setting("", "host:port where rank 0 of the worker group meets the others (empty: a "
                                      "free port on 127.0.0.1, for a group that one process starts)")
-    distributed_backend: str = setting("gloo", "the worker group's torch.distributed backend (gloo; nccl later)")
+    distributed_backend: str = setting("gloo", "the worker group's torch.distributed backend: gloo (nccl is "
+                                               "refused until the group's collectives work on the GPU)")
     task: str = setting("auto", "what the model is served for: generate, embed (one vector per input) or score "
                                 "(a reranker); auto: score for *ForSequenceClassification, embed for a bare encoder "
                                 "or a sentence-transformers folder, else generate (services/core/pooling.py)")
@@ -338,8 +339,10 @@ class WorkerConfig:
               f"must be >= 0, got {self.pipeline_micro_batches}")
         world = self.tensor_parallel_size * self.pipeline_parallel_size
         check(0 <= self.group_rank < world, "group_rank", f"must be in [0, {world}), got {self.group_rank}")
-        check(self.distributed_backend in ("gloo", "nccl"), "distributed_backend",
-              f"one of ('gloo', 'nccl'), got {self.distributed_backend!r}")
+        check(self.distributed_backend != "nccl", "distributed_backend",
+              "nccl is not supported yet: the worker group's control messages and timers travel as CPU "
+              "tensors, which nccl cannot carry; use gloo (the default)")
+        check(self.distributed_backend == "gloo", "distributed_backend", f"must be 'gloo', got {self.distributed_backend!r}")
         _check_choice("quantization", self.quantization, QUANTIZATIONS)
         _check_choice("cpu_isa", self.cpu_isa, CPU_ISAS)
         _check_choice("activation_quant", self.activation_quant, ACTIVATION_QUANTS)

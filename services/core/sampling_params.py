@@ -1,9 +1,9 @@
-"""Per-request sampling parameters, validated when built at the edge and once more at admission.
+"""Per-request sampling parameters, validated once where they enter a process.
 
-A caller's SamplingParams(...) is checked when built (the frontend, LLM(...)); the scheduler checks
-a request's params again when it admits it (Scheduler.add_request), since a SubmitMany message is
-input too. What crosses the internal wire is decoded with `unchecked` (services/rpc/internal_codec.py),
-so neither the scheduler's decoding nor a worker's (each NewSequence, every resend) checks again.
+A caller's SamplingParams(...) is checked when built (the frontend, LLM(...)), and the in-process
+scheduler takes them as they are. A SubmitMany message is input too: the scheduler service checks
+its params as it decodes them (internal_codec.submit_from_proto). Anything else that crosses the
+internal wire is decoded with `unchecked`, so a worker (each NewSequence, every resend) checks nothing.
 One implementation of the checks: `validate`.
 """
 from __future__ import annotations
@@ -18,9 +18,9 @@ MAX_LOGPROBS = 20
 MAX_N = 64  # samples per request
 MAX_STOP_STRINGS = 16
 
-# Each float setting's range, held once: SamplingParams.validate checks it at the edge and at
-# admission, and the HTTP schema states it (http/models.py, float_bounds). (low, high, low_open):
-# low < x when low_open, else low <= x; and x <= high.
+# Each float setting's range, held once: SamplingParams.validate checks it where params enter, and
+# the HTTP schema states it (http/models.py, float_bounds). (low, high, low_open): low < x when
+# low_open, else low <= x; and x <= high.
 FLOAT_RANGES = {"temperature": (0, 100, False), "top_p": (0, 1, True), "min_p": (0, 1, False),
                 "repetition_penalty": (0, 10, True), "presence_penalty": (-2, 2, False),
                 "frequency_penalty": (-2, 2, False)}

@@ -18,6 +18,7 @@ import random
 import time
 from collections.abc import Callable
 
+from services.core.admission import check_prompt, check_token_ids
 from services.core.config import SchedulerConfig
 from services.core.errors import ResourceExhausted, check
 from services.core.kv_events import AllBlocksCleared, KVCacheEvent, KVEventLog
@@ -146,17 +147,12 @@ class Scheduler:
         """Admit a request; `continued` non-empty: a continuation (ContinuedSample), which runs
         just the samples it names, each from its own tokens; lora_name: the LoRA adapter it runs under
         (loaded on the workers by whoever admits it), "" for the base model."""
-        params.validate()  # admission: the one check after the edge's (the wire's decoding checks nothing)
+        # params were checked when built (SamplingParams(...), or the scheduler service's decoding of a Submit)
         check_int("priority", priority, INT32_MIN, INT32_MAX)  # the LLM's callers reach here unchecked
         check(request_id not in self.requests, "request_id", f"{request_id!r} is already running")
-        check(len(prompt_token_ids) > 0, "prompt", "must not be empty")
-        if params.pooling:  # nothing is generated: the prompt may take the whole length
-            check(len(prompt_token_ids) <= self.config.max_model_len, "input",
-                  f"{len(prompt_token_ids)} tokens exceed max_model_len {self.config.max_model_len}")
-        else:
-            check(len(prompt_token_ids) < self.config.max_model_len, "prompt",
-                  f"{len(prompt_token_ids)} tokens leave no room to generate within max_model_len "
-                  f"{self.config.max_model_len}")
+        vocab_size = next(iter(self.workers.values())).info.vocab_size if self.workers else None  # equal on each
+        check_prompt(prompt_token_ids, self.config.max_model_len, vocab_size, "prompt_token_ids",
+                     generates=not params.pooling)  # a pooling request generates nothing: it may take the whole length
         self._check_against_workers(prompt_token_ids, params)
         if lora_name and self.workers:
             check(any(lora_name in ws.lora_names for ws in self.workers.values()), "model",
@@ -207,9 +203,8 @@ class Scheduler:
                   f"sample {sample.sample_index} has {len(sample.token_ids)} tokens: no room left under "
                   f"max_tokens {params.max_tokens} or max_model_len {self.config.max_model_len}")
             if self.workers:
-                vocab_size = next(iter(self.workers.values())).info.vocab_size
-                check(all(0 <= t < vocab_size for t in sample.token_ids), "continued_samples",
-                      f"token id outside the vocabulary ({vocab_size})")
+                check_token_ids("continued_samples", sample.token_ids,
+                                next(iter(self.workers.values())).info.vocab_size)
         request.forked = True
         for sample in continued:
             seq = self.new_seq(request, sample.sample_index)
@@ -217,14 +212,11 @@ class Scheduler:
             self.enqueue(seq)
 
     def _check_against_workers(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
-        """Token ids the model has, and a request some worker's KV cache can hold (one that none
-        can hold would wait forever)."""
+        """Token ids the params name are the model's, and a request some worker's KV cache can hold (one
+        that none can hold would wait forever)."""
         if not self.workers:
             return  # nothing registered yet: the transport answers UNAVAILABLE
-        vocab_size = next(iter(self.workers.values())).info.vocab_size  # equal on every worker
-        check(all(0 <= t < vocab_size for t in prompt_token_ids), "prompt_token_ids",
-              f"token id outside the vocabulary ({vocab_size})")
-        params.check_vocab(vocab_size)
+        params.check_vocab(next(iter(self.workers.values())).info.vocab_size)  # equal on every worker
         if self._check_pooling(prompt_token_ids, params):
             return
         num_prompt, max_tokens = len(prompt_token_ids), params.max_tokens

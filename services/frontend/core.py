@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 import structlog
 
+from services.core.admission import check_prompt, check_token_ids
 from services.core.errors import REFUSALS, InvalidArgument, ResourceExhausted, Unavailable, check
 from services.core.pooling import PoolingModel
 from services.core.widths import INT32_MAX, INT32_MIN, check_int
@@ -138,7 +139,7 @@ class FrontendCore:
         vocab_size = self.card.vocab_size if self.card else self.tokenizer.vocab_size
 
         def decode() -> str:
-            _check_vocab(field, token_ids, vocab_size)
+            check_token_ids(field, token_ids, vocab_size)
             return self.tokenizer.decode(token_ids, skip_special_tokens)
         return decode() if len(token_ids) <= INLINE_CHARS else await asyncio.to_thread(decode)
 
@@ -189,13 +190,10 @@ class FrontendCore:
         check_int("priority", request.priority, INT32_MIN, INT32_MAX)
         prompt = request.prompt
         prompt_ids = list(prompt.token_ids) if prompt.token_ids is not None else await self.tokenize(prompt)
-        check(len(prompt_ids) > 0, "prompt", "must not be empty")
         card = await self.model_card()
-        check(len(prompt_ids) < card.max_model_len, "prompt",
-              f"has {len(prompt_ids)} tokens; max_model_len {card.max_model_len} leaves no room for output")
-        _check_vocab("prompt", prompt_ids, card.vocab_size)
+        check_prompt(prompt_ids, card.max_model_len, card.vocab_size)
         request.params.check_vocab(card.vocab_size)
-        check_room(card, len(prompt_ids), request.params.max_tokens)
+        check_room(card, len(prompt_ids), request.params.max_tokens, request.max_tokens_field)
         if request.params.structured_outputs is not None:
             await self.grammar_check.check(request.params.structured_outputs, card.vocab_size)
         if self.max_pending and self.num_pending >= self.max_pending:
@@ -214,10 +212,3 @@ def _num_chars(prompt: Prompt) -> int:
     if prompt.messages is None:
         return len(prompt.text or "")
     return sum(len(m.get("content")) for m in prompt.messages if isinstance(m.get("content"), str))
-
-
-def _check_vocab(field: str, token_ids: list[int], vocab_size: int) -> None:
-    for position, token in enumerate(token_ids):
-        if not 0 <= token < vocab_size:
-            raise InvalidArgument(field, f"token id {token} at position {position} is outside the vocabulary "
-                                         f"(vocab_size {vocab_size})")

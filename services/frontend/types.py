@@ -46,6 +46,7 @@ class GenerateRequest:
     request_id: str = ""  # empty: the frontend assigns one
     model: str = ""  # empty: the served model
     priority: int = 0
+    max_tokens_field: str = "max_tokens"  # the name the client gave params.max_tokens (an error names it)
 
 
 @dataclass(kw_only=True)

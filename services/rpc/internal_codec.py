@@ -37,7 +37,7 @@ def params_to_proto(params: SamplingParams) -> common_pb2.SamplingParams:
 
 
 def params_from_proto(msg: common_pb2.SamplingParams) -> SamplingParams:
-    """Not checked here: the scheduler checks at admission, a worker takes the scheduler's as they are."""
+    """Not checked here: submit_from_proto checks a Submit's, a worker takes the scheduler's as they are."""
     return SamplingParams.unchecked(
         n=msg.n, temperature=msg.temperature, top_k=msg.top_k, top_p=msg.top_p, min_p=msg.min_p,
         repetition_penalty=msg.repetition_penalty, presence_penalty=msg.presence_penalty,
@@ -219,9 +219,12 @@ def submit_to_proto(request_id: str, prompt_token_ids: list[int], params: Sampli
 
 def submit_from_proto(msg: scheduler_pb2.SubmitRequest
                       ) -> tuple[str, list[int], SamplingParams, int, tuple[ContinuedSample, ...], str]:
+    """The scheduler service's input: its params are checked here, once, as SamplingParams(...) checks a
+    caller's (a worker's copy, params_from_proto alone, is the scheduler's as they are)."""
     continued = tuple(ContinuedSample(c.sample_index, tuple(c.token_ids)) for c in msg.continued_samples)
-    return (msg.request_id, list(msg.prompt_token_ids), params_from_proto(msg.params), msg.priority, continued,
-            msg.lora_name)
+    params = params_from_proto(msg.params)
+    params.validate()
+    return msg.request_id, list(msg.prompt_token_ids), params, msg.priority, continued, msg.lora_name
 
 
 # ---- stats (GetStats) ----------------------------------------------------------

@@ -54,7 +54,7 @@ async def serve(worker_config: WorkerConfig, cache: CacheConfig, service: Worker
 def main(argv: list[str] | None = None) -> None:
     worker, cache, service = MAIN.start(argv)
     if worker.group_rank > 0:  # a follower of a worker group: no gRPC and no event loop, it runs rank 0's steps
-        from services.worker.worker import follow
+        from services.worker.worker_group import follow
 
         follow(worker, cache)
         sys.exit(0)

@@ -43,8 +43,12 @@ def free_address(host: str = "127.0.0.1") -> str:
 class GroupComm:
     """The collectives a sharded model needs (services/worker/models/llama.py), over torch.distributed."""
 
-    def __init__(self, shard: Shard, address: str, backend: str = "gloo", timeout_s: float = TIMEOUT_S):
+    def __init__(self, shard: Shard, address: str, dtype: torch.dtype, vocab_size: int, device: torch.device,
+                 backend: str = "gloo", timeout_s: float = TIMEOUT_S):
+        """Join the group at `address` as shard.rank. dtype: the activations that travel between stages;
+        vocab_size: the whole vocabulary, split among the tensor ranks; device: where the buffers are."""
         self.shard = shard
+        self.dtype, self._vocab_size, self.device = dtype, vocab_size, torch.device(device)
         if dist.is_initialized():
             raise RuntimeError("this process already belongs to a worker group: close the previous one first "
                                "(LLM.close(), or `with LLM(...) as llm:`)")
@@ -89,37 +93,34 @@ class GroupComm:
             _all_gather(out, local, group=self.tp_group)
 
     def gather_partials(self, local: torch.Tensor) -> torch.Tensor:
-        out = torch.empty(local.shape[0] * self.shard.tp_size, *local.shape[1:], dtype=local.dtype)
+        out = torch.empty(local.shape[0] * self.shard.tp_size, *local.shape[1:], dtype=local.dtype, device=local.device)
         self.gather_partials_into(local.contiguous(), out)
         return out
 
     def gather_embeddings(self, rows: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
         """Each token's embedding row from the rank whose vocabulary part holds it (copied, not summed)."""
         tp = self.shard.tp_size
-        everything = torch.empty(tp * rows.shape[0], *rows.shape[1:], dtype=rows.dtype)
+        everything = torch.empty(tp * rows.shape[0], *rows.shape[1:], dtype=rows.dtype, device=rows.device)
         with self._timed():
             _all_gather(everything, rows.contiguous(), group=self.tp_group)
         everything = everything.view(tp, *rows.shape)
         vocab = self._vocab_size
-        starts = torch.tensor([r * vocab // tp for r in range(1, tp)], dtype=input_ids.dtype)
+        starts = torch.tensor([r * vocab // tp for r in range(1, tp)], dtype=input_ids.dtype, device=input_ids.device)
         owner = torch.bucketize(input_ids, starts, right=True)
-        return everything[owner, torch.arange(input_ids.shape[0])]
+        return everything[owner, torch.arange(input_ids.shape[0], device=owner.device)]
 
     def gather_vocab(self, logits: torch.Tensor) -> torch.Tensor:
         """[R, V_local] of every tensor rank -> [R, V], the parts side by side (padded to one width to travel)."""
         tp, vocab = self.shard.tp_size, self._vocab_size
         widths = [(r + 1) * vocab // tp - r * vocab // tp for r in range(tp)]
         width = max(widths)
-        padded = torch.zeros(logits.shape[0], width, dtype=logits.dtype)
+        padded = torch.zeros(logits.shape[0], width, dtype=logits.dtype, device=logits.device)
         padded[:, :logits.shape[1]] = logits
-        everything = torch.empty(tp * padded.shape[0], width, dtype=logits.dtype)
+        everything = torch.empty(tp * padded.shape[0], width, dtype=logits.dtype, device=logits.device)
         with self._timed():
             _all_gather(everything, padded, group=self.tp_group)
         everything = everything.view(tp, *padded.shape)
         return torch.cat([everything[r, :, :w] for r, w in enumerate(widths)], dim=1)
-
-    def set_vocab_size(self, vocab_size: int) -> None:
-        self._vocab_size = vocab_size
 
     # ---- pipeline parallel -----------------------------------------------------------------
     def isend_activations(self, x: torch.Tensor, residual: torch.Tensor, to_first: bool):
@@ -139,7 +140,7 @@ class GroupComm:
     def recv_activations(self, num_tokens: int, hidden: int, from_last: bool = False) -> tuple[torch.Tensor, ...]:
         stage = self.shard.pp_size - 1 if from_last else self.shard.pp_rank - 1
         peer = stage * self.shard.tp_size + self.shard.tp_rank
-        both = torch.empty(2, num_tokens, hidden, dtype=self.dtype)
+        both = torch.empty(2, num_tokens, hidden, dtype=self.dtype, device=self.device)
         with self._timed():
             dist.recv(both, peer)
         return both[0], both[1]

@@ -13,13 +13,14 @@ from services.core.config import CacheConfig, WorkerConfig
 from services.worker.config import WorkerServiceConfig
 from services.worker.servicer import WorkerServicer, torch_thread
 from services.worker.worker import Worker
+from services.worker.worker_group import WorkerGroup, start_worker as start_worker_or_group
 
 log = structlog.get_logger("worker")
 SERVICE_NAME = worker_pb2.DESCRIPTOR.services_by_name["Worker"].full_name
 
 
 class WorkerServer:
-    def __init__(self, worker: Worker, config: WorkerServiceConfig, executor: ThreadPoolExecutor | None = None):
+    def __init__(self, worker: Worker | WorkerGroup, config: WorkerServiceConfig, executor: ThreadPoolExecutor | None = None):
         self.worker, self.config = worker, config
         self.broken = asyncio.Event()  # a worker group lost a rank: the process exits (the launcher restarts it)
         # executor: the thread that built the worker
@@ -61,7 +62,7 @@ class WorkerServer:
 async def start_worker(worker_config: WorkerConfig, cache: CacheConfig, config: WorkerServiceConfig) -> WorkerServer:
     """Load the model on the thread that will run its steps (see torch_thread), then serve and register."""
     executor = torch_thread()
-    worker = await asyncio.get_running_loop().run_in_executor(executor, Worker, worker_config, cache)
+    worker = await asyncio.get_running_loop().run_in_executor(executor, start_worker_or_group, worker_config, cache)
     server = WorkerServer(worker, config, executor)
     await server.start()
     return server

@@ -8,7 +8,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pagedserve.internal.v1 import common_pb2, worker_pb2_grpc
 from services.rpc import internal_codec
 from services.rpc.status import rpc_errors
-from services.worker.worker import GroupBroken, Worker
+from services.worker.worker import Worker
+from services.worker.worker_group import GroupBroken, WorkerGroup
 
 
 def torch_thread() -> ThreadPoolExecutor:
@@ -20,7 +21,7 @@ def torch_thread() -> ThreadPoolExecutor:
 
 
 class WorkerServicer(worker_pb2_grpc.WorkerServicer):
-    def __init__(self, worker: Worker, executor: ThreadPoolExecutor | None = None, on_broken=None):
+    def __init__(self, worker: Worker | WorkerGroup, executor: ThreadPoolExecutor | None = None, on_broken=None):
         self.worker = worker
         self.on_broken = on_broken  # called once a worker group lost a rank (the process then exits)
         # One step at a time, off the event loop (torch releases the GIL), so heartbeats keep flowing.

@@ -1,15 +1,12 @@
 """A worker: the weights, the KV cache and the step. Plain class; the gRPC servicer wraps it.
 
-With tensor_parallel_size x pipeline_parallel_size > 1 it is one rank of a worker group
-(services/worker/group.py): rank 0 is the worker the scheduler sees, the others `follow` it.
+With tensor_parallel_size x pipeline_parallel_size > 1 it is one rank of a worker group: the
+WorkerGroup (services/worker/worker_group.py) spawns the ranks, broadcasts each step and runs the
+followers' loop; the ranks' collectives are GroupComm's (services/worker/group.py).
 """
 from __future__ import annotations
 
 import dataclasses
-import multiprocessing
-import multiprocessing.connection
-import os
-import time
 
 import torch
 import structlog
@@ -17,7 +14,7 @@ import structlog
 from kernels import cpu_kernels
 from kernels.ops import get_ops
 from services.core.config import CacheConfig, WorkerConfig
-from services.core.errors import InvalidArgument, Unavailable, UnknownSequence, check
+from services.core.errors import InvalidArgument, check
 from services.core.lora import parse_lora_modules
 from services.core.model_path import resolve_model_path, resolve_tokenizer_path
 from services.core.step import StepDelta, StepResult, WorkerInfo
@@ -29,16 +26,12 @@ from services.worker.model_config import ModelArchConfig
 from services.worker.grammar import Grammars
 from services.worker.lora import LoraRegistry, LoraState, load_adapter, site_splits
 from services.worker.async_scheduling import AsyncModelRunner
+from services.worker.group import GroupComm
 from services.worker.parallel import Shard, check_layout
 from services.worker.pooler import architectures, make_pooler
 from services.core.pooling import resolve_task
 
 log = structlog.get_logger("worker")
-
-
-class GroupBroken(Unavailable):
-    """A rank of this worker's group failed or is gone: the group cannot step any more (its process
-    exits, the scheduler recomputes its sequences elsewhere, the launcher restarts the group)."""
 
 
 def pick_device(name: str) -> torch.device:
@@ -60,6 +53,10 @@ def pick_device(name: str) -> torch.device:
 
 
 class Worker:
+    """One rank: its shard of the weights, its KV cache, its ModelRunner. In a group (tensor_parallel_size x
+    pipeline_parallel_size > 1) it joins the others at config.group_address; spawning the ranks, the
+    broadcast to them and their follower loop are the group's (services/worker/worker_group.py)."""
+
     def __init__(self, config: WorkerConfig, cache: CacheConfig):
         self.config = config
         self.device = pick_device(config.device)
@@ -77,22 +74,19 @@ class Worker:
         align = gguf_align(self.quantization, self.model_path)
         check_layout(arch, tp, pp, align)
         self.shard = Shard.of_rank(config.group_rank, tp, pp, align)
-        self.followers: list = []
-        self.comm = None
-        self.broken = False  # a rank failed: the group steps no more
-        self.rank_threads = 0  # a group rank 0 started on this machine: each rank's share of the threads
-        if self.shard.world_size > 1:
-            self.comm = self._join_group(config, cache)
         self.dtype = resolve_dtype(config.dtype, arch, self.device)
+        self.comm = None
+        if self.shard.world_size > 1:
+            if not config.group_address:
+                raise ValueError("group_address: a rank of a worker group must be told where rank 0 is "
+                                 "(WorkerGroup.start picks one for a group that one process starts)")
+            self.comm = GroupComm(self.shard, config.group_address, self.dtype, arch.vocab_size, self.device,
+                                  config.distributed_backend)
         torch.manual_seed(config.torch_seed)
-        threads = self.rank_threads or config.num_threads
-        if threads:  # several workers (or ranks) on one machine must not oversubscribe its cores
-            torch.set_num_threads(threads)
+        if config.num_threads:  # several workers (or ranks) on one machine must not oversubscribe its cores
+            torch.set_num_threads(config.num_threads)
         ops = get_ops(config.kernel_backend, self.device.type, config.cpu_isa)
         linear = invariant_linear if config.batch_invariant else plain_linear
-        if self.comm is not None:
-            self.comm.set_vocab_size(arch.vocab_size)
-            self.comm.dtype = self.dtype
         self.activation_quant = resolve_activation_quant(config.activation_quant, self.quantization)
         model = load_model(self.model_path, self.dtype, self.device, ops, linear, self.quantization, self.shard,
                            self.comm, self.activation_quant)
@@ -166,157 +160,22 @@ class Worker:
     def _loras_in_use(self) -> set[str]:
         return {s.lora.name for s in self.runner.seqs.values() if s.lora is not None}
 
-    def _join_group(self, config: WorkerConfig, cache: CacheConfig):
-        """Meet the other ranks; an in-process group (no address given, rank 0) starts them itself."""
-        from services.worker.group import TIMEOUT_S, GroupComm, free_address
-
-        address = config.group_address
-        if not address:
-            if config.group_rank != 0:
-                raise ValueError("group_address: a rank other than 0 must be told where rank 0 is")
-            address = free_address()
-            # the ranks share this machine's threads (num_threads, or every core): an equal part each
-            self.rank_threads = max(1, (config.num_threads or os.cpu_count() or 1) // self.shard.world_size)
-            context = multiprocessing.get_context("spawn")
-            started = []
-            for rank in range(1, self.shard.world_size):
-                follower = dataclasses.replace(config, group_rank=rank, group_address=address,
-                                               num_threads=self.rank_threads)
-                receiver, sender = context.Pipe(duplex=False)
-                process = context.Process(target=follow, args=(follower, cache, sender), daemon=True,
-                                          name=f"pagedserve-rank-{rank}")
-                process.start()
-                sender.close()  # the follower holds the only sending end: its exit closes the pipe
-                self.followers.append(process)
-                started.append(receiver)
-            self._wait_started(started, TIMEOUT_S)
-        return GroupComm(self.shard, address, config.distributed_backend)
-
-    def _wait_started(self, started: list, timeout_s: float) -> None:
-        """Wait until every follower this process spawned has started (re-imported the main module and
-        reached `follow`). A follower that exits first would leave rank 0 waiting at the rendezvous
-        for the group's whole timeout: raise at once instead, with the usual cause and its fix."""
-        pending = dict(zip(started, self.followers))
-        deadline = time.monotonic() + timeout_s
-        while pending:
-            ready = multiprocessing.connection.wait(list(pending), timeout=max(0.0, deadline - time.monotonic()))
-            if not ready:
-                break  # slow to start, not gone: the rendezvous's own timeout takes over
-            for receiver in ready:
-                process = pending.pop(receiver)
-                try:
-                    receiver.recv()
-                except EOFError:  # it exited before it could say so
-                    process.join(timeout=5)
-                    self._stop_followers()
-                    raise RuntimeError(
-                        f"tensor_parallel_size x pipeline_parallel_size = {self.shard.world_size}: the group's rank "
-                        f"process {process.name} exited with status {process.exitcode} while starting. Its ranks "
-                        "are started with multiprocessing's spawn, which runs the main script again in each new "
-                        "process: a script that creates an LLM with tensor_parallel_size or "
-                        "pipeline_parallel_size > 1 must do so under `if __name__ == \"__main__\":` (its error, "
-                        "printed above, says the same). Otherwise see that process's error above.") from None
-                finally:
-                    receiver.close()
-
-    def _stop_followers(self) -> None:
-        for process in self.followers:
-            if process.is_alive():
-                process.kill()
-            process.join(timeout=10)
-        self.followers.clear()
-
     def step(self, delta: StepDelta) -> StepResult:
-        if self.comm is None:
-            return self.runner.execute(delta)
-        if self.broken:
-            raise GroupBroken("this worker group lost a rank; it is restarting")
-        from services.rpc.internal_codec import delta_to_bytes
-        from services.worker.group import STEP
-
-        delta = dataclasses.replace(delta, async_next_step=False)  # the followers cannot run ahead
-        try:
-            self.comm.broadcast(STEP, delta_to_bytes(delta))
-            return self.runner.execute(delta)
-        except (InvalidArgument, UnknownSequence):  # every rank refused the same delta: the group is whole
-            raise
-        except Exception as error:
-            self.broken = True
-            log.error("worker_group_broken", rank=0, error=f"{type(error).__name__}: {error}")
-            raise GroupBroken(f"this worker group lost a rank: {type(error).__name__}: {error}") from error
+        return self.runner.execute(delta)
 
     def forget_all(self) -> None:
         """The scheduler dropped this worker: no sequence it holds will be named again."""
-        if self.comm is not None:
-            from services.worker.group import FORGET
-
-            self.comm.broadcast(FORGET)
         self.runner.forget_all()
-
-    def group_timers(self) -> list[dict[str, float]]:
-        """Each rank's time computing and in its pipelined passes so far (rank 0 of a group; bench/parallel.py)."""
-        from services.worker.group import TIMERS
-
-        self.comm.broadcast(TIMERS)
-        return self.comm.gather_timers()
-
-    def close(self) -> None:
-        """Stop the followers (rank 0 of a group); a no-op for a single process."""
-        if self.comm is not None and self.shard.rank == 0:
-            from services.worker.group import STOP
-
-            try:
-                self.comm.broadcast(STOP)
-            except Exception:  # noqa: BLE001 - a follower already gone: the group is over anyway
-                pass
-        for process in self.followers:
-            process.join(timeout=10)
-            if process.is_alive():
-                process.kill()
-        self.followers.clear()
-        if self.comm is not None:
-            self.comm.close()
-
-    def follow(self) -> None:
-        """A rank other than 0: run each step rank 0 broadcasts, until it says stop or the group breaks."""
-        from services.rpc.internal_codec import delta_from_bytes
-        from services.worker.group import FORGET, STEP, TIMERS
-
-        while True:
-            kind, payload = self.comm.receive()
-            if kind == FORGET:
-                self.runner.forget_all()
-            elif kind == TIMERS:
-                self.comm.gather_timers()
-            elif kind == STEP:
-                try:
-                    self.runner.execute(delta_from_bytes(payload))
-                except (ValueError, LookupError) as error:  # the same refusal rank 0 answers with
-                    log.info("follower_step_refused", rank=self.shard.rank, error=str(error))
-            else:
-                return
 
     def run_async_step(self) -> None:
         """Run the continuation the last step announced (async scheduling, StepDelta.async_next_step)
         while its result travels. A failure only costs the head start: the next delta then runs as usual."""
-        if self.comm is not None:
-            return  # a group runs no step ahead: its followers see only the deltas
         try:
             self.runner.run_async_step()
         except Exception:  # noqa: BLE001 - never fatal: nothing was committed
             log.exception("async_step_failed")
 
-
-def follow(config: WorkerConfig, cache: CacheConfig, started=None) -> None:
-    """A follower rank's process: load the shard, join the group, run rank 0's steps until told to stop.
-    A broken group (rank 0 or another rank gone) ends it with an error: the launcher restarts the group.
-    `started` (the sending end of a pipe, from the rank 0 that spawned it) is told first thing that this
-    process got through its start-up (Worker._wait_started)."""
-    if started is not None:
-        started.send(True)
-        started.close()
-    worker = Worker(config, cache)
-    try:
-        worker.follow()
-    finally:
-        worker.comm.close()
+    def close(self) -> None:
+        """Leave the group (a rank of one); a no-op for a single process."""
+        if self.comm is not None:
+            self.comm.close()

@@ -10,7 +10,7 @@ import grpc
 import openai
 import pytest
 
-from tests.frontend.frontend_harness import MODEL_ID
+from tests.frontend.frontend_harness import MAX_MODEL_LEN, MODEL_ID
 from test_http_api import http_harness, raw
 
 CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
@@ -52,6 +52,18 @@ def test_invalid_parameters_are_400_naming_the_parameter(harness, route, body, p
     error = assert_error(status, response, 400, "invalid_parameter", param)
     assert error["type"] == "invalid_request_error" and param in error["message"]
     assert len(harness.fake.submitted) == num_submitted  # refused before the scheduler
+
+
+@pytest.mark.parametrize("route, body, param", [
+    ("chat/completions", {"messages": CHAT["messages"], "max_tokens": MAX_MODEL_LEN - 1}, "max_tokens"),
+    ("chat/completions", {"messages": CHAT["messages"], "max_completion_tokens": MAX_MODEL_LEN - 1},
+     "max_completion_tokens"),
+    ("responses", {"input": "hi", "max_output_tokens": MAX_MODEL_LEN - 1}, "max_output_tokens")])
+def test_a_chat_without_room_for_its_max_tokens_names_the_clients_field(harness, route, body, param):
+    """The room a chat's rendered prompt leaves is checked once, in the core, under the client's name."""
+    status, response = raw(f"{harness.url}/v1/{route}", body)
+    error = assert_error(status, response, 400, "invalid_parameter", param)
+    assert "-token prompt exceeds max_model_len" in error["message"], error
 
 
 def test_the_openai_client_sees_400_and_404(harness):

@@ -9,7 +9,7 @@ from services.core.sampling_params import SamplingParams
 from services.core.structured import Constraint
 from services.frontend import reasoning, tool_calls
 from services.frontend.tool_calls import ToolPlan
-from services.frontend.core import FrontendCore, check_room
+from services.frontend.core import FrontendCore
 from services.frontend.http.models import MAX_PROMPTS, ChatCompletionRequest, CompletionRequest, SamplingFields
 from services.frontend.http.responses import Echo
 from services.frontend.types import GenerateRequest, Prompt
@@ -96,14 +96,13 @@ async def conversation_request(core: FrontendCore, messages: list[dict], tool_pl
     """A chat (messages as the chat template takes them, tool calls as OpenAI's) rendered and
     tokenized here, so max_tokens can default to what the context leaves. Every API's chat-like
     endpoint (chat completions, responses, messages) comes through here; `max_tokens_field` is the
-    name the client gave max_tokens. Under a reasoning parser the prompt's end says whether the
+    name the client gave max_tokens (the core checks the room it leaves, naming it). Under a reasoning parser the prompt's end says whether the
     model thinks (`tool_plan.thinking`, which its readers then split off); a constraint and the
     reasoning budget then apply after the thinking (reasoning.thinking_constraint)."""
     prompt_ids = await conversation_tokens(core, messages, tool_plan, template)
     card = await core.model_card()
     if max_tokens is None:
         max_tokens = max(card.max_model_len - len(prompt_ids), 1)  # a too-long prompt is refused by the core
-    check_room(card, len(prompt_ids), max_tokens, max_tokens_field)
     tool_plan.thinking = core.thinking(prompt_ids)
     sampling = params(max_tokens)
     budget = template.budget
@@ -116,7 +115,7 @@ async def conversation_request(core: FrontendCore, messages: list[dict], tool_pl
         sampling = replace(sampling, structured_outputs=constraint,
                            skip_special_tokens=False if harmony else sampling.skip_special_tokens)
     return GenerateRequest(prompt=Prompt(token_ids=prompt_ids), params=sampling, request_id=request_id,
-                           model=model, priority=priority)
+                           model=model, priority=priority, max_tokens_field=max_tokens_field)
 
 
 async def conversation_tokens(core: FrontendCore, messages: list[dict], tool_plan: ToolPlan,
