@@ -122,9 +122,13 @@ def _from_env(flag: Flag, env: Mapping[str, str]) -> Any:
     return flag.default_value()
 
 
-def add_config_flags(parser: argparse.ArgumentParser, *classes: type, env: Mapping[str, str] = os.environ) -> None:
-    """A flag for every setting of these dataclasses, its default taken from the environment when set there."""
+def add_config_flags(parser: argparse.ArgumentParser, *classes: type, env: Mapping[str, str] = os.environ,
+                     only: tuple[str, ...] | None = None) -> None:
+    """A flag for every setting of these dataclasses (`only`: for those fields alone, e.g. a tool that takes
+    a few engine settings: `diverge`), its default taken from the environment when set there."""
     for flag in flags_of(*classes):
+        if only is not None and flag.field not in only:
+            continue
         default = _from_env(flag, env)
         if flag.is_switch:
             parser.add_argument(flag.name, *flag.aliases, dest=flag.dest, default=default, action=_OldName,

@@ -212,3 +212,25 @@ def test_transformers_reference_reads_a_gguf_file(tmp_path, model_dir):
     path = write_gguf(folder, tmp_path / "m.gguf", "f32")
     want = TransformersReference(folder).greedy([5, 6, 7, 8], 10).token_ids
     assert TransformersReference(path).greedy([5, 6, 7, 8], 10).token_ids == want
+
+
+def test_the_baseline_engine_flags_are_the_engines_own_with_their_defaults(monkeypatch):
+    """diverge declares no engine flag of its own: each is the engine's setting (its help, its default)."""
+    import argparse
+    import dataclasses
+
+    from services.cli import env_name
+    from services.core.config import SchedulerConfig, WorkerConfig
+    from services.tools.diverge.cli import ENGINE_FIELDS, add_diverge_parser
+
+    for name in ENGINE_FIELDS:
+        monkeypatch.delenv(env_name(name), raising=False)
+    parser = argparse.ArgumentParser()
+    add_diverge_parser(parser.add_subparsers())
+    args = parser.parse_args(["diverge", "--prompts", "p.jsonl"])
+    defaults = {f.name: f.default for cls in (WorkerConfig, SchedulerConfig) for f in dataclasses.fields(cls)}
+    assert {name: getattr(args, name) for name in ENGINE_FIELDS} == {name: defaults[name] for name in ENGINE_FIELDS}
+    monkeypatch.setenv("PAGEDSERVE_DTYPE", "bfloat16")  # the engine's way in from the environment, too
+    parser = argparse.ArgumentParser()
+    add_diverge_parser(parser.add_subparsers())
+    assert parser.parse_args(["diverge", "--prompts", "p.jsonl"]).dtype == "bfloat16"

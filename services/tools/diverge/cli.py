@@ -6,9 +6,13 @@ import json
 import sys
 from pathlib import Path
 
+from services.cli import add_config_flags
+from services.core.config import IN_PROCESS_DEFAULTS, SchedulerConfig, WorkerConfig
 from services.core.errors import InvalidArgument
 
 EXIT_OK, EXIT_DIVERGED, EXIT_USAGE = 0, 1, 2
+# the baseline engine's settings: the engine's own flags, declared once by their dataclasses
+ENGINE_FIELDS = ("dtype", "block_size", "num_threads", "kernel_backend", "cpu_isa", "max_model_len")
 SAMPLING_FLAGS = {"temperature": float, "top_p": float, "top_k": int, "min_p": float, "repetition_penalty": float,
                   "seed": int, "max_tokens": int, "n": int}
 
@@ -33,13 +37,9 @@ def add_diverge_parser(commands) -> None:
             sampling.add_argument("--" + name.replace("_", "-"), type=kind, default=None)
     sampling.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=False)
     engine = p.add_argument_group("the baseline's engine")
-    engine.add_argument("--dtype", default="auto", help="float32, bfloat16 or auto (the checkpoint's)")
-    engine.add_argument("--block-size", type=int, default=16)
-    engine.add_argument("--num-threads", type=int, default=0, help="0: the library default")
-    engine.add_argument("--kernel-backend", default="auto", help="auto, torch, cpu or triton")
-    engine.add_argument("--cpu-isa", default="auto", help="the CPU kernels' tier: auto, avx512, avx2 or generic")
-    engine.add_argument("--engine-seed", type=int, default=0, help="draws the seeds of prompts without one")
-    engine.add_argument("--max-model-len", type=int, default=None)
+    add_config_flags(engine, WorkerConfig, SchedulerConfig, only=ENGINE_FIELDS)
+    engine.add_argument("--engine-seed", type=int, default=IN_PROCESS_DEFAULTS["seed"],  # --seed is sampling's
+                        help=f"draws the seeds of prompts without one (default: {IN_PROCESS_DEFAULTS['seed']}, LLM's)")
     what = p.add_argument_group("what to run and report")
     what.add_argument("--variants", default="all", help="comma-separated variant names or groups (default all)")
     what.add_argument("--fail-on", default="invariant",
