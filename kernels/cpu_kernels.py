@@ -17,7 +17,7 @@ defined(__AVX512F__)` / `#elif defined(__AVX2__) && defined(__FMA__)` / `#else`)
   avx512   -march=native on a CPU with AVX-512 (x86-64-v4); bf16 GEMM by AVX-512 BF16 where
            the CPU has it, else by widening bf16 to fp32 in registers; int8-activation linear
            layers of 10+ rows by AMX tiles where the CPU has AMX-INT8 and Linux grants it, the
-           same bits (quant_dot.c; PAGEDSERVE_NO_AMX=1 turns it off)
+           same bits (quant_dot.c; the amx setting, set_amx, turns it off)
   avx2     -march=x86-64-v3 (AVX2 + FMA, 8 lanes), bf16 widened to fp32 on load
   generic  the compiler's baseline target and GCC vector extensions (x86-64 SSE2, aarch64
            NEON, anything else)
@@ -27,8 +27,8 @@ invariant on its own, and the tiers give the same bits (every fused multiply-add
 instruction or libm's fmaf, and -ffp-contract=off fuses nothing else), except bf16 GEMM on AVX-512
 BF16 (k in pairs).
 
-A library is built on first use with the system C compiler into ~/.cache/pagedserve-kernels,
-keyed by a hash of the sources, the flags, the compiler and the CPU; its OpenMP calls land
+A library is built on first use with the system C compiler into the kernel_cache_dir setting's
+folder (WorkerConfig; the worker passes it with `set_build_dir`, default ~/.cache/pagedserve-kernels), keyed by a hash of the sources, the flags, the compiler and the CPU; its OpenMP calls land
 in the libgomp that torch has already loaded, so it shares torch's threads.
 """
 from __future__ import annotations
@@ -54,6 +54,7 @@ from kernels.attention import paged_attention_ref, token_layout
 from kernels.cache import write_kv_ref
 from kernels.norm import rms_norm_ref
 from kernels.rotary import apply_rotary_ref
+from services.core.config import DEFAULT_KERNEL_CACHE_DIR
 
 CSRC = Path(__file__).with_name("csrc")
 SOURCES = [CSRC / name for name in ("paged_attention.c", "elementwise.c", "gemm.c", "decoder.c", "quant_gemm.c", "quant_dot.c", "row_parallel.c", "scratch.c")]  # one library
@@ -366,6 +367,7 @@ def tier_library(tier: str) -> ctypes.CDLL:
     lib = _loaded.get(tier)
     if lib is None:
         lib = _declare(ctypes.CDLL(str(build(tier))))
+        lib.quant_dot_set_amx(int(_amx))
         _loaded[tier] = lib
     return lib
 
@@ -399,6 +401,7 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         "linear": [ptr, i64, ptr, ptr, ptr, i64, i64, i64, i64, i32, i32],
         "gemm_supported": [i32],
         "kernel_tier": [],
+        "quant_dot_set_amx": [i32],
         "decoder_stack": [ptr, ptr, ptr, ptr, ptr, i64, ptr, ptr, ptr, i64, ptr, ptr, ptr, ptr, i32],  # decoder.py
     }
     for name, argtypes in signatures.items():
@@ -460,8 +463,29 @@ def build(tier: str = "avx512", build_dir: Path | None = None) -> Path:
     return target
 
 
+_build_dir = DEFAULT_KERNEL_CACHE_DIR  # WorkerConfig.kernel_cache_dir, given by the worker (set_build_dir)
+
+
+_amx = True  # WorkerConfig.amx, given by the worker (set_amx)
+
+
+def set_amx(on: bool) -> None:
+    """Whether int8-activation linear layers may take the AMX tiles where the CPU has them (the same bits
+    as the VNNI tiles; the amx setting): every library loaded now and later."""
+    global _amx
+    _amx = bool(on)
+    for lib in _loaded.values():
+        lib.quant_dot_set_amx(int(_amx))
+
+
+def set_build_dir(folder: str) -> None:
+    """Where the libraries are compiled to and reused from (the kernel_cache_dir setting)."""
+    global _build_dir
+    _build_dir = folder
+
+
 def _default_build_dir() -> Path:
-    home = Path.home() / ".cache" / "pagedserve-kernels"
+    home = Path(_build_dir).expanduser()
     try:
         home.mkdir(parents=True, exist_ok=True)
         if os.access(home, os.W_OK):

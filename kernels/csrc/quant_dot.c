@@ -64,7 +64,7 @@
  *   AMX (the avx512 tier where the CPU has AMX-INT8 and Linux grants the tile data; interleaved groups,
  *   10+ rows, Q4_1 13+): one tile product per block gives 16 rows x 16 outputs (the section "AMX int8
  *   tiles" below); quant_linear_int8_groups (o_proj, down_proj) too, each K group's partial folded in
- *   order. PAGEDSERVE_NO_AMX=1 in the environment turns it off (read per call).
+ *   order. The worker's amx setting (quant_dot_set_amx, at load) turns it off.
  * The tile, the lanes and the instructions differ; the integers and the fold on them do not.
  *
  * Interleaved rows (QUANT_INTERLEAVED; kernels/quant.py `interleave` makes them at load, and reads
@@ -803,8 +803,12 @@ static void tile_any(int rows, int cols, int fmt, int interleaved, const ActQ *a
  * Runtime: the CPU must report AMX-TILE and AMX-INT8 (CPUID 7.0 EDX bits 24, 25) and Linux must
  * grant this process the tile data (arch_prctl ARCH_REQ_XCOMP_PERM, asked once per process; a
  * refusal, e.g. an older kernel, leaves the VNNI tiles); each thread loads its tile configuration
- * in its parallel region and releases the tiles at its end. PAGEDSERVE_NO_AMX=1 (read per call) turns
+ * in its parallel region and releases the tiles at its end. quant_dot_set_amx(0) (the amx setting) turns
  * the AMX path off: the tests compare both, bit for bit. */
+static int amx_off; /* the worker's amx setting given at load, off: the VNNI tiles (every tier has the setter) */
+
+void quant_dot_set_amx(int on) { __atomic_store_n(&amx_off, !on, __ATOMIC_RELAXED); }
+
 #if COLS == 16 && defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__x86_64__) && defined(__linux__)
 #define AMX 1
 #include <sys/syscall.h>
@@ -841,8 +845,7 @@ static int amx_permitted(void) { /* once per process: CPUID, then the kernel's p
 static int amx_wanted(int fmt, int64_t m) {
     if (m < amx_min_rows(fmt))
         return 0;
-    const char *off = getenv("PAGEDSERVE_NO_AMX");
-    if (off != NULL && off[0] != '\0' && strcmp(off, "0") != 0)
+    if (__atomic_load_n(&amx_off, __ATOMIC_RELAXED))
         return 0;
     return amx_permitted();
 }
@@ -1570,7 +1573,7 @@ done:
 }
 
 /* whether this build takes the AMX path where it applies: compiled with AMX-INT8, the CPU has it and Linux
- * granted the tile data (asks for it once); PAGEDSERVE_NO_AMX is not read here (the tests check this
+ * granted the tile data (asks for it once); the amx setting is not read here (the tests check this
  * first, so that their AMX-against-VNNI comparisons are not two runs of the VNNI tiles) */
 int quant_dot_amx(void) {
 #if defined(AMX)

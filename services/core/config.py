@@ -39,6 +39,7 @@ AUTO_ACTIVATION_QUANT = "none"  # what auto means, measured in bench/results/act
 LOG_LEVELS = ("debug", "info", "warning", "error")
 DEFAULT_MAX_MODEL_LEN = 4096  # the cap when max_model_len comes from the model
 DEFAULT_MODEL_CACHE_DIR = "~/.cache/pagedserve"  # where services/tools/default_model.py converts the default model's folder
+DEFAULT_KERNEL_CACHE_DIR = "~/.cache/pagedserve-kernels"  # the compiled CPU kernels (kernels/cpu_kernels.py)
 SPECULATIVE_METHODS = ("ngram", "suffix")
 
 
@@ -301,6 +302,11 @@ class WorkerConfig:
         "auto", "the activations a quantized weight multiplies: none (the model's dtype), int8 (rounded per row in "
                 "blocks of 32, integer dot products; the same bits on every CPU tier); auto: "
                 + AUTO_ACTIVATION_QUANT + " (docs/guide/models.md, 'Int8 activations')")
+    amx: bool = setting(True, "int8-activation linear layers of 10+ rows on the AMX tiles where the CPU has "
+                              "AMX-INT8 and Linux grants it (the same bits as without; off: the VNNI tiles)")
+    kernel_cache_dir: str = setting(
+        DEFAULT_KERNEL_CACHE_DIR, "the folder the CPU kernels are compiled into and reused from (where it cannot be "
+                                  "written: a folder of this user's under the system's temporary folder)")
     cpu_isa: str = setting("auto", f"the CPU kernels' tier, one of {CPU_ISAS}; auto: the best this CPU executes")
     tensor_parallel_size: int = setting(1, "ranks that split each layer (heads, MLP columns, vocabulary) of one "
                                            "model copy; the same bits at every size (docs/ARCHITECTURE.md)")

@@ -85,6 +85,8 @@ class Worker:
         torch.manual_seed(config.torch_seed)
         if config.num_threads:  # several workers (or ranks) on one machine must not oversubscribe its cores
             torch.set_num_threads(config.num_threads)
+        cpu_kernels.set_build_dir(config.kernel_cache_dir)  # before get_ops builds the CPU kernels
+        cpu_kernels.set_amx(config.amx)
         ops = get_ops(config.kernel_backend, self.device.type, config.cpu_isa)
         linear = invariant_linear if config.batch_invariant else plain_linear
         self.activation_quant = resolve_activation_quant(config.activation_quant, self.quantization)

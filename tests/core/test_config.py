@@ -46,7 +46,7 @@ def test_llm_keywords_reach_every_config_that_holds_them():
 NON_DEFAULT = {
     "dtype": "bfloat16", "device": "cpu", "kernel_backend": "torch", "quantization": "int8",
     "activation_quant": "none", "cpu_isa": "generic", "group_address": "10.0.0.1:29500",
-    "model_cache_dir": "/srv/models", "tokenizer": "/srv/tokenizer", "tensor_parallel_size": 2, "pipeline_parallel_size": 2, "group_rank": 3,
+    "model_cache_dir": "/srv/models", "kernel_cache_dir": "/srv/kernels", "tokenizer": "/srv/tokenizer", "tensor_parallel_size": 2, "pipeline_parallel_size": 2, "group_rank": 3,
     "block_size": 32, "num_gpu_blocks": 10, "kv_cache_memory_bytes": 1 << 20, "max_model_len": 1024,
     "preemption_mode": "swap", "scheduling_policy": "priority", "seed": 7,
     "speculative_config": {"method": "suffix", "num_speculative_tokens": 3},

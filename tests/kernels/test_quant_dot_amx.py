@@ -1,5 +1,5 @@
 """quant_dot.c's AMX tiles (the avx512 tier on a CPU with AMX-INT8, m >= 10 rows, interleaved groups of 16
-outputs): the VNNI tiles' bits (PAGEDSERVE_NO_AMX=1 forces those) on every format, row count 1..40 (whole
+outputs): the VNNI tiles' bits (cpu_kernels.set_amx(False), the amx setting, forces those) on every format, row count 1..40 (whole
 tiles of 16, a last part tile by AMX or by VNNI), output counts with and without a part group, block counts
 around the four-block pipeline, bias or none, fp32 and bf16; and the reference's. An allocation the AMX
 path is refused (out of memory) leaves the VNNI tiles' bits too."""
@@ -19,7 +19,6 @@ from tests.kernels.test_quant import make_weight
 from tests.kernels.test_quant_dot import _bits, _hard_rows
 
 FORMATS = ["q4_0", "q4_1", "q8_0", "int8"]
-OFF = "PAGEDSERVE_NO_AMX"
 
 
 @pytest.fixture(scope="module")
@@ -34,11 +33,12 @@ def lib():
 
 
 def _both(lib, monkeypatch, x, weight, bias):
-    monkeypatch.delenv(OFF, raising=False)
     amx = quant.run_kernel(lib, x, weight, bias)
-    monkeypatch.setenv(OFF, "1")
-    vnni = quant.run_kernel(lib, x, weight, bias)
-    monkeypatch.delenv(OFF)
+    cpu_kernels.set_amx(False)
+    try:
+        vnni = quant.run_kernel(lib, x, weight, bias)
+    finally:
+        cpu_kernels.set_amx(True)
     return amx, vnni
 
 
@@ -102,14 +102,13 @@ def test_the_tile_permission_with_a_small_signal_stack():
         "w, _ = make_weight('q4_1', 48, 576, torch.float32); w = w.with_activations(True)\n"
         "x = torch.randn(16, 576)\n"
         "a = quant.run_kernel(lib, x, w, None)\n"
-        "import os; os.environ['PAGEDSERVE_NO_AMX'] = '1'\n"
+        "cpu_kernels.set_amx(False)\n"
         "b = quant.run_kernel(lib, x, w, None)\n"
         "assert torch.equal(a, b)\n"
         "print('amx', lib.quant_dot_amx())\n")
     if "avx512" not in cpu_kernels.host_tiers():
         pytest.skip("no AVX-512 tier here")
     env = {**os.environ, "OMP_NUM_THREADS": "2"}
-    env.pop(OFF, None)
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
 
@@ -128,11 +127,12 @@ def test_the_row_parallel_groups_give_the_vnni_bits(lib, monkeypatch, fmt, dtype
         whole = RowParallelWeight.build([p.with_activations(True) for p in _parts(dense, fmt, dtype, groups)], groups)
         x = _hard_rows(40, groups * kg, dtype, seed=kg)
         for m in (9, 10, 13, 16, 17, 26, 29, 32, 40):
-            monkeypatch.delenv(OFF, raising=False)
             amx = whole(x[:m], None)
-            monkeypatch.setenv(OFF, "1")
-            vnni = whole(x[:m], None)
-            monkeypatch.delenv(OFF)
+            cpu_kernels.set_amx(False)
+            try:
+                vnni = whole(x[:m], None)
+            finally:
+                cpu_kernels.set_amx(True)
             assert torch.equal(_bits(amx), _bits(vnni)), (out_features, groups, m)
             assert torch.equal(_bits(amx), _bits(whole.fold(whole.partials(x[:m]), dtype))), (out_features, m)
 
@@ -187,13 +187,12 @@ def test_out_of_memory_for_the_amx_buffers_falls_back_to_the_vnni_tiles(lib, tmp
             + make +
             f"x = torch.randn(16, {k}, generator=torch.Generator().manual_seed(3))\n"
             "got = run(x)\n"
-            "os.environ['PAGEDSERVE_NO_AMX'] = '1'\n"
+            "cpu_kernels.set_amx(False)\n"
             "want = run(x)\n"
             "assert torch.equal(got.view(torch.int32), want.view(torch.int32))\n")
     if rows_parallel:  # both K groups' buffers in one
         refused *= 2
     env = {**os.environ, "OMP_NUM_THREADS": "2", "LD_PRELOAD": str(shim), "FAIL_ALIGNED_ALLOC_BYTES": str(refused)}
-    env.pop(OFF, None)
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     assert f"refused aligned_alloc {refused}" in result.stderr  # the path under test ran

@@ -81,3 +81,14 @@ def test_worker_flag_and_environment(monkeypatch):
     assert build_configs(parse_args(["--cpu-isa", "avx2"]))[0].cpu_isa == "avx2"
     monkeypatch.setenv("PAGEDSERVE_CPU_ISA", "generic")
     assert build_configs(parse_args([]))[0].cpu_isa == "generic"
+
+
+def test_the_kernels_are_built_in_the_kernel_cache_dir_setting_not_under_home(tmp_path, monkeypatch):
+    from services.core.config import DEFAULT_KERNEL_CACHE_DIR, WorkerConfig
+
+    monkeypatch.setattr(cpu_kernels, "_build_dir", cpu_kernels._build_dir)  # put back after the test
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert WorkerConfig().kernel_cache_dir == DEFAULT_KERNEL_CACHE_DIR
+    cpu_kernels.set_build_dir(str(tmp_path / "kernels"))
+    assert cpu_kernels._default_build_dir() == tmp_path / "kernels"
+    assert not (tmp_path / "home").exists()
