@@ -20,7 +20,8 @@ import structlog
 from services.core.errors import REFUSALS, ResourceExhausted, Unavailable, check
 from services.core.pooling import score_input, shorten
 from services.core.sampling_params import SamplingParams
-from services.frontend.core import FrontendCore, _check_vocab
+from services.core.admission import check_token_ids
+from services.frontend.core import FrontendCore
 
 log = structlog.get_logger("frontend")
 MAX_INPUTS = 2048  # inputs in one embeddings request (OpenAI's limit), documents in one score/rerank
@@ -77,7 +78,7 @@ async def _check_input(core: FrontendCore, tokens: list[int], field: str) -> Non
     card = await core.model_card()
     check(len(tokens) > 0, field, "must not be empty")
     check(len(tokens) <= card.max_model_len, field, f"has {len(tokens)} tokens; max_model_len is {card.max_model_len}")
-    _check_vocab(field, tokens, card.vocab_size)
+    check_token_ids(field, tokens, card.vocab_size)
 
 
 async def _pool(core: FrontendCore, inputs: list[list[int]], field: str, task: str) -> list[Pooled]:
