@@ -78,7 +78,7 @@ def test_the_openai_client_sees_400_and_404(harness):
 
 
 def test_unknown_route_and_bad_json(harness):
-    assert_error(*raw(harness.url + "/v1/embeddings", {"input": "x"}), 404, "not_found")
+    assert_error(*raw(harness.url + "/v1/images/generations", {"prompt": "x"}), 404, "not_found")
     assert_error(*raw(harness.url + "/v1/completions", data=b"{not json"), 400, "invalid_parameter")
 
 
