@@ -2,7 +2,7 @@
 fp32 dense weights on ShareGPT, and greedy parity of the engine with llama-server on the same file.
 
     python bench/activation_quality.py                                      # 64 prompts x 64 tokens, engine modes
-    python bench/activation_quality.py --llama-cpp-dir /work/peers/build-native/bin   # and llama.cpp, and parity
+    python bench/activation_quality.py --llama-cpp-dir LLAMA_CPP_BIN   # and llama.cpp, and parity
 
 The reference is the default model's safetensors in fp32 (quantization none). Per mode (the Q4_1
 GGUF with fp32 activations, and with int8 activations; int8 weights made at load, both ways; and

@@ -224,6 +224,12 @@ def test_the_benchmark_documents_name_no_path_of_the_machine_they_ran_on():
     found = [(name, path) for name in ("bench/RESULTS.md", "bench/README.md")
              for path in re.findall(r"(?<![\w.~])/(?:work|tmp|home|root)/\S*", (ROOT / name).read_text())]
     assert found == []
+    # each results file records its command: the peers' and checkouts' folders there too (an output under
+    # /tmp names no folder of the machine's)
+    results = [file for file in sorted((ROOT / "bench" / "results").iterdir()) if file.suffix in (".md", ".json")]
+    found = [(file.name, path) for file in results
+             for path in re.findall(r"(?<![\w.~])/(?:work|home|root)/\S*", file.read_text())]
+    assert found == []
 
 
 def test_each_current_figure_says_when_where_and_under_what_load():
