@@ -78,7 +78,7 @@ def pooling_spec(folder: Path, is_encoder: bool) -> PoolingSpec:
     """The folder's sentence-transformers pooling (modules.json, its Pooling and Normalize modules),
     else the family's default."""
     folder = Path(folder)
-    config = _json(folder / "config.json") if folder.is_dir() else {}
+    config = (_json(folder / "config.json") if folder.is_dir() else None) or {}  # a tokenizer-only folder has none
     matryoshka = bool(config.get("is_matryoshka") or config.get("matryoshka_dimensions"))
     modules = _json(folder / "modules.json") if folder.is_dir() else None
     if not modules:

@@ -11,6 +11,7 @@ end). This kernel has no IPVS: the stack uses dnsrr endpoints and host-mode port
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import time
@@ -42,10 +43,15 @@ class Node:
     def start(self) -> None:
         dockerd = shutil.which("dockerd", path="/usr/sbin:/usr/bin:/sbin:/bin")
         shutil.rmtree(self.data_root / "swarm", ignore_errors=True)  # a fresh swarm every run
+        pidfile = Path(f"{self.exec_root}.pid")  # a killed run's, whose dockerd is gone, stops this one starting
+        try:
+            os.kill(int(pidfile.read_text().strip()), 0)
+        except (FileNotFoundError, ValueError, ProcessLookupError):
+            pidfile.unlink(missing_ok=True)
         self.data_root.mkdir(parents=True, exist_ok=True)
         with open(self.log, "w") as log:
             self.process = self.host.popen([dockerd, "--data-root", str(self.data_root), "--exec-root", str(self.exec_root),
-                                            "--pidfile", str(self.exec_root) + ".pid", "-H", self.socket],
+                                            "--pidfile", str(pidfile), "-H", self.socket],
                                            stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline and self.process.poll() is None and not self.running():

@@ -46,7 +46,7 @@ def _requests(cases: list[Case]) -> list[dict]:
 
 def _sampling(params: SamplingParams) -> dict:
     """The public API's sampling fields, from the engine's (the same names)."""
-    out = {k: v for k, v in asdict(params).items() if v is not None and v != ()}
+    out = {k: v for k, v in asdict(params).items() if v is not None and v != () and v != ""}  # "": unset (pooling)
     out["logit_bias"] = dict(params.logit_bias)
     return out
 
