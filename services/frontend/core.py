@@ -127,10 +127,12 @@ class FrontendCore:
         return self.tokenizer.encode(self.render(prompt), add_special_tokens)
 
     async def _check_text_fits(self, prompt: Prompt, num_chars: int) -> None:
+        await self.check_text_fits(num_chars, "prompt" if prompt.messages is None else "messages")
+
+    async def check_text_fits(self, num_chars: int, field: str) -> None:
         """No token stands for more than `max_token_chars` characters, so a longer text than
-        max_model_len of them cannot fit, whatever its tokens."""
+        max_model_len of them cannot fit, whatever its tokens; `field`: the text's name."""
         limit = (await self.model_card()).max_model_len * self.tokenizer.max_token_chars
-        field = "prompt" if prompt.messages is None else "messages"
         check(num_chars <= limit, field, f"has {num_chars} characters; at most {limit} can fit in max_model_len "
                                          f"{self.card.max_model_len} tokens")
 
@@ -184,8 +186,7 @@ class FrontendCore:
 
     async def _admit(self, request: GenerateRequest) -> tuple[str, list[int]]:
         """Every check before the scheduler sees the request; its id and prompt ids."""
-        if self.draining:
-            raise Unavailable("the frontend is shutting down")
+        self.check_open()
         self.check_model(request.model)
         check_int("priority", request.priority, INT32_MIN, INT32_MAX)
         prompt = request.prompt
@@ -196,9 +197,18 @@ class FrontendCore:
         check_room(card, len(prompt_ids), request.params.max_tokens, request.max_tokens_field)
         if request.params.structured_outputs is not None:
             await self.grammar_check.check(request.params.structured_outputs, card.vocab_size)
+        self.check_pending()
+        return request.request_id or uuid.uuid4().hex, prompt_ids
+
+    def check_open(self) -> None:
+        """Unavailable once draining: a request admitted now could not finish before the process stops."""
+        if self.draining:
+            raise Unavailable("the frontend is shutting down")
+
+    def check_pending(self) -> None:
+        """ResourceExhausted at max_pending requests in flight (0: no limit)."""
         if self.max_pending and self.num_pending >= self.max_pending:
             raise ResourceExhausted(f"{self.num_pending} requests pending, the limit is {self.max_pending}")
-        return request.request_id or uuid.uuid4().hex, prompt_ids
 
 
 def check_room(card: ModelCard, num_prompt_tokens: int, max_tokens: int, field: str = "max_tokens") -> None:

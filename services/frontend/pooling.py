@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import structlog
 
-from services.core.errors import REFUSALS, ResourceExhausted, Unavailable, check
+from services.core.errors import REFUSALS, Unavailable, check
 from services.core.pooling import score_input, shorten
 from services.core.sampling_params import SamplingParams
 from services.core.admission import check_token_ids
@@ -62,10 +62,7 @@ async def score(core: FrontendCore, queries: list[str], documents: list[str], in
 async def _tokens(core: FrontendCore, item: Input, field: str) -> list[int]:
     if isinstance(item, str):
         check(len(item) > 0, field, "must not be empty")
-        card = await core.model_card()
-        limit = card.max_model_len * core.tokenizer.max_token_chars
-        check(len(item) <= limit, field, f"has {len(item)} characters; at most {limit} can fit in max_model_len "
-                                         f"{card.max_model_len} tokens")
+        await core.check_text_fits(len(item), field)
         tokens = core.tokenizer.encode_pooling(item) if len(item) < 16384 else \
             await asyncio.to_thread(core.tokenizer.encode_pooling, item)
     else:
@@ -83,10 +80,8 @@ async def _check_input(core: FrontendCore, tokens: list[int], field: str) -> Non
 
 async def _pool(core: FrontendCore, inputs: list[list[int]], field: str, task: str) -> list[Pooled]:
     """Every input as its own pooling request, at once; their outputs in input order."""
-    if core.draining:
-        raise Unavailable("the frontend is shutting down")
-    if core.max_pending and core.num_pending >= core.max_pending:
-        raise ResourceExhausted(f"{core.num_pending} requests pending, the limit is {core.max_pending}")
+    core.check_open()
+    core.check_pending()
     base, started = uuid.uuid4().hex, time.monotonic()
     core.num_pending += 1
     try:
