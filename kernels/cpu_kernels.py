@@ -28,13 +28,15 @@ instruction or libm's fmaf, and -ffp-contract=off fuses nothing else), except bf
 BF16 (k in pairs).
 
 A library is built on first use with the system C compiler into the kernel_cache_dir setting's
-folder (WorkerConfig; the worker passes it with `set_build_dir`, default ~/.cache/pagedserve-kernels), keyed by a hash of the sources, the flags, the compiler and the CPU; its OpenMP calls land
+folder (WorkerConfig; the worker passes it with `set_build_dir`, default ~/.cache/pagedserve-kernels), keyed by a hash of the sources, the flags, the compiler and the CPU (processes that need the same
+library at once wait on a file lock for the first to build it); its OpenMP calls land
 in the libgomp that torch has already loaded, so it shares torch's threads.
 """
 from __future__ import annotations
 
 import concurrent.futures
 import ctypes
+import fcntl
 import hashlib
 import os
 import platform
@@ -422,23 +424,27 @@ def compiled_path(lib: ctypes.CDLL | None = None) -> str:
 def compile_sources(compiler: str, flags: list[str], output: str, sources: list[Path] | None = None,
                     libraries: tuple[str, ...] = ()) -> None:
     """cc COMMON_FLAGS flags -o output sources libraries; KernelUnavailable with the compiler's
-    message on failure. (Also the cross-compiled checks': tests/kernels/test_cross_arch.py.)"""
-    sources = [Path(source) for source in (sources or SOURCES)]
-
-    def run(command: list[str]) -> None:
-        result = subprocess.run(command, capture_output=True, text=True)
-        if result.returncode != 0:
-            raise KernelUnavailable(f"{compiler} failed: {result.stderr.strip()[:2000]}")
-
-    # each source its own object, as many at once as there are CPUs (quant_gemm.c alone is two thirds of a
-    # tier's build), then one link: the code of one command compiling them in turn
+    message on failure. (Also the cross-compiled checks': tests/kernels/aarch64.py.)"""
     with tempfile.TemporaryDirectory(prefix="pagedserve-objects-") as folder:
-        objects = [str(Path(folder) / f"{index}-{source.stem}.o") for index, source in enumerate(sources)]
-        with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-            for done in [pool.submit(run, [compiler, *COMMON_FLAGS, *flags, "-c", str(source), "-o", target])
-                         for source, target in zip(sources, objects)]:
-                done.result()
-        run([compiler, *COMMON_FLAGS, *flags, "-o", output, *objects, *libraries])
+        objects = compile_objects(compiler, flags, sources or SOURCES, Path(folder))
+        _run_compiler([compiler, *COMMON_FLAGS, *flags, "-o", output, *objects, *libraries])
+
+
+def compile_objects(compiler: str, flags: list[str], sources: list[Path], folder: Path) -> list[str]:
+    """Each source its own object in folder, as many at once as there are CPUs (quant_gemm.c alone is two
+    thirds of a tier's build): the objects' paths, in the sources' order."""
+    objects = [str(folder / f"{index}-{Path(source).stem}.o") for index, source in enumerate(sources)]
+    with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        for done in [pool.submit(_run_compiler, [compiler, *COMMON_FLAGS, *flags, "-c", str(source), "-o", target])
+                     for source, target in zip(sources, objects)]:
+            done.result()
+    return objects
+
+
+def _run_compiler(command: list[str]) -> None:
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise KernelUnavailable(f"{command[0]} failed: {result.stderr.strip()[:2000]}")
 
 
 def build(tier: str = "avx512", build_dir: Path | None = None) -> Path:
@@ -452,15 +458,27 @@ def build(tier: str = "avx512", build_dir: Path | None = None) -> Path:
     if target.exists():
         return target
     folder.mkdir(parents=True, exist_ok=True)
-    fd, partial = tempfile.mkstemp(suffix=".so", dir=folder)  # renamed into place: racing builds are safe
-    os.close(fd)
-    try:
-        compile_sources(compiler, flags, partial)
-    except KernelUnavailable:
-        os.unlink(partial)
-        raise
-    os.replace(partial, target)
+    with built_once(target):  # another process building the same library: wait for it, then reuse it
+        if not target.exists():
+            fd, partial = tempfile.mkstemp(suffix=".so", dir=folder)
+            os.close(fd)
+            try:
+                compile_sources(compiler, flags, partial)
+            except KernelUnavailable:
+                os.unlink(partial)
+                raise
+            os.replace(partial, target)
     return target
+
+
+@contextmanager
+def built_once(target: Path) -> Iterator[None]:
+    """Hold target's build lock (a file lock beside it): processes building the same file wait for the
+    first and then reuse its file, the workers of one host and the tests' background pre-build alike.
+    The block checks for target again and writes it beside, renamed into place."""
+    with open(f"{target}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 _build_dir = DEFAULT_KERNEL_CACHE_DIR  # WorkerConfig.kernel_cache_dir, given by the worker (set_build_dir)

@@ -83,3 +83,61 @@ def use_tier(tier: str):
         yield tier
     finally:
         scope.__exit__(None, None, None)
+
+
+# ---- what the session builds, built ahead (tests/prebuild.py) -------------------------------
+_AARCH64_MODULES = ("tests/kernels/test_cross_arch.py", "tests/kernels/test_quant_types.py",
+                    "tests/kernels/test_quant_dot_aarch64.py")
+_DOCKER_MODULES = ("tests/e2e/test_docker.py", "tests/e2e/test_swarm.py")  # the image built from this tree
+_prebuild = None
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """The Docker modules last, so that the background pre-build has the whole session to make their image."""
+    items.sort(key=lambda item: item.nodeid.split("::")[0] in _DOCKER_MODULES)  # stable: otherwise in order
+
+
+def pytest_collection_finish(session):
+    """Start building, on the core the tests leave idle, what the collected tests will need: every kernel
+    tier where kernel, engine or worker tests run, the aarch64 archives where the aarch64 checks do, the
+    Docker image where the Docker modules do (PAGEDSERVE_TEST_PREBUILD=0: nothing; one module alone
+    builds what it needs as it goes)."""
+    import os
+    import subprocess
+    import sys
+
+    global _prebuild
+    if session.config.option.collectonly or os.environ.get("PAGEDSERVE_TEST_PREBUILD") == "0":
+        return
+    paths = {item.nodeid.split("::")[0] for item in session.items}
+    targets = []
+    if any(path.startswith(("tests/kernels/", "tests/engine/", "tests/worker/")) for path in paths):
+        from kernels.cpu_kernels import testable_tiers
+
+        targets += testable_tiers()
+        if "avx512" in targets:
+            targets.append("avx512-novnni")  # tests/kernels/test_quant_dot.py's
+    if paths & set(_AARCH64_MODULES):
+        from tests.kernels import aarch64
+
+        if aarch64.MISSING is None:
+            targets += [f"aarch64:{march}" for march in aarch64.MARCHES]
+    if paths & set(_DOCKER_MODULES):
+        targets.append("docker-image")
+    if len(paths) > 1 and targets:
+        _prebuild = subprocess.Popen([sys.executable, "-m", "tests.prebuild", *targets], start_new_session=True,
+                                     stdout=subprocess.DEVNULL)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    import os
+    import signal
+    import subprocess
+
+    if _prebuild is not None and _prebuild.poll() is None:
+        os.killpg(_prebuild.pid, signal.SIGTERM)  # it stops a Docker engine it started (up to a minute)
+        try:
+            _prebuild.wait(90)
+        except subprocess.TimeoutExpired:
+            os.killpg(_prebuild.pid, signal.SIGKILL)
+            _prebuild.wait()

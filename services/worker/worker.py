@@ -52,6 +52,16 @@ def pick_device(name: str) -> torch.device:
     return torch.device("cuda", torch.cuda.current_device())
 
 
+def checked_layout(config: WorkerConfig, model_path, arch: ModelArchConfig, device_type: str) -> tuple[str, int]:
+    """(the quantization, the K alignment its row-parallel groups need), after InvalidArgument naming the
+    constraint where the model cannot be split as config's tensor/pipeline sizes say: each rank's check, and
+    a group's before it spawns its ranks (WorkerGroup.start)."""
+    quantization = resolve_quantization(config.quantization, model_path, device_type)
+    align = gguf_align(quantization, model_path)
+    check_layout(arch, config.tensor_parallel_size, config.pipeline_parallel_size, align)
+    return quantization, align
+
+
 class Worker:
     """One rank: its shard of the weights, its KV cache, its ModelRunner. In a group (tensor_parallel_size x
     pipeline_parallel_size > 1) it joins the others at config.group_address; spawning the ranks, the
@@ -70,9 +80,7 @@ class Worker:
             raise InvalidArgument("enable_lora", f"LoRA adapters are served for generation only, not by a worker "
                                                  f"of task {self.task} (start it without --enable-lora)")
         tp, pp = config.tensor_parallel_size, config.pipeline_parallel_size
-        self.quantization = resolve_quantization(config.quantization, self.model_path, self.device.type)
-        align = gguf_align(self.quantization, self.model_path)
-        check_layout(arch, tp, pp, align)
+        self.quantization, align = checked_layout(config, self.model_path, arch, self.device.type)
         self.shard = Shard.of_rank(config.group_rank, tp, pp, align)
         self.dtype = resolve_dtype(config.dtype, arch, self.device)
         self.comm = None

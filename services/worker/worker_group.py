@@ -22,7 +22,9 @@ from services.core.errors import InvalidArgument, Unavailable, UnknownSequence
 from services.core.step import StepDelta, StepResult
 from services.rpc.internal_codec import delta_from_bytes, delta_to_bytes
 from services.worker.group import FORGET, STEP, STOP, TIMEOUT_S, TIMERS, free_address
-from services.worker.worker import Worker
+from services.core.model_path import resolve_model_path
+from services.worker.model_config import ModelArchConfig
+from services.worker.worker import Worker, checked_layout, pick_device
 
 log = structlog.get_logger("worker.group")
 
@@ -56,6 +58,8 @@ class WorkerGroup:
         a free local port, the other ranks spawned, the machine's threads shared out equally."""
         if config.group_address:
             return cls(Worker(config, cache))
+        model_path = resolve_model_path(config.model)  # a layout the model cannot take: refused before any spawn
+        checked_layout(config, model_path, ModelArchConfig.from_model(model_path), pick_device(config.device).type)
         world = config.tensor_parallel_size * config.pipeline_parallel_size
         address = free_address()
         threads = max(1, (config.num_threads or os.cpu_count() or 1) // world)

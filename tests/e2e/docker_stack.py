@@ -8,6 +8,7 @@ no engine and no compose plugin) is not the one the engine was released with. Co
 """
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -171,7 +172,16 @@ def inputs_digest(base_id: str, wheels: Path) -> str:
 
 
 def ensure_image(engine: Engine) -> tuple[str, float | None]:
-    """(tag, seconds the build took, or None when the image for these inputs was there)."""
+    """(tag, seconds the build took, or None when the image for these inputs was there). One build at a
+    time on this machine (a file lock): a module that needs the image while the suite's background
+    pre-build (tests/prebuild.py) makes it waits for that build and reuses it."""
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with open(CACHE / "image.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _ensure_image(engine)
+
+
+def _ensure_image(engine: Engine) -> tuple[str, float | None]:
     base = ensure_base_image(engine)
     wheels = ensure_wheelhouse()
     tag = f"{IMAGE_REPO}:test-{inputs_digest(engine.image_id(base), wheels)}"

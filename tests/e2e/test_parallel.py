@@ -49,9 +49,10 @@ def test_the_batch_preempts_chunks_and_hits_the_prefix_cache(single):
     assert all(len(tokens) == 12 for tokens, _, _ in outputs)
 
 
-@pytest.mark.parametrize("tp, pp", [(2, 1), (4, 1), (1, 2), (2, 2), (1, 4), (4, 2), (2, 4), (4, 4)], ids=lambda v: str(v))
+@pytest.mark.parametrize("tp, pp", [(2, 1), (4, 1), (1, 2), (2, 2), (4, 2), (2, 4)], ids=lambda v: str(v))
 def test_layouts_give_the_bits_of_one_process(folder, single, tp, pp):
-    """PP stages run micro-batches (as many as stages); TP 4 x PP 4 is a group of 16 processes (33 s here)."""
+    """PP stages run micro-batches (as many as stages). Each of 2 and 4 ranks per stage and per layer
+    group, alone and crossed; TP 4 x PP 4 (16 processes, 30 s on 2 cores) adds no case of its own."""
     outputs, _ = _run(folder, tensor_parallel_size=tp, pipeline_parallel_size=pp)
     assert outputs == single[0]
 
@@ -76,11 +77,13 @@ def test_quantized_weights_give_the_same_bits_at_tp_2(folder, activation_quant):
     assert got == want
 
 
-def test_a_layout_the_model_cannot_take_is_refused_naming_the_constraint(folder):
+def test_a_layout_the_model_cannot_take_is_refused_naming_the_constraint(folder, capfd):
+    """Before any rank is spawned: a refused layout used to start every rank, each failing with a traceback."""
     with pytest.raises(InvalidArgument, match="tensor_parallel_size.*3 must divide the model's 4 row-parallel"):
         make_llm(folder, tensor_parallel_size=3)
     with pytest.raises(InvalidArgument, match="pipeline_parallel_size.*8 stages for 4 layers"):
         make_llm(folder, pipeline_parallel_size=8)
+    assert "pagedserve-rank" not in capfd.readouterr().err
 
 
 @pytest.mark.parametrize("activation_quant", ["none", "int8"])

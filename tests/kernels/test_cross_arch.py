@@ -9,44 +9,29 @@ Needs Debian's gcc-aarch64-linux-gnu and qemu-user (.ci/run installs them where 
 skipped, saying so, where they are missing."""
 from __future__ import annotations
 
-import shutil
-import subprocess
-
 import pytest
 import torch
 
 from kernels import cpu_kernels
 from kernels.activation import silu_and_mul_ref
 from kernels.attention import paged_attention_ref
-from kernels.cpu_kernels import CSRC, compile_sources, pack_gemm_weight
+from kernels.cpu_kernels import pack_gemm_weight
 from kernels.norm import rms_norm_ref
 from kernels.rotary import apply_rotary_ref
+from tests.kernels import aarch64
 
-CROSS_CC, QEMU = "aarch64-linux-gnu-gcc", "qemu-aarch64"
-HARNESS = cpu_kernels.Path(__file__).with_name("csrc") / "kernel_check.c"
 M, N, K, T, H, I, HEADS, KV_HEADS, D, BLOCK, NUM_BLOCKS, MAX_BLOCKS, V = 11, 100, 37, 20, 80, 40, 4, 2, 32, 8, 5, 4, 1000
 DTYPES = (torch.float32, torch.bfloat16)
 
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(
-    shutil.which(CROSS_CC) is None or shutil.which(QEMU) is None,
-    reason=f"needs {CROSS_CC} and {QEMU} (apt-get install gcc-aarch64-linux-gnu qemu-user)")]
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(aarch64.MISSING is not None, reason=str(aarch64.MISSING))]
 
 
 @pytest.fixture(scope="module")
 def run_on_aarch64(tmp_path_factory):
     """The kernels and the harness as one static aarch64 executable; inputs -> (stdout, outputs)."""
     folder = tmp_path_factory.mktemp("aarch64")
-    exe = folder / "kernel_check"
-    compile_sources(CROSS_CC, ["-static", f"-I{CSRC}"], str(exe), [*cpu_kernels.SOURCES, HARNESS], ("-lm",))
-
-    def run(blob: bytes) -> tuple[str, bytes]:
-        (folder / "in.bin").write_bytes(blob)
-        done = subprocess.run([QEMU, str(exe), str(folder / "in.bin"), str(folder / "out.bin")],
-                              capture_output=True, text=True, timeout=600)
-        assert done.returncode == 0, done.stderr
-        return done.stdout, (folder / "out.bin").read_bytes()
-
-    return run
+    exe = aarch64.check_executable("kernel_check.c", folder / "kernel_check")
+    return lambda blob: aarch64.run(exe, blob, folder)
 
 
 def _bytes(t: torch.Tensor) -> bytes:

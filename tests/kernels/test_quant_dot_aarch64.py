@@ -2,24 +2,18 @@
 this host's bits (the build with the dot-product extension: sdot, NEON FMAs). Needs Debian's gcc-aarch64-linux-gnu and qemu-user (.ci/run installs them)."""
 from __future__ import annotations
 
-import shutil
-import subprocess
-
 import numpy as np
 import pytest
 import torch
 
 from kernels import cpu_kernels, quant
+from tests.kernels import aarch64
 from tests.kernels.test_kquant_dot import FORMATS as KQUANTS
 from tests.kernels.test_kquant_dot import kquant_weight
 from tests.kernels.test_quant import make_weight
 
-CROSS_CC, QEMU = "aarch64-linux-gnu-gcc", "qemu-aarch64"
-HARNESS = cpu_kernels.Path(__file__).with_name("csrc") / "quant_dot_check.c"
 
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(
-    shutil.which(CROSS_CC) is None or shutil.which(QEMU) is None,
-    reason=f"needs {CROSS_CC} and {QEMU} (apt-get install gcc-aarch64-linux-gnu qemu-user)")]
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(aarch64.MISSING is not None, reason=str(aarch64.MISSING))]
 
 
 def _bytes(t: torch.Tensor) -> bytes:
@@ -31,10 +25,7 @@ def _bytes(t: torch.Tensor) -> bytes:
 # generic tier's, which tests/kernels/test_quant_dot.py compares with the reference
 @pytest.mark.parametrize("march", ["armv8.2-a+dotprod"])
 def test_aarch64_gives_the_hosts_bits(tmp_path, march):
-    exe = tmp_path / "quant_dot_check"
-    sources = [cpu_kernels.CSRC / name for name in ("quant_gemm.c", "quant_dot.c", "scratch.c")] + [HARNESS]  # what quant_linear needs
-    cpu_kernels.compile_sources(CROSS_CC, ["-static", f"-march={march}", f"-I{cpu_kernels.CSRC}"], str(exe), sources,
-                                ("-lm",))
+    exe = aarch64.check_executable("quant_dot_check.c", tmp_path / "quant_dot_check", march)
     blob, expected = b"", []
     cases = [(f, d, s) for f in ("q4_0", "q4_1", "q8_0", "int8") for d in (torch.float32, torch.bfloat16)
              for s in ((3, 20, 576), (1, 9, 64))] + [("int8", torch.float32, (2, 11, 45))]
@@ -53,8 +44,4 @@ def test_aarch64_gives_the_hosts_bits(tmp_path, march):
         header = np.array([m, n, k, weight.kernel_fmt, int(dtype == torch.bfloat16), 1, weight.data.numel()], np.int64)
         blob += header.tobytes() + _bytes(x) + weight.data.numpy().tobytes() + _bytes(bias)
         expected.append(_bytes(host))
-    (tmp_path / "in.bin").write_bytes(blob)
-    done = subprocess.run([QEMU, str(exe), str(tmp_path / "in.bin"), str(tmp_path / "out.bin")],
-                          capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr
-    assert (tmp_path / "out.bin").read_bytes() == b"".join(expected)
+    assert aarch64.run(exe, blob, tmp_path)[1] == b"".join(expected)

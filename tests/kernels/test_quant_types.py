@@ -5,14 +5,13 @@ output in a fixed order (quant_helpers.fp32_linear_reference) on every tier (x86
 fmaf), aarch64 under qemu included, whatever the batch, the row's position or the thread count."""
 from __future__ import annotations
 
-import shutil
-import subprocess
 
 import numpy as np
 import pytest
 import torch
 
 from kernels import cpu_kernels, quant
+from tests.kernels import aarch64
 from tests.kernels.quant_helpers import (ALL_TYPES, GGUF_QUANTIZES, GGUF_TYPES, SCALE_FIELDS, fp32_linear_reference,
                                          gguf_blocks, gguf_dequantize, host_tiers, random_blocks, tier_library)
 
@@ -136,18 +135,11 @@ def test_int8_activations_take_every_type_in_row_order(name):
     assert int8.int8_activations and not int8.interleaved and torch.equal(int8.data, weight.data)
 
 
-CROSS_CC, QEMU = "aarch64-linux-gnu-gcc", "qemu-aarch64"
-
-
 @pytest.mark.slow
-@pytest.mark.skipif(shutil.which(CROSS_CC) is None or shutil.which(QEMU) is None,
-                    reason=f"needs {CROSS_CC} and {QEMU} (apt-get install gcc-aarch64-linux-gnu qemu-user)")
+@pytest.mark.skipif(aarch64.MISSING is not None, reason=str(aarch64.MISSING))
 def test_aarch64_gives_the_same_bits(tmp_path):
     """Every type, fp32 and bf16, built for aarch64 (NEON FMAs) and run under qemu: the reference chain's bits."""
-    exe = tmp_path / "quant_check"
-    harness = cpu_kernels.Path(__file__).with_name("csrc") / "quant_dot_check.c"
-    sources = [cpu_kernels.CSRC / name for name in ("quant_gemm.c", "quant_dot.c", "scratch.c")] + [harness]
-    cpu_kernels.compile_sources(CROSS_CC, ["-static", f"-I{cpu_kernels.CSRC}"], str(exe), sources, ("-lm",))
+    exe = aarch64.check_executable("quant_dot_check.c", tmp_path / "quant_check")
     blob, expected = b"", []
     for i, (name, dtype) in enumerate([(n, d) for n in ALL_TYPES for d in DTYPES]):
         weight, values = typed_weight(name, 20, 256, dtype, seed=i)
@@ -157,11 +149,7 @@ def test_aarch64_gives_the_same_bits(tmp_path):
                           np.int64)
         blob += header.tobytes() + _bytes(x) + weight.data.numpy().tobytes() + _bytes(bias)
         expected.append(_bytes(fp32_linear_reference(x, values, bias)))
-    (tmp_path / "in.bin").write_bytes(blob)
-    done = subprocess.run([QEMU, str(exe), str(tmp_path / "in.bin"), str(tmp_path / "out.bin")],
-                          capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr
-    assert (tmp_path / "out.bin").read_bytes() == b"".join(expected)
+    assert aarch64.run(exe, blob, tmp_path)[1] == b"".join(expected)
 
 
 def _bytes(t: torch.Tensor) -> bytes:
