@@ -61,12 +61,8 @@ class LLM:
         loras = lora_request if isinstance(lora_request, (list, tuple)) else [lora_request] * len(prompts)
         if len(loras) != len(prompts):
             raise InvalidArgument("lora_request", f"{len(loras)} given for {len(prompts)} prompts")
-        adapters = list(dict.fromkeys(lr for lr in loras if lr is not None))
-        if len(adapters) > self.args.worker.max_cpu_loras:
-            raise InvalidArgument("lora_request", f"{len(adapters)} adapters in one call exceed max_cpu_loras "
-                                                  f"{self.args.worker.max_cpu_loras}")
-        for lora in adapters:
-            self.engine.load_lora(lora.lora_name, lora.lora_path)
+        for lora in dict.fromkeys(lr for lr in loras if lr is not None):  # past max_cpu_loras: loaded on demand
+            self.engine.load_lora(lora.lora_name, lora.lora_path, lora.lora_int_id or None)
         grammars = next(iter(self.engine.workers.values())).runner.grammars
         for constraint in {sp.structured_outputs for sp in params} - {None}:
             grammars.cache.matcher(constraint)  # an invalid one is refused here, naming the field

@@ -26,17 +26,19 @@ class Engine:
         events = self.scheduler.config.kv_events_config  # published as the scheduler service does
         self.kv_events = KVEventPublisher(events) if self.scheduler.kv_events is not None else None
 
-    def load_lora(self, name: str, path: str) -> None:
-        """Adapter `name` held by every worker (a no-op where held from that path)."""
+    def load_lora(self, name: str, path: str, lora_id: int | None = None) -> None:
+        """Serve adapter `name`: checked and held by every worker (a no-op where held from that path), which
+        load it again on demand once it is dropped for others (max_cpu_loras); lora_id: its id on KV events."""
         for worker_id, worker in self.workers.items():
             worker.load_lora(name, path)
-            self.scheduler.set_worker_loras(worker_id, set(worker.runner.loras.adapters))
+            self.scheduler.set_worker_loras(worker_id, worker.lora_names())
+        self.scheduler.register_lora(name, path, lora_id)
 
     def unload_lora(self, name: str) -> None:
         for worker_id in self.scheduler.retire_lora(name):
             worker = self.workers[worker_id]
             worker.unload_lora(name)
-            self.scheduler.set_worker_loras(worker_id, set(worker.runner.loras.adapters))
+            self.scheduler.set_worker_loras(worker_id, worker.lora_names())
 
     def close(self) -> None:
         """Stop the follower ranks of tensor/pipeline parallel workers and leave their groups."""

@@ -146,11 +146,11 @@ class BlockManager:
         return set(self._pool.cached_block_ids())
 
     def cache_full_blocks(self, seq_id: int, token_ids: list[int], num_computed_tokens: int,
-                          root: bytes = ROOT_HASH) -> None:
+                          root: bytes = ROOT_HASH, lora_id: int | None = None) -> None:
         """Register (hash) every block of the sequence that is full and entirely within the
         first num_computed_tokens tokens and not registered yet. No-op when caching is off.
         If an identical block is already registered under that hash, keep the existing
-        registration (the sequence keeps its own block)."""
+        registration (the sequence keeps its own block). lora_id: its adapter's, on the KV events."""
         table = self._device_table(seq_id)
         if not self.enable_prefix_caching:
             return
@@ -163,7 +163,7 @@ class BlockManager:
                   if self._pool.register(table[index], hashes[index])]
         self._seq_hashes[seq_id] = hashes
         if self.kv_events is not None and stored:
-            self._log_stored(hashes, token_ids, stored)
+            self._log_stored(hashes, token_ids, stored, lora_id)
 
     # ---- allocation ----------------------------------------------------------
     def can_allocate(self, seq_id: int, num_total_tokens: int) -> bool:
@@ -258,10 +258,10 @@ class BlockManager:
             return False
         return len(self._cpu_tables[seq_id]) <= self._pool.num_free_blocks
 
-    def swap_in(self, seq_id: int, token_ids: list[int] = ()) -> list[tuple[int, int]]:
+    def swap_in(self, seq_id: int, token_ids: list[int] = (), lora_id: int | None = None) -> list[tuple[int, int]]:
         """Move the sequence back: fresh device blocks; returns (cpu, device) copies; CPU
-        blocks are freed. token_ids (the sequence's) name the re-registered blocks' tokens in
-        the KV events, when they are on."""
+        blocks are freed. token_ids (the sequence's) and lora_id (its adapter's) name the
+        re-registered blocks' tokens and adapter in the KV events, when they are on."""
         if not self.is_swapped(seq_id):
             raise ValueError(f"swap_in: sequence {seq_id} is not swapped out")
         cpu_table = self._cpu_tables[seq_id]
@@ -277,7 +277,7 @@ class BlockManager:
         stored = [index for index, (block_id, block_hash) in enumerate(zip(device_table, hashes))
                   if self._pool.register(block_id, block_hash)]
         if self.kv_events is not None and stored:
-            self._log_stored(hashes, list(token_ids), stored)
+            self._log_stored(hashes, list(token_ids), stored, lora_id)
         return list(zip(cpu_table, device_table))
 
     def is_swapped(self, seq_id: int) -> bool:
@@ -292,7 +292,8 @@ class BlockManager:
                           prefix_cache_queries=self._num_prefix_queries, prefix_cache_hits=self._num_prefix_hits)
 
     # ---- helpers -------------------------------------------------------------
-    def _log_stored(self, hashes: list[bytes], token_ids: list[int], indices: list[int]) -> None:
+    def _log_stored(self, hashes: list[bytes], token_ids: list[int], indices: list[int],
+                    lora_id: int | None) -> None:
         """One BlockStored per run of consecutive newly cached blocks (indices into the sequence's
         blocks, ascending), each chained to the hash of the block before the run."""
         size = self.block_size
@@ -303,7 +304,7 @@ class BlockManager:
             first, last = indices[start], indices[end - 1]
             self.kv_events.append(BlockStored(
                 block_hashes=hashes[first:last + 1], parent_block_hash=hashes[first - 1] if first else None,
-                token_ids=token_ids[first * size:(last + 1) * size], block_size=size))
+                token_ids=token_ids[first * size:(last + 1) * size], block_size=size, lora_id=lora_id))
             start = end
 
     def _check_known(self, seq_id: int) -> None:

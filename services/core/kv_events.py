@@ -36,7 +36,7 @@ class BlockStored:
     parent_block_hash: bytes | None
     token_ids: list[int]  # every stored block's tokens, block after block
     block_size: int
-    lora_id: int | None = None  # None until LoRA adapters exist
+    lora_id: int | None = None  # the LoRA adapter's id the blocks were computed under (Scheduler.register_lora); None: the base
     medium: str = MEDIUM_GPU
 
 

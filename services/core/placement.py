@@ -4,7 +4,8 @@ The scheduler holds every worker's block hashes (each WorkerScheduler's block ma
 can place a sequence where the longest run of its prompt's full blocks is cached, as llm-d's
 precise prefix-cache scorer does from outside. The order (`best_worker`): a worker that is not
 stalled (its step out far longer than its steps take), then one with room (a seat and the free
-blocks the sequence needs beyond its cached prefix), then the longest cached prefix, then the
+blocks the sequence needs beyond its cached prefix), then one that holds the sequence's LoRA adapter
+(another loads it first), then the longest cached prefix, then the
 lightest load (sequences running, swapped and waiting there), the most free KV blocks, the
 shortest measured step time, and the worker id. Pure Python.
 """
@@ -26,7 +27,9 @@ def best_worker(candidates: list[WorkerScheduler], seq: Sequence, config: Schedu
     def key(ws: WorkerScheduler) -> tuple:
         cached = ws.blocks.num_cached_blocks(hashes)
         no_room = ws.load() >= config.max_num_seqs or not has_room(ws, seq, cached)
-        return ws.is_stalled(now), no_room, -cached, ws.load(), -ws.blocks.num_free_blocks, ws.step_time_s, ws.worker_id
+        loads_lora = bool(seq.request.lora_name) and seq.request.lora_name not in ws.lora_names
+        return (ws.is_stalled(now), no_room, loads_lora, -cached, ws.load(), -ws.blocks.num_free_blocks, ws.step_time_s,
+                ws.worker_id)
     return min(candidates, key=key)
 
 

@@ -69,6 +69,10 @@ class Scheduler:
         events = config.kv_events_config
         self.kv_events: dict[str, KVEventLog] | None = {} if events and events.enable_kv_cache_events else None
         self.worker_ranks: dict[str, int] = {}
+        # LoRA adapters served: name -> the folder its workers load it from on demand ("": each worker's own
+        # --lora-modules), and its id on KV-cache events; kept while workers come and go
+        self.loras: dict[str, str] = {}
+        self.lora_ids: dict[str, int] = {}
 
     @property
     def running(self) -> dict[int, Sequence]:
@@ -101,6 +105,9 @@ class Scheduler:
               f"{self.config.max_model_len}")
         self.workers[worker_id] = WorkerScheduler(worker_id, info, self.config, self)
         self.worker_ranks.setdefault(worker_id, len(self.worker_ranks))
+        for name in info.lora_names:  # its --lora-modules, served from now on unless unloaded
+            if name not in self.loras:
+                self.register_lora(name, "")
 
     def remove_worker(self, worker_id: str) -> int:
         """Drop a dead worker; its sequences go back to waiting and are recomputed elsewhere, and
@@ -155,8 +162,9 @@ class Scheduler:
                      generates=not params.pooling)  # a pooling request generates nothing: it may take the whole length
         self._check_against_workers(prompt_token_ids, params)
         if lora_name and self.workers:
-            check(any(lora_name in ws.lora_names for ws in self.workers.values()), "model",
-                  f"LoRA adapter {lora_name!r} is not held by any worker")
+            check(lora_name in self.loras, "model", f"LoRA adapter {lora_name!r} is not loaded")
+            check(any(ws.serves_loras for ws in self.workers.values()), "model",
+                  f"LoRA adapter {lora_name!r}: no worker runs with --enable-lora")
         # A burst arrives before any step runs: the requests that free seats will take are not waiting
         free_seats = max(0, len(self.workers) * self.config.max_num_seqs - self.num_running)
         if len(self.waiting) >= self.config.max_waiting_requests + free_seats:
@@ -165,7 +173,8 @@ class Scheduler:
         if params.seed is None:
             params = params.with_seed(self._seeds.getrandbits(63) if self._seeds else new_request_seed())
         request = Request(request_id=request_id, prompt_token_ids=list(prompt_token_ids), params=params,
-                          arrival=next(self._arrivals), priority=priority, lora_name=lora_name)
+                          arrival=next(self._arrivals), priority=priority, lora_name=lora_name,
+                          lora_id=self.lora_ids.get(lora_name))
         if continued:
             self._continue(request, continued)
         else:
@@ -173,22 +182,33 @@ class Scheduler:
         self.requests[request_id] = request
         return request
 
-    def set_worker_loras(self, worker_id: str, lora_names: set[str]) -> None:
-        """The LoRA adapters a worker now holds (after it loaded or dropped one)."""
-        self.workers[worker_id].lora_names = set(lora_names)
+    def register_lora(self, name: str, path: str, lora_id: int | None = None) -> int:
+        """Serve adapter `name` from now on: a worker that does not hold it loads it from `path` when a request
+        under it is placed there ("": its own --lora-modules). Its id on KV-cache events: lora_id (vLLM's
+        lora_int_id) unless another adapter has it, else the smallest free one from 1; a name keeps its id."""
+        taken = {i for n, i in self.lora_ids.items() if n != name}
+        lora_id = self.lora_ids.get(name, lora_id)
+        if lora_id is None or lora_id in taken:
+            lora_id = next(i for i in itertools.count(1) if i not in taken)
+        self.loras[name], self.lora_ids[name] = path, lora_id
+        return lora_id
+
+    def set_worker_loras(self, worker_id: str, lora_names) -> None:
+        """The LoRA adapters a worker now holds, least recently used first (after it loaded or dropped one)."""
+        self.workers[worker_id].lora_names = dict.fromkeys(lora_names)
 
     def retire_lora(self, name: str) -> list[str]:
         """Before an adapter is unloaded: refused (naming lora_name) while requests under it run or wait;
-        else no worker counts as holding it from now, so no new request is admitted under it. Returns the
-        workers that held it (to unload it from)."""
-        holders = [worker_id for worker_id, ws in self.workers.items() if name in ws.lora_names]
-        check(bool(holders), "lora_name", f"adapter {name!r} is not loaded")
+        else it is served no more, so no new request is admitted under it. Returns the workers to unload it
+        from (every one: a worker may have loaded it on demand)."""
+        check(name in self.loras, "lora_name", f"adapter {name!r} is not loaded")
         num_requests = sum(1 for request in self.requests.values() if request.lora_name == name)
         check(num_requests == 0, "lora_name", f"adapter {name!r} has {num_requests} requests running or waiting; "
                                               f"unload it once they finish")
-        for worker_id in holders:
-            self.workers[worker_id].lora_names.discard(name)
-        return holders
+        del self.loras[name], self.lora_ids[name]
+        for ws in self.workers.values():
+            ws.lora_names.pop(name, None)
+        return list(self.workers)
 
     def _continue(self, request: Request, continued: tuple[ContinuedSample, ...]) -> None:
         """A continuation's samples, each waiting to be recomputed from prompt + its own tokens

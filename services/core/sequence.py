@@ -28,6 +28,7 @@ class Request:
     prompt_logprobs: list[Logprobs | None] = field(default_factory=list)
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache at first admission
     lora_name: str = ""  # the LoRA adapter it runs under ("": the base model); keys its prefix-cache blocks
+    lora_id: int | None = None  # the adapter's id on KV-cache events (Scheduler.register_lora); None: the base
 
     @property
     def cache_root(self) -> bytes:

@@ -29,7 +29,8 @@ class NewSequence:
     params: SamplingParams  # its seed always set (the request's, assigned at admission if it had none)
     sample_index: int = 0  # which of the request's n samples this is
     num_samples: int = 1  # >1: sample this many first tokens (parallel sampling fork)
-    lora_name: str = ""  # the LoRA adapter it runs under (loaded on the worker); "": the base model
+    lora_name: str = ""  # the LoRA adapter it runs under; "": the base model
+    lora_path: str = ""  # its folder where loaded at run time (the worker loads it unless held); "": --lora-modules
 
 
 @dataclass(kw_only=True)
@@ -121,4 +122,5 @@ class WorkerInfo:
     # a pooling request runs its whole prompt in one step with no cached prefix (an encoder; mean or
     # CLS pooling): the scheduler never chunks it
     pooling_whole: bool = False
-    lora_names: tuple[str, ...] = ()  # the LoRA adapters it serves (--lora-modules)
+    lora_names: tuple[str, ...] = ()  # the LoRA adapters it holds at start (--lora-modules)
+    max_cpu_loras: int = 0  # LoRA adapters it holds at once, loading others on demand; 0: no --enable-lora

@@ -46,7 +46,9 @@ class WorkerScheduler:
 
     def __init__(self, worker_id: str, info: WorkerInfo, config: SchedulerConfig, shared: Scheduler):
         self.worker_id, self.info, self.config, self.shared = worker_id, info, config, shared
-        self.lora_names = set(info.lora_names)  # the LoRA adapters it holds (Scheduler.set_worker_loras)
+        # the LoRA adapters it holds, least recently used first: its own registry's order, mirrored (it loads
+        # one on demand and drops the least recently used one no sequence it runs uses, as _hold_lora does)
+        self.lora_names: dict[str, None] = dict.fromkeys(info.lora_names)
         self.blocks = BlockManager(info.num_gpu_blocks, info.block_size, info.num_cpu_blocks,
                                    config.enable_prefix_caching)
         if shared.kv_events is not None:
@@ -77,8 +79,13 @@ class WorkerScheduler:
 
     def serves(self, request) -> bool:
         """Hook: whether this worker serves the request's model and its LoRA adapter. Every worker serves the
-        one model (the scheduler refuses one that does not fit); an adapter, the workers that hold it."""
-        return not request.lora_name or request.lora_name in self.lora_names
+        one model (the scheduler refuses one that does not fit); an adapter the scheduler serves, every worker
+        with --enable-lora (it loads the adapter if it does not hold it: placement prefers one that does)."""
+        return not request.lora_name or (self.serves_loras and request.lora_name in self.shared.loras)
+
+    @property
+    def serves_loras(self) -> bool:
+        return self.info.max_cpu_loras > 0
 
     # ---- one step --------------------------------------------------------------
     def schedule(self, step_id: int) -> StepDelta | None:
@@ -174,13 +181,14 @@ class WorkerScheduler:
 
     def _schedule_swapped(self, plan: StepPlan) -> None:
         for seq in sorted(self.swapped.values(), key=self._key):
-            if not self.has_seat() or not self.blocks.can_swap_in(seq.seq_id):
+            if not self.has_seat() or not self.blocks.can_swap_in(seq.seq_id) or \
+                    not self.has_lora_slot(seq.request.lora_name):
                 continue
             num_new = self.num_new_tokens(seq, plan)
             needed = self.blocks.num_blocks_needed(seq.num_computed_tokens + num_new)
             if num_new == 0 or self.blocks.num_free_blocks < needed:
                 continue
-            plan.delta.blocks_to_swap_in += self.blocks.swap_in(seq.seq_id, seq.token_ids)
+            plan.delta.blocks_to_swap_in += self.blocks.swap_in(seq.seq_id, seq.token_ids, seq.request.lora_id)
             del self.swapped[seq.seq_id]
             seq.status = SeqStatus.RUNNING
             self.running[seq.seq_id] = seq
@@ -207,11 +215,29 @@ class WorkerScheduler:
 
     def has_lora_slot(self, lora_name: str) -> bool:
         """Whether a sequence under this LoRA adapter may start here: the adapters of the running
-        sequences, with it, stay within max_loras (the base needs no slot)."""
+        sequences, with it, stay within max_loras and within the adapters the worker holds at once (so it
+        always has one no running sequence uses to drop for it); the base needs no slot."""
         if not lora_name:
             return True
-        running = {s.request.lora_name for s in self.running.values() if s.request.lora_name}
-        return lora_name in running or len(running) < self.config.max_loras
+        running = self._loras_running()
+        return lora_name in running or len(running) < min(self.config.max_loras, self.info.max_cpu_loras)
+
+    def _loras_running(self) -> set[str]:
+        return {s.request.lora_name for s in self.running.values() if s.request.lora_name}
+
+    def _hold_lora(self, lora_name: str) -> None:
+        """A new sequence under this adapter is sent: the worker holds it after (loading it, past
+        max_cpu_loras dropping the least recently used adapter that no running sequence uses). Mirrors
+        services/worker/lora.py LoraRegistry.acquire, for placement: a miss costs a load, never a request."""
+        held = self.lora_names
+        held.pop(lora_name, None)
+        running = self._loras_running()
+        while len(held) >= self.info.max_cpu_loras:
+            victim = next((name for name in held if name not in running), None)
+            if victim is None:
+                break
+            del held[victim]
+        held[lora_name] = None
 
     def allocate(self, seq: Sequence, num_new: int, plan: StepPlan, drafts: list[int] = ()) -> None:
         """Slots for num_new tokens and the drafts after them (given back on rejection: _apply_verified)."""
@@ -250,7 +276,9 @@ class WorkerScheduler:
                     num_computed_tokens=seq.num_computed_tokens, num_scheduled_tokens=num_new, params=request.params,
                     sample_index=seq.sample_index,
                     num_samples=request.params.n if not request.forked and seq.sample_index == 0 else 1,
-                    lora_name=request.lora_name))
+                    lora_name=request.lora_name, lora_path=self.shared.loras.get(request.lora_name, "")))
+                if request.lora_name:
+                    self._hold_lora(request.lora_name)
             else:
                 num_prompt = len(seq.prompt_token_ids)
                 plan.delta.cached_seqs.append(CachedSequence(
@@ -278,7 +306,8 @@ class WorkerScheduler:
             # A block is full, so cacheable, only once computed tokens cross its end: most decode steps
             # cross none, and then neither the prompt + output copy (token_ids) nor the call is made.
             if after // block_size > before // block_size:
-                self.blocks.cache_full_blocks(seq.seq_id, seq.token_ids, after, seq.request.cache_root)
+                self.blocks.cache_full_blocks(seq.seq_id, seq.token_ids, after, seq.request.cache_root,
+                                              seq.request.lora_id)
         for output in result.outputs:
             seq = seqs.get(output.seq_id)
             if seq is None or seq.status is SeqStatus.FINISHED:
@@ -356,7 +385,7 @@ class WorkerScheduler:
         self.shared.speculator.record(seq.seq_id, len(drafts), num_accepted)
         seq.num_computed_tokens += num_accepted
         self.blocks.cache_full_blocks(seq.seq_id, seq.token_ids + tokens[:num_accepted], seq.num_computed_tokens,
-                                      seq.request.cache_root)
+                                      seq.request.cache_root, seq.request.lora_id)
         update = self._append_tokens(seq, tokens, output.logprobs or [None] * len(tokens))
         if not seq.is_finished:
             self.blocks.trim(seq.seq_id, seq.num_tokens)

@@ -87,14 +87,16 @@ def info_to_proto(info: WorkerInfo) -> common_pb2.WorkerInfo:
         model=info.model, dtype=info.dtype, block_size=info.block_size, num_gpu_blocks=info.num_gpu_blocks,
         num_cpu_blocks=info.num_cpu_blocks, vocab_size=info.vocab_size, max_model_len=info.max_model_len,
         eos_token_ids=info.eos_token_ids, device=info.device, batch_invariant=info.batch_invariant,
-        lora_names=info.lora_names, task=info.task, pooling_whole=info.pooling_whole)
+        lora_names=info.lora_names, task=info.task, pooling_whole=info.pooling_whole,
+        max_cpu_loras=info.max_cpu_loras)
 
 
 def info_from_proto(msg: common_pb2.WorkerInfo) -> WorkerInfo:
     return WorkerInfo(model=msg.model, dtype=msg.dtype, block_size=msg.block_size, num_gpu_blocks=msg.num_gpu_blocks,
                       num_cpu_blocks=msg.num_cpu_blocks, vocab_size=msg.vocab_size, max_model_len=msg.max_model_len,
                       eos_token_ids=tuple(msg.eos_token_ids), device=msg.device, batch_invariant=msg.batch_invariant,
-                      lora_names=tuple(msg.lora_names), task=msg.task or "generate", pooling_whole=msg.pooling_whole)
+                      lora_names=tuple(msg.lora_names), task=msg.task or "generate", pooling_whole=msg.pooling_whole,
+                      max_cpu_loras=msg.max_cpu_loras)
 
 # ---- step delta and result (scheduler <-> worker) -------------------------------
 
@@ -142,7 +144,7 @@ def _new_seq_to_proto(seq: NewSequence) -> worker_pb2.NewSequence:
         seq_id=seq.seq_id, prompt_token_ids=seq.prompt_token_ids, output_token_ids=seq.output_token_ids,
         block_ids=seq.block_ids, num_computed_tokens=seq.num_computed_tokens,
         num_scheduled_tokens=seq.num_scheduled_tokens, params=params_to_proto(seq.params), sample_index=seq.sample_index,
-        num_samples=seq.num_samples, lora_name=seq.lora_name)
+        num_samples=seq.num_samples, lora_name=seq.lora_name, lora_path=seq.lora_path)
 
 
 def _new_seq_from_proto(msg: worker_pb2.NewSequence) -> NewSequence:
@@ -151,7 +153,7 @@ def _new_seq_from_proto(msg: worker_pb2.NewSequence) -> NewSequence:
                        output_token_ids=list(msg.output_token_ids), block_ids=list(msg.block_ids),
                        num_computed_tokens=msg.num_computed_tokens, num_scheduled_tokens=msg.num_scheduled_tokens,
                        params=params, sample_index=msg.sample_index, num_samples=msg.num_samples,
-                       lora_name=msg.lora_name)
+                       lora_name=msg.lora_name, lora_path=msg.lora_path)
 
 
 def _pairs_to_proto(pairs: list[tuple[int, int]]) -> list[worker_pb2.BlockPair]:

@@ -278,7 +278,10 @@ class StepLoop:
 
     # ---- LoRA adapters -----------------------------------------------------------
     async def load_lora(self, name: str, path: str) -> list[str]:
-        """Load adapter `name` on every registered worker (each checks it); the adapters all of them hold."""
+        """Serve adapter `name`: loaded on every registered worker (each checks it; past max_cpu_loras it drops
+        its least recently used idle one), then in the core's registry, from which a worker that does not hold
+        it (it dropped it, restarted, or joined later) loads it when a request under it is placed there.
+        Returns every adapter served."""
         check(bool(name) and bool(path), "lora_name" if not name else "lora_path", "must not be empty")
         if self.core is None or not self.workers:
             raise Unavailable("no worker is registered yet")
@@ -286,9 +289,10 @@ class StepLoop:
             held = await handle.lora(True, name, path)
             if worker_id in self.core.workers:
                 self.core.set_worker_loras(worker_id, held)
+        self.core.register_lora(name, path)
         log.info("lora_loaded", lora_name=name, path=path, num_workers=len(self.workers))
-        self._wake_all()  # what waited for a worker that holds it may run now
-        return self._common_loras()
+        self._wake_all()
+        return sorted(self.core.loras)
 
     async def unload_lora(self, name: str) -> list[str]:
         """Unload adapter `name` from every worker; refused while requests under it run or wait."""
@@ -301,11 +305,7 @@ class StepLoop:
                 if worker_id in self.core.workers:
                     self.core.set_worker_loras(worker_id, held)
         log.info("lora_unloaded", lora_name=name)
-        return self._common_loras()
-
-    def _common_loras(self) -> list[str]:
-        held = [ws.lora_names for ws in self.core.workers.values()]
-        return sorted(set.intersection(*held)) if held else []
+        return sorted(self.core.loras)
 
     # ---- stats -----------------------------------------------------------------
     def stats(self) -> SchedulerStats:

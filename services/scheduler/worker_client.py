@@ -71,14 +71,15 @@ class RemoteWorker:
         finally:
             self._call = None
 
-    async def lora(self, load: bool, name: str, path: str = "") -> set[str]:
-        """Load (or unload) a LoRA adapter; the adapters held after. InvalidArgument as the worker named it."""
+    async def lora(self, load: bool, name: str, path: str = "") -> list[str]:
+        """Load (or unload) a LoRA adapter; the adapters held after, least recently used first. InvalidArgument
+        as the worker named it."""
         call = self.stub.LoadLora if load else self.stub.UnloadLora
         try:
             answer = await call(common_pb2.LoraAdapterRequest(lora_name=name, lora_path=path), timeout=LORA_TIMEOUT_S)
         except grpc.RpcError as error:
             raise core_error(error.code(), error.details(), f"worker {self.worker_id}") from error
-        return set(answer.lora_names)
+        return list(answer.lora_names)
 
     async def close(self) -> None:
         """Cancel an in-flight step and close the channel."""

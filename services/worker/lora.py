@@ -12,6 +12,9 @@ gets nothing added, so its bits are the base model's.
 
 Supported: the Llama family's attention and dense MLP projections (q, k, v, o, gate, up, down), in one
 process (tensor/pipeline parallel groups refuse --enable-lora).
+
+A worker holds at most max_cpu_loras adapters (LoraRegistry) and loads another on demand when a step sends
+it a sequence under it, dropping the least recently used one no sequence it runs uses.
 """
 from __future__ import annotations
 
@@ -160,35 +163,45 @@ class LoraSite:
 
 
 class LoraRegistry:
-    """A worker's loaded adapters by name, least recently used first out past max_cpu_loras."""
+    """A worker's adapters: the folder of each one it knows (its --lora-modules, those loaded at run time or
+    named by a step) and those it holds loaded, at most max_cpu_loras, least recently used first. Loading one
+    past that drops the least recently used one that no sequence it runs uses; where every one is in use (the
+    scheduler's max_loras slots prevent it) the new one runs unheld, so a request never fails for room."""
 
     def __init__(self, max_cpu_loras: int, load: Callable[[str, str], LoraAdapter]):
         self.max_cpu_loras, self._load = max_cpu_loras, load
         self.adapters: OrderedDict[str, LoraAdapter] = OrderedDict()
+        self.paths: dict[str, str] = {}
 
     def load(self, name: str, path: str, in_use: set[str] = frozenset()) -> LoraAdapter:
-        """The adapter `name`, loaded from `path` unless held (a held one under another path is refused)."""
+        """The adapter `name`, loaded from `path` unless held (one known under another path is refused), and
+        held after (used most recently)."""
+        path = str(Path(path))
+        known = self.paths.get(name)
+        check(known in (None, path), "lora_name", f"adapter {name!r} is loaded from {known}; unload it before "
+                                                  f"loading another path under its name")
         held = self.adapters.get(name)
         if held is not None:
-            check(held.path == str(Path(path)), "lora_name", f"adapter {name!r} is loaded from {held.path}; "
-                                                             f"unload it before loading another path under its name")
             self.adapters.move_to_end(name)
             return held
         adapter = self._load(name, path)
+        self.paths[name] = path
         while len(self.adapters) >= self.max_cpu_loras:
             victim = next((n for n in self.adapters if n not in in_use), None)
             if victim is None:
-                raise InvalidArgument("max_cpu_loras", f"all {self.max_cpu_loras} adapters held are in use")
+                return adapter
             del self.adapters[victim]
         self.adapters[name] = adapter
         return adapter
 
-    def unload(self, name: str) -> None:
-        check(name in self.adapters, "lora_name", f"adapter {name!r} is not loaded")
-        del self.adapters[name]
+    def acquire(self, name: str, path: str, in_use: set[str]) -> LoraAdapter:
+        """For a new sequence under `name`: the adapter, loaded on demand from `path` (a step's: one loaded at run
+        time) or from the folder it is known by."""
+        path = path or self.paths.get(name)
+        check(bool(path), "lora_name", f"adapter {name!r} is not loaded on this worker (and no folder was given)")
+        return self.load(name, path, in_use)
 
-    def get(self, name: str) -> LoraAdapter:
-        adapter = self.adapters.get(name)
-        check(adapter is not None, "lora_name", f"adapter {name!r} is not loaded on this worker")
-        self.adapters.move_to_end(name)
-        return adapter
+    def unload(self, name: str) -> None:
+        """Forget `name` (its folder too); a no-op for one not known: the scheduler unloads from every worker."""
+        self.adapters.pop(name, None)
+        self.paths.pop(name, None)

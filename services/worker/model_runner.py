@@ -105,7 +105,9 @@ class ModelRunner:
         self.kv_cache.copy(delta.blocks_to_copy)  # first: a forked block may be swapped out in the same step
         self.kv_cache.swap_out(delta.blocks_to_swap_out)
         self.kv_cache.swap_in(delta.blocks_to_swap_in)
-        scheduled = [self._add(new) for new in delta.new_seqs] + [self.apply_cached(c) for c in delta.cached_seqs]
+        in_use = self.loras_in_use(delta.new_seqs)
+        scheduled = [self._add(new, in_use) for new in delta.new_seqs] + \
+            [self.apply_cached(c) for c in delta.cached_seqs]
         result = StepResult(delta.step_id)
         if not scheduled:
             return result
@@ -136,7 +138,12 @@ class ModelRunner:
             self.model.lora.batch = None
 
     # ---- delta -> mirror -------------------------------------------------------
-    def _add(self, new: NewSequence) -> tuple[SeqState, int]:
+    def loras_in_use(self, new_seqs: list[NewSequence]) -> set[str]:
+        """The adapters of the sequences held and those this step sends: none of them is dropped for another."""
+        return {s.lora.name for s in self.seqs.values() if s.lora is not None} | \
+            {new.lora_name for new in new_seqs if new.lora_name}
+
+    def _add(self, new: NewSequence, in_use: set[str] = frozenset()) -> tuple[SeqState, int]:
         self._check_blocks(new.seq_id, new.block_ids)
         check(new.params.seed is not None, "seed", f"sequence {new.seq_id} came without its request's seed")
         state = SeqState(seq_id=new.seq_id, prompt_token_ids=list(new.prompt_token_ids),
@@ -146,7 +153,7 @@ class ModelRunner:
         if new.lora_name:
             if self.loras is None:
                 raise InvalidArgument("lora_name", f"adapter {new.lora_name!r}: this worker runs without --enable-lora")
-            state.lora = self.loras.get(new.lora_name)
+            state.lora = self.loras.acquire(new.lora_name, new.lora_path, in_use)  # loaded on demand
         if new.params.structured_outputs is not None:
             if self.grammars is None:
                 raise InvalidArgument("structured_outputs", "this worker has no grammar compiler")

@@ -118,11 +118,12 @@ class Worker:
             num_gpu_blocks=num_blocks, num_cpu_blocks=num_cpu_blocks, vocab_size=arch.vocab_size,
             max_model_len=arch.max_position_embeddings, eos_token_ids=arch.eos_token_ids,
             device=self.device.type, batch_invariant=config.batch_invariant, task=self.task,
-            pooling_whole=pooler is not None and pooler.whole)
+            pooling_whole=pooler is not None and pooler.whole, max_cpu_loras=config.max_cpu_loras if loras is not None else 0)
         for name, path in parse_lora_modules(config.lora_modules).items():  # a bad one stops the worker, named
             self.load_lora(name, path)
         # what it registers with (and GetInfo answers, which the scheduler's probe compares): its --lora-modules;
-        # adapters loaded at run time are the scheduler's to remember (set_worker_loras)
+        # adapters loaded at run time are the scheduler's to remember (Scheduler.loras): a step under one that
+        # this worker does not hold (it restarted, or dropped it) names its folder, and it loads it then
         self.info = dataclasses.replace(self.info, lora_names=tuple(self.lora_names()))
         log.info("worker_ready", model=self.info.model, dtype=self.info.dtype, device=self.info.device,
                  num_gpu_blocks=num_blocks, num_cpu_blocks=num_cpu_blocks, kernels=ops.name,
@@ -146,16 +147,17 @@ class Worker:
 
     def load_lora(self, name: str, path: str):
         """Hold adapter `name` from the PEFT folder `path` (a no-op where held from that path); InvalidArgument
-        naming the problem for a bad adapter. Past max_cpu_loras the least recently used idle one is dropped."""
+        naming the problem for a bad adapter. Past max_cpu_loras the least recently used idle one is dropped
+        (where all are in use it is only checked, and loaded again when a step needs it)."""
         registry = self._registry()
-        adapter = registry.load(name, path, in_use=self._loras_in_use())
+        adapter = registry.load(name, path, in_use=self.runner.loras_in_use([]))
         log.info("lora_loaded", lora_name=name, path=str(path), rank=adapter.rank, targets=list(adapter.target_modules))
         return adapter
 
     def unload_lora(self, name: str) -> None:
-        """Drop adapter `name` (the scheduler first checks that nothing runs or waits under it,
-        Scheduler.retire_lora: this worker's mirrors may still hold finished sequences it was not yet told
-        to forget)."""
+        """Drop adapter `name`, a no-op where not held (the scheduler first checks that nothing runs or waits
+        under it, Scheduler.retire_lora: this worker's mirrors may still hold finished sequences it was not yet
+        told to forget)."""
         self._registry().unload(name)
         log.info("lora_unloaded", lora_name=name)
 
@@ -166,9 +168,6 @@ class Worker:
     def _registry(self) -> LoraRegistry:
         check(self.runner.loras is not None, "enable_lora", "this worker runs without --enable-lora")
         return self.runner.loras
-
-    def _loras_in_use(self) -> set[str]:
-        return {s.lora.name for s in self.runner.seqs.values() if s.lora is not None}
 
     def step(self, delta: StepDelta) -> StepResult:
         return self.runner.execute(delta)

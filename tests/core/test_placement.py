@@ -90,15 +90,17 @@ def test_workers_stepping_in_any_interleaving_give_the_same_tokens():
     assert run(["w1"] * 5 + ["w0"]) == lockstep
 
 
-def test_an_adapters_requests_go_only_to_the_workers_that_hold_it():
-    """w1 holds the adapter; the base requests spread, the adapter's all run on w1 (even while w1 has no
-    seat and w0 does); an adapter no worker holds is refused naming the model."""
-    import pytest
+def test_an_adapters_requests_go_only_to_workers_with_lora_and_name_its_folder():
+    """w1 runs with --enable-lora, w0 without; the base requests spread, the adapter's all run on w1 (even
+    while w1 has no seat and w0 does), each sent with the folder w1 loads it from; an adapter the scheduler
+    does not serve is refused naming the model."""
+    from dataclasses import replace
 
     from services.core.errors import InvalidArgument
 
     sched, fakes = make_scheduler(workers=("w0", "w1"), max_num_seqs=3)
-    sched.set_worker_loras("w1", {"sql"})
+    sched.add_worker("w1", replace(sched.workers["w1"].info, max_cpu_loras=2))
+    sched.register_lora("sql", "/adapters/sql")
     for i in range(4):
         sched.add_request(f"sql{i}", list(range(10 + i, 30 + i)), params(3), lora_name="sql")
     for i in range(2):
@@ -107,9 +109,9 @@ def test_an_adapters_requests_go_only_to_the_workers_that_hold_it():
     for _ in range(50):
         for worker_id, delta in sched.schedule().items():
             for new in delta.new_seqs:
-                ran_on[sched.seqs[new.seq_id].request.request_id] = (worker_id, new.lora_name)
+                ran_on[sched.seqs[new.seq_id].request.request_id] = (worker_id, new.lora_name, new.lora_path)
             sched.update(worker_id, fakes[worker_id].step(delta))
-    assert {ran_on[f"sql{i}"] for i in range(4)} == {("w1", "sql")}
+    assert {ran_on[f"sql{i}"] for i in range(4)} == {("w1", "sql", "/adapters/sql")}
     assert {ran_on[f"base{i}"][1] for i in range(2)} == {""} and {ran_on[f"base{i}"][0] for i in range(2)} >= {"w0"}
     assert not sched.has_unfinished()
     with pytest.raises(InvalidArgument) as error:
@@ -120,8 +122,9 @@ def test_an_adapters_requests_go_only_to_the_workers_that_hold_it():
 def test_max_loras_bounds_the_adapters_running_together_on_a_worker():
     """max_loras 2: of three adapters' requests, the third adapter's waits until one of the first two has
     none running, and the base request queued behind it does not wait for it; every request finishes."""
-    sched, fakes = make_scheduler(max_loras=2)
-    sched.set_worker_loras("w0", {"a", "b", "c"})
+    sched, fakes = make_scheduler(max_loras=2, max_cpu_loras=4)
+    for name in "abc":
+        sched.register_lora(name, f"/adapters/{name}")
     for i, name in enumerate(["a", "b", "c", "", "a"]):
         sched.add_request(f"r{i}", list(range(10 + i, 20 + i)), params(3 + 2 * (name == "a")), lora_name=name)
     seen = []
@@ -136,6 +139,44 @@ def test_max_loras_bounds_the_adapters_running_together_on_a_worker():
         sched.update("w0", fakes["w0"].step(delta))
     assert max(len(s) for s in seen) == 2 and any("c" in s for s in seen)
     assert not sched.has_unfinished()
+
+
+def test_max_cpu_loras_also_bounds_the_adapters_running_together():
+    """A worker that holds 2 adapters at once runs at most 2 adapters' sequences together (max_loras 8), so
+    it always has an idle one to drop for the next: the third adapter's requests wait, then run."""
+    sched, fakes = make_scheduler(max_cpu_loras=2)
+    for name in "abc":
+        sched.register_lora(name, f"/adapters/{name}")
+    for i, name in enumerate("abcabc"):
+        sched.add_request(f"r{i}", list(range(10 + i, 20 + i)), params(4), lora_name=name)
+    most = 0
+    while sched.has_unfinished():
+        delta = sched.schedule_worker("w0")
+        most = max(most, len({seq.request.lora_name for seq in sched.workers["w0"].running.values()}))
+        assert len(sched.workers["w0"].lora_names) <= 2
+        sched.update("w0", fakes["w0"].step(delta))
+    assert most == 2
+
+
+def test_placement_prefers_the_worker_that_holds_the_adapter():
+    """Two workers holding one adapter each: each adapter's requests go to its holder, though the other is
+    idle; an adapter neither holds goes by load, and the worker it went to holds it after (its least
+    recently used idle one dropped)."""
+    sched, fakes = make_scheduler(workers=("w0", "w1"), max_cpu_loras=1)
+    for name in "abc":
+        sched.register_lora(name, f"/adapters/{name}")
+    sched.set_worker_loras("w0", ["a"])
+    sched.set_worker_loras("w1", ["b"])
+    for i in range(3):
+        sched.add_request(f"a{i}", list(range(10 + i, 20 + i)), params(3), lora_name="a")
+    assert {sched.seqs[i].placed for i in range(3)} == {"w0"}
+    sched.add_request("b0", list(range(40, 50)), params(3), lora_name="b")
+    assert sched.seqs[3].placed == "w1"
+    sched.add_request("c0", list(range(60, 70)), params(3), lora_name="c")
+    assert sched.seqs[4].placed == "w1"  # the lighter load; w0 has three waiting
+    run_to_end(sched, fakes)
+    assert list(sched.workers["w0"].lora_names) == ["a"]
+    assert list(sched.workers["w1"].lora_names) == ["c"]  # b ran first (max_loras: one at a time there), then c
 
 
 @pytest.mark.parametrize("async_scheduling", [False, True])

@@ -38,7 +38,8 @@ class FakeWorker:
         return result
 
 
-def make_scheduler(num_blocks=64, workers=("w0",), block_size=8, **config):
+def make_scheduler(num_blocks=64, workers=("w0",), block_size=8, max_cpu_loras=0, **config):
+    """max_cpu_loras: each worker's (> 0: it runs with --enable-lora)."""
     config.setdefault("max_model_len", 256)
     config.setdefault("async_scheduling", False)
     sched = Scheduler(SchedulerConfig(block_size=block_size, enable_prefix_caching=True, **config))
@@ -46,7 +47,7 @@ def make_scheduler(num_blocks=64, workers=("w0",), block_size=8, **config):
     for w in workers:
         sched.add_worker(w, WorkerInfo(model="fake", dtype="float32", block_size=block_size, num_gpu_blocks=num_blocks,
                                        num_cpu_blocks=32, vocab_size=100, max_model_len=256, eos_token_ids=(1,),
-                                       device="cpu", batch_invariant=True))
+                                       device="cpu", batch_invariant=True, max_cpu_loras=max_cpu_loras))
         fakes[w] = FakeWorker()
     return sched, fakes
 

@@ -96,6 +96,31 @@ def test_mixed_batch_survives_preemption(setup, mode):
     assert small.scheduler.num_preemptions > 0
 
 
+def test_more_adapters_than_a_worker_holds_load_on_demand(setup, monkeypatch):
+    """max_cpu_loras 2 with three adapters (and the base) in one call: each request's tokens and logprobs are
+    its own alone; the worker never holds more than two, and it loaded the dropped ones again."""
+    folder, adapters, prompts, llm = setup
+    loras = [(None, *adapters)[i % 4] for i in range(6)]
+    small = make_llm(folder, dtype="float32", enable_lora=True, max_cpu_loras=2, **CACHE)
+    worker = next(iter(small.engine.workers.values()))
+    registry, real_load, real_step = worker.runner.loras, worker.runner.loras._load, worker.step
+    loads, held = [], []
+
+    def load(name, path):
+        loads.append(name)
+        return real_load(name, path)
+
+    def step(delta):
+        result = real_step(delta)
+        held.append(len(registry.adapters))
+        return result
+    monkeypatch.setattr(registry, "_load", load)
+    monkeypatch.setattr(worker, "step", step)
+    assert run(small, prompts[:6], loras) == [run(llm, [p], lr)[0] for p, lr in zip(prompts[:6], loras)]
+    assert max(held) == 2 and len(loads) > 3
+    assert small.scheduler.stats().lora_names == ()  # nothing runs or waits under an adapter after
+
+
 @pytest.mark.parametrize("quantization", ["int8", "gguf"])
 def test_quantized_base(setup, tmp_path, quantization):
     """Over an int8 or GGUF (Q8_0) base: an adapter's rows in a mixed batch have their bits alone, the

@@ -34,7 +34,7 @@ def adapters(tiny_llama, lora_dir):
 def served(tiny_llama, adapters, lora_dir):
     modules = " ".join(f"{name}={path}" for name, path in adapters.items())
     yield from serve(tiny_llama, {"lora_modules": modules, "lora_dir": str(lora_dir), "api_key": KEY},
-                     {"enable_lora": True, "lora_modules": modules})
+                     {"enable_lora": True, "lora_modules": modules, "max_cpu_loras": 2})  # a third loads on demand
 
 
 def openai_client(served):
@@ -79,9 +79,10 @@ def test_metrics_name_the_adapters_running(served):
     poll(lambda: 'running_lora_adapters=""' in raw(served.url + "/metrics", headers=AUTH)[1].decode(), 10, "the adapter idle")
 
 
-def test_adapters_load_and_unload_at_run_time(served, tiny_llama, lora_dir, tmp_path):
+def test_adapters_load_and_unload_at_run_time(served, tiny_llama, adapters, lora_dir, tmp_path):
     """Behind the API key; a path outside --lora-dir and bad adapters are 400s naming the problem; a loaded
-    adapter serves with its bits; unloading it while a request runs under it is refused (that request
+    adapter serves with its bits, and so do the two the worker held before (it holds two: each dropped one
+    loads again on demand); unloading it while a request runs under it is refused (that request
     finishes), then it unloads and its name is a 404."""
     load = served.url + "/v1/load_lora_adapter"
     late = make_lora(lora_dir / "late", tiny_llama, rank=8, seed=9)
@@ -103,7 +104,13 @@ def test_adapters_load_and_unload_at_run_time(served, tiny_llama, lora_dir, tmp_
     want = llm.generate([PROMPT], greedy(6, logprobs=1), use_tqdm=False,
                         lora_request=LoRARequest("late", 1, str(late)))[0].outputs[0]
     assert got.choices[0].logprobs.token_logprobs == [lp.logprob for lp in want.logprobs]
-    assert "late" in {m.id for m in client.models.list().data}
+    assert {m.id for m in client.models.list().data} == {str(tiny_llama), "sql", "chat", "late"}
+    paths = {**adapters, "late": str(late)}  # three adapters on a worker that holds two: each loads on demand
+    for model in ("sql", "late", "chat", "sql"):
+        got = client.completions.create(model=model, prompt=PROMPT, max_tokens=4, temperature=0, logprobs=1)
+        want = llm.generate([PROMPT], greedy(4, logprobs=1), use_tqdm=False,
+                            lora_request=LoRARequest(model, 1, paths[model]))[0].outputs[0]
+        assert got.choices[0].logprobs.token_logprobs == [lp.logprob for lp in want.logprobs], model
     unload = served.url + "/v1/unload_lora_adapter"
     stream = client.completions.create(model="late", prompt=PROMPT, max_tokens=60, temperature=0, stream=True,
                                        extra_body={"ignore_eos": True})
@@ -116,3 +123,28 @@ def test_adapters_load_and_unload_at_run_time(served, tiny_llama, lora_dir, tmp_
                                 lora_request=LoRARequest("late", 1, str(late)))[0].outputs[0].text
     status, body = poll(lambda: (r := raw(unload, {"lora_name": "late"}, AUTH))[0] == 200 and r, 10, "unloaded")
     assert raw(served.url + "/v1/completions", {"model": "late", "prompt": "hi", "max_tokens": 2}, AUTH)[0] == 404
+
+
+def test_a_restarted_worker_serves_the_adapters_loaded_at_run_time(served, tiny_llama, lora_dir):
+    """A worker that registers again (restarted under its id, holding only its --lora-modules) still serves an
+    adapter loaded at run time before it: the scheduler's step names the adapter's folder, and it loads it."""
+    again = make_lora(lora_dir / "again", tiny_llama, rank=8, seed=11)
+    assert raw(served.url + "/v1/load_lora_adapter", {"lora_name": "again", "lora_path": "again"}, AUTH)[0] == 200
+    cluster = served.cluster
+    old = cluster.workers["w0"]
+
+    async def restart():
+        old.registration.cancel()
+        new = await cluster.add_worker("w0")
+        await cluster.wait_for(lambda s: [w.address for w in s.workers] == [f"127.0.0.1:{new.port}"])
+        await old.stop(None)
+        return new
+    new = served.run(restart())
+    assert "again" not in new.worker.lora_names()
+    got = openai_client(served).completions.create(model="again", prompt=PROMPT, max_tokens=4, temperature=0,
+                                                   logprobs=1)
+    llm = make_llm(tiny_llama, dtype="float32", enable_lora=True, num_gpu_blocks=64)
+    want = llm.generate([PROMPT], greedy(4, logprobs=1), use_tqdm=False,
+                        lora_request=LoRARequest("again", 1, str(again)))[0].outputs[0]
+    assert got.choices[0].logprobs.token_logprobs == [lp.logprob for lp in want.logprobs]
+    assert "again" in new.worker.lora_names()

@@ -50,14 +50,14 @@ def test_params_from_the_wire_are_checked_at_admission_not_each_time_they_are_de
 def test_worker_info_round_trip():
     info = WorkerInfo(model="/models/x", dtype="float32", block_size=16, num_gpu_blocks=100, num_cpu_blocks=7,
                       vocab_size=512, max_model_len=2048, eos_token_ids=(2, 0), device="cpu", batch_invariant=True,
-                      lora_names=("sql", "chat"), task="embed", pooling_whole=True)
+                      lora_names=("sql", "chat"), task="embed", pooling_whole=True, max_cpu_loras=4)
     assert internal_codec.info_from_proto(internal_codec.info_to_proto(info)) == info
 
 
 def test_step_delta_round_trip():
     new = NewSequence(seq_id=3, prompt_token_ids=[5, 6, 7], output_token_ids=[9], block_ids=[0, 4],
                       num_computed_tokens=16, num_scheduled_tokens=2, params=PARAMS, sample_index=1,
-                      num_samples=3, lora_name="sql")
+                      num_samples=3, lora_name="sql", lora_path="/adapters/sql")
     cached = CachedSequence(seq_id=4, new_token_ids=[8], new_block_ids=[11], num_computed_tokens=20,
                             num_scheduled_tokens=1)
     delta = StepDelta(step_id=12, new_seqs=[new], cached_seqs=[cached], finished_seq_ids=[1, 2],

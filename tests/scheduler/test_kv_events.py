@@ -191,6 +191,26 @@ def test_the_guides_subscriber_rebuilds_the_caches_and_its_commands_parse(publis
         SchedulerConfig(**{name: value for name, value in given.items() if value is not None})
 
 
+def test_blocks_stored_under_an_adapter_carry_its_id():
+    """One prompt under the base and under adapter "sql" (lora_int_id 7): the wire's BlockStored events carry
+    lora_id 7 for the adapter's blocks (other hashes) and None for the base's."""
+    from services.core.kv_events import BlockStored
+    from services.scheduler.kv_publisher import wire_event
+    from tests.core.test_scheduler import run_to_end
+
+    sched, fakes = make_scheduler(max_cpu_loras=2, kv_events_config=KVEventsConfig(enable_kv_cache_events=True))
+    sched.register_lora("sql", "/adapters/sql", lora_id=7)
+    prompt = list(range(10, 30))  # two full blocks of 8
+    sched.add_request("base", prompt, params(2))
+    sched.add_request("sql", prompt, params(2), lora_name="sql")
+    run_to_end(sched, fakes)
+    by_lora: dict = {}
+    for _, events in sched.drain_kv_events():
+        for event in (wire_event(e) for e in events if isinstance(e, BlockStored)):
+            by_lora.setdefault(event[5], set()).update(event[1])
+    assert set(by_lora) == {None, 7} and len(by_lora[7]) == 2 and not by_lora[None] & by_lora[7]
+
+
 def test_a_full_queue_drops_and_counts_instead_of_blocking_the_step(monkeypatch):
     monkeypatch.setattr(KVEventPublisher, "_run", lambda self: None)  # a sender that never catches up
     publisher = KVEventPublisher(KVEventsConfig(enable_kv_cache_events=True, endpoint="inproc://kv-full",

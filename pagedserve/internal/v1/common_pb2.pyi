@@ -91,7 +91,7 @@ class OptionalLogprobs(_message.Message):
     def __init__(self, has_value: _Optional[bool] = ..., value: _Optional[_Union[Logprobs, _Mapping]] = ...) -> None: ...
 
 class WorkerInfo(_message.Message):
-    __slots__ = ("model", "dtype", "block_size", "num_gpu_blocks", "num_cpu_blocks", "vocab_size", "max_model_len", "eos_token_ids", "device", "batch_invariant", "lora_names", "task", "pooling_whole")
+    __slots__ = ("model", "dtype", "block_size", "num_gpu_blocks", "num_cpu_blocks", "vocab_size", "max_model_len", "eos_token_ids", "device", "batch_invariant", "lora_names", "task", "pooling_whole", "max_cpu_loras")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -105,6 +105,7 @@ class WorkerInfo(_message.Message):
     LORA_NAMES_FIELD_NUMBER: _ClassVar[int]
     TASK_FIELD_NUMBER: _ClassVar[int]
     POOLING_WHOLE_FIELD_NUMBER: _ClassVar[int]
+    MAX_CPU_LORAS_FIELD_NUMBER: _ClassVar[int]
     model: str
     dtype: str
     block_size: int
@@ -118,7 +119,8 @@ class WorkerInfo(_message.Message):
     lora_names: _containers.RepeatedScalarFieldContainer[str]
     task: str
     pooling_whole: bool
-    def __init__(self, model: _Optional[str] = ..., dtype: _Optional[str] = ..., block_size: _Optional[int] = ..., num_gpu_blocks: _Optional[int] = ..., num_cpu_blocks: _Optional[int] = ..., vocab_size: _Optional[int] = ..., max_model_len: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., device: _Optional[str] = ..., batch_invariant: _Optional[bool] = ..., lora_names: _Optional[_Iterable[str]] = ..., task: _Optional[str] = ..., pooling_whole: _Optional[bool] = ...) -> None: ...
+    max_cpu_loras: int
+    def __init__(self, model: _Optional[str] = ..., dtype: _Optional[str] = ..., block_size: _Optional[int] = ..., num_gpu_blocks: _Optional[int] = ..., num_cpu_blocks: _Optional[int] = ..., vocab_size: _Optional[int] = ..., max_model_len: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., device: _Optional[str] = ..., batch_invariant: _Optional[bool] = ..., lora_names: _Optional[_Iterable[str]] = ..., task: _Optional[str] = ..., pooling_whole: _Optional[bool] = ..., max_cpu_loras: _Optional[int] = ...) -> None: ...
 
 class LoraAdapterRequest(_message.Message):
     __slots__ = ("lora_name", "lora_path")

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from pagedserve.internal.v1 import common_pb2 as pagedserve_dot_internal_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#pagedserve/internal/v1/worker.proto\x12\x16pagedserve.internal.v1\x1a#pagedserve/internal/v1/common.proto\"\x95\x02\n\x0bNewSequence\x12\x0e\n\x06seq_id\x18\x01 \x01(\x04\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12\x18\n\x10output_token_ids\x18\x03 \x03(\r\x12\x11\n\tblock_ids\x18\x04 \x03(\r\x12\x1b\n\x13num_computed_tokens\x18\x05 \x01(\r\x12\x1c\n\x14num_scheduled_tokens\x18\x06 \x01(\r\x12\x36\n\x06params\x18\x07 \x01(\x0b\x32&.pagedserve.internal.v1.SamplingParams\x12\x14\n\x0csample_index\x18\x08 \x01(\r\x12\x13\n\x0bnum_samples\x18\t \x01(\r\x12\x11\n\tlora_name\x18\n \x01(\t\"\xd4\x01\n\x0e\x43\x61\x63hedSequence\x12\x0e\n\x06seq_id\x18\x01 \x01(\x04\x12\x15\n\rnew_token_ids\x18\x02 \x03(\r\x12\x15\n\rnew_block_ids\x18\x03 \x03(\r\x12\x1b\n\x13num_computed_tokens\x18\x04 \x01(\r\x12\x1c\n\x14num_scheduled_tokens\x18\x05 \x01(\r\x12\x17\n\x0f\x64raft_token_ids\x18\x14 \x03(\r\x12\x1c\n\x0fnum_kept_blocks\x18\x15 \x01(\rH\x00\x88\x01\x01\x42\x12\n\x10_num_kept_blocks\"%\n\tBlockPair\x12\x0b\n\x03src\x18\x01 \x01(\r\x12\x0b\n\x03\x64st\x18\x02 \x01(\r\"\xfd\x02\n\x0bStepRequest\x12\x0f\n\x07step_id\x18\x01 \x01(\x04\x12\x35\n\x08new_seqs\x18\x02 \x03(\x0b\x32#.pagedserve.internal.v1.NewSequence\x12;\n\x0b\x63\x61\x63hed_seqs\x18\x03 \x03(\x0b\x32&.pagedserve.internal.v1.CachedSequence\x12\x18\n\x10\x66inished_seq_ids\x18\x04 \x03(\x04\x12=\n\x12\x62locks_to_swap_out\x18\x05 \x03(\x0b\x32!.pagedserve.internal.v1.BlockPair\x12<\n\x11\x62locks_to_swap_in\x18\x06 \x03(\x0b\x32!.pagedserve.internal.v1.BlockPair\x12\x39\n\x0e\x62locks_to_copy\x18\x07 \x03(\x0b\x32!.pagedserve.internal.v1.BlockPair\x12\x17\n\x0f\x61sync_next_step\x18\x08 \x01(\x08\"r\n\tSeqOutput\x12\x0e\n\x06seq_id\x18\x01 \x01(\x04\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x32\n\x08logprobs\x18\x03 \x03(\x0b\x32 .pagedserve.internal.v1.Logprobs\x12\x0e\n\x06pooled\x18\x04 \x03(\x02\"`\n\x13PromptLogprobsChunk\x12\x0e\n\x06seq_id\x18\x01 \x01(\x04\x12\x39\n\x07\x65ntries\x18\x02 \x03(\x0b\x32(.pagedserve.internal.v1.OptionalLogprobs\"\x99\x01\n\x0cStepResponse\x12\x0f\n\x07step_id\x18\x01 \x01(\x04\x12\x32\n\x07outputs\x18\x02 \x03(\x0b\x32!.pagedserve.internal.v1.SeqOutput\x12\x44\n\x0fprompt_logprobs\x18\x03 \x03(\x0b\x32+.pagedserve.internal.v1.PromptLogprobsChunk\"\x10\n\x0eGetInfoRequest2\xfe\x02\n\x06Worker\x12Q\n\x04Step\x12#.pagedserve.internal.v1.StepRequest\x1a$.pagedserve.internal.v1.StepResponse\x12U\n\x07GetInfo\x12&.pagedserve.internal.v1.GetInfoRequest\x1a\".pagedserve.internal.v1.WorkerInfo\x12\x63\n\x08LoadLora\x12*.pagedserve.internal.v1.LoraAdapterRequest\x1a+.pagedserve.internal.v1.LoraAdapterResponse\x12\x65\n\nUnloadLora\x12*.pagedserve.internal.v1.LoraAdapterRequest\x1a+.pagedserve.internal.v1.LoraAdapterResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#pagedserve/internal/v1/worker.proto\x12\x16pagedserve.internal.v1\x1a#pagedserve/internal/v1/common.proto\"\xa8\x02\n\x0bNewSequence\x12\x0e\n\x06seq_id\x18\x01 \x01(\x04\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12\x18\n\x10output_token_ids\x18\x03 \x03(\r\x12\x11\n\tblock_ids\x18\x04 \x03(\r\x12\x1b\n\x13num_computed_tokens\x18\x05 \x01(\r\x12\x1c\n\x14num_scheduled_tokens\x18\x06 \x01(\r\x12\x36\n\x06params\x18\x07 \x01(\x0b\x32&.pagedserve.internal.v1.SamplingParams\x12\x14\n\x0csample_index\x18\x08 \x01(\r\x12\x13\n\x0bnum_samples\x18\t \x01(\r\x12\x11\n\tlora_name\x18\n \x01(\t\x12\x11\n\tlora_path\x18\x0b \x01(\t\"\xd4\x01\n\x0e\x43\x61\x63hedSequence\x12\x0e\n\x06seq_id\x18\x01 \x01(\x04\x12\x15\n\rnew_token_ids\x18\x02 \x03(\r\x12\x15\n\rnew_block_ids\x18\x03 \x03(\r\x12\x1b\n\x13num_computed_tokens\x18\x04 \x01(\r\x12\x1c\n\x14num_scheduled_tokens\x18\x05 \x01(\r\x12\x17\n\x0f\x64raft_token_ids\x18\x14 \x03(\r\x12\x1c\n\x0fnum_kept_blocks\x18\x15 \x01(\rH\x00\x88\x01\x01\x42\x12\n\x10_num_kept_blocks\"%\n\tBlockPair\x12\x0b\n\x03src\x18\x01 \x01(\r\x12\x0b\n\x03\x64st\x18\x02 \x01(\r\"\xfd\x02\n\x0bStepRequest\x12\x0f\n\x07step_id\x18\x01 \x01(\x04\x12\x35\n\x08new_seqs\x18\x02 \x03(\x0b\x32#.pagedserve.internal.v1.NewSequence\x12;\n\x0b\x63\x61\x63hed_seqs\x18\x03 \x03(\x0b\x32&.pagedserve.internal.v1.CachedSequence\x12\x18\n\x10\x66inished_seq_ids\x18\x04 \x03(\x04\x12=\n\x12\x62locks_to_swap_out\x18\x05 \x03(\x0b\x32!.pagedserve.internal.v1.BlockPair\x12<\n\x11\x62locks_to_swap_in\x18\x06 \x03(\x0b\x32!.pagedserve.internal.v1.BlockPair\x12\x39\n\x0e\x62locks_to_copy\x18\x07 \x03(\x0b\x32!.pagedserve.internal.v1.BlockPair\x12\x17\n\x0f\x61sync_next_step\x18\x08 \x01(\x08\"r\n\tSeqOutput\x12\x0e\n\x06seq_id\x18\x01 \x01(\x04\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12\x32\n\x08logprobs\x18\x03 \x03(\x0b\x32 .pagedserve.internal.v1.Logprobs\x12\x0e\n\x06pooled\x18\x04 \x03(\x02\"`\n\x13PromptLogprobsChunk\x12\x0e\n\x06seq_id\x18\x01 \x01(\x04\x12\x39\n\x07\x65ntries\x18\x02 \x03(\x0b\x32(.pagedserve.internal.v1.OptionalLogprobs\"\x99\x01\n\x0cStepResponse\x12\x0f\n\x07step_id\x18\x01 \x01(\x04\x12\x32\n\x07outputs\x18\x02 \x03(\x0b\x32!.pagedserve.internal.v1.SeqOutput\x12\x44\n\x0fprompt_logprobs\x18\x03 \x03(\x0b\x32+.pagedserve.internal.v1.PromptLogprobsChunk\"\x10\n\x0eGetInfoRequest2\xfe\x02\n\x06Worker\x12Q\n\x04Step\x12#.pagedserve.internal.v1.StepRequest\x1a$.pagedserve.internal.v1.StepResponse\x12U\n\x07GetInfo\x12&.pagedserve.internal.v1.GetInfoRequest\x1a\".pagedserve.internal.v1.WorkerInfo\x12\x63\n\x08LoadLora\x12*.pagedserve.internal.v1.LoraAdapterRequest\x1a+.pagedserve.internal.v1.LoraAdapterResponse\x12\x65\n\nUnloadLora\x12*.pagedserve.internal.v1.LoraAdapterRequest\x1a+.pagedserve.internal.v1.LoraAdapterResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,21 +33,21 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'pagedserve.internal.v1.work
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_NEWSEQUENCE']._serialized_start=101
-  _globals['_NEWSEQUENCE']._serialized_end=378
-  _globals['_CACHEDSEQUENCE']._serialized_start=381
-  _globals['_CACHEDSEQUENCE']._serialized_end=593
-  _globals['_BLOCKPAIR']._serialized_start=595
-  _globals['_BLOCKPAIR']._serialized_end=632
-  _globals['_STEPREQUEST']._serialized_start=635
-  _globals['_STEPREQUEST']._serialized_end=1016
-  _globals['_SEQOUTPUT']._serialized_start=1018
-  _globals['_SEQOUTPUT']._serialized_end=1132
-  _globals['_PROMPTLOGPROBSCHUNK']._serialized_start=1134
-  _globals['_PROMPTLOGPROBSCHUNK']._serialized_end=1230
-  _globals['_STEPRESPONSE']._serialized_start=1233
-  _globals['_STEPRESPONSE']._serialized_end=1386
-  _globals['_GETINFOREQUEST']._serialized_start=1388
-  _globals['_GETINFOREQUEST']._serialized_end=1404
-  _globals['_WORKER']._serialized_start=1407
-  _globals['_WORKER']._serialized_end=1789
+  _globals['_NEWSEQUENCE']._serialized_end=397
+  _globals['_CACHEDSEQUENCE']._serialized_start=400
+  _globals['_CACHEDSEQUENCE']._serialized_end=612
+  _globals['_BLOCKPAIR']._serialized_start=614
+  _globals['_BLOCKPAIR']._serialized_end=651
+  _globals['_STEPREQUEST']._serialized_start=654
+  _globals['_STEPREQUEST']._serialized_end=1035
+  _globals['_SEQOUTPUT']._serialized_start=1037
+  _globals['_SEQOUTPUT']._serialized_end=1151
+  _globals['_PROMPTLOGPROBSCHUNK']._serialized_start=1153
+  _globals['_PROMPTLOGPROBSCHUNK']._serialized_end=1249
+  _globals['_STEPRESPONSE']._serialized_start=1252
+  _globals['_STEPRESPONSE']._serialized_end=1405
+  _globals['_GETINFOREQUEST']._serialized_start=1407
+  _globals['_GETINFOREQUEST']._serialized_end=1423
+  _globals['_WORKER']._serialized_start=1426
+  _globals['_WORKER']._serialized_end=1808
 # @@protoc_insertion_point(module_scope)
