@@ -122,5 +122,5 @@ class WorkerInfo:
     # a pooling request runs its whole prompt in one step with no cached prefix (an encoder; mean or
     # CLS pooling): the scheduler never chunks it
     pooling_whole: bool = False
-    lora_names: tuple[str, ...] = ()  # the LoRA adapters it holds at start (--lora-modules)
+    lora_names: tuple[str, ...] = ()  # its LoRA adapters (--lora-modules), of which it holds the last max_cpu_loras
     max_cpu_loras: int = 0  # LoRA adapters it holds at once, loading others on demand; 0: no --enable-lora

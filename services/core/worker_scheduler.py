@@ -48,7 +48,8 @@ class WorkerScheduler:
         self.worker_id, self.info, self.config, self.shared = worker_id, info, config, shared
         # the LoRA adapters it holds, least recently used first: its own registry's order, mirrored (it loads
         # one on demand and drops the least recently used one no sequence it runs uses, as _hold_lora does)
-        self.lora_names: dict[str, None] = dict.fromkeys(info.lora_names)
+        self.lora_names: dict[str, None] = dict.fromkeys(info.lora_names[-info.max_cpu_loras:] if self.serves_loras
+                                                         else ())
         self.blocks = BlockManager(info.num_gpu_blocks, info.block_size, info.num_cpu_blocks,
                                    config.enable_prefix_caching)
         if shared.kv_events is not None:

@@ -29,7 +29,7 @@ from services.worker.parallel import Shard
 
 log = structlog.get_logger("worker.group")
 
-STEP, FORGET, STOP, TIMERS = 0, 1, 2, 3  # what rank 0 broadcasts
+STEP, FORGET, STOP, TIMERS, LORA = 0, 1, 2, 3, 4  # what rank 0 broadcasts
 TIMEOUT_S = 120  # a collective that waits longer means a rank is gone
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # torch 2.13 renamed it
 

@@ -10,8 +10,13 @@ FMA chain over k in a fixed order, whatever the number of rows), so a row's bits
 other rows, or adapters, share the step; no grouped kernel sums across rows. A row without an adapter
 gets nothing added, so its bits are the base model's.
 
-Supported: the Llama family's attention and dense MLP projections (q, k, v, o, gate, up, down), in one
-process (tensor/pipeline parallel groups refuse --enable-lora).
+Tensor/pipeline parallel groups give the bits of one process (load_adapter shards each adapter): a
+column-parallel site (qkv, gate_up) adds, on each tensor rank, its own output rows of the same product (A
+whole, B's rows); a row-parallel site (o, down) first gathers its input's columns from the tensor ranks
+(a copy, no sum), so every rank computes the product of one process and adds it to the folded output, which
+is already one process's bits (kernels/row_parallel.py). Each pipeline stage holds its layers' pieces.
+
+Supported: the Llama family's attention and dense MLP projections (q, k, v, o, gate, up, down).
 
 A worker holds at most max_cpu_loras adapters (LoraRegistry) and loads another on demand when a step sends
 it a sequence under it, dropping the least recently used one no sequence it runs uses.
@@ -65,6 +70,11 @@ def site_splits(num_heads: int, num_kv_heads: int, head_dim: int, hidden: int, i
             "down": ((hidden,), intermediate)}
 
 
+def arch_splits(cfg) -> dict:
+    """site_splits of a ModelArchConfig (services/worker/model_config.py)."""
+    return site_splits(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.hidden_size, cfg.intermediate_size)
+
+
 def read_config(path: Path, max_rank: int) -> tuple[int, float, tuple[str, ...]]:
     """(rank, scale, target modules) from adapter_config.json, checked: InvalidArgument naming the problem."""
     config_file = path / CONFIG_FILE
@@ -91,9 +101,12 @@ def read_config(path: Path, max_rank: int) -> tuple[int, float, tuple[str, ...]]
     return rank, float(scale), tuple(sorted(set(targets)))
 
 
-def load_adapter(name: str, path: str | Path, *, max_rank: int, num_layers: int, splits: dict,
-                 dtype: torch.dtype, device: torch.device, pack: Callable) -> LoraAdapter:
-    """The adapter at `path` checked against the model (layers, shapes) and packed for the linear layers."""
+def load_adapter(name: str, path: str | Path, *, max_rank: int, cfg, shard, dtype: torch.dtype,
+                 device: torch.device, pack: Callable) -> LoraAdapter:
+    """The adapter at `path` checked against the whole model (layers, shapes), and this rank's part of it packed
+    for the linear layers (shard: services/worker/parallel.py's Shard; one process holds all of it). A rank
+    keeps its stage's layers; of a column-parallel projection (q, k, v, gate, up) the rows of B its outputs
+    are, A whole; of a row-parallel one (o, down) A and B whole: its input is gathered first (LoraSite)."""
     path = Path(path)
     rank, scale, targets = read_config(path, max_rank)
     weights: dict[tuple[int, str, str], torch.Tensor] = {}
@@ -103,25 +116,32 @@ def load_adapter(name: str, path: str | Path, *, max_rank: int, num_layers: int,
             check(match is not None, "lora_path", f"{WEIGHTS_FILE}: unexpected tensor {key!r}")
             layer, module, which = int(match.group(1)), match.group(3), match.group(4)
             check(module in targets, "target_modules", f"tensor {key!r} is for {module}, not a target module")
-            check(layer < num_layers, "lora_path", f"tensor {key!r}: the model has {num_layers} layers")
+            check(layer < cfg.num_layers, "lora_path", f"tensor {key!r}: the model has {cfg.num_layers} layers")
             weights[(layer, module, which)] = f.get_tensor(key)
     adapter = LoraAdapter(name=name, path=str(path), rank=rank, scale=scale, target_modules=targets)
+    whole, local = arch_splits(cfg), arch_splits(shard.local_arch(cfg))
     for (layer, module, which), a in sorted(weights.items()):
         if which != "A":
             continue
         b = weights.get((layer, module, "B"))
         check(b is not None, "lora_path", f"layer {layer} {module}: lora_A without lora_B")
         site, piece = TARGETS[module]
-        sizes, width = splits[site]
+        sizes, width = whole[site]
         check(tuple(a.shape) == (rank, width), "lora_path",
               f"layer {layer} {module}.lora_A has shape {tuple(a.shape)}, expected {(rank, width)}")
         check(tuple(b.shape) == (sizes[piece], rank), "lora_path",
               f"layer {layer} {module}.lora_B has shape {tuple(b.shape)}, expected {(sizes[piece], rank)}")
-        start = sum(sizes[:piece])
+        if not shard.holds_layer(layer, cfg):
+            continue
+        part = shard.slice_for(f"model.layers.{layer}.{'mlp' if site in ('gate_up', 'down') else 'self_attn'}."
+                               f"{module}.weight", cfg)
+        if part is not None and part[0] == 0:  # column-parallel: this rank's output rows
+            b = b[part[1]:part[2]]
+        start = sum(local[site][0][:piece])
         a, b = (t.to(device=device, dtype=dtype).contiguous() for t in (a, b))
-        adapter.pieces.setdefault((layer, site), []).append(LoraPiece(start=start, end=start + sizes[piece],
+        adapter.pieces.setdefault((layer, site), []).append(LoraPiece(start=start, end=start + b.shape[0],
                                                                          a=pack(a), b=pack(b)))
-    check(bool(adapter.pieces), "lora_path", f"{WEIGHTS_FILE} holds no lora_A/lora_B pair")
+    check(any(which == "A" for _, _, which in weights), "lora_path", f"{WEIGHTS_FILE} holds no lora_A/lora_B pair")
     return adapter
 
 
@@ -131,12 +151,22 @@ class LoraBatch:
 
     groups: list[tuple[LoraAdapter, torch.Tensor]]
 
+    def select(self, t0: int, t1: int) -> LoraBatch | None:
+        """The part of tokens [t0, t1) (a pipeline micro-batch), its rows counted from t0; None: no adapter row."""
+        groups = [(adapter, rows[(rows >= t0) & (rows < t1)] - t0) for adapter, rows in self.groups]
+        groups = [(adapter, rows) for adapter, rows in groups if rows.numel()]
+        return LoraBatch(groups) if groups else None
+
+
+ROW_PARALLEL_SITES = ("o", "down")  # their input is split across tensor ranks (kernels/row_parallel.py)
+
 
 class LoraState:
-    """The current step's LoraBatch, read by every layer's sites; None while no row has an adapter."""
+    """The current step's LoraBatch, read by every layer's sites; None while no row has an adapter.
+    gather_columns (tensor parallel ranks only): [R, K / tp] of every tensor rank -> [R, K], side by side."""
 
-    def __init__(self, linear: Callable):
-        self.linear = linear
+    def __init__(self, linear: Callable, gather_columns: Callable | None = None):
+        self.linear, self.gather_columns = linear, gather_columns
         self.batch: LoraBatch | None = None
 
 
@@ -145,6 +175,7 @@ class LoraSite:
 
     def __init__(self, state: LoraState, layer: int, site: str):
         self.state, self.key = state, (layer, site)
+        self.gathers = site in ROW_PARALLEL_SITES and state.gather_columns is not None
 
     def add(self, out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:  # out [T, N] += per adapter rows
         batch = self.state.batch
@@ -155,7 +186,9 @@ class LoraSite:
             pieces = adapter.pieces.get(self.key)
             if not pieces:
                 continue
-            x_rows = x[rows]  # [R, in]
+            x_rows = x[rows]  # [R, in]: a row-parallel site's whole input gathered, so A x is TP=1's one chain
+            if self.gathers:
+                x_rows = self.state.gather_columns(x_rows)
             for piece in pieces:
                 delta = linear(linear(x_rows, piece.a, None), piece.b, None)  # [R, out]: per row, fixed order
                 out[rows, piece.start:piece.end] = out[rows, piece.start:piece.end] + adapter.scale * delta

@@ -17,6 +17,8 @@ bubble (bench/parallel.py).
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import torch
 
 
@@ -52,7 +54,7 @@ def forward(model, input_ids: torch.Tensor, kv_caches, meta, micro_batches: int)
                     x, residual = model.embed_tokens(input_ids[t0:t1]), None
             else:
                 x, residual = comm.recv_activations(t1 - t0, hidden)
-            with comm.busy():
+            with comm.busy(), _lora_rows(model, t0, t1):
                 x, residual = model.run_layers(x, residual, kv_caches, meta.select(s0, s1), final_norm=False)
             sends.append(comm.isend_activations(x, residual, to_first=shard.last_stage))
         out = None
@@ -65,3 +67,18 @@ def forward(model, input_ids: torch.Tensor, kv_caches, meta, micro_batches: int)
             out = parts[0] if len(parts) == 1 else torch.cat(parts)
         comm.wait_sends(sends)
     return out
+
+
+@contextmanager
+def _lora_rows(model, t0: int, t1: int):
+    """The step's LoRA rows (services/worker/lora.py) of the micro-batch's tokens [t0, t1), counted from t0."""
+    lora = model.lora
+    batch = lora.batch if lora is not None else None
+    if batch is None:
+        yield
+        return
+    lora.batch = batch.select(t0, t1)
+    try:
+        yield
+    finally:
+        lora.batch = batch

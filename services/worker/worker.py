@@ -24,7 +24,7 @@ from services.worker.loader import (gguf_align, load_model, resolve_activation_q
                                    resolve_quantization)
 from services.worker.model_config import ModelArchConfig
 from services.worker.grammar import Grammars
-from services.worker.lora import LoraRegistry, LoraState, load_adapter, site_splits
+from services.worker.lora import LoraRegistry, LoraState, load_adapter
 from services.worker.async_scheduling import AsyncModelRunner
 from services.worker.group import GroupComm
 from services.worker.parallel import Shard, check_layout
@@ -111,7 +111,7 @@ class Worker:
         grammars = Grammars(self.tokenizer_path, arch.vocab_size, arch.eos_token_ids)
         pooler = None if self.task == "generate" else make_pooler(model, self.task, self.model_path,
                                                                   self.tokenizer_path, arch)
-        loras = self._lora_registry(config, model, local, linear) if config.enable_lora else None
+        loras = self._lora_registry(config, model, arch, linear) if config.enable_lora else None
         self.runner = AsyncModelRunner(model, kv_cache, self.device, config.batch_invariant, grammars, pooler, loras)
         self.info = WorkerInfo(
             model=str(self.model_path), dtype=str(self.dtype).removeprefix("torch."), block_size=cache.block_size,
@@ -119,30 +119,33 @@ class Worker:
             max_model_len=arch.max_position_embeddings, eos_token_ids=arch.eos_token_ids,
             device=self.device.type, batch_invariant=config.batch_invariant, task=self.task,
             pooling_whole=pooler is not None and pooler.whole, max_cpu_loras=config.max_cpu_loras if loras is not None else 0)
-        for name, path in parse_lora_modules(config.lora_modules).items():  # a bad one stops the worker, named
+        modules = parse_lora_modules(config.lora_modules)
+        for name, path in modules.items():  # a bad one stops the worker, named; it holds the last max_cpu_loras
             self.load_lora(name, path)
         # what it registers with (and GetInfo answers, which the scheduler's probe compares): its --lora-modules;
         # adapters loaded at run time are the scheduler's to remember (Scheduler.loras): a step under one that
         # this worker does not hold (it restarted, or dropped it) names its folder, and it loads it then
-        self.info = dataclasses.replace(self.info, lora_names=tuple(self.lora_names()))
+        self.info = dataclasses.replace(self.info, lora_names=tuple(modules))
         log.info("worker_ready", model=self.info.model, dtype=self.info.dtype, device=self.info.device,
                  num_gpu_blocks=num_blocks, num_cpu_blocks=num_cpu_blocks, kernels=ops.name,
                  quantization=self.quantization, activation_quant=self.activation_quant, cpu_isa=cpu_kernels.active_tier() if ops.name == "cpu" else None,
                  rank=self.shard.rank, tensor_parallel_size=tp, pipeline_parallel_size=pp, task=self.task)
 
-    def _lora_registry(self, config: WorkerConfig, model, local: ModelArchConfig, linear) -> LoraRegistry:
-        """The adapters this worker holds (services/worker/lora.py), the model's LoRA sites enabled."""
-        if self.shard.world_size > 1:
-            raise InvalidArgument("enable_lora", "LoRA adapters are served by single-process workers only, not yet "
-                                                 "by a tensor/pipeline parallel group")
-        model.enable_lora(LoraState(linear))
-        splits = site_splits(local.num_heads, local.num_kv_heads, local.head_dim, local.hidden_size,
-                             local.intermediate_size)
-        num_layers, dtype, device = local.num_layers, self.dtype, self.device
+    def _lora_registry(self, config: WorkerConfig, model, arch: ModelArchConfig, linear) -> LoraRegistry:
+        """The adapters this worker holds (services/worker/lora.py: this rank's part of each), the model's LoRA
+        sites enabled."""
+        gather = None
+        if self.shard.tp_size > 1:
+            comm = self.comm
+
+            def gather(x: torch.Tensor) -> torch.Tensor:  # [R, K / tp] -> [R, K], the ranks' columns in order
+                return comm.gather_partials(x.unsqueeze(0)).permute(1, 0, 2).reshape(x.shape[0], -1)
+        model.enable_lora(LoraState(linear, gather))
+        shard, dtype, device = self.shard, self.dtype, self.device
 
         def load(name: str, path: str):
-            return load_adapter(name, path, max_rank=config.max_lora_rank, num_layers=num_layers, splits=splits,
-                                dtype=dtype, device=device, pack=prepack)
+            return load_adapter(name, path, max_rank=config.max_lora_rank, cfg=arch, shard=shard, dtype=dtype,
+                                device=device, pack=prepack)
         return LoraRegistry(config.max_cpu_loras, load)
 
     def load_lora(self, name: str, path: str):

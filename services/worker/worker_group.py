@@ -10,6 +10,7 @@ watching them start, broadcasting each step to them before rank 0 runs it, the f
 from __future__ import annotations
 
 import dataclasses
+import json
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -21,7 +22,7 @@ from services.core.config import CacheConfig, WorkerConfig
 from services.core.errors import InvalidArgument, Unavailable, UnknownSequence
 from services.core.step import StepDelta, StepResult
 from services.rpc.internal_codec import delta_from_bytes, delta_to_bytes
-from services.worker.group import FORGET, STEP, STOP, TIMEOUT_S, TIMERS, free_address
+from services.worker.group import FORGET, LORA, STEP, STOP, TIMEOUT_S, TIMERS, free_address
 from services.core.model_path import resolve_model_path
 from services.worker.model_config import ModelArchConfig
 from services.worker.worker import Worker, checked_layout, pick_device
@@ -103,11 +104,15 @@ class WorkerGroup:
         """Rank 0's collectives (its timers: bench/parallel.py)."""
         return self.leader.comm
 
-    # LoRA: a group refuses enable_lora when it starts (Worker._lora_registry), so rank 0 answers alone
+    # LoRA: every rank holds its part of each adapter (services/worker/lora.py) and the same ones, so a load or
+    # an unload reaches the followers first, as a step does; every rank checks the adapter, and they all
+    # refuse a bad one alike (rank 0's refusal is the answer)
     def load_lora(self, name: str, path: str):
+        self.comm.broadcast(LORA, json.dumps({"name": name, "path": str(path)}).encode())
         return self.leader.load_lora(name, path)
 
     def unload_lora(self, name: str) -> None:
+        self.comm.broadcast(LORA, json.dumps({"name": name}).encode())
         self.leader.unload_lora(name)
 
     def lora_names(self) -> list[str]:
@@ -220,5 +225,18 @@ def follow_steps(worker: Worker) -> None:
                 worker.step(delta_from_bytes(payload))
             except (ValueError, LookupError) as error:  # the same refusal rank 0 answers with
                 log.info("follower_step_refused", rank=worker.shard.rank, error=str(error))
+        elif kind == LORA:
+            follow_lora(worker, json.loads(payload))
         else:
             return
+
+
+def follow_lora(worker: Worker, message: dict) -> None:
+    """Rank 0's load (name and path) or unload (name) of an adapter, on this rank."""
+    try:
+        if "path" in message:
+            worker.load_lora(message["name"], message["path"])
+        else:
+            worker.unload_lora(message["name"])
+    except ValueError as error:  # a bad adapter: rank 0 refuses it alike
+        log.info("follower_lora_refused", rank=worker.shard.rank, error=str(error))

@@ -121,6 +121,19 @@ def test_more_adapters_than_a_worker_holds_load_on_demand(setup, monkeypatch):
     assert small.scheduler.stats().lora_names == ()  # nothing runs or waits under an adapter after
 
 
+@pytest.mark.slow
+def test_a_tensor_and_pipeline_parallel_group_gives_the_bits_of_one_process(setup):
+    """The base and three adapters in one batch on a TP 2 x PP 2 group (two micro-batches a step), holding
+    two adapters at once: every request has the bits of one process (TP 4, where the KV heads are
+    replicated, too: left out for time, a group's processes take seconds each to start)."""
+    folder, adapters, prompts, llm = setup
+    loras = [(None, *adapters)[i % 4] for i in range(4)]
+    want = run(llm, prompts[:4], loras)
+    with make_llm(folder, dtype="float32", enable_lora=True, max_cpu_loras=2, tensor_parallel_size=2,
+                  pipeline_parallel_size=2, num_threads=1, **CACHE) as group:
+        assert run(group, prompts[:4], loras) == want
+
+
 @pytest.mark.parametrize("quantization", ["int8", "gguf"])
 def test_quantized_base(setup, tmp_path, quantization):
     """Over an int8 or GGUF (Q8_0) base: an adapter's rows in a mixed batch have their bits alone, the

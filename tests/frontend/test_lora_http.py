@@ -34,7 +34,7 @@ def adapters(tiny_llama, lora_dir):
 def served(tiny_llama, adapters, lora_dir):
     modules = " ".join(f"{name}={path}" for name, path in adapters.items())
     yield from serve(tiny_llama, {"lora_modules": modules, "lora_dir": str(lora_dir), "api_key": KEY},
-                     {"enable_lora": True, "lora_modules": modules, "max_cpu_loras": 2})  # a third loads on demand
+                     {"enable_lora": True, "lora_modules": modules, "max_cpu_loras": 1})  # others load on demand
 
 
 def openai_client(served):
@@ -81,8 +81,8 @@ def test_metrics_name_the_adapters_running(served):
 
 def test_adapters_load_and_unload_at_run_time(served, tiny_llama, adapters, lora_dir, tmp_path):
     """Behind the API key; a path outside --lora-dir and bad adapters are 400s naming the problem; a loaded
-    adapter serves with its bits, and so do the two the worker held before (it holds two: each dropped one
-    loads again on demand); unloading it while a request runs under it is refused (that request
+    adapter serves with its bits, and so do the --lora-modules ones (the worker holds one: each other one loads
+    on demand); unloading it while a request runs under it is refused (that request
     finishes), then it unloads and its name is a 404."""
     load = served.url + "/v1/load_lora_adapter"
     late = make_lora(lora_dir / "late", tiny_llama, rank=8, seed=9)
@@ -105,7 +105,7 @@ def test_adapters_load_and_unload_at_run_time(served, tiny_llama, adapters, lora
                         lora_request=LoRARequest("late", 1, str(late)))[0].outputs[0]
     assert got.choices[0].logprobs.token_logprobs == [lp.logprob for lp in want.logprobs]
     assert {m.id for m in client.models.list().data} == {str(tiny_llama), "sql", "chat", "late"}
-    paths = {**adapters, "late": str(late)}  # three adapters on a worker that holds two: each loads on demand
+    paths = {**adapters, "late": str(late)}  # three adapters on a worker that holds one: each loads on demand
     for model in ("sql", "late", "chat", "sql"):
         got = client.completions.create(model=model, prompt=PROMPT, max_tokens=4, temperature=0, logprobs=1)
         want = llm.generate([PROMPT], greedy(4, logprobs=1), use_tqdm=False,
