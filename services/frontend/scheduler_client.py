@@ -230,7 +230,7 @@ class SchedulerClient:
         return internal_codec.stats_from_proto(response)
 
     async def lora(self, load: bool, name: str, path: str = "") -> list[str]:
-        """Load (or unload) a LoRA adapter on every worker; the adapters they all hold after."""
+        """Load (or unload) a LoRA adapter on every worker; every adapter the scheduler serves after."""
         call = self.stub.LoadLoraAdapter if load else self.stub.UnloadLoraAdapter
         try:
             response = await call(common_pb2.LoraAdapterRequest(lora_name=name, lora_path=path))

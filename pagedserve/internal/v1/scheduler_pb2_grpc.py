@@ -106,7 +106,8 @@ class SchedulerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def LoadLoraAdapter(self, request, context):
-        """Load a LoRA adapter on every registered worker (each checks it; INVALID_ARGUMENT names the problem).
+        """Load a LoRA adapter on every registered worker (each checks it; INVALID_ARGUMENT names the problem) and
+        serve it from then on: a worker that does not hold it loads it when a request under it is placed there.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -81,15 +81,17 @@ class WorkerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def LoadLora(self, request, context):
-        """Hold a LoRA adapter (a no-op where held from that path); INVALID_ARGUMENT naming the problem for a
-        bad one (rank over --max-lora-rank, unsupported target modules, a missing file, shapes).
+        """Hold a LoRA adapter (a no-op where held from that path; past --max-cpu-loras the least recently used
+        one no sequence uses is dropped, and where all are in use it is only checked); INVALID_ARGUMENT naming the
+        problem for a bad one (rank over --max-lora-rank, unsupported target modules, a missing file, shapes).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def UnloadLora(self, request, context):
-        """Drop a LoRA adapter; INVALID_ARGUMENT while a sequence it holds runs under it, or when not held.
+        """Drop a LoRA adapter and forget its folder (a no-op where not known); the scheduler first checks that
+        nothing runs or waits under it.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
