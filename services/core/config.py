@@ -227,8 +227,8 @@ class SchedulerConfig:
     preemption_mode: str = setting("recompute", f"one of {PREEMPTION_MODES}")
     scheduling_policy: str = setting("fcfs", f"one of {POLICIES}")
     max_waiting_requests: int = setting(4096, "beyond this, new requests are refused (RESOURCE_EXHAUSTED)")
-    max_loras: int = setting(8, "LoRA adapters whose sequences a worker runs at once (at most its --max-cpu-loras); "
-                                "a request under another waits until one of them has none left (the base needs no slot)")
+    max_loras: int = setting(8, "LoRA adapters whose sequences a worker runs at once (at most its --max-cpu-loras); a "
+                                "request under another waits until one of them has none left (the base needs no slot)")
     seed: int | None = setting(None, "draw the seeds of requests that bring none from this, so a run repeats "
                                      "itself (default: random; the worker's own torch seed is --torch-seed)")
     async_scheduling: bool = setting(

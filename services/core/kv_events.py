@@ -36,7 +36,7 @@ class BlockStored:
     parent_block_hash: bytes | None
     token_ids: list[int]  # every stored block's tokens, block after block
     block_size: int
-    lora_id: int | None = None  # the LoRA adapter's id the blocks were computed under (Scheduler.register_lora); None: the base
+    lora_id: int | None = None  # the id of the LoRA adapter they were computed under (Scheduler.register_lora)
     medium: str = MEDIUM_GPU
 
 

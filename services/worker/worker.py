@@ -118,7 +118,8 @@ class Worker:
             num_gpu_blocks=num_blocks, num_cpu_blocks=num_cpu_blocks, vocab_size=arch.vocab_size,
             max_model_len=arch.max_position_embeddings, eos_token_ids=arch.eos_token_ids,
             device=self.device.type, batch_invariant=config.batch_invariant, task=self.task,
-            pooling_whole=pooler is not None and pooler.whole, max_cpu_loras=config.max_cpu_loras if loras is not None else 0)
+            pooling_whole=pooler is not None and pooler.whole,
+            max_cpu_loras=config.max_cpu_loras if loras is not None else 0)
         modules = parse_lora_modules(config.lora_modules)
         for name, path in modules.items():  # a bad one stops the worker, named; it holds the last max_cpu_loras
             self.load_lora(name, path)
