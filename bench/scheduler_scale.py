@@ -1,7 +1,7 @@
 """One scheduler's capacity: the real scheduler service driving N stand-in workers over real gRPC.
 
     python bench/scheduler_scale.py [--workers 1,2,4,8,16,32] [--seqs-per-worker 8] [--seconds 4]
-                                    [--rounds 2] [--profile N] [--compare TREE] [--step-ms MS]
+                                    [--rounds 2] [--profile N] [--compare TREE ...] [--step-ms MS]
 
 The scheduler is the service itself, `python -m services.scheduler`, in a process of its own (a
 fresh one per N), whose CPU time psutil reads. Each stand-in worker (StandInWorker) serves the
@@ -26,9 +26,10 @@ rate of N such workers, instead of at the most it can drive.
 
 --compare TREE runs, beside this checkout's scheduler, the one of another checkout of the
 repository (e.g. a git worktree of an older commit), interleaved: for each round and worker count
-both are measured back to back, in alternating order (ABBA), so a change in the host's load hits
-both alike; the figure compared is the median of the paired ratios (this / TREE). The stand-ins
-and the client are this checkout's (the Worker and Scheduler wire contracts they use must match).
+all are measured back to back, the order rotated each turn, so a change in the host's load hits
+them alike; the figure compared is the median of the paired ratios (this / TREE). Repeat it to
+compare with several checkouts in one run. The stand-ins and the client are this checkout's (they
+serve both Step and StepStream, so a scheduler of either kind drives them).
 
 Writes bench/results/scheduler_scale.{md,json,png}.
 """
@@ -71,7 +72,7 @@ INFO = WorkerInfo(model="stand-in", dtype="float32", block_size=16, num_gpu_bloc
 
 
 class StandInWorker(worker_pb2_grpc.WorkerServicer):
-    """The worker's gRPC contract with no model: each Step is answered at once."""
+    """The worker's gRPC contract with no model: each step (Step or StepStream) is answered at once."""
 
     def __init__(self, worker_id: str, scheduler_address: str, step_s: float = 0.0):
         self.worker_id, self.scheduler_address, self.step_s = worker_id, scheduler_address, step_s
@@ -96,6 +97,14 @@ class StandInWorker(worker_pb2_grpc.WorkerServicer):
         await self.grpc.stop(None)
 
     async def Step(self, request, context):
+        """What a scheduler of an earlier version calls (--compare): a unary call a step."""
+        return await self._answer(request, context)
+
+    async def StepStream(self, request_iterator, context):
+        async for request in request_iterator:
+            yield await self._answer(request, context)
+
+    async def _answer(self, request, context) -> worker_pb2.StepResponse:
         arrived = time.perf_counter()
         if self.answered is not None:
             self.gaps.append(arrived - self.answered)
@@ -297,8 +306,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--out", default="scheduler_scale", help="results file stem in bench/results")
     parser.add_argument("--step-ms", type=float, default=0.0,
                         help="each stand-in's step time (a sleep); 0: it answers at once")
-    parser.add_argument("--compare", type=Path, default=None,
-                        help="another checkout whose scheduler runs interleaved with this one's (A/B)")
+    parser.add_argument("--compare", type=Path, action="append", default=[],
+                        help="another checkout whose scheduler runs interleaved with this one's (A/B); "
+                             "repeat for more")
     return parser.parse_args()
 
 
@@ -320,17 +330,31 @@ def show(label: str, row: dict) -> None:
     print(label, {k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}, flush=True)
 
 
+def contenders(args: argparse.Namespace) -> dict[str, Path]:
+    """This checkout and each --compare checkout, by name (its folder's, "this" for this one)."""
+    trees = {"this": REPO}
+    for tree in args.compare:
+        name = tree.resolve().name
+        while name in trees:
+            name += "'"
+        trees[name] = tree.resolve()
+    return trees
+
+
 def compare(args: argparse.Namespace) -> None:
-    """This checkout's scheduler (A) against args.compare's (B), interleaved ABBA per round and count."""
+    """This checkout's scheduler against each --compare checkout's, interleaved: per round and worker
+    count all back to back, the order rotated (and reversed every other turn) so that no contender
+    always runs first or last."""
     load_before = loadavg()
-    other = args.compare.resolve()
-    trees = {"this": REPO, "compare": other}
+    trees = contenders(args)
+    names, others = list(trees), list(trees)[1:]
     counts = [int(n) for n in args.workers.split(",")]
-    runs: dict[int, dict[str, list[dict]]] = {n: {"this": [], "compare": []} for n in counts}
+    runs: dict[int, dict[str, list[dict]]] = {n: {name: [] for name in names} for n in counts}
     turn = 0
     for round_index in range(args.rounds):
         for num_workers in counts if round_index % 2 == 0 else counts[::-1]:
-            order = ["this", "compare"] if turn % 2 == 0 else ["compare", "this"]
+            order = names[turn % len(names):] + names[:turn % len(names)]
+            order = order[::-1] if (turn // len(names)) % 2 else order
             turn += 1
             for name in order:
                 row = uvloop.run(measure(num_workers, args.seqs_per_worker, args.seconds, tree=trees[name],
@@ -343,37 +367,43 @@ def compare(args: argparse.Namespace) -> None:
     table_rows, rows = [], []
     for n in counts:
         pair = runs[n]
-        ratios = [a["scheduler_cpu_ms_per_worker_step"] / b["scheduler_cpu_ms_per_worker_step"]
-                  for a, b in zip(pair["this"], pair["compare"])]
-        summary = {"workers": n, "cpu_ratio_median": statistics.median(ratios), "cpu_ratios": ratios}
-        for name in ("this", "compare"):
+        summary = {"workers": n, "ratios": {}}
+        for other in others:
+            ratios = [a["scheduler_cpu_ms_per_worker_step"] / b["scheduler_cpu_ms_per_worker_step"]
+                      for a, b in zip(pair["this"], pair[other])]
+            summary["ratios"][other] = {"median": statistics.median(ratios), "min": min(ratios),
+                                        "max": max(ratios), "each": ratios}
+        for name in names:
             cpu = [r["scheduler_cpu_ms_per_worker_step"] for r in pair[name]]
             summary[name] = {key: statistics.median(r[key] for r in pair[name]) for key in keys}
             summary[name]["cpu_min"], summary[name]["cpu_max"] = min(cpu), max(cpu)
             m = summary[name]
+            ratio = summary["ratios"].get(name)
             table_rows.append([n, f"{name} ({tree_commit(trees[name])})", m["scheduler_cpu_ms_per_worker_step"],
                                f"{m['cpu_min']:.3g}-{m['cpu_max']:.3g}", m["worker_steps_per_s"],
                                m["scheduler_cpu_use"], m["driver_cpu_use"], m["messages_per_worker_step"],
                                m["added_latency_ms_p50"], m["added_latency_ms_p99"],
-                               f"{summary['cpu_ratio_median']:.3f}" if name == "this" else ""])
+                               f"{ratio['median']:.3f} ({ratio['min']:.3f}-{ratio['max']:.3f})" if ratio else ""])
         rows.append(summary)
     table = markdown_table(
         ["workers", "scheduler", "CPU ms / worker-step (median)", "range", "worker-steps/s", "scheduler CPU use",
-         "driver CPU use", "messages / worker-step", "added ms p50", "added ms p99", "this / compare (paired)"],
+         "driver CPU use", "messages / worker-step", "added ms p50", "added ms p99",
+         "this / it, paired (median, range)"],
         table_rows)
-    body = (f"A/B: this checkout's scheduler against {other.name}'s (commit {tree_commit(other)}), interleaved: "
-            f"for each of {args.rounds} rounds and each worker count both ran back to back in alternating order "
-            f"(ABBA), a fresh scheduler process each, a {args.seconds:g} s window each; the same stand-in "
-            f"workers and client (this checkout's), {args.seqs_per_worker} running sequences per worker, each "
+    against = ", ".join(f"{name}'s (commit {tree_commit(trees[name])})" for name in others)
+    body = (f"A/B: this checkout's scheduler against {against}, interleaved: for each of {args.rounds} rounds "
+            f"and each worker count all ran back to back, the order rotated each turn, a fresh scheduler "
+            f"process each, a {args.seconds:g} s window each; the same stand-in workers and client (this "
+            f"checkout's), {args.seqs_per_worker} running sequences per worker, each "
             + (f"step taking {args.step_ms:g} ms (a sleep)" if args.step_ms else "step answered at once")
-            + ". The last "
-            f"column is the median over rounds of the paired ratio of CPU ms per worker-step. \"messages\" are "
-            f"the SubmitMany responses the scheduler wrote to the client. The host is shared with other "
-            f"developers' jobs (load average above).\n\n{table}")
-    write_results(args.out, "One scheduler driving N stand-in workers: A/B against another checkout", load_before,
+            + ". The last column is the median (and range) over rounds of the paired ratio of CPU ms per "
+            "worker-step, this checkout's over that row's. \"messages\" are the SubmitMany responses the "
+            "scheduler wrote to the client. The host is shared with other developers' jobs (load average "
+            f"above).\n\n{table}")
+    write_results(args.out, "One scheduler driving N stand-in workers: A/B against other checkouts", load_before,
                   body, {"seqs_per_worker": args.seqs_per_worker, "window_s": args.seconds, "step_ms": args.step_ms,
-                         "compare_commit": tree_commit(other), "rows": rows,
-                         "runs": [run for n in counts for name in ("this", "compare") for run in runs[n][name]]})
+                         "commits": {name: tree_commit(tree) for name, tree in trees.items()}, "rows": rows,
+                         "runs": [run for n in counts for name in names for run in runs[n][name]]})
     print(f"wrote {RESULTS_DIR / args.out}.md")
 
 
@@ -382,7 +412,7 @@ def main() -> None:
     configure_logging("bench", "warning")
     if args.profile:
         return profile(args)
-    if args.compare is not None:
+    if args.compare:
         return compare(args)
     load_before = loadavg()
     counts = [int(n) for n in args.workers.split(",")]

@@ -197,6 +197,7 @@ class StepLoop:
                 self._fail_all(error)
                 continue
             if not progressed:  # nothing fits now: wait for a new worker, request, abort or free seat
+                await handle.idle()
                 await self._idle(wake)
         if self._loops.get(worker_id, (None,))[0] is handle:
             del self._loops[worker_id]

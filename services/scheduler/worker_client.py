@@ -1,10 +1,16 @@
-"""The scheduler's handle on one remote worker: a grpc.aio channel and its Step call; and, before a
+"""The scheduler's handle on one remote worker: a grpc.aio channel and its StepStream call; and, before a
 worker is accepted, the probe of the address it advertised (`probe_worker`).
 
 The step loop sees plain StepDelta / StepResult and two errors: WorkerForgot when the worker
 answers FAILED_PRECONDITION (it does not hold a sequence it was sent: worker.proto asks for a
 re-send in full), and WorkerLost for whatever else went wrong on the wire (UNAVAILABLE,
-DEADLINE_EXCEEDED, a cancelled step...).
+no answer within --step-timeout-s, a cancelled step...).
+
+Steps travel on one StepStream call while the worker has work, not a unary Step call each: grpc.aio
+spends about 120 us of the event loop thread to make a call (its C call stack, headers both ways, a
+status), and a message on an open call a third of that (bench/scheduler_scale.py). A stream has no
+per-step deadline, so a timer cancels the call when a step outlasts step_timeout_s. Any error ends
+the call (the next step opens another), and so does the worker going idle (`idle`).
 
 The probe: a worker registers by telling the scheduler where to reach it (`--advertise-host` and the
 port it listens on). An address the scheduler cannot reach (a container's loopback, a host name only
@@ -44,6 +50,16 @@ class WorkerForgot(RuntimeError):
     re-send its sequences in full."""
 
 
+async def _failure(call, error: Exception) -> Exception:
+    """WorkerForgot or WorkerLost, from the status the step's call ended with."""
+    if isinstance(error, grpc.RpcError):
+        code, details = error.code(), error.details()
+    else:  # written to a call that had already ended
+        code, details = await call.code(), await call.details()
+    kind = WorkerForgot if worker_forgot(code) else WorkerLost
+    return kind(f"{code.name}: {details}")
+
+
 class RemoteWorker:
     def __init__(self, worker_id: str, address: str, info: WorkerInfo, step_timeout_s: float | None = None):
         self.worker_id, self.address, self.info = worker_id, address, info
@@ -53,23 +69,52 @@ class RemoteWorker:
         self.last_seen = time.monotonic()
         self.dropped = False
         self.forgot = False  # its last step answered FAILED_PRECONDITION (re-sent in full since)
-        self._call = None
+        self._call = None  # the open StepStream call
 
     async def step(self, delta: StepDelta) -> StepResult:
-        self._call = self.stub.Step(internal_codec.delta_to_proto(delta), timeout=self.step_timeout_s)
+        """One step on the worker's StepStream call (opened by the first step after an idle time or an
+        error): send the delta, wait for its result."""
+        call = self._call
+        if call is None:
+            call = self._call = self.stub.StepStream()
+        loop = asyncio.get_running_loop()
+        deadline = loop.call_later(self.step_timeout_s, self._expire, call) if self.step_timeout_s else None
         try:
-            result = internal_codec.result_from_proto(await self._call)
-            self.last_seen = time.monotonic()
-            return result
-        except grpc.RpcError as error:
-            kind = WorkerForgot if worker_forgot(error.code()) else WorkerLost
-            raise kind(f"{error.code().name}: {error.details()}") from error
-        except asyncio.CancelledError:
-            if self.dropped:  # cancelled by close(), not by the loop's own shutdown
-                raise WorkerLost("dropped while stepping") from None
-            raise
-        finally:
+            await call.write(internal_codec.delta_to_proto(delta))
+            response = await call.read()
+        except (grpc.RpcError, asyncio.InvalidStateError) as error:  # the call ended with a status
             self._call = None
+            raise await _failure(call, error) from error
+        except asyncio.CancelledError:
+            self._call = None
+            if asyncio.current_task().cancelling():  # the loop's own shutdown
+                raise
+            if self.dropped:  # the call cancelled by close()
+                raise WorkerLost("dropped while stepping") from None
+            raise WorkerLost(f"DEADLINE_EXCEEDED: no answer to a step within {self.step_timeout_s:g} s "
+                             "(--step-timeout-s)") from None
+        finally:
+            if deadline is not None:
+                deadline.cancel()
+        if response is grpc.aio.EOF:
+            self._call = None
+            raise WorkerLost("the worker ended its step stream without answering the step")
+        self.last_seen = time.monotonic()
+        return internal_codec.result_from_proto(response)
+
+    def _expire(self, call) -> None:
+        """The step outlasted step_timeout_s: a hung worker still heartbeats, only this catches it."""
+        call.cancel()
+
+    async def idle(self) -> None:
+        """The worker has nothing to run: end its StepStream call (the next step opens another), so no
+        call stays open through idle time, where something on the path may time it out."""
+        call, self._call = self._call, None
+        if call is not None:
+            try:
+                await call.done_writing()
+            except (grpc.RpcError, asyncio.InvalidStateError):
+                pass  # it had ended already
 
     async def lora(self, load: bool, name: str, path: str = "") -> list[str]:
         """Load (or unload) a LoRA adapter; the adapters held after, least recently used first. InvalidArgument

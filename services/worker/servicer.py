@@ -30,6 +30,15 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
 
     @rpc_errors
     async def Step(self, request, context):
+        return await self._step(request)
+
+    @rpc_errors
+    async def StepStream(self, request_iterator, context):
+        """Step after step on one call (worker.proto): each request answered before the next is read."""
+        async for request in request_iterator:
+            yield await self._step(request)
+
+    async def _step(self, request):
         delta = internal_codec.delta_from_proto(request)
         step = asyncio.get_running_loop().run_in_executor(self._executor, self.worker.step, delta)
         if delta.async_next_step:  # queued right behind the step: it runs while the result travels back

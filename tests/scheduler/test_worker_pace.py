@@ -54,6 +54,9 @@ class StandIn:
         self.last_seen = time.monotonic()
         return result
 
+    async def idle(self) -> None:
+        pass
+
     async def close(self) -> None:
         pass
 

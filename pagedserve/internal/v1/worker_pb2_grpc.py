@@ -41,6 +41,11 @@ class WorkerStub:
                 request_serializer=pagedserve_dot_internal_dot_v1_dot_worker__pb2.StepRequest.SerializeToString,
                 response_deserializer=pagedserve_dot_internal_dot_v1_dot_worker__pb2.StepResponse.FromString,
                 _registered_method=True)
+        self.StepStream = channel.stream_stream(
+                '/pagedserve.internal.v1.Worker/StepStream',
+                request_serializer=pagedserve_dot_internal_dot_v1_dot_worker__pb2.StepRequest.SerializeToString,
+                response_deserializer=pagedserve_dot_internal_dot_v1_dot_worker__pb2.StepResponse.FromString,
+                _registered_method=True)
         self.GetInfo = channel.unary_unary(
                 '/pagedserve.internal.v1.Worker/GetInfo',
                 request_serializer=pagedserve_dot_internal_dot_v1_dot_worker__pb2.GetInfoRequest.SerializeToString,
@@ -68,6 +73,18 @@ class WorkerServicer:
         worker's sequences in full (recomputed, into an empty block pool) and keeps the worker; a
         second FAILED_PRECONDITION in a row drops it. Any other error drops the worker, and its
         sequences are recomputed on the others.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def StepStream(self, request_iterator, context):
+        """Step, as a stream: the scheduler sends one StepRequest, waits for its StepResponse, sends
+        the next, on one call for as long as the worker has work (it ends the call when the worker
+        goes idle, and opens a new one after an error). Each message is answered as Step answers it;
+        an error ends the call with the status Step would have returned. The scheduler steps its
+        workers this way (a message on an open call costs it a fraction of a new call); Step stays
+        for schedulers of earlier versions.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -102,6 +119,11 @@ def add_WorkerServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Step': grpc.unary_unary_rpc_method_handler(
                     servicer.Step,
+                    request_deserializer=pagedserve_dot_internal_dot_v1_dot_worker__pb2.StepRequest.FromString,
+                    response_serializer=pagedserve_dot_internal_dot_v1_dot_worker__pb2.StepResponse.SerializeToString,
+            ),
+            'StepStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.StepStream,
                     request_deserializer=pagedserve_dot_internal_dot_v1_dot_worker__pb2.StepRequest.FromString,
                     response_serializer=pagedserve_dot_internal_dot_v1_dot_worker__pb2.StepResponse.SerializeToString,
             ),
@@ -147,6 +169,33 @@ class Worker:
             request,
             target,
             '/pagedserve.internal.v1.Worker/Step',
+            pagedserve_dot_internal_dot_v1_dot_worker__pb2.StepRequest.SerializeToString,
+            pagedserve_dot_internal_dot_v1_dot_worker__pb2.StepResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StepStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/pagedserve.internal.v1.Worker/StepStream',
             pagedserve_dot_internal_dot_v1_dot_worker__pb2.StepRequest.SerializeToString,
             pagedserve_dot_internal_dot_v1_dot_worker__pb2.StepResponse.FromString,
             options,
