@@ -1,7 +1,8 @@
 """The three services on five "hosts" (network namespaces on a bridge, tests/netns.py), no containers.
 
 The scheduler, two workers and the frontend each run in their own namespace, bound to that host's
-address; each worker advertises its own. A client in a fifth namespace streams through the frontend.
+address; each worker advertises its own. The workers are not alike: w1 runs one math thread, w2 two
+(WORKER_THREADS), and each steps at its own pace (a step loop per worker in the scheduler). A client in a fifth namespace streams through the frontend.
 Nothing is on a shared loopback: every call between the services crosses the bridge, as between
 machines. The test process stands outside every host and reads the scheduler's GetStats over the bridge.
 """
@@ -36,17 +37,18 @@ CLIENT = Path(__file__).with_name("stream_client.py")
 SCHEDULER_PORT, WORKER_PORT, GRPC_PORT, HTTP_PORT = 7052, 7053, 7051, 7080
 ENGINE_FLAGS = (("--dtype", "float32"), ("--num-gpu-blocks", "128"))
 NUM_REQUESTS, MAX_NEW = 16, 48
+WORKER_THREADS = {"w1": 1, "w2": 2}  # different machines, different workers: the tokens do not depend on it (rule 4)
 
 
 class Service:
     """One service's process in a host, its stderr (structlog JSON lines) in a file."""
 
-    def __init__(self, host, argv: list[str], log: Path):
+    def __init__(self, host, argv: list[str], log: Path, num_threads: int = 1):
         self.host, self.log = host, log
         with open(log, "w") as out:
-            # one math thread each: five hosts share this machine's cores
+            # few math threads each: five hosts share this machine's cores
             self.proc = host.popen(argv, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
-                                   env={**os.environ, "PAGEDSERVE_NUM_THREADS": "1"})
+                                   env={**os.environ, "PAGEDSERVE_NUM_THREADS": str(num_threads)})
 
     def events(self, name: str) -> list[dict]:
         found = []
@@ -82,7 +84,8 @@ class Cluster:
     def start_worker(self, name: str, advertise: str = "") -> Service:
         host = self.hosts[name]
         self.services[name] = Service(host, command("worker", self.model, host=host.address, scheduler=self.scheduler,
-                                                    advertise=advertise), self.logs / f"{name}.log")
+                                                    advertise=advertise), self.logs / f"{name}.log",
+                                      WORKER_THREADS.get(name, 1))
         return self.services[name]
 
     def stats(self) -> scheduler_pb2.GetStatsResponse:
