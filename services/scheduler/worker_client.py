@@ -7,10 +7,12 @@ re-send in full), and WorkerLost for whatever else went wrong on the wire (UNAVA
 no answer within --step-timeout-s, a cancelled step...).
 
 Steps travel on one StepStream call while the worker has work, not a unary Step call each: grpc.aio
-spends about 120 us of the event loop thread to make a call (its C call stack, headers both ways, a
-status), and a message on an open call a third of that (bench/scheduler_scale.py). A stream has no
-per-step deadline, so a timer cancels the call when a step outlasts step_timeout_s. Any error ends
-the call (the next step opens another), and so does the worker going idle (`idle`).
+makes a call object, a C call stack, headers both ways and a status for every call, and a round trip
+on an open call costs the event loop thread about a third of one on a new call (a microbenchmark of
+8 loops on loopback: 62-78 against 175-196 us of CPU; bench/scheduler_scale.py measures the
+scheduler). A stream has no per-step deadline, so a timer cancels the call when a step outlasts
+step_timeout_s. Any error ends the call (the next step opens another), and so does the worker going
+idle (`idle`).
 
 The probe: a worker registers by telling the scheduler where to reach it (`--advertise-host` and the
 port it listens on). An address the scheduler cannot reach (a container's loopback, a host name only
@@ -70,13 +72,15 @@ class RemoteWorker:
         self.dropped = False
         self.forgot = False  # its last step answered FAILED_PRECONDITION (re-sent in full since)
         self._call = None  # the open StepStream call
+        self._expired = False  # the step deadline cancelled the call
 
     async def step(self, delta: StepDelta) -> StepResult:
         """One step on the worker's StepStream call (opened by the first step after an idle time or an
         error): send the delta, wait for its result."""
         call = self._call
         if call is None:
-            call = self._call = self.stub.StepStream()
+            call, self._expired = self.stub.StepStream(), False
+            self._call = call
         loop = asyncio.get_running_loop()
         deadline = loop.call_later(self.step_timeout_s, self._expire, call) if self.step_timeout_s else None
         try:
@@ -91,8 +95,10 @@ class RemoteWorker:
                 raise
             if self.dropped:  # the call cancelled by close()
                 raise WorkerLost("dropped while stepping") from None
-            raise WorkerLost(f"DEADLINE_EXCEEDED: no answer to a step within {self.step_timeout_s:g} s "
-                             "(--step-timeout-s)") from None
+            if self._expired:
+                raise WorkerLost(f"DEADLINE_EXCEEDED: no answer to a step within {self.step_timeout_s:g} s "
+                                 "(--step-timeout-s)") from None
+            raise
         finally:
             if deadline is not None:
                 deadline.cancel()
@@ -104,6 +110,7 @@ class RemoteWorker:
 
     def _expire(self, call) -> None:
         """The step outlasted step_timeout_s: a hung worker still heartbeats, only this catches it."""
+        self._expired = True
         call.cancel()
 
     async def idle(self) -> None:
