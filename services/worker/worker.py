@@ -56,7 +56,7 @@ def checked_layout(config: WorkerConfig, model_path, arch: ModelArchConfig, devi
     """(the quantization, the K alignment its row-parallel groups need), after InvalidArgument naming the
     constraint where the model cannot be split as config's tensor/pipeline sizes say: each rank's check, and
     a group's before it spawns its ranks (WorkerGroup.start)."""
-    quantization = resolve_quantization(config.quantization, model_path, device_type)
+    quantization = resolve_quantization(config.quantization, model_path, device_type, arch.is_encoder)
     align = gguf_align(quantization, model_path)
     check_layout(arch, config.tensor_parallel_size, config.pipeline_parallel_size, align)
     return quantization, align
