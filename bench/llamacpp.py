@@ -115,6 +115,16 @@ class Server:
         with urllib.request.urlopen(req, timeout=600) as r:
             return json.loads(r.read())
 
+    def embed(self, texts: list[str]) -> tuple[list[list[float]], int]:
+        """The OpenAI /v1/embeddings of the texts (a server started with --embeddings; llama-server
+        normalises them): the vectors in input order, and the prompt tokens it counted."""
+        req = urllib.request.Request(f"http://127.0.0.1:{self.port}/v1/embeddings", json.dumps({"input": texts}).encode(),
+                                     {"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=1800) as r:
+            answer = json.loads(r.read())
+        data = sorted(answer["data"], key=lambda d: d["index"])
+        return [d["embedding"] for d in data], int(answer["usage"]["prompt_tokens"])
+
     def run(self, requests, concurrent: bool) -> tuple[int, float]:
         """Every request (prompt_ids, output_len), all at once or one at a time: (tokens, seconds)."""
         start = time.perf_counter()

@@ -225,3 +225,80 @@ def write_sentencepiece_gguf(out: Path, vocab_size: int = 2000) -> Path:
     writer.write_tensors_to_file()
     writer.close()
     return out
+
+
+# llama.cpp's names for a BERT file's tensors (gguf-py's constants: MODEL_ARCH.BERT), spelled out here
+# rather than taken from services/worker/gguf_arch.py, so the test checks that map
+BERT_TOP = {"embeddings.word_embeddings.weight": "token_embd.weight",
+            "embeddings.position_embeddings.weight": "position_embd.weight",
+            "embeddings.token_type_embeddings.weight": "token_types.weight",
+            "embeddings.LayerNorm.weight": "token_embd_norm.weight", "embeddings.LayerNorm.bias": "token_embd_norm.bias"}
+BERT_LAYER = {"attention.self.query": "attn_q", "attention.self.key": "attn_k", "attention.self.value": "attn_v",
+              "attention.output.dense": "attn_output", "attention.output.LayerNorm": "attn_output_norm",
+              "intermediate.dense": "ffn_up", "output.dense": "ffn_down", "output.LayerNorm": "layer_output_norm"}
+BERT_POOLING = {"mean": 1, "cls": 2}  # bert.pooling_type
+
+
+def write_bert_gguf(folder: Path, out: Path, tensor_type: str = "f32", pooling: str | None = "mean") -> Path:
+    """A make_model `bert_wordpiece` folder as convert_hf_to_gguf.py's BertModel writes it: its keys
+    (bert.*, the pooling type, the token types' count), the WordPiece vocabulary in its phantom-space
+    spelling ("\u2581" before a word's first piece, "##" dropped, control tokens as they are), the special
+    tokens' ids, and the tensors under llama.cpp's names: the 2-D weights in `tensor_type` (f32, f16, q8_0;
+    the position and token-type embeddings stay f32, as the converter keeps them), norms and biases f32."""
+    from gguf import GGMLQuantizationType, GGUFWriter, quants
+    from safetensors.numpy import load_file
+
+    config = json.loads((folder / "config.json").read_text())
+    writer = GGUFWriter(str(out), "bert")
+    for key, value in {"block_count": config["num_hidden_layers"], "context_length": config["max_position_embeddings"],
+                       "embedding_length": config["hidden_size"], "feed_forward_length": config["intermediate_size"],
+                       "attention.head_count": config["num_attention_heads"]}.items():
+        writer.add_uint32(f"bert.{key}", value)
+    writer.add_float32("bert.attention.layer_norm_epsilon", config["layer_norm_eps"])
+    writer.add_bool("bert.attention.causal", False)
+    if pooling is not None:
+        writer.add_uint32("bert.pooling_type", BERT_POOLING[pooling])
+    _wordpiece_vocab(writer, folder, config["type_vocab_size"])
+    for hf, array in sorted(load_file(str(folder / "model.safetensors")).items()):
+        if hf.startswith("pooler."):
+            continue  # the converter drops the pooler of an embedding model
+        if hf.startswith("encoder.layer."):
+            _, _, layer, rest = hf.split(".", 3)
+            module, param = rest.rsplit(".", 1)
+            name = f"blk.{layer}.{BERT_LAYER[module]}.{param}"
+        else:
+            name = BERT_TOP[hf]
+        kind = "f32" if array.ndim == 1 or name in ("position_embd.weight", "token_types.weight") else tensor_type
+        array = array.astype(np.float32)
+        if kind == "f32":
+            writer.add_tensor(name, array)
+        elif kind == "f16":
+            writer.add_tensor(name, array.astype(np.float16))
+        else:
+            qtype = GGMLQuantizationType[kind.upper()]
+            writer.add_tensor(name, quants.quantize(array, qtype), raw_dtype=qtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return out
+
+
+def _wordpiece_vocab(writer, folder: Path, type_vocab_size: int) -> None:
+    data = json.loads((folder / "tokenizer.json").read_text())
+    vocab = data["model"]["vocab"]
+    tokens = sorted(vocab, key=vocab.get)
+    special = {t["content"] for t in data["added_tokens"] if t["special"]}
+    types = [CONTROL if t in special else NORMAL for t in tokens]
+    writer.add_uint32("tokenizer.ggml.token_type_count", type_vocab_size)
+    writer.add_string("tokenizer.ggml.model", "bert")
+    writer.add_string("tokenizer.ggml.pre", "gpt-2")  # what the converter names a vocabulary it does not know
+    writer.add_array("tokenizer.ggml.tokens", [t if kind == CONTROL else t[2:] if t.startswith("##") else "\u2581" + t
+                                               for t, kind in zip(tokens, types)])
+    writer.add_array("tokenizer.ggml.token_type", types)
+    for key, token in (("bos", "[CLS]"), ("eos", "[SEP]"), ("unknown", "[UNK]"), ("seperator", "[SEP]"),
+                       ("padding", "[PAD]"), ("mask", "[MASK]")):
+        writer.add_uint32(f"tokenizer.ggml.{key}_token_id", vocab[token])
+    writer.add_bool("tokenizer.ggml.add_bos_token", True)
+    writer.add_bool("tokenizer.ggml.add_eos_token", True)
+    writer.add_bool("tokenizer.ggml.normalizer.lowercase", True)

@@ -7,6 +7,11 @@ Two vocabulary kinds, named by `tokenizer.ggml.model`:
 - `llama`: SentencePiece BPE (tokens with scores, byte fallback `<0xNN>`): the merges are the pairs of
   tokens that make a token, best score first; a word boundary is U+2581, prefixed to the text unless
   `tokenizer.ggml.add_space_prefix` says not.
+- `bert`: WordPiece (BERT's), which llama.cpp's converter stores with a word's first piece prefixed by
+  U+2581 and a continuation without its "##" (control tokens as they are): read back to WordPiece's
+  spelling, lowercased and split as BERT's normalizer and pre-tokenizer do (`tokenizer.ggml.normalizer.*`,
+  lowercase and accents stripped where the file says nothing, as llama.cpp), and "[CLS] A [SEP]" ("[CLS] A
+  [SEP] B [SEP]" for a pair, B of token type 1) around an embedding's input, as llama.cpp adds them.
 Tokens the file types CONTROL (and the UNKNOWN one) are special: matched whole, skipped when decoding;
 USER_DEFINED ones are matched whole and kept. The transformers GGUF reader is never called: a test
 compares the two.
@@ -16,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
+from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers, processors
 from tokenizers import Tokenizer as HFTokenizer
 
 from services.core.errors import InvalidArgument
@@ -63,6 +68,7 @@ class GgufTokenizer:
     eos_token: str | None
     add_bos: bool
     chat_template: str | None
+    special_tokens: dict[str, str]  # tokenizer_config.json's names (sep_token, cls_token) -> the token
 
 
 def load_gguf_tokenizer(path: str | Path) -> GgufTokenizer:
@@ -79,9 +85,14 @@ def load_gguf_tokenizer(path: str | Path) -> GgufTokenizer:
     elif kind == "llama":
         tokenizer = _sentencepiece_bpe(meta, tokens)
         add_bos_default = True  # llama.cpp adds BOS to a SentencePiece vocabulary that does not say otherwise
+    elif kind == "bert":
+        tokens = [_wordpiece_spelling(t, kind_) for t, kind_ in zip(tokens, types)]
+        cls, sep = (_token(meta, tokens, key) for key in (("cls_token_id", "bos_token_id"),
+                                                           ("seperator_token_id", "eos_token_id")))
+        tokenizer = _wordpiece(meta, tokens, cls, sep)
     else:
         raise InvalidArgument("tokenizer", f"{Path(path).name}: tokenizer.ggml.model {kind!r} is not served "
-                                           "(served: gpt2, llama); name a Hugging Face folder with --tokenizer")
+                                           "(served: gpt2, llama, bert); name a Hugging Face folder with --tokenizer")
     special = [AddedToken(t, special=True, normalized=False)
                for t, kind_ in zip(tokens, types) if kind_ in (CONTROL, UNKNOWN)]
     user = [AddedToken(t, special=False, normalized=False) for t, kind_ in zip(tokens, types) if kind_ == USER_DEFINED]
@@ -93,9 +104,12 @@ def load_gguf_tokenizer(path: str | Path) -> GgufTokenizer:
         return tokens[index] if index is not None and 0 <= index < len(tokens) else None
 
     bos = token("bos_token_id")
+    if kind == "bert":  # its post-processor adds [CLS] and [SEP] to an embedding's input (encode_pooling)
+        return GgufTokenizer(tokenizer=tokenizer, bos_token=None, eos_token=None, add_bos=False, chat_template=None,
+                             special_tokens={"cls_token": cls, "sep_token": sep})
     return GgufTokenizer(tokenizer=tokenizer, bos_token=bos, eos_token=token("eos_token_id"),
                          add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", add_bos_default)) and bos is not None,
-                         chat_template=meta.get("tokenizer.chat_template"))
+                         chat_template=meta.get("tokenizer.chat_template"), special_tokens={})
 
 
 def _byte_level_bpe(meta: dict, tokens: list[str], name: str) -> HFTokenizer:
@@ -141,3 +155,35 @@ def _merges_by_score(tokens: list[str], scores: list[float], vocab: dict[str, in
                 ranked.append((-scores[index], index, vocab[left], left, right))
     ranked.sort()
     return [(left, right) for *_, left, right in ranked]
+
+
+def _wordpiece_spelling(token: str, kind: int) -> str:
+    """A `bert` file's token as WordPiece spells it (llama.cpp's converter: "\u2581word" for a word's first
+    piece, "iece" for "##iece"; control tokens as they are)."""
+    if kind in (CONTROL, UNKNOWN):
+        return token
+    return token[1:] if token.startswith("\u2581") else "##" + token
+
+
+def _token(meta: dict, tokens: list[str], keys: tuple[str, ...]) -> str:
+    """The token the first of `keys` (tokenizer.ggml.*) that the file holds names (llama.cpp's converter
+    spells the separator's key "seperator_token_id")."""
+    for key in keys:
+        index = meta.get(f"tokenizer.ggml.{key}")
+        if index is not None and 0 <= index < len(tokens):
+            return tokens[index]
+    raise InvalidArgument("tokenizer", f"a bert vocabulary needs tokenizer.ggml.{keys[0]}")
+
+
+def _wordpiece(meta: dict, tokens: list[str], cls: str, sep: str) -> HFTokenizer:
+    vocab = {t: i for i, t in enumerate(tokens)}
+    lowercase = bool(meta.get("tokenizer.ggml.normalizer.lowercase", True))
+    tokenizer = HFTokenizer(models.WordPiece(vocab, unk_token=_token(meta, tokens, ("unknown_token_id",))))
+    tokenizer.normalizer = normalizers.BertNormalizer(
+        lowercase=lowercase, strip_accents=bool(meta.get("tokenizer.ggml.normalizer.strip_accents", lowercase)))
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tokenizer.decoder = decoders.WordPiece()
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single=f"{cls} $A {sep}", pair=f"{cls} $A {sep} $B:1 {sep}:1",
+        special_tokens=[(cls, vocab[cls]), (sep, vocab[sep])])
+    return tokenizer

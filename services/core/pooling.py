@@ -10,22 +10,28 @@ go back (a decoder's full blocks stay in the prefix cache).
 How an embedding is pooled follows sentence-transformers' layout where the folder has it
 (`modules.json`, `1_Pooling/config.json`, a `Normalize` module): CLS, mean or last token, and
 whether the vector is L2-normalised. Without it: last token and normalised for a decoder (as
-Qwen3-Embedding and E5-Mistral are), CLS and normalised for an encoder. Pure Python.
+Qwen3-Embedding and E5-Mistral are), CLS and normalised for an encoder. A GGUF file says its pooling in
+`{arch}.pooling_type` (llama.cpp's converter writes it from the same sentence-transformers layout) and is
+normalised, as llama-server's embeddings are. Pure Python.
 """
 from __future__ import annotations
 
 import json
 import math
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 
 from services.core.errors import InvalidArgument, check
+from services.core.gguf_file import is_gguf_file, read_metadata
 
 TASKS = ("auto", "generate", "embed", "score")
 POOLING_MODES = ("cls", "mean", "last")
 _ST_MODES = {"pooling_mode_cls_token": "cls", "pooling_mode_mean_tokens": "mean",
              "pooling_mode_lasttoken": "last"}
 _ENCODER_BASES = ("BertModel", "XLMRobertaModel", "RobertaModel")
+GGUF_ENCODERS = ("bert",)  # general.architecture of an encoder's GGUF file (services/worker/gguf_arch.py)
+GGUF_POOLING = {1: "mean", 2: "cls", 3: "last"}  # llama.cpp's pooling_type (0 none and 4 rank: not an embedding)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -35,6 +41,7 @@ class PoolingSpec:
     mode: str = "last"  # cls, mean or last
     normalize: bool = True  # L2-normalised
     matryoshka: bool = False  # a shorter vector may be asked (`dimensions`): the first d, normalised again
+    matryoshka_dimensions: tuple[int, ...] = ()  # the lengths it may be asked for (config.json's); (): any
 
     @property
     def whole(self) -> bool:
@@ -52,7 +59,8 @@ class PoolingModel:
 
     @classmethod
     def of(cls, folder: Path | None) -> PoolingModel:
-        if folder is None or not Path(folder).is_dir():
+        """The model folder's, or its GGUF file's."""
+        if folder is None or not (Path(folder).is_dir() or is_gguf_file(folder)):
             return cls()
         encoder = is_encoder_folder(folder)
         try:
@@ -75,14 +83,18 @@ def resolve_task(task: str, folder: Path, architectures: tuple[str, ...]) -> str
 
 
 def pooling_spec(folder: Path, is_encoder: bool) -> PoolingSpec:
-    """The folder's sentence-transformers pooling (modules.json, its Pooling and Normalize modules),
-    else the family's default."""
+    """The folder's sentence-transformers pooling (modules.json, its Pooling and Normalize modules), or
+    a GGUF file's pooling_type, else the family's default."""
     folder = Path(folder)
+    if is_gguf_file(folder):
+        return _gguf_pooling(folder, is_encoder)
     config = (_json(folder / "config.json") if folder.is_dir() else None) or {}  # a tokenizer-only folder has none
-    matryoshka = bool(config.get("is_matryoshka") or config.get("matryoshka_dimensions"))
+    dims = config.get("matryoshka_dimensions") or ()
+    matryoshka = dict(matryoshka=bool(config.get("is_matryoshka") or dims),
+                      matryoshka_dimensions=tuple(sorted(int(d) for d in dims)))
     modules = _json(folder / "modules.json") if folder.is_dir() else None
     if not modules:
-        return PoolingSpec(mode="cls" if is_encoder else "last", normalize=True, matryoshka=matryoshka)
+        return PoolingSpec(mode="cls" if is_encoder else "last", normalize=True, **matryoshka)
     mode, normalize = None, False
     for module in modules:
         kind = module.get("type", "")
@@ -93,7 +105,18 @@ def pooling_spec(folder: Path, is_encoder: bool) -> PoolingSpec:
         elif not kind.endswith("Transformer"):
             raise InvalidArgument("model", f"sentence-transformers module {kind!r} is not served (Transformer, "
                                            f"Pooling and Normalize are)")
-    return PoolingSpec(mode=mode or ("cls" if is_encoder else "last"), normalize=normalize, matryoshka=matryoshka)
+    return PoolingSpec(mode=mode or ("cls" if is_encoder else "last"), normalize=normalize, **matryoshka)
+
+
+def _gguf_pooling(path: Path, is_encoder: bool) -> PoolingSpec:
+    meta = read_metadata(path)
+    key = f"{meta.get('general.architecture')}.pooling_type"
+    kind = meta.get(key)
+    if kind is not None and kind not in GGUF_POOLING:
+        served = ", ".join(f"{code} ({mode})" for code, mode in GGUF_POOLING.items())
+        raise InvalidArgument("model", f"{path.name}: {key} {kind} is not served for embeddings (served: {served})")
+    mode = GGUF_POOLING[kind] if kind is not None else "cls" if is_encoder else "last"
+    return PoolingSpec(mode=mode, normalize=True)
 
 
 def _pooling_mode(config: dict) -> str:
@@ -110,15 +133,25 @@ def _json(path: Path):
 
 
 def shorten(vector: list[float], dimensions: int | None, spec: PoolingSpec) -> list[float]:
-    """A Matryoshka model's first `dimensions` values, L2-normalised again (None: the whole vector)."""
+    """A Matryoshka model's first `dimensions` values, L2-normalised again (None: the whole vector): the
+    norm summed exactly (fsum) and each value divided by it in double, then rounded to float32 as the
+    whole vector's values are, so the base64 and float encodings carry the same bits."""
     if dimensions is None or dimensions == len(vector):
         return vector
     check(spec.matryoshka, "dimensions", "this model does not support shortened embeddings (no is_matryoshka "
                                          "or matryoshka_dimensions in its config.json)")
     check(1 <= dimensions <= len(vector), "dimensions", f"must be in [1, {len(vector)}], got {dimensions}")
+    allowed = spec.matryoshka_dimensions
+    check(not allowed or dimensions in allowed, "dimensions",
+          f"this model's matryoshka_dimensions are {', '.join(map(str, allowed))}, got {dimensions}")
     head = vector[:dimensions]
     norm = math.sqrt(math.fsum(x * x for x in head))
-    return [x / norm for x in head] if norm > 0 else head
+    return [_f32(x / norm) for x in head] if norm > 0 else head
+
+
+def _f32(value: float) -> float:
+    """The float32 nearest `value` (round to nearest even), as a Python float."""
+    return struct.unpack("<f", struct.pack("<f", value))[0]
 
 
 # ---- scoring inputs --------------------------------------------------------------
@@ -131,7 +164,10 @@ _RERANKER_SUFFIX = "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
 
 
 def is_encoder_folder(folder: Path) -> bool:
-    """The model is an encoder (BERT family): it scores a (query, document) pair as one text pair."""
+    """The model (a folder, or a GGUF file) is an encoder (BERT family): it scores a (query, document) pair
+    as one text pair."""
+    if is_gguf_file(folder):
+        return read_metadata(folder).get("general.architecture") in GGUF_ENCODERS
     config = _json(Path(folder) / "config.json") if Path(folder).is_dir() else None
     return bool(config) and config.get("model_type") in ("bert", "xlm-roberta")
 

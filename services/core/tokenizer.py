@@ -39,7 +39,7 @@ class Tokenizer:
             self._tok = loaded.tokenizer
             self.bos_token, self.eos_token = loaded.bos_token, loaded.eos_token
             self.add_bos = loaded.add_bos
-            self._config = {}
+            self._config = dict(loaded.special_tokens)
             template = loaded.chat_template
         else:
             self._tok, config = _from_folder(source)

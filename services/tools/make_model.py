@@ -30,6 +30,8 @@ full layers alternating (window 64), YaRN rope, 8 experts of 4 a token, attentio
 bert, bert_classifier (services/tools/encoder_models.py): transformers' BertModel with a
 sentence-transformers layout beside it (mean pooling, normalised), and BertForSequenceClassification
 with one label (a cross-encoder); their tokenizer adds <|im_start|> / <|im_end|> as [CLS] / [SEP].
+bert_wordpiece: `bert` with a WordPiece vocabulary ([PAD] [CLS] [SEP] [UNK] [MASK] = 0..4), BERT's own kind,
+which llama.cpp's converter and tokenizer read.
 
 gemma3 (services/tools/arch_models.py): transformers' Gemma3TextConfig with the size's shapes,
 every second layer global, a sliding window of 64, the final logit soft-cap; its tensors those of

@@ -9,6 +9,10 @@ with experts is (a `llama` file with expert_count is Mixtral). The hyperparamete
 with llama.cpp's key names and handed to `ModelArchConfig.from_dict` as the config.json keys they stand for;
 where llama.cpp's loader assumes what the file does not say (Gemma 3's attention scale and default layer
 pattern, the renormalised top-k of Qwen3-MoE), so does this.
+
+The encoders (`bert`, as convert_hf_to_gguf.py's BertModel writes it) are not rows of ARCHITECTURES: their
+tensors map to transformers' BertModel names (`ENCODER_NAMES`, `encoder_hf_name`) for the encoder's own
+loader (services/worker/models/bert.py), and their keys to BertConfig's (`_encoder_config`).
 """
 from __future__ import annotations
 
@@ -51,6 +55,21 @@ EXPERTS = {"ffn_gate_inp.weight": "mlp.gate.weight",  # the router (kept F32 by 
 ROPE_LONG, ROPE_SHORT = "rope_factors_long.weight", "rope_factors_short.weight"  # Phi-3's LongRoPE factors
 ROPE_FREQS = "rope_freqs.weight"  # Llama 3's rotary scaling, as llama.cpp stores it: a factor per frequency
 
+# The encoders (llama.cpp's "bert": convert_hf_to_gguf.py's BertModel) under transformers' BertModel names,
+# read by services/worker/models/bert.py's own loader (gguf_weights.read_encoder_tensors)
+ENCODER_ARCHITECTURES = {"bert": "bert"}  # general.architecture -> config.json's model_type
+ENCODER_NAMES = {
+    "token_embd.weight": "embeddings.word_embeddings.weight",
+    "position_embd.weight": "embeddings.position_embeddings.weight",
+    "token_types.weight": "embeddings.token_type_embeddings.weight",
+    "token_embd_norm.weight": "embeddings.LayerNorm.weight", "token_embd_norm.bias": "embeddings.LayerNorm.bias",
+}
+ENCODER_LAYER_NAMES = {  # each with its .weight and .bias
+    "attn_q": "attention.self.query", "attn_k": "attention.self.key", "attn_v": "attention.self.value",
+    "attn_output": "attention.output.dense", "attn_output_norm": "attention.output.LayerNorm",
+    "ffn_up": "intermediate.dense", "ffn_down": "output.dense", "layer_output_norm": "output.LayerNorm",
+}
+
 
 @dataclass(frozen=True, kw_only=True)
 class GgufArch:
@@ -79,8 +98,24 @@ def architecture(meta: dict, path: Path) -> tuple[str, GgufArch]:
     arch = meta.get("general.architecture")
     if arch not in ARCHITECTURES:
         raise InvalidArgument("model", f"{path.name}: architecture {arch!r} (general.architecture) is not served; "
-                                       f"served GGUF architectures: {', '.join(sorted(ARCHITECTURES))}")
+                                       f"served GGUF architectures: {', '.join(sorted(SERVED))}")
     return arch, ARCHITECTURES[arch]
+
+
+SERVED = (*ARCHITECTURES, *ENCODER_ARCHITECTURES)
+
+
+def encoder_hf_name(gguf_name: str) -> str:
+    """The transformers BertModel name of an encoder file's tensor."""
+    if gguf_name in ENCODER_NAMES:
+        return ENCODER_NAMES[gguf_name]
+    prefix, layer, rest = gguf_name.split(".", 2) if gguf_name.startswith("blk.") else ("", "", "")
+    kind, _, param = rest.rpartition(".")
+    if prefix == "blk" and layer.isdigit() and kind in ENCODER_LAYER_NAMES and param in ("weight", "bias"):
+        return f"encoder.layer.{int(layer)}.{ENCODER_LAYER_NAMES[kind]}.{param}"
+    what = "a classification head (cls.*): serve a cross-encoder from its folder" if gguf_name.startswith("cls") \
+        else f"not part of a served bert model (layer tensors: {', '.join(sorted(ENCODER_LAYER_NAMES))})"
+    raise InvalidArgument("model", f"GGUF tensor {gguf_name!r} is {what}")
 
 
 def hf_name(gguf_name: str, arch: str) -> str | None:
@@ -102,6 +137,8 @@ def config_dict(path: str | Path) -> dict:
     """The file's hyperparameters as config.json keys (for ModelArchConfig.from_dict)."""
     path = Path(path)
     meta, shapes = read_metadata(path), tensor_shapes(path)
+    if meta.get("general.architecture") in ENCODER_ARCHITECTURES:
+        return _encoder_config(meta, shapes, path)
     arch, spec = architecture(meta, path)
 
     def key(name: str, default=None):
@@ -142,6 +179,38 @@ def config_dict(path: str | Path) -> dict:
         **(_experts(meta, arch, spec, path) if spec.moe_model_type else {}),
         **(_phi3(meta, arch, path, rope_dim / head_dim, shapes) if arch == "phi3" else {}),
         **(_gemma3(meta, arch, int(key("block_count")), head_dim, hidden // heads) if arch == "gemma3" else {}),
+    }
+
+
+def _encoder_config(meta: dict, shapes: dict, path: Path) -> dict:
+    """A BERT file's keys as transformers' BertConfig names them (convert_hf_to_gguf.py's BertModel writes
+    bert.attention.causal false, the token types' count, the layer norm's epsilon; no classification head
+    is served from a file)."""
+    arch = meta["general.architecture"]
+    if meta.get(f"{arch}.attention.causal", False):
+        raise InvalidArgument("model", f"{path.name}: {arch}.attention.causal is true; an encoder attends both ways")
+    missing = [name for name in ENCODER_NAMES if name not in shapes]
+    if missing:
+        raise InvalidArgument("model", f"{path.name} lacks {', '.join(missing)}")
+
+    def key(name: str):
+        if f"{arch}.{name}" not in meta:
+            raise InvalidArgument("model", f"{path.name} lacks {arch}.{name}")
+        return meta[f"{arch}.{name}"]
+
+    return {
+        "model_type": ENCODER_ARCHITECTURES[arch],
+        "architectures": ["BertModel"],
+        "hidden_size": int(key("embedding_length")),
+        "num_hidden_layers": int(key("block_count")),
+        "num_attention_heads": int(key("attention.head_count")),
+        "intermediate_size": int(key("feed_forward_length")),
+        "vocab_size": shapes["token_embd.weight"][0],
+        "layer_norm_eps": f32(key("attention.layer_norm_epsilon")),
+        "max_position_embeddings": shapes["position_embd.weight"][0],
+        "type_vocab_size": shapes["token_types.weight"][0],
+        "hidden_act": "gelu",
+        "torch_dtype": "float32",
     }
 
 

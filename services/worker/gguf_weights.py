@@ -17,7 +17,10 @@ import numpy as np
 
 from services.core.errors import InvalidArgument
 from services.worker.checkpoint_names import FUSED
-from services.worker.gguf_arch import GLOBAL_NAMES, LAYER_NAMES, architecture, hf_name  # noqa: F401 (the name map)
+from services.worker.gguf_arch import GLOBAL_NAMES, LAYER_NAMES, architecture, encoder_hf_name, hf_name  # noqa: F401
+
+# what an encoder's tensors may be: read as float32 (an encoder is served dense, models/bert.py)
+ENCODER_TYPES = ("F32", "F16", "BF16", "Q8_0")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -95,3 +98,18 @@ def read_tensors(path: Path, num_heads: int, num_kv_heads: int) -> Iterator[Gguf
             data = unpermute(data, num_kv_heads)
         yield GgufTensor(hf_name=name, type_name=tensor.tensor_type.name, type_id=int(tensor.tensor_type.value),
                          shape=shape, data=data)
+
+
+def read_encoder_tensors(path: Path) -> Iterator[tuple[str, np.ndarray]]:
+    """An encoder file's tensors (services/worker/gguf_arch.py ENCODER_NAMES) under transformers' BertModel
+    names, as float32 arrays in HF order (Q8_0 and F16 dequantized: an encoder is served dense). A tensor of
+    another type is refused, naming it, its type and the served ones."""
+    from gguf import GGUFReader, dequantize
+
+    for tensor in GGUFReader(str(path)).tensors:
+        name, kind = encoder_hf_name(tensor.name), tensor.tensor_type.name
+        if kind not in ENCODER_TYPES:
+            raise InvalidArgument("model", f"{Path(path).name}: tensor {tensor.name} is {kind}; an encoder's served "
+                                           f"GGUF types are {', '.join(ENCODER_TYPES)}")
+        shape = tuple(int(n) for n in reversed(tensor.shape))  # ggml lists dims innermost first
+        yield name, dequantize(tensor.data, tensor.tensor_type).astype(np.float32).reshape(shape)

@@ -39,16 +39,20 @@ def num_blocks_for(cfg: ModelArchConfig, block_size: int, dtype: torch.dtype, de
 
 class KVCache:
     def __init__(self, cfg: ModelArchConfig, num_blocks: int, num_cpu_blocks: int, block_size: int,
-                 dtype: torch.dtype, device: torch.device):
+                 dtype: torch.dtype, device: torch.device, allocate: bool = True):
+        """allocate False: the block ids without memory behind them (an encoder, which writes and reads no KV:
+        its blocks are the scheduler's admission count only), and no swap pool."""
+        num_layers = cfg.num_layers if allocate else 0
+        num_cpu_blocks = num_cpu_blocks if allocate else 0
         shape = (num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
         cpu_shape = (num_cpu_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
         self.block_size, self.num_blocks, self.num_cpu_blocks = block_size, num_blocks, num_cpu_blocks
         # [num_blocks, block_size, KVH, D] per layer, K and V
         self.layers = [(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
-                       for _ in range(cfg.num_layers)]
+                       for _ in range(num_layers)]
         on_gpu = device.type == "cuda"
         self.cpu_layers = [(torch.zeros(cpu_shape, dtype=dtype, pin_memory=on_gpu),
-                            torch.zeros(cpu_shape, dtype=dtype, pin_memory=on_gpu)) for _ in range(cfg.num_layers)]
+                            torch.zeros(cpu_shape, dtype=dtype, pin_memory=on_gpu)) for _ in range(num_layers)]
         # (swap-out, swap-in) copy streams on CUDA, when there is a swap space
         self.copy_streams = (torch.cuda.Stream(device), torch.cuda.Stream(device)) if on_gpu and num_cpu_blocks else None
 

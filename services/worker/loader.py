@@ -85,11 +85,12 @@ def resolve_dtype(name: str, cfg: ModelArchConfig, device: torch.device) -> torc
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
 
 
-def resolve_quantization(name: str, folder: Path, device_type: str = "cpu") -> str:
+def resolve_quantization(name: str, folder: Path, device_type: str = "cpu", encoder: bool = False) -> str:
     """auto: gguf where the model is a GGUF file or a folder holding one and the worker runs on the CPU (the
-    quantized kernels are CPU kernels), else none (a GGUF file's tensors dequantized at load)."""
+    quantized kernels are CPU kernels), else none (a GGUF file's tensors dequantized at load); none for an
+    encoder, which is served dense (a GGUF encoder's tensors dequantized at load)."""
     if name == "auto":
-        return "gguf" if device_type == "cpu" and find_gguf_file(folder) is not None else "none"
+        return "gguf" if device_type == "cpu" and not encoder and find_gguf_file(folder) is not None else "none"
     if name == "gguf" and find_gguf_file(folder) is None:
         raise InvalidArgument("quantization", f"gguf: {folder} is no GGUF file and holds none")
     return name
@@ -135,7 +136,8 @@ def load_model(folder: Path, dtype: torch.dtype, device: torch.device, ops: Ops,
     model = model_class(cfg.family)(cfg, ops, linear, shard, comm)
     if cfg.is_encoder:  # the BERT family: its own names and layout (services/worker/models/bert.py)
         if quantization not in ("none", "auto"):
-            raise InvalidArgument("quantization", f"{quantization}: an encoder is served unquantized (none)")
+            raise InvalidArgument("quantization", f"{quantization}: an encoder is served unquantized (none; a GGUF "
+                                                  f"encoder's tensors are dequantized at load)")
         from services.worker.models.bert import load_encoder
 
         return load_encoder(folder, model, dtype, device, prepack)

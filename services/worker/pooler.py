@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from services.core.errors import InvalidArgument
-from services.core.pooling import PoolingSpec, pooling_spec
+from services.core.pooling import PoolingSpec, is_encoder_folder, pooling_spec
 from services.core.tokenizer import Tokenizer
 
 
@@ -69,7 +69,10 @@ class Pooler:
 
 
 def architectures(model_path: Path) -> tuple[str, ...]:
-    """config.json's architectures (a GGUF file alone: none, so a generator unless --task says)."""
+    """config.json's architectures (a GGUF file alone: BertModel for an encoder's, else none, so a generator
+    unless --task says)."""
+    if is_encoder_folder(model_path) and Path(model_path).is_file():
+        return ("BertModel",)
     path = Path(model_path) / "config.json"
     return tuple(json.loads(path.read_text()).get("architectures") or ()) if path.is_file() else ()
 

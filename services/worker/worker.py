@@ -56,7 +56,7 @@ def checked_layout(config: WorkerConfig, model_path, arch: ModelArchConfig, devi
     """(the quantization, the K alignment its row-parallel groups need), after InvalidArgument naming the
     constraint where the model cannot be split as config's tensor/pipeline sizes say: each rank's check, and
     a group's before it spawns its ranks (WorkerGroup.start)."""
-    quantization = resolve_quantization(config.quantization, model_path, device_type)
+    quantization = resolve_quantization(config.quantization, model_path, device_type, arch.is_encoder)
     align = gguf_align(quantization, model_path)
     check_layout(arch, config.tensor_parallel_size, config.pipeline_parallel_size, align)
     return quantization, align
@@ -107,7 +107,9 @@ class Worker:
         num_cpu_blocks = cache.swap_space_bytes // block_bytes(local, cache.block_size, self.dtype)
         if self.comm is not None:  # the group's capacity: every rank's cache holds every block id
             num_blocks, num_cpu_blocks = self.comm.min_over_ranks(num_blocks), self.comm.min_over_ranks(num_cpu_blocks)
-        kv_cache = KVCache(local, num_blocks, num_cpu_blocks, cache.block_size, self.dtype, self.device)
+        kv_cache = KVCache(local, num_blocks, num_cpu_blocks, cache.block_size, self.dtype, self.device,
+                           allocate=not arch.is_encoder)  # an encoder never reads its KV: block ids, no memory
+        num_cpu_blocks = kv_cache.num_cpu_blocks
         grammars = Grammars(self.tokenizer_path, arch.vocab_size, arch.eos_token_ids)
         pooler = None if self.task == "generate" else make_pooler(model, self.task, self.model_path,
                                                                   self.tokenizer_path, arch)

@@ -254,13 +254,14 @@ def test_each_current_figure_says_when_where_and_under_what_load():
 
 def test_the_gguf_guide_lists_what_is_served():
     """docs/guide/gguf.md's tables name every block type (kernels/quant.py FORMATS) and every architecture
-    (services/worker/gguf_arch.py ARCHITECTURES) the engine serves, and no other."""
+    (services/worker/gguf_arch.py SERVED: the decoders' ARCHITECTURES and the encoders) the engine serves, and no
+    other."""
     from kernels import quant
-    from services.worker.gguf_arch import ARCHITECTURES
+    from services.worker.gguf_arch import SERVED
 
     guide = (ROOT / "docs" / "guide" / "gguf.md").read_text()
     types = guide.split("\n## Types\n", 1)[1].split("\n## ", 1)[0]
     listed = set(re.findall(r"^\| (\w+) \| (?:32|256) \|", types, re.M))
     assert listed == {quant.NAMES[f].upper() for f in quant.GGUF_FORMATS}
     archs = guide.split("\n## Architectures\n", 1)[1].split("\n## ", 1)[0]
-    assert set(re.findall(r"^\| `(\w+)` \|", archs, re.M)) == set(ARCHITECTURES)
+    assert set(re.findall(r"^\| `(\w+)` \|", archs, re.M)) == set(SERVED)

@@ -24,9 +24,17 @@ def bert(model_dir):
     return model_dir("bert")
 
 
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * 4096
+
+
 @pytest.fixture(scope="module")
 def bert_llm(bert):
-    return make_llm(bert, dtype="float32", max_num_batched_tokens=256)
+    before = rss_bytes()
+    llm = make_llm(bert, dtype="float32", max_num_batched_tokens=256)
+    llm.rss_growth = rss_bytes() - before  # what making the engine took (test_an_encoder_holds_no_kv_cache)
+    return llm
 
 
 @pytest.fixture(scope="module")
@@ -64,6 +72,13 @@ def test_bert_same_bits_alone_or_in_a_batch_and_blocks_freed(bert_llm):
         assert bert_llm.embed([prompts[i]], use_tqdm=False)[0].outputs.embedding == batched[i]
     blocks = bert_llm.scheduler.workers["worker-0"].blocks
     assert blocks.num_free_blocks == bert_llm.engine.info.num_gpu_blocks  # nothing kept after a pooling step
+
+
+def test_an_encoder_holds_no_kv_cache(bert_llm):
+    """It never reads one: its blocks are ids for the scheduler's admission, with no memory behind them (the
+    default 1 GiB CPU budget and its swap pool took 1.1 GiB for this tiny model before)."""
+    assert bert_llm.engine.info.num_gpu_blocks > 0 and bert_llm.engine.info.num_cpu_blocks == 0
+    assert bert_llm.rss_growth < 512 << 20
 
 
 def test_encoder_input_limits(bert_llm):

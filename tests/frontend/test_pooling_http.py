@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import json
+import shutil
 
 import grpc
 import numpy as np
@@ -15,7 +16,7 @@ import pytest
 from pagedserve import Client, GenerationError
 from test_http_api import raw
 from test_http_cluster import serve
-from tests.conftest import random_prompts
+from tests.conftest import make_llm, random_prompts
 
 TEXTS = ["the quick brown fox", "paged attention keeps the KV cache in blocks", "a", "hello world " * 20]
 QUERY = "how does the scheduler place a request"
@@ -30,8 +31,18 @@ DOCUMENTS = [  # a small fixed set; the expected order is sentence-transformers'
 
 
 @pytest.fixture(scope="module")
-def embedder(model_dir):
-    yield from serve(model_dir("bert"), max_num_batched_tokens=256)
+def matryoshka_bert(model_dir, tmp_path_factory):
+    """The tiny BERT, its config.json saying which shorter vectors it serves (vLLM's matryoshka_dimensions)."""
+    folder = tmp_path_factory.mktemp("matryoshka") / "bert"
+    shutil.copytree(model_dir("bert"), folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "matryoshka_dimensions": [16, 32, 64]}))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def embedder(matryoshka_bert):
+    yield from serve(matryoshka_bert, max_num_batched_tokens=256)
 
 
 @pytest.fixture(scope="module")
@@ -70,8 +81,42 @@ def test_token_ids_and_batches_give_the_same_bits(embedder, client):
     assert error.value.code == grpc.StatusCode.INVALID_ARGUMENT and error.value.field == "inputs"
 
 
+def test_dimensions_give_the_renormalised_prefix_as_llm_embed(embedder, client, matryoshka_bert):
+    full = client.embeddings.create(model=embedder.model, input=TEXTS, encoding_format="float")
+    short = client.embeddings.create(model=embedder.model, input=TEXTS, dimensions=16)  # base64
+    floats = client.embeddings.create(model=embedder.model, input=TEXTS, dimensions=16, encoding_format="float")
+    for whole, part, part_floats in zip(full.data, short.data, floats.data):
+        head = np.asarray(whole.embedding[:16], dtype=np.float64)
+        np.testing.assert_array_max_ulp(np.float32(part.embedding), np.float32(head / np.linalg.norm(head)), maxulp=1)
+        assert part.embedding == part_floats.embedding and len(part.embedding) == 16
+    llm = make_llm(matryoshka_bert, dtype="float32", max_num_batched_tokens=256)
+    assert [o.outputs.embedding for o in llm.embed(TEXTS, use_tqdm=False, dimensions=16)] == \
+        [d.embedding for d in short.data]
+
+
+@pytest.fixture(scope="module")
+def gguf_embedder(model_dir, tmp_path_factory):
+    """A BERT served from its GGUF file alone (--model bert.gguf --task embed), as llama.cpp converts it."""
+    from tests.gguf_files import write_bert_gguf
+
+    path = write_bert_gguf(model_dir("bert_wordpiece"), tmp_path_factory.mktemp("gguf") / "bert.gguf", "f16")
+    yield from serve(path, worker_config={"task": "embed"}, max_num_batched_tokens=256)
+
+
+def test_a_gguf_encoder_serves_the_folders_vectors(gguf_embedder, model_dir):
+    from sentence_transformers import SentenceTransformer
+
+    client = openai.OpenAI(base_url=gguf_embedder.url + "/v1", api_key="unused", max_retries=0)
+    created = client.embeddings.create(model=gguf_embedder.model, input=TEXTS, encoding_format="float")
+    st = SentenceTransformer(str(model_dir("bert_wordpiece")), device="cpu")
+    got, want = np.array([d.embedding for d in created.data]), st.encode(TEXTS, convert_to_numpy=True)
+    assert ((got * want).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(want, axis=1)).min() >= 0.99999
+    assert created.usage.prompt_tokens == sum(len(st.tokenizer(t)["input_ids"]) for t in TEXTS)  # the file's tokenizer
+
+
 @pytest.mark.parametrize("body, param", [
-    ({"input": "hi", "dimensions": 8}, "dimensions"),  # not a Matryoshka model
+    ({"input": "hi", "dimensions": 8}, "dimensions"),  # not one of its matryoshka_dimensions
+    ({"input": "hi", "dimensions": 65}, "dimensions"),  # longer than the vector
     ({"input": ["fine", [5] * 600]}, "input[1]"),  # past max_model_len (512)
     ({"input": [3, 9999]}, "input"),  # outside the vocabulary
     ({"input": ""}, "input"),

@@ -187,27 +187,23 @@ def _our_name(name: str, cfg: ModelArchConfig) -> tuple[str, int | None] | None:
     raise InvalidArgument("model", f"unexpected weight {name!r} for a {cfg.model_type} model")
 
 
-def load_encoder(folder: Path, model: BertModel, dtype: torch.dtype, device: torch.device,
+def load_encoder(model_path: Path, model: BertModel, dtype: torch.dtype, device: torch.device,
                  pack: Callable) -> BertModel:
-    """The folder's safetensors into the encoder (q/k/v fused by rows), then cast, move and pack."""
-    files = sorted(Path(folder).glob("*.safetensors"))
-    if not files:
-        raise InvalidArgument("model", f"no *.safetensors in {folder}")
+    """The folder's safetensors, or a GGUF file's tensors, into the encoder (q/k/v fused by rows), then
+    cast, move and pack."""
     params = dict(model.named_parameters())
     pieces: dict[str, dict[int, torch.Tensor]] = {}
     loaded: set[str] = set()
-    for file in files:
-        with safe_open(file, framework="pt") as reader:
-            for name in reader.keys():
-                target = _our_name(name, model.cfg)
-                if target is None:
-                    continue
-                path, part = target
-                if part is None:
-                    _assign(params, path, reader.get_tensor(name))
-                    loaded.add(path)
-                else:
-                    pieces.setdefault(path, {})[part] = reader.get_tensor(name)
+    for name, tensor in _checkpoint(Path(model_path)):
+        target = _our_name(name, model.cfg)
+        if target is None:
+            continue
+        path, part = target
+        if part is None:
+            _assign(params, path, tensor)
+            loaded.add(path)
+        else:
+            pieces.setdefault(path, {})[part] = tensor
     for path, parts in pieces.items():
         _assign(params, path, torch.cat([parts[i] for i in sorted(parts)], dim=0))
         loaded.add(path)
@@ -217,6 +213,23 @@ def load_encoder(folder: Path, model: BertModel, dtype: torch.dtype, device: tor
     model = model.to(device=device, dtype=dtype)
     model.prepack(pack)
     return model
+
+
+def _checkpoint(model_path: Path):
+    """(HF name, tensor) for each tensor of the folder's *.safetensors or of the GGUF file."""
+    if model_path.is_file():
+        from services.worker.gguf_weights import read_encoder_tensors
+
+        for name, array in read_encoder_tensors(model_path):
+            yield name, torch.from_numpy(array)
+        return
+    files = sorted(model_path.glob("*.safetensors"))
+    if not files:
+        raise InvalidArgument("model", f"no *.safetensors in {model_path}")
+    for file in files:
+        with safe_open(file, framework="pt") as reader:
+            for name in reader.keys():
+                yield name, reader.get_tensor(name)
 
 
 def _assign(params: dict[str, nn.Parameter], path: str, tensor: torch.Tensor) -> None:
