@@ -69,6 +69,11 @@ def worker_forgot(code: grpc.StatusCode) -> bool:
     return code == STATUS_OF[UnknownSequence]
 
 
+def not_served(code: grpc.StatusCode) -> bool:
+    """Whether a peer answered that it does not serve the method called (an older release's server)."""
+    return code == grpc.StatusCode.UNIMPLEMENTED
+
+
 class StatusError(RuntimeError):
     """A status with no core error of its own (INTERNAL: a step failed), as core_error returns it."""
 

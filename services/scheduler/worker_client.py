@@ -28,13 +28,15 @@ import asyncio
 import time
 
 import grpc
+import structlog
 
 from pagedserve.internal.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from services.rpc import internal_codec
 from services.core.step import StepDelta, StepResult, WorkerInfo
 from services.rpc.grpc_server import RECONNECT_OPTIONS
-from services.rpc.status import core_error, worker_forgot
+from services.rpc.status import core_error, not_served, worker_forgot
 
+log = structlog.get_logger("scheduler")
 CHANNEL_OPTIONS = [("grpc.max_send_message_length", 64 << 20), ("grpc.max_receive_message_length", 64 << 20)]
 PROBE_RETRY_S = 0.2  # between attempts while the address is UNAVAILABLE (a name not resolvable yet, a refused connection)
 ADVERTISE_FIX = ("start the worker with --advertise-host (PAGEDSERVE_ADVERTISE_HOST) set to a host name or IP "
@@ -52,13 +54,18 @@ class WorkerForgot(RuntimeError):
     re-send its sequences in full."""
 
 
+class StreamNotServed(WorkerLost):
+    """The worker answered UNIMPLEMENTED: to StepStream, a worker of an older release (stepped by unary Step
+    from then on); to Step, lost."""
+
+
 async def _failure(call, error: Exception) -> Exception:
     """WorkerForgot or WorkerLost, from the status the step's call ended with."""
     if isinstance(error, grpc.RpcError):
         code, details = error.code(), error.details()
     else:  # written to a call that had already ended
         code, details = await call.code(), await call.details()
-    kind = WorkerForgot if worker_forgot(code) else WorkerLost
+    kind = WorkerForgot if worker_forgot(code) else StreamNotServed if not_served(code) else WorkerLost
     return kind(f"{code.name}: {details}")
 
 
@@ -73,10 +80,14 @@ class RemoteWorker:
         self.forgot = False  # its last step answered FAILED_PRECONDITION (re-sent in full since)
         self._call = None  # the open StepStream call
         self._expired = False  # the step deadline cancelled the call
+        self.unary = False  # the worker serves no StepStream (an older release): a unary Step call a step
 
     async def step(self, delta: StepDelta) -> StepResult:
         """One step on the worker's StepStream call (opened by the first step after an idle time or an
-        error): send the delta, wait for its result."""
+        error): send the delta, wait for its result. A worker of a release without StepStream answers
+        UNIMPLEMENTED, before it reads the delta: it is stepped by unary Step calls from then on."""
+        if self.unary:
+            return await self._step_unary(delta)
         call = self._call
         if call is None:
             call, self._expired = self.stub.StepStream(), False
@@ -88,7 +99,12 @@ class RemoteWorker:
             response = await call.read()
         except (grpc.RpcError, asyncio.InvalidStateError) as error:  # the call ended with a status
             self._call = None
-            raise await _failure(call, error) from error
+            failure = await _failure(call, error)
+            if not isinstance(failure, StreamNotServed):
+                raise failure from error
+            self.unary = True
+            log.info("worker_steps_unary", worker_id=self.worker_id, reason=str(failure))
+            return await self._step_unary(delta)
         except asyncio.CancelledError:
             self._call = None
             if asyncio.current_task().cancelling():  # the loop's own shutdown
@@ -105,6 +121,15 @@ class RemoteWorker:
         if response is grpc.aio.EOF:
             self._call = None
             raise WorkerLost("the worker ended its step stream without answering the step")
+        self.last_seen = time.monotonic()
+        return internal_codec.result_from_proto(response)
+
+    async def _step_unary(self, delta: StepDelta) -> StepResult:
+        """One step as its own Step call, with step_timeout_s as its deadline."""
+        try:
+            response = await self.stub.Step(internal_codec.delta_to_proto(delta), timeout=self.step_timeout_s)
+        except grpc.RpcError as error:
+            raise await _failure(None, error) from error
         self.last_seen = time.monotonic()
         return internal_codec.result_from_proto(response)
 

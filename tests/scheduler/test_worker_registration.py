@@ -9,10 +9,11 @@ import grpc
 import pytest
 from structlog.testing import capture_logs
 
-from pagedserve.internal.v1 import scheduler_pb2
+from pagedserve.internal.v1 import scheduler_pb2, worker_pb2_grpc
 from services.core.config import CacheConfig, WorkerConfig
+from services.core.step import StepDelta, StepResult
 from services.rpc import internal_codec
-from services.scheduler.worker_client import probe_worker
+from services.scheduler.worker_client import RemoteWorker, probe_worker
 from services.worker.__main__ import serve
 from services.worker.config import WorkerServiceConfig
 from tests.conftest import greedy, random_prompts
@@ -120,3 +121,30 @@ def test_an_address_that_never_answers_is_refused_at_the_probe_deadline():
     assert reason is not None and address in reason and "--advertise-host" in reason
     assert "timed out" in reason or "DEADLINE_EXCEEDED" in reason
     assert elapsed < 5
+
+
+def test_a_worker_without_step_stream_is_stepped_by_unary_calls():
+    """A worker of a release before StepStream answers it UNIMPLEMENTED: the scheduler steps it with a
+    unary Step call a step instead of dropping it (workers may be upgraded after their scheduler)."""
+    class OldWorker(worker_pb2_grpc.WorkerServicer):  # StepStream left to the base: UNIMPLEMENTED
+        def __init__(self):
+            self.steps = []
+
+        async def Step(self, request, context):
+            self.steps.append(request.step_id)
+            return internal_codec.result_to_proto(StepResult(step_id=request.step_id))
+
+    async def main():
+        server, old = grpc.aio.server(), OldWorker()
+        worker_pb2_grpc.add_WorkerServicer_to_server(old, server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        remote = RemoteWorker("old", f"127.0.0.1:{port}", None, step_timeout_s=30)
+        try:
+            results = [await remote.step(StepDelta(step_id=step_id)) for step_id in (1, 2, 3)]
+        finally:
+            await remote.close()
+            await server.stop(None)
+        return [r.step_id for r in results], old.steps, remote.unary
+
+    assert asyncio.run(main()) == ([1, 2, 3], [1, 2, 3], True)
