@@ -90,6 +90,7 @@ _AARCH64_MODULES = ("tests/kernels/test_cross_arch.py", "tests/kernels/test_quan
                     "tests/kernels/test_quant_dot_aarch64.py")
 _DOCKER_MODULES = ("tests/e2e/test_docker.py", "tests/e2e/test_swarm.py")  # the image built from this tree
 _prebuild = None
+PREBUILD_FROM = 500  # tests collected: the suite, or a large part of it
 
 
 def pytest_collection_modifyitems(session, config, items):
@@ -100,8 +101,7 @@ def pytest_collection_modifyitems(session, config, items):
 def pytest_collection_finish(session):
     """Start building, on the core the tests leave idle, what the collected tests will need: every kernel
     tier where kernel, engine or worker tests run, the aarch64 archives where the aarch64 checks do, the
-    Docker image where the Docker modules do (PAGEDSERVE_TEST_PREBUILD=0: nothing; one module alone
-    builds what it needs as it goes)."""
+    Docker image where the Docker modules do (PAGEDSERVE_TEST_PREBUILD=0: nothing)."""
     import os
     import subprocess
     import sys
@@ -124,7 +124,7 @@ def pytest_collection_finish(session):
             targets += [f"aarch64:{march}" for march in aarch64.MARCHES]
     if paths & set(_DOCKER_MODULES):
         targets.append("docker-image")
-    if len(paths) > 1 and targets:
+    if len(session.items) >= PREBUILD_FROM and targets:  # a run of a few modules builds what it needs as it goes
         _prebuild = subprocess.Popen([sys.executable, "-m", "tests.prebuild", *targets], start_new_session=True,
                                      stdout=subprocess.DEVNULL)
 
