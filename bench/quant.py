@@ -93,9 +93,12 @@ def random_ids(llm, rng: random.Random, length: int) -> list[int]:
     return [rng.randrange(16, high) for _ in range(length)]
 
 
+ENGINE_DEFAULTS: dict = {}  # engine settings a caller sets for every engine here (gguf_speed.py --kv-blocks)
+
+
 def engine(folder: Path, **kwargs):
     from pagedserve import LLM
-    return LLM(str(folder), seed=0, enable_prefix_caching=False, **{**engine_tier_args(), **kwargs})
+    return LLM(str(folder), seed=0, enable_prefix_caching=False, **{**engine_tier_args(), **ENGINE_DEFAULTS, **kwargs})
 
 
 def decode_rate(llm, steps: int, tag: str) -> float:
