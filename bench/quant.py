@@ -72,6 +72,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--serve-dtypes", default="float32",
                         help="serve: the engine's activation and KV-cache dtypes, each with every activation mode "
                              "(float32, bfloat16 or both; the checkpoint's, bfloat16, is what dtype auto runs)")
+    parser.add_argument("--kv-blocks", type=int, default=None,
+                        help="each engine's KV-cache blocks (default: the engine's); fewer hold less memory")
     parser.add_argument("--out", default="quant")
     add_cpu_isa(parser)
     return parser.parse_args()
@@ -403,6 +405,8 @@ def main() -> None:
     bench_bin = llamacpp.binary(args.llama_cpp_dir, "llama-bench")
     server_bin = llamacpp.binary(args.llama_cpp_dir, "llama-server")
     tier = args.tier = select_tier(args.cpu_isa, args.libraries_isa)
+    if args.kv_blocks:
+        ENGINE_DEFAULTS["num_gpu_blocks"] = args.kv_blocks
     print(f"CPU kernel tier: {tier}", flush=True)
     results = {}
     for name in sections:
