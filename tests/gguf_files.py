@@ -38,7 +38,7 @@ def restyle_tokenizer(folder: Path, pre: str) -> None:
 
 def write_gguf(folder: Path, out: Path, tensor_type: str = "f32", pre: str = "gpt-2", arch: str | None = None,
                with_tensors: bool = True, types: dict[str, str] | None = None) -> Path:
-    """The folder as one GGUF file. tensor_type: the 2-D weights' type (f32, f16, q8_0, mixed: q8_0 for
+    """The folder as one GGUF file. tensor_type: the 2-D weights' type (f32, f16, bf16, q8_0, mixed: q8_0 for
     the linear layers and f16 for the embedding); norms and biases stay f32; `types`: HF name -> type (a
     mixture's stacked experts: model.layers.L.mlp.experts.down_proj.weight; a K-quant as random blocks)."""
     from gguf import GGUFWriter
@@ -130,7 +130,7 @@ def _tokenizer(writer, folder: Path, pre: str) -> None:
 
 def _tensors(writer, folder: Path, arch: str, config: dict, tensor_type: str, types: dict[str, str]) -> None:
     from gguf import GGMLQuantizationType, quants
-    from safetensors.numpy import load_file
+    from safetensors.torch import load_file  # (numpy has no bfloat16: a bfloat16 folder's values as float32)
 
     from services.worker.gguf_arch import ARCHITECTURES, GLOBAL_NAMES, LAYER_NAMES
 
@@ -138,7 +138,7 @@ def _tensors(writer, folder: Path, arch: str, config: dict, tensor_type: str, ty
     heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
     tensors = {}
     for file in sorted(folder.glob("*.safetensors")):
-        tensors.update(load_file(str(file)))
+        tensors.update({name: t.float().numpy() for name, t in load_file(str(file)).items()})
     scaling = config.get("rope_scaling") or config.get("rope_parameters") or {}
     if scaling.get("rope_type") == "llama3":
         writer.add_tensor("rope_freqs.weight", _llama3_rope_factors(config, scaling))
@@ -174,6 +174,10 @@ def _tensors(writer, folder: Path, arch: str, config: dict, tensor_type: str, ty
             writer.add_tensor(name, array)
         elif kind == "f16":
             writer.add_tensor(name, array.astype(np.float16))
+        elif kind == "bf16":  # the top 16 bits of each float32 (exact for a bfloat16 folder's values)
+            halves = (array.view(np.uint32) >> 16).astype(np.uint16)
+            writer.add_tensor(name, halves.view(np.uint8).reshape(*array.shape[:-1], -1),
+                              raw_dtype=GGMLQuantizationType.BF16)
         elif kind in ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "mxfp4"):  # what gguf.quants writes
             qtype = GGMLQuantizationType[kind.upper()]
             writer.add_tensor(name, quants.quantize(array, qtype), raw_dtype=qtype)

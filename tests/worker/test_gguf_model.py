@@ -188,6 +188,17 @@ def test_quantized_file_serves_as_the_folder_holding_it(tmp_path, model_dir, arc
     assert run(path)[0] == run(folder)[0]
 
 
+def test_bf16_file_serves_the_bfloat16_folders_tokens(tmp_path, model_dir):
+    """BF16 tensors (the converter's --outtype bf16) served as they are (auto: gguf): the row-parallel weights'
+    K groups are taken in values, not in the reader's raw bytes (a BF16 file failed at load: half of each
+    o_proj and down_proj row); the folder's greedy tokens."""
+    folder = model_dir("llama", "tiny", dtype="bfloat16")
+    path = write_gguf(folder, tmp_path / "bf16.gguf", "bf16")
+    got, _, llm = run(path)
+    assert llm.engine.workers["worker-0"].quantization == "gguf"
+    assert [ids for ids, _ in got] == [ids for ids, _ in run(folder, dtype="float32")[0]]
+
+
 def test_unserved_architecture_is_refused(tmp_path, model_dir):
     path = write_gguf(model_dir("llama", "tiny"), tmp_path / "g.gguf", arch="falcon", with_tensors=False)
     from services.worker.gguf_arch import ARCHITECTURES, SERVED
