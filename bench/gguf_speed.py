@@ -48,6 +48,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--prefill-len", type=int, default=512)
     parser.add_argument("--serve-activations", default="int8,none",
                         help="serve: the engine's contenders, one per activation mode")
+    parser.add_argument("--kv-blocks", type=int, default=None,
+                        help="each engine's KV-cache blocks (default: the engine's); fewer hold less memory "
+                             "where two engines of a large file share the host")
     parser.add_argument("--out", default="gguf_speed")
     add_cpu_isa(parser)
     return parser.parse_args()
@@ -125,6 +128,8 @@ def main() -> None:
     args = parse_args()
     load_before = loadavg()
     args.tier = select_tier(args.cpu_isa, args.libraries_isa)
+    if args.kv_blocks:
+        quant.ENGINE_DEFAULTS["num_gpu_blocks"] = args.kv_blocks
     bench_bin = llamacpp.binary(args.llama_cpp_dir, "llama-bench")
     server_bin = llamacpp.binary(args.llama_cpp_dir, "llama-server")
     results = [one_file(model, args, bench_bin, server_bin) for model in args.models]

@@ -72,6 +72,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--serve-dtypes", default="float32",
                         help="serve: the engine's activation and KV-cache dtypes, each with every activation mode "
                              "(float32, bfloat16 or both; the checkpoint's, bfloat16, is what dtype auto runs)")
+    parser.add_argument("--kv-blocks", type=int, default=None,
+                        help="each engine's KV-cache blocks (default: the engine's); fewer hold less memory")
     parser.add_argument("--out", default="quant")
     add_cpu_isa(parser)
     return parser.parse_args()
@@ -93,9 +95,12 @@ def random_ids(llm, rng: random.Random, length: int) -> list[int]:
     return [rng.randrange(16, high) for _ in range(length)]
 
 
+ENGINE_DEFAULTS: dict = {}  # engine settings a caller sets for every engine here (gguf_speed.py --kv-blocks)
+
+
 def engine(folder: Path, **kwargs):
     from pagedserve import LLM
-    return LLM(str(folder), seed=0, enable_prefix_caching=False, **{**engine_tier_args(), **kwargs})
+    return LLM(str(folder), seed=0, enable_prefix_caching=False, **{**engine_tier_args(), **ENGINE_DEFAULTS, **kwargs})
 
 
 def decode_rate(llm, steps: int, tag: str) -> float:
@@ -400,6 +405,8 @@ def main() -> None:
     bench_bin = llamacpp.binary(args.llama_cpp_dir, "llama-bench")
     server_bin = llamacpp.binary(args.llama_cpp_dir, "llama-server")
     tier = args.tier = select_tier(args.cpu_isa, args.libraries_isa)
+    if args.kv_blocks:
+        ENGINE_DEFAULTS["num_gpu_blocks"] = args.kv_blocks
     print(f"CPU kernel tier: {tier}", flush=True)
     results = {}
     for name in sections:

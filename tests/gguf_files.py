@@ -16,7 +16,7 @@ QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[
 LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
                 r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 # config.json's model_type -> general.architecture where they differ
-GGUF_ARCH = {"gemma3_text": "gemma3", "qwen3_moe": "qwen3moe", "mixtral": "llama"}
+GGUF_ARCH = {"gemma3_text": "gemma3", "qwen3_moe": "qwen3moe", "mixtral": "llama", "gpt_oss": "gpt-oss"}
 NORM_SHIFT = ("gemma3",)  # Gemma3Model.norm_shift: llama.cpp's converter stores each norm weight as 1 + w
 STYLES = {"gpt-2": None, "qwen2": QWEN2_SPLIT, "llama-bpe": LLAMA3_SPLIT}  # tokenizer.ggml.pre -> split regex
 
@@ -38,7 +38,7 @@ def restyle_tokenizer(folder: Path, pre: str) -> None:
 
 def write_gguf(folder: Path, out: Path, tensor_type: str = "f32", pre: str = "gpt-2", arch: str | None = None,
                with_tensors: bool = True, types: dict[str, str] | None = None) -> Path:
-    """The folder as one GGUF file. tensor_type: the 2-D weights' type (f32, f16, q8_0, mixed: q8_0 for
+    """The folder as one GGUF file. tensor_type: the 2-D weights' type (f32, f16, bf16, q8_0, mixed: q8_0 for
     the linear layers and f16 for the embedding); norms and biases stay f32; `types`: HF name -> type (a
     mixture's stacked experts: model.layers.L.mlp.experts.down_proj.weight; a K-quant as random blocks)."""
     from gguf import GGUFWriter
@@ -76,6 +76,16 @@ def _hyperparameters(writer, arch: str, config: dict) -> None:
         writer.add_uint32(f"{arch}.expert_used_count", config["num_experts_per_tok"])
         if config.get("moe_intermediate_size"):
             writer.add_uint32(f"{arch}.expert_feed_forward_length", config["moe_intermediate_size"])
+    if arch == "gpt-oss":  # GptOssModel's keys (the window, the experts' width); the layer kinds and the
+        # SwiGLU constants are not written (llama.cpp's loader assumes gpt-oss's)
+        writer.add_uint32(f"{arch}.attention.sliding_window", config["sliding_window"])
+        writer.add_uint32(f"{arch}.expert_feed_forward_length", config["intermediate_size"])
+    if params.get("rope_type") == "yarn":  # TextModel.set_gguf_parameters (no truncate key)
+        writer.add_string(f"{arch}.rope.scaling.type", "yarn")
+        writer.add_float32(f"{arch}.rope.scaling.factor", params["factor"])
+        writer.add_uint32(f"{arch}.rope.scaling.original_context_length", params["original_max_position_embeddings"])
+        writer.add_float32(f"{arch}.rope.scaling.yarn_beta_fast", params["beta_fast"])
+        writer.add_float32(f"{arch}.rope.scaling.yarn_beta_slow", params["beta_slow"])
     if arch == "phi3":  # Phi3MiniModel's keys: the rotary dims, the pre-training context, the window
         rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
         writer.add_uint32(f"{arch}.rope.dimension_count",
@@ -120,7 +130,7 @@ def _tokenizer(writer, folder: Path, pre: str) -> None:
 
 def _tensors(writer, folder: Path, arch: str, config: dict, tensor_type: str, types: dict[str, str]) -> None:
     from gguf import GGMLQuantizationType, quants
-    from safetensors.numpy import load_file
+    from safetensors.torch import load_file  # (numpy has no bfloat16: a bfloat16 folder's values as float32)
 
     from services.worker.gguf_arch import ARCHITECTURES, GLOBAL_NAMES, LAYER_NAMES
 
@@ -128,13 +138,15 @@ def _tensors(writer, folder: Path, arch: str, config: dict, tensor_type: str, ty
     heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
     tensors = {}
     for file in sorted(folder.glob("*.safetensors")):
-        tensors.update(load_file(str(file)))
+        tensors.update({name: t.float().numpy() for name, t in load_file(str(file)).items()})
     scaling = config.get("rope_scaling") or config.get("rope_parameters") or {}
     if scaling.get("rope_type") == "llama3":
         writer.add_tensor("rope_freqs.weight", _llama3_rope_factors(config, scaling))
     if scaling.get("rope_type") == "longrope":  # Phi3MiniModel.generate_extra_tensors
         writer.add_tensor("rope_factors_long.weight", np.array(scaling["long_factor"], dtype=np.float32))
         writer.add_tensor("rope_factors_short.weight", np.array(scaling["short_factor"], dtype=np.float32))
+    if arch == "gpt-oss":
+        _gpt_oss_names(tensors)
     for hf in [name for name in tensors if name.endswith(".mlp.experts.gate_up_proj")]:  # [E, 2I, H]
         gate, up = np.split(tensors.pop(hf), 2, axis=1)  # stacked per layer as llama.cpp stores experts
         tensors[hf.replace("gate_up_proj", "gate_proj.weight")], tensors[hf.replace("gate_up_proj", "up_proj.weight")] \
@@ -153,7 +165,8 @@ def _tensors(writer, folder: Path, arch: str, config: dict, tensor_type: str, ty
             array = array.reshape(n, 2, array.shape[0] // n // 2, *array.shape[1:]).swapaxes(1, 2).reshape(array.shape)
         if arch in NORM_SHIFT and hf.endswith("norm.weight"):
             array = array + np.float32(1.0)
-        kind = "f32" if array.ndim == 1 or hf.endswith("mlp.gate.weight") else tensor_type  # the router: F32
+        kind = "f32" if array.ndim == 1 or hf.endswith(("mlp.gate.weight", "mlp.router.weight", ".bias")) \
+            else tensor_type  # the router and the biases (gpt-oss's experts' [E, out]): F32
         if kind == "mixed":
             kind = "f16" if hf == "model.embed_tokens.weight" else "q8_0"
         kind = types.get(hf, kind)
@@ -161,7 +174,11 @@ def _tensors(writer, folder: Path, arch: str, config: dict, tensor_type: str, ty
             writer.add_tensor(name, array)
         elif kind == "f16":
             writer.add_tensor(name, array.astype(np.float16))
-        elif kind in ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0"):  # what gguf.quants writes
+        elif kind == "bf16":  # the top 16 bits of each float32 (exact for a bfloat16 folder's values)
+            halves = (array.view(np.uint32) >> 16).astype(np.uint16)
+            writer.add_tensor(name, halves.view(np.uint8).reshape(*array.shape[:-1], -1),
+                              raw_dtype=GGMLQuantizationType.BF16)
+        elif kind in ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "mxfp4"):  # what gguf.quants writes
             qtype = GGMLQuantizationType[kind.upper()]
             writer.add_tensor(name, quants.quantize(array, qtype), raw_dtype=qtype)
         else:  # a K-quant: valid random blocks of the tensor's spread (not its values), rows as they are
@@ -170,6 +187,31 @@ def _tensors(writer, folder: Path, arch: str, config: dict, tensor_type: str, ty
             rows = random_blocks(kind, int(np.prod(array.shape[:-1])), array.shape[-1], np.random.default_rng(0),
                                  scale=float(array.std()))
             writer.add_tensor(name, rows.reshape(*array.shape[:-1], -1), raw_dtype=GGMLQuantizationType[kind.upper()])
+
+
+def _gpt_oss_names(tensors: dict) -> None:
+    """gpt-oss's tensors as GptOssModel.modify_tensors names them: its stacked input-major experts ([E, H, 2I]
+    gate and up interleaved by column, [E, I, H] down) as [E, out, in] gate, up and down, their biases
+    [E, 2I] de-interleaved the same way; the sinks and the router's weight and bias kept."""
+    for hf in [name for name in tensors if ".mlp.experts." in name]:
+        array, base = tensors.pop(hf), hf.rsplit(".", 1)[0] + "."
+        if hf.endswith("gate_up_proj_bias"):
+            tensors[base + "gate_proj.bias"], tensors[base + "up_proj.bias"] = array[:, ::2], array[:, 1::2]
+        elif hf.endswith("down_proj_bias"):
+            tensors[base + "down_proj.bias"] = array
+        elif hf.endswith("gate_up_proj"):
+            tensors[base + "gate_proj.weight"] = np.ascontiguousarray(array[:, :, ::2].transpose(0, 2, 1))
+            tensors[base + "up_proj.weight"] = np.ascontiguousarray(array[:, :, 1::2].transpose(0, 2, 1))
+        else:
+            tensors[base + "down_proj.weight"] = np.ascontiguousarray(array.transpose(0, 2, 1))
+
+
+def mxfp4_values(array: np.ndarray) -> np.ndarray:
+    """The values MXFP4 holds for `array` (rows of blocks of 32 along the last axis): gguf.quants' round trip."""
+    from gguf import GGMLQuantizationType, quants
+
+    return quants.dequantize(quants.quantize(array.astype(np.float32), GGMLQuantizationType.MXFP4),
+                             GGMLQuantizationType.MXFP4)
 
 
 def _llama3_rope_factors(config: dict, scaling: dict) -> np.ndarray:

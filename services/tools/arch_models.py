@@ -72,8 +72,10 @@ def _ramp(n: int) -> list[float]:
 
 def _qwen3_moe(s: dict) -> dict:
     """8 experts of half the MLP width, 2 a token, the top-k weights not renormalised (the config's
-    default; Qwen3-30B-A3B sets norm_topk_prob, Mixtral always renormalises)."""
-    return dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=s["intermediate_size"] // 2,
+    default; Qwen3-30B-A3B sets norm_topk_prob, Mixtral always renormalises); the benchmarks' shapes set
+    num_experts, experts_per_token and moe_intermediate_size (Qwen3-30B-A3B: 128, 8, 768)."""
+    return dict(num_experts=s.get("num_experts") or 8, num_experts_per_tok=s.get("experts_per_token") or 2,
+                moe_intermediate_size=s.get("moe_intermediate_size") or s["intermediate_size"] // 2,
                 norm_topk_prob=False, rope_theta=s["rope_theta"])
 
 

@@ -24,6 +24,9 @@ parameter counts; qwen2 adds q/k/v biases, qwen3 q/k norms):
     1b     Llama-3.2-1B shape: hidden 2048, 16 layers, 32/8 heads, head_dim 64, mlp 8192,
            vocab 32000, tied embeddings, llama3 rope scaling, bfloat16    (1,038,682,112)
 
+qwen3_moe takes --num-experts, --experts-per-token and --moe-intermediate-size (default 8, 2 and half
+of --intermediate-size).
+
 gpt_oss (services/tools/arch_models.py): transformers' GptOssConfig with the size's shapes, sliding and
 full layers alternating (window 64), YaRN rope, 8 experts of 4 a token, attention sinks.
 
@@ -69,7 +72,8 @@ SIZES = {
                intermediate_size=8192, vocab_size=32000, max_position_embeddings=131072,
                rope_theta=500000.0, rope_scaling_llama3=True, tie_word_embeddings=True, dtype="bfloat16"),
 }
-OVERRIDES = (frozenset(SIZES["tiny"]) - {"dtype"}) | {"rms_norm_eps"}
+MOE_OVERRIDES = ("num_experts", "experts_per_token", "moe_intermediate_size")  # qwen3_moe (arch_models.py)
+OVERRIDES = (frozenset(SIZES["tiny"]) - {"dtype"}) | {"rms_norm_eps", *MOE_OVERRIDES}
 
 
 def make_model(out_dir: str | Path, arch: str = "llama", size: str = "tiny", seed: int = 0,
@@ -186,7 +190,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--tie-word-embeddings", action=argparse.BooleanOptionalAction, default=None)
     p.add_argument("--rope-scaling-llama3", action=argparse.BooleanOptionalAction, default=None)
     for name in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
-                 "intermediate_size", "vocab_size", "max_position_embeddings"):
+                 "intermediate_size", "vocab_size", "max_position_embeddings", *MOE_OVERRIDES):
         p.add_argument("--" + name.replace("_", "-"), type=int, default=None)
     p.add_argument("--rope-theta", type=float, default=None)
     p.add_argument("--rms-norm-eps", type=float, default=None)

@@ -52,6 +52,14 @@ EXPERTS = {"ffn_gate_inp.weight": "mlp.gate.weight",  # the router (kept F32 by 
            # each [experts, rows, cols], split per expert at read (gguf_weights.py) under "mlp.experts.E."
            "ffn_gate_exps.weight": "mlp.experts.gate_proj.weight", "ffn_up_exps.weight": "mlp.experts.up_proj.weight",
            "ffn_down_exps.weight": "mlp.experts.down_proj.weight"}
+GPT_OSS_NAMES = {**QKV_BIAS, **EXPERTS,  # convert_hf_to_gguf.py's GptOssModel (conversion/gpt_oss.py)
+                 "post_attention_norm.weight": "post_attention_layernorm.weight",
+                 "attn_output.bias": "self_attn.o_proj.bias", "attn_sinks.weight": "self_attn.sinks",
+                 "ffn_gate_inp.weight": "mlp.router.weight", "ffn_gate_inp.bias": "mlp.router.bias",
+                 # the experts MXFP4 (dequantized at load, loader.py), gate and up de-interleaved by the
+                 # converter; their biases [experts, out], split per expert at read like the weights
+                 "ffn_gate_exps.bias": "mlp.experts.gate_proj.bias", "ffn_up_exps.bias": "mlp.experts.up_proj.bias",
+                 "ffn_down_exps.bias": "mlp.experts.down_proj.bias"}
 ROPE_LONG, ROPE_SHORT = "rope_factors_long.weight", "rope_factors_short.weight"  # Phi-3's LongRoPE factors
 ROPE_FREQS = "rope_freqs.weight"  # Llama 3's rotary scaling, as llama.cpp stores it: a factor per frequency
 
@@ -91,6 +99,7 @@ ARCHITECTURES = {  # general.architecture -> how it is served (Mistral's GGUF fi
                          moe_model_type="qwen3_moe"),
     "phi3": GgufArch(model_type="phi3", permuted_qk=False, layer_names=PHI3_NAMES),
     "gemma3": GgufArch(model_type="gemma3_text", permuted_qk=False, layer_names=GEMMA3_NAMES, norms_as_served=True),
+    "gpt-oss": GgufArch(model_type="gpt_oss", permuted_qk=False, layer_names=GPT_OSS_NAMES, moe_model_type="gpt_oss"),
 }
 
 
@@ -179,6 +188,7 @@ def config_dict(path: str | Path) -> dict:
         **(_experts(meta, arch, spec, path) if spec.moe_model_type else {}),
         **(_phi3(meta, arch, path, rope_dim / head_dim, shapes) if arch == "phi3" else {}),
         **(_gemma3(meta, arch, int(key("block_count")), head_dim, hidden // heads) if arch == "gemma3" else {}),
+        **(_gpt_oss(meta, arch, int(key("block_count"))) if arch == "gpt-oss" else {}),
     }
 
 
@@ -270,10 +280,27 @@ def _gemma3(meta: dict, arch: str, layers: int, head_dim: int, hidden_per_head: 
     }
 
 
+def _gpt_oss(meta: dict, arch: str, layers: int) -> dict:
+    """gpt-oss's keys as llama.cpp reads them (src/models/openai-moe.cpp): the window, its layers by
+    attention.sliding_window_pattern (a flag per layer, or every n-th layer full; 2 where absent: the even
+    layers slide, as gpt-oss's layer_types), the experts' width. What the file cannot say, llama.cpp fixes
+    as gpt-oss has it: the clamped SwiGLU's alpha 1.702 and limit 7.0 (src/llama-graph.cpp), the softmax
+    over the top-k router logits (SOFTMAX_WEIGHT, models/gpt_oss.py's route)."""
+    window = int(meta.get(f"{arch}.attention.sliding_window") or 0)
+    pattern = meta.get(f"{arch}.attention.sliding_window_pattern", 2)
+    local = [bool(f) for f in pattern] if isinstance(pattern, list) else \
+        [pattern == 0 or i % pattern < pattern - 1 for i in range(layers)]
+    return {"layer_types": ["sliding_attention" if window and flag else "full_attention" for flag in local],
+            "sliding_window": window, "num_local_experts": int(meta[f"{arch}.expert_count"]),
+            "swiglu_alpha": 1.702, "swiglu_limit": 7.0}
+
+
 def _rope_scaling(meta: dict, arch: str, path: Path, has_freqs: bool) -> dict | None:
     kind = meta.get(f"{arch}.rope.scaling.type")
     if kind == "linear":  # Gemma 3 4B and up: positions divided by the factor (its global layers)
         return {"rope_type": "linear", "factor": f32(meta[f"{arch}.rope.scaling.factor"])}
+    if kind == "yarn":
+        return _yarn(meta, arch, path)
     if kind == "longrope" and arch == "phi3":  # its factors are tensors (_phi3)
         return None
     if kind not in (None, "none"):
@@ -281,6 +308,26 @@ def _rope_scaling(meta: dict, arch: str, path: Path, has_freqs: bool) -> dict | 
     if has_freqs:  # Llama 3.1+: inverse frequencies divided by these factors
         return {"rope_type": "freq_factors", "factors": [float(f) for f in read_tensor(path, ROPE_FREQS)]}
     return None
+
+
+def _yarn(meta: dict, arch: str, path: Path) -> dict:
+    """YaRN as the converter writes it (TextModel.set_gguf_parameters): the factor, the pre-training
+    context, beta_fast / beta_slow, the attention factor where the config set one. The ramp's bounds:
+    llama.cpp always rounds them outwards (ggml_rope_yarn_corr_dims); gpt-oss's configs say truncate false
+    (transformers and OpenAI's reference keep them unrounded), so a gpt-oss file is served as the model it
+    was converted from, and any other architecture's as transformers' default (rounded, llama.cpp's)."""
+    key = f"{arch}.rope.scaling."
+    ext = meta.get(key + "yarn_ext_factor")
+    if ext is not None and f32(ext) != 1.0:
+        raise InvalidArgument("model", f"{path.name}: {key}yarn_ext_factor {ext} (YaRN's extrapolation mix other "
+                                       f"than 1) is not served")
+    scaling = {"rope_type": "yarn", "factor": f32(meta[key + "factor"]),
+               "original_max_position_embeddings": int(meta[key + "original_context_length"]),
+               "beta_fast": f32(meta.get(key + "yarn_beta_fast", 32.0)),
+               "beta_slow": f32(meta.get(key + "yarn_beta_slow", 1.0)), "truncate": arch != "gpt-oss"}
+    if meta.get(key + "yarn_attn_factor") is not None:
+        scaling["attention_factor"] = f32(meta[key + "yarn_attn_factor"])
+    return scaling
 
 
 def f32(value: float) -> float:

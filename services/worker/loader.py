@@ -318,8 +318,9 @@ def _gguf_part(tensor, part: tuple[int, int, int] | None):
     if dim == 0:
         return dataclasses.replace(tensor, shape=tuple(shape), data=tensor.data[start:stop])
     fmt = _served_format(tensor.type_name)
-    if fmt is None:
-        return dataclasses.replace(tensor, shape=tuple(shape), data=tensor.data[:, start:stop])
+    if fmt is None:  # dense: the `gguf` reader gives F32 and F16 as values, BF16 as raw bytes (2 a value)
+        width = tensor.data.shape[-1] // tensor.shape[-1]
+        return dataclasses.replace(tensor, shape=tuple(shape), data=tensor.data[:, start * width:stop * width])
     elems = quant.block_elems(fmt)
     if start % elems or stop % elems:
         raise InvalidArgument("tensor_parallel_size", (

@@ -264,4 +264,4 @@ def test_the_gguf_guide_lists_what_is_served():
     listed = set(re.findall(r"^\| (\w+) \| (?:32|256) \|", types, re.M))
     assert listed == {quant.NAMES[f].upper() for f in quant.GGUF_FORMATS}
     archs = guide.split("\n## Architectures\n", 1)[1].split("\n## ", 1)[0]
-    assert set(re.findall(r"^\| `(\w+)` \|", archs, re.M)) == set(SERVED)
+    assert set(re.findall(r"^\| `([\w-]+)` \|", archs, re.M)) == set(SERVED)

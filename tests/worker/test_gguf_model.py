@@ -1,4 +1,4 @@
-"""A bare GGUF file is a model (llama with Mistral and Mixtral, qwen2, qwen3, qwen3moe, gemma3, phi3): its
+"""A bare GGUF file is a model (llama with Mistral and Mixtral, qwen2, qwen3, qwen3moe, gemma3, phi3, gpt-oss): its
 metadata gives the architecture, the hyperparameters, the tokenizer and the template, and it serves the tokens
 of the Hugging Face folder it was written from; what it cannot serve is refused by name."""
 from __future__ import annotations
@@ -7,6 +7,7 @@ import shutil
 
 import pytest
 
+from kernels import quant
 from services.core.errors import InvalidArgument
 from services.core.model_path import resolve_model_path
 from tests.conftest import greedy, make_llm, random_prompts
@@ -83,6 +84,74 @@ def test_issue_42_architectures_serve_the_folder_tokens(tmp_path, model_dir, arc
     assert run(q8)[0] == run(folder)[0]
 
 
+def gpt_oss_as_llama_cpp_runs_it(folder, out):
+    """The make_model gpt-oss folder with its experts holding MXFP4 values (gguf.quants' round trip, blocks of
+    32 along each output row) and the SwiGLU limit llama.cpp assumes (7; the file cannot say it): the model
+    a gpt-oss GGUF file with MXFP4 experts is."""
+    import json
+
+    import numpy as np
+    from safetensors.numpy import load_file, save_file
+
+    from tests.gguf_files import mxfp4_values
+
+    shutil.copytree(folder, out, ignore=shutil.ignore_patterns("*.safetensors"))
+    tensors = load_file(str(folder / "model.safetensors"))
+    for name in [n for n in tensors if n.endswith(("experts.gate_up_proj", "experts.down_proj"))]:
+        rows = tensors[name].transpose(0, 2, 1)  # stored [E, in, out]: the blocks run along `in`
+        tensors[name] = np.ascontiguousarray(mxfp4_values(rows).reshape(rows.shape).transpose(0, 2, 1))
+    save_file(tensors, str(out / "model.safetensors"))
+    config = json.loads((out / "config.json").read_text())
+    (out / "config.json").write_text(json.dumps(dict(config, swiglu_limit=7.0)))
+    return out
+
+
+@pytest.mark.slow
+def test_gpt_oss_file_with_mxfp4_experts_serves_the_folder_tokens(tmp_path, model_dir):
+    """gpt-oss as llama.cpp's converter writes it (general.architecture gpt-oss; the experts MXFP4 with gate and
+    up de-interleaved, their biases [experts, out], the sinks, the router's bias, the window on the even
+    layers, YaRN): the experts dequantized exactly at load, the file gives the folder's tokens and logprobs to
+    the bit (quantization none), and served as it is (auto) the folder's and transformers' greedy tokens."""
+    from tests.engine.test_engine_parity import check_parity
+
+    folder = gpt_oss_as_llama_cpp_runs_it(model_dir("gpt_oss", "tiny"), tmp_path / "folder")
+    experts = {f"model.layers.{i}.mlp.experts.{p}_proj.weight": "mxfp4" for i in range(2)
+               for p in ("gate", "up", "down")}
+    path = write_gguf(folder, tmp_path / "gpt-oss.gguf", "f32", types=experts)
+    from gguf import GGUFReader
+
+    assert {t.tensor_type.name for t in GGUFReader(str(path)).tensors if "_exps.weight" in t.name} == {"MXFP4"}
+    want, _, _ = run(folder, quantization="none")
+    assert run(path, quantization="none")[0] == want
+    served, _, llm = run(path)
+    assert llm.engine.workers["worker-0"].quantization == "gguf"
+    expert = llm.engine.workers["worker-0"].runner.model.layers[0].mlp.experts[0]
+    assert {quant.NAMES[w.fmt] for w in (expert.gate_up_weight, *expert.down_weight.parts)} == {"q8_0"}
+    assert [ids for ids, _ in served] == [ids for ids, _ in want]
+    assert check_parity(folder, [ids for ids, _ in served], PROMPTS, 12) == []
+
+
+def test_mxfp4_blocks_are_q8_0_blocks_of_the_same_values():
+    """gpt-oss's MXFP4 experts are served as Q8_0 blocks (the quantized kernels' format): every value the same
+    bits as the `gguf` package's MXFP4 dequantization, scales from 2 ** -24 (float16's least) up, all-zero
+    blocks whatever their scale; a file with a block float16 cannot scale is served dequantized instead."""
+    import numpy as np
+    from gguf import GGMLQuantizationType, dequantize, quants
+
+    from services.worker.gguf_weights import mxfp4_as_q8_0, mxfp4_fits_q8_0
+
+    rng = np.random.default_rng(0)
+    x = (rng.standard_normal((8, 96)) * np.exp2(np.arange(-21, 11, 4))[:, None]).astype(np.float32)
+    x[0, :32] = 0
+    blocks = quants.quantize(x, GGMLQuantizationType.MXFP4)
+    assert mxfp4_fits_q8_0(blocks)
+    got = dequantize(mxfp4_as_q8_0(blocks), GGMLQuantizationType.Q8_0)
+    want = dequantize(blocks, GGMLQuantizationType.MXFP4)
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32)) and np.count_nonzero(want[1:]) > 600
+    tiny = quants.quantize(np.full((1, 32), 2.0 ** -24, np.float32), GGMLQuantizationType.MXFP4)  # 2 ** -27 x 8
+    assert not mxfp4_fits_q8_0(tiny)
+
+
 def test_k_quant_experts_are_served_in_whole_blocks(tmp_path, model_dir):
     """A mixture whose experts' down projections are Q4_K (as llama.cpp's Q4_K_M writes them) and the rest Q8_0:
     the row-parallel groups of the experts' down_proj are whole blocks of 256 and the file serves."""
@@ -117,6 +186,17 @@ def test_quantized_file_serves_as_the_folder_holding_it(tmp_path, model_dir, arc
     path = write_gguf(folder, tmp_path / "m.gguf", "mixed")
     shutil.copy(path, folder / "m.gguf")
     assert run(path)[0] == run(folder)[0]
+
+
+def test_bf16_file_serves_the_bfloat16_folders_tokens(tmp_path, model_dir):
+    """BF16 tensors (the converter's --outtype bf16) served as they are (auto: gguf): the row-parallel weights'
+    K groups are taken in values, not in the reader's raw bytes (a BF16 file failed at load: half of each
+    o_proj and down_proj row); the folder's greedy tokens."""
+    folder = model_dir("llama", "tiny", dtype="bfloat16")
+    path = write_gguf(folder, tmp_path / "bf16.gguf", "bf16")
+    got, _, llm = run(path)
+    assert llm.engine.workers["worker-0"].quantization == "gguf"
+    assert [ids for ids, _ in got] == [ids for ids, _ in run(folder, dtype="float32")[0]]
 
 
 def test_unserved_architecture_is_refused(tmp_path, model_dir):
