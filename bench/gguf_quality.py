@@ -20,13 +20,17 @@ Each argument is what --model takes (a GGUF file, a folder with config.json and 
     own agreement with the reference and KL(reference || llama.cpp) over its top-k + one bucket for
     the rest (a lower bound of the full KL); per engine mode the KL(engine || llama.cpp) over
     llama.cpp's top-k + rest and the share of positions where the two argmaxes agree
-    (bench/activation_quality.py's figures, there against fp32 dense weights).
+    (bench/activation_quality.py's figures, there against fp32 dense weights). The last column puts every
+    contender on llama.cpp's footing: KL(reference || contender) over the contender's own top-k + rest, so
+    the engine's rows compare with llama.cpp's (the full KL is larger where the tail is flat, e.g. random
+    weights). Each agreement comes with its count of positions and a 95% Wilson interval.
 A type the engine does not serve yet gets its refusal in the table, not a crash. Writes
 bench/results/<--out>.{md,json}.
 """
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import sys
 from pathlib import Path
@@ -99,7 +103,7 @@ def llama_tops(server_bin: Path, gguf: Path, prompts, continuations, args) -> li
                 for p, r in zip(prompts, continuations)]
 
 
-def engine_mode(model: Path, activation_quant: str, prompts, continuations, ref_logps, peer) -> dict:
+def engine_mode(model: Path, activation_quant: str, prompts, continuations, ref_logps, peer, top_k: int) -> dict:
     """The engine's figures for one activation mode against the reference and, where given, llama.cpp."""
     import torch
 
@@ -112,17 +116,21 @@ def engine_mode(model: Path, activation_quant: str, prompts, continuations, ref_
                             "gguf", activation_quant=activation_quant)
     except InvalidArgument as refused:
         return {"refused": str(refused)}
-    agree, kls, peer_kls, peer_agree = [], [], [], []
+    agree, kls, top_kls, peer_kls, peer_agree = [], [], [], [], []
     for index, (p, r, ref) in enumerate(zip(prompts, continuations, ref_logps)):
         logp = torch.log_softmax(full_logits(engine, p + r)[len(p) - 1:-1], -1)
         agree.append((logp.argmax(-1) == ref.argmax(-1)).double().mean().item())
         kls.append((ref.exp() * (ref - logp)).sum(-1).mean().item())
+        top = logp.topk(min(top_k, logp.shape[-1]), -1)  # the engine's top-k + rest, as llama.cpp's is measured
+        top_kls.append(bucket_kl(ref, top.indices, top.values).mean().item())
         if peer is not None:
             ids, logps = peer[index]
             peer_kls.append(bucket_kl(logp, ids, logps).mean().item())
             peer_agree.append((ids[:, 0] == logp.argmax(-1)).double().mean().item())
+    positions = sum(len(r) for r in continuations)
     out = {"agreement": statistics.mean(agree), "mean_kl_nats": statistics.mean(kls),
-           "target": TARGETS[activation_quant]}
+           "mean_topk_kl_nats": statistics.mean(top_kls), "positions": positions,
+           "agreeing": round(statistics.mean(agree) * positions), "target": TARGETS[activation_quant]}
     if peer is not None:
         out["vs_llama_cpp"] = {"mean_topk_kl_nats": statistics.mean(peer_kls),
                                "argmax_agreement": statistics.mean(peer_agree)}
@@ -132,7 +140,26 @@ def engine_mode(model: Path, activation_quant: str, prompts, continuations, ref_
 def llama_vs_reference(peer, ref_logps) -> dict:
     agree = [(ids[:, 0] == ref.argmax(-1)).double().mean().item() for (ids, _), ref in zip(peer, ref_logps)]
     kls = [bucket_kl(ref, ids, logps).mean().item() for (ids, logps), ref in zip(peer, ref_logps)]
-    return {"agreement": statistics.mean(agree), "mean_topk_kl_nats": statistics.mean(kls)}
+    positions = sum(len(ids) for ids, _ in peer)
+    return {"agreement": statistics.mean(agree), "mean_topk_kl_nats": statistics.mean(kls), "positions": positions,
+            "agreeing": round(statistics.mean(agree) * positions)}
+
+
+def wilson(agreeing: int, positions: int, z: float = 1.96) -> tuple[float, float]:
+    """The 95% Wilson score interval of a share agreeing / positions. The positions of one prompt are not
+    independent (a wrong token makes its neighbours likelier wrong), so the true interval is somewhat wider."""
+    if positions == 0:
+        return 0.0, 1.0
+    share, z2 = agreeing / positions, z * z
+    centre = (share + z2 / (2 * positions)) / (1 + z2 / positions)
+    half = z * math.sqrt(share * (1 - share) / positions + z2 / (4 * positions * positions)) / (1 + z2 / positions)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def share_text(r: dict) -> str:
+    """'97.27% (1024 positions; 95% CI 96.1-98.1%)'."""
+    low, high = wilson(r["agreeing"], r["positions"])
+    return f"{100 * r['agreement']:.2f}% ({r['positions']} positions; 95% CI {100 * low:.1f}-{100 * high:.1f}%)"
 
 
 def one_file(argument: str, args, server_bin) -> dict:
@@ -152,7 +179,7 @@ def one_file(argument: str, args, server_bin) -> dict:
     else:
         result["llama_cpp_skipped"] = server_bin[1]
     for mode in args.activations.split(","):
-        result["modes"][mode] = engine_mode(model, mode, prompts, continuations, ref_logps, peer)
+        result["modes"][mode] = engine_mode(model, mode, prompts, continuations, ref_logps, peer, args.top_k)
         print(f"   {LABELS[mode]}: {result['modes'][mode]}", flush=True)
     return result
 
@@ -166,13 +193,14 @@ def rows_for(result: dict) -> list[list]:
             continue
         met = "met" if r["agreement"] >= r["target"] else "**missed**"
         peer = r.get("vs_llama_cpp")
-        rows.append([*head, f"{100 * r['agreement']:.2f}% (>= {100 * r['target']:.0f}%: {met})",
+        rows.append([*head, f"{share_text(r)}, >= {100 * r['target']:.0f}%: {met}",
                      f"{max(r['mean_kl_nats'], 0.0):.5f}",  # -0.00000: rounding
                      f"{peer['mean_topk_kl_nats']:.5f}" if peer else "n/a",
-                     f"{100 * peer['argmax_agreement']:.2f}%" if peer else "n/a", ""])
+                     f"{100 * peer['argmax_agreement']:.2f}%" if peer else "n/a",
+                     f"{max(r['mean_topk_kl_nats'], 0.0):.5f}"])
     if "llama_cpp" in result:
         r = result["llama_cpp"]
-        rows.append([result["file"], result["type"], "llama.cpp (llama-server)", f"{100 * r['agreement']:.2f}%", "",
+        rows.append([result["file"], result["type"], "llama.cpp (llama-server)", share_text(r), "",
                      "", "", f"{max(r['mean_topk_kl_nats'], 0.0):.5f}"])
     return rows
 
@@ -180,7 +208,8 @@ def rows_for(result: dict) -> list[list]:
 def report(results: list[dict], args) -> str:
     headers = ["file", "type", "contender", "teacher-forced agreement with the reference",
                "mean KL(reference || engine), nats", f"KL(engine || llama.cpp), its top-{args.top_k} + rest",
-               "argmax agreement with llama.cpp", f"KL(reference || llama.cpp), its top-{args.top_k} + rest"]
+               "argmax agreement with llama.cpp",
+               f"KL(reference || contender) over the contender's top-{args.top_k} + rest (comparable across rows)"]
     rows = [row for result in results for row in rows_for(result)]
     mixes = "\n".join(f"- {r['file']} ({r['type']}): {r['tensors']}; reference config: {r['reference_config']}"
                       for r in results)
