@@ -220,3 +220,14 @@ def test_gguf_speed_holds_each_phase_to_its_own_target():
     [row] = speed.summary_rows({"file": "x.gguf", "type": "Q6_K", "serve": serve}, args)
     assert row[2:] == ["16 concurrent", "(e) engine, GGUF Q6_K, all at once",
                        "**2.00x** (200.0 vs 100.0 tok/s; >= 3x: **missed**)"]
+
+
+def test_gguf_quality_states_each_agreement_with_its_count_and_interval():
+    """A results row says how many positions an agreement is over and how far it may be off: 8 of 10 is
+    not 80% to the tenth of a percent (the Wilson 95% interval of 8/10 is 49.0-94.3%)."""
+    quality = load_bench("gguf_quality")
+    low, high = quality.wilson(8, 10)
+    assert (round(low, 3), round(high, 3)) == (0.49, 0.943)
+    assert quality.wilson(0, 0) == (0.0, 1.0)
+    row = {"agreement": 989 / 1024, "agreeing": 989, "positions": 1024}
+    assert quality.share_text(row) == "96.58% (1024 positions; 95% CI 95.3-97.5%)"
