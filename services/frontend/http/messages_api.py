@@ -25,7 +25,7 @@ from services.frontend.http import messages_schemas as schemas
 from services.frontend.http.errors import anthropic_error_body
 from services.frontend.http.messages_models import CountTokensRequest, MessagesRequest
 from services.frontend.http.openai_requests import Budget, ChatTemplate, conversation_request, conversation_tokens
-from services.frontend.http.respond import named_event, respond
+from services.frontend.http.respond import respond
 from services.frontend.http.streams import Events, build
 from services.frontend.reasoning import ReasoningReader
 from services.frontend.tool_stream import Piece, ToolCallStream
@@ -124,6 +124,8 @@ def _sampling_params(body: MessagesRequest, max_tokens: int, plan: tool_calls.To
 class MessageBuilder:
     """One message's content blocks and stream events, from its sample's text as it arrives."""
 
+    named = True  # its events are named by their type (respond.py)
+
     def __init__(self, message_id: str, model: str, reader: ToolCallStream | ReasoningReader,
                  num_prompt_tokens: int):
         self.id, self.model, self.reader = message_id, model, reader
@@ -166,13 +168,13 @@ class MessageBuilder:
             pass
         return self.final
 
-    async def sse(self, events: Events) -> AsyncIterator[str]:
+    async def sse(self, events: Events) -> AsyncIterator[dict]:
         async for batch in build(self, events):
             for event in batch:
-                yield named_event(event)
+                yield event
 
-    def refusal(self, error: Exception) -> str:
-        return f"event: error\ndata: {anthropic_error_body(503, str(error)).decode()}\n\n"
+    def refusal(self, error: Exception) -> list[dict]:
+        return [json.loads(anthropic_error_body(503, str(error)))]  # an event named error
 
     def _usage(self, output_tokens: int, summary: Summary | None = None) -> dict:
         return {"input_tokens": self.num_prompt_tokens, "output_tokens": output_tokens,
