@@ -79,3 +79,27 @@ def test_new_is_model_construct():
         made, constructed = schemas.new(model, **fields), model.model_construct(**fields)
         assert made == constructed and made.model_fields_set == constructed.model_fields_set
         assert made.model_dump_json(exclude_unset=True) == constructed.model_dump_json(exclude_unset=True)
+
+
+def test_the_messages_events_and_message_are_the_declared_models():
+    """Anthropic's stream (a text block, then a tool_use block in pieces) and the whole message."""
+    from services.frontend.http import messages_api, messages_schemas as ms
+
+    models = {"message_start": ms.MessageStart, "ping": ms.Ping, "content_block_start": ms.ContentBlockStart,
+              "content_block_delta": ms.ContentBlockDelta, "content_block_stop": ms.ContentBlockStop,
+              "message_delta": ms.MessageDelta, "message_stop": ms.MessageStop}
+
+    def builder():
+        return messages_api.MessageBuilder("msg_1", "m", tool_calls.plan([WEATHER], "auto", None).stream(), 4)
+
+    async def run():
+        return [chunk async for chunk in respond.sse(builder(), _events(CALL))]
+
+    sent = [e.split("\n") for e in asyncio.run(run())]
+    assert all(name[len("event: "):] == json.loads(data[len("data: "):])["type"] for name, data, *_ in sent)
+    events = [json.loads(data[len("data: "):]) for _, data, *_ in sent]
+    assert all(_declared(models[e["type"]], e) for e in events)
+    assert [e["content_block"]["type"] for e in events if e["type"] == "content_block_start"] == ["text", "tool_use"]
+    message = json.loads(respond.encode(asyncio.run(builder().collect(_events(CALL)))))
+    assert _declared(ms.MessageObject, message) and message["stop_reason"] == "tool_use"
+    assert message["content"][1]["input"] == {"city": "Oslo"}
