@@ -14,7 +14,7 @@ Closing the merged events (on any exit) aborts every generation still running.
 
 A builder gives payloads, and this module alone turns them into bytes (`encode`, `event_text`): a
 declared response model (schemas.py: what the builder built is what the schema states) as its set
-fields, or a dict (the Responses and Messages builders' events and bodies, not yet models); its
+fields, or a dict (the Responses builder's events and bodies, not yet models); its
 events are unnamed (`data:` only, OpenAI's chunks, ended by DONE) or, where `output.named`, named by
 their `type` (the Responses and Messages APIs').
 """
