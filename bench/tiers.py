@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
 
 from common import loadavg, markdown_table, write_results  # noqa: E402
-from kernels import cpu_kernels  # noqa: E402
+from kernels import build, cpu_kernels  # noqa: E402
 from kernels.cpu_kernels import paged_attention_cpu  # noqa: E402
 from kernels.linear import invariant_linear, prepack  # noqa: E402
 from linear_bound import step_shapes  # noqa: E402
@@ -45,7 +45,7 @@ def main() -> None:
     torch.set_num_threads(1)
     load_before = loadavg()
     shapes = step_shapes(model_folder(args.model))
-    tiers = cpu_kernels.testable_tiers()
+    tiers = build.testable_tiers()
     paths = {}
     for tier in tiers:
         with cpu_kernels.use_isa(tier):

@@ -50,9 +50,9 @@ def greedy(max_tokens: int = 16, **kw) -> SamplingParams:
     return SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True, **kw)
 
 
-# ---- CPU kernel tiers (kernels/cpu_kernels.py) ---------------------------------------------
+# ---- CPU kernel tiers (kernels/build.py, kernels/cpu_kernels.py) ---------------------------------------------
 def _tier_params(engine: bool) -> list:
-    from kernels.cpu_kernels import host_tiers, testable_tiers
+    from kernels.build import host_tiers, testable_tiers
 
     return [pytest.param(tier, id=tier) for tier in (host_tiers() if engine else testable_tiers())]
 
@@ -112,7 +112,7 @@ def pytest_collection_finish(session):
     paths = {item.nodeid.split("::")[0] for item in session.items}
     targets = []
     if any(path.startswith(("tests/kernels/", "tests/engine/", "tests/worker/")) for path in paths):
-        from kernels.cpu_kernels import testable_tiers
+        from kernels.build import testable_tiers
 
         targets += testable_tiers()
         if "avx512" in targets:

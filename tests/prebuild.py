@@ -1,7 +1,7 @@
 """What a test session will build, built ahead in the background at a low priority (nice 10) (tests/conftest.py
 starts it once the tests are collected, and stops it with SIGTERM when they end).
 
-Each kernel tier is a library of its own (kernels/cpu_kernels.py), the aarch64 checks cross-compile the
+Each kernel tier is a library of its own (kernels/build.py), the aarch64 checks cross-compile the
 same sources (tests/kernels/aarch64.py), and the Docker modules need the image built from this tree
 (tests/e2e/docker_stack.py): minutes of one core each, the image most on a fresh machine. The tests run
 mostly on one core of the two; here the other one builds them while the tests before run (conftest runs the
@@ -19,7 +19,7 @@ import signal
 import sys
 import threading
 
-from kernels import cpu_kernels
+from kernels import build
 
 
 def build_kernels(targets: list[str]) -> None:
@@ -30,7 +30,7 @@ def build_kernels(targets: list[str]) -> None:
 
                 aarch64.kernel_archive(target.split(":", 1)[1])
             else:
-                cpu_kernels.build(target)
+                build.build(target)
         except Exception as error:  # the test that needs it builds it again and reports the failure
             print(f"prebuild: {target}: {error}", file=sys.stderr)
 

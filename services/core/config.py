@@ -31,7 +31,7 @@ PREEMPTION_MODES = ("recompute", "swap")
 DTYPES = ("float32", "bfloat16", "float16", "auto")
 DEVICES = ("auto", "cpu", "cuda")
 KERNEL_BACKENDS = ("auto", "torch", "cpu", "triton")
-CPU_ISAS = ("auto", "avx512", "avx2", "generic")  # the CPU kernels' tiers (kernels.cpu_kernels.TIERS)
+CPU_ISAS = ("auto", "avx512", "avx2", "generic")  # the CPU kernels' tiers (kernels.build.TIERS)
 # auto: gguf where the model is a GGUF file or a folder holding one (the default model) and the device is the CPU, else none
 QUANTIZATIONS = ("auto", "none", "gguf", "int8")
 ACTIVATION_QUANTS = ("auto", "none", "int8")

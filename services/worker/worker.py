@@ -11,7 +11,7 @@ import dataclasses
 import torch
 import structlog
 
-from kernels import cpu_kernels
+from kernels import build as kernel_build, cpu_kernels
 from kernels.ops import get_ops
 from services.core.config import CacheConfig, WorkerConfig
 from services.core.errors import InvalidArgument, check
@@ -93,7 +93,7 @@ class Worker:
         torch.manual_seed(config.torch_seed)
         if config.num_threads:  # several workers (or ranks) on one machine must not oversubscribe its cores
             torch.set_num_threads(config.num_threads)
-        cpu_kernels.set_build_dir(config.kernel_cache_dir)  # before get_ops builds the CPU kernels
+        kernel_build.set_build_dir(config.kernel_cache_dir)  # before get_ops builds the CPU kernels
         cpu_kernels.set_amx(config.amx)
         ops = get_ops(config.kernel_backend, self.device.type, config.cpu_isa)
         linear = invariant_linear if config.batch_invariant else plain_linear

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from services.core.sampling_params import SamplingParams
-from kernels.cpu_kernels import host_tiers
+from kernels.build import host_tiers
 from tests.conftest import greedy, make_llm, random_prompts, use_tier
 from tests.waits import is_idle
 

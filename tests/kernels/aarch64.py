@@ -11,7 +11,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from kernels import cpu_kernels
+from kernels import build
 
 CROSS_CC, QEMU = "aarch64-linux-gnu-gcc", "qemu-aarch64"
 CROSS_AR = "aarch64-linux-gnu-ar"
@@ -22,23 +22,23 @@ MARCHES = ("armv8-a", "armv8.2-a+dotprod")  # the baseline NEON build; with the 
 
 
 def _flags(march: str) -> list[str]:
-    return ["-static", f"-march={march}", f"-I{cpu_kernels.CSRC}"]
+    return ["-static", f"-march={march}", f"-I{build.CSRC}"]
 
 
 def kernel_archive(march: str = "armv8-a") -> Path:
-    """Every kernel source compiled for aarch64 at `march` (cpu_kernels' flags, -Wall clean), as a static
+    """Every kernel source compiled for aarch64 at `march` (kernels/build.py's flags, -Wall clean), as a static
     archive in the kernel cache folder, built if this machine has not built these sources yet."""
     version = subprocess.run([CROSS_CC, "--version"], capture_output=True, text=True).stdout
-    digest = hashlib.sha256(b"".join(path.read_bytes() for path in sorted(cpu_kernels.CSRC.iterdir())
+    digest = hashlib.sha256(b"".join(path.read_bytes() for path in sorted(build.CSRC.iterdir())
                                      if path.is_file()))
-    digest.update(" ".join([*cpu_kernels.COMMON_FLAGS, *_flags(march), version]).encode())
-    folder = cpu_kernels._default_build_dir()
+    digest.update(" ".join([*build.COMMON_FLAGS, *_flags(march), version]).encode())
+    folder = build._default_build_dir()
     target = folder / f"aarch64-{march}-{digest.hexdigest()[:16]}.a"
-    with cpu_kernels.built_once(target):
+    with build.built_once(target):
         if not target.exists():
             with tempfile.TemporaryDirectory(prefix="pagedserve-aarch64-") as scratch:
-                objects = cpu_kernels.compile_objects(CROSS_CC, [*_flags(march), "-Wall", "-Werror"],
-                                                      cpu_kernels.SOURCES, Path(scratch))
+                objects = build.compile_objects(CROSS_CC, [*_flags(march), "-Wall", "-Werror"],
+                                                      build.SOURCES, Path(scratch))
                 partial = Path(scratch) / "kernels.a"
                 subprocess.run([CROSS_AR, "rcs", str(partial), *objects], check=True, capture_output=True)
                 shutil.move(str(partial), f"{target}.partial")
@@ -48,7 +48,7 @@ def kernel_archive(march: str = "armv8-a") -> Path:
 
 def check_executable(harness: str, exe: Path, march: str = "armv8-a") -> Path:
     """tests/kernels/csrc/<harness> linked with the kernels for aarch64 at `march`, as exe."""
-    cpu_kernels.compile_sources(CROSS_CC, _flags(march), str(exe), [HARNESSES / harness],
+    build.compile_sources(CROSS_CC, _flags(march), str(exe), [HARNESSES / harness],
                                 (str(kernel_archive(march)), "-lm"))
     return exe
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from kernels import cpu_kernels, quant
+from kernels import build, cpu_kernels, quant
 
 GGUF_TYPES = {"q4_0": quant.Q4_0, "q4_1": quant.Q4_1, "q8_0": quant.Q8_0}
 ALL_TYPES = [name for name, fmt in quant.FORMATS.items() if fmt != quant.INT8]  # every GGUF block type served
@@ -27,8 +27,8 @@ SCALE_FIELDS = {
 
 
 def host_tiers() -> list[str]:
-    """Every tier this CPU executes (kernels/cpu_kernels.py builds each from the same sources)."""
-    return list(cpu_kernels.testable_tiers())
+    """Every tier this CPU executes (kernels/build.py builds each from the same sources)."""
+    return list(build.testable_tiers())
 
 
 def tier_library(tier: str) -> ctypes.CDLL:

@@ -166,9 +166,9 @@ def test_the_8_lane_attention_gives_the_16_lane_bits(dtype, heads, kv_heads, hea
     """The AVX2 (8-lane) path splits every 16-lane sum into two halves added as fold's first
     level, so it makes the AVX-512 path's sums in the same order: the same bits, at contexts
     ending inside, on and past each 8- and 16-key chunk."""
-    from kernels import cpu_kernels
+    from kernels import build, cpu_kernels
 
-    if not {"avx512", "avx2"} <= set(cpu_kernels.host_tiers()):
+    if not {"avx512", "avx2"} <= set(build.host_tiers()):
         pytest.skip("needs a CPU that runs both the avx512 and the avx2 tier")
     batch = make_paged_batch([(1, 1), (7, 1), (8, 1), (9, 1), (16, 1), (17, 1), (300, 1), (40, 40)], heads,
                              kv_heads, head_dim, 16, dtype=dtype, device="cpu")

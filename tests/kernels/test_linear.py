@@ -4,12 +4,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import cpu_kernels
+from kernels import build, cpu_kernels
 from kernels.linear import GemmWeight, invariant_linear, onednn_runs, plain_linear, prepack
 from tests.conftest import use_tier
 
 # the own GEMM once per kernel tier this CPU executes, then the libraries it replaces
-LIBRARIES = [*(pytest.param(("gemm", tier), id=f"gemm-{tier}") for tier in cpu_kernels.testable_tiers()),
+LIBRARIES = [*(pytest.param(("gemm", tier), id=f"gemm-{tier}") for tier in build.testable_tiers()),
              pytest.param(("onednn", None), id="onednn"), pytest.param(("dense", None), id="dense")]
 
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from kernels import cpu_kernels, quant
+from kernels import build, cpu_kernels, quant
 from kernels.row_parallel import RowParallelWeight, fold_reference, split_quant
 from services.core.config import AUTO_ACTIVATION_QUANT, WorkerConfig
 from services.core.errors import InvalidArgument
@@ -172,7 +172,7 @@ def _run(llm, prompts, params, one_at_a_time=False) -> list:
 # Every engine tier: the other kernels (attention, norms, rotary, the GEMM) give the same bits on each
 # (tests/kernels/test_tier_bits.py), the generic tier's fused multiply-adds by fmaf where the CPU has no
 # FMA instruction, so with int8 activations the tokens and logprobs are the same on every tier.
-TIERS = list(cpu_kernels.host_tiers())
+TIERS = list(build.host_tiers())
 
 
 def _across_tiers(folder, prompts, params, **args) -> list:
@@ -237,7 +237,7 @@ def test_tiny_model_same_tokens_and_logprobs_on_every_tier(gguf_folder, quantiza
     first_tier, first = results[0]
     for tier, outputs in results[1:]:
         assert outputs == first, f"{tier} differs from {first_tier}"
-    tier = cpu_kernels.host_tiers()[0]
+    tier = build.host_tiers()[0]
     alone = _run(make_llm(gguf_folder, cpu_isa=tier, max_num_batched_tokens=40, **args), prompts, params,
                  one_at_a_time=True)
     assert alone == first  # one at a time, in chunks of 40: the same bits as batched

@@ -14,7 +14,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from kernels import cpu_kernels, quant
+from kernels import build, cpu_kernels, quant
 from tests.kernels.test_quant import make_weight
 from tests.kernels.test_quant_dot import _bits, _hard_rows
 
@@ -23,7 +23,7 @@ FORMATS = ["q4_0", "q4_1", "q8_0", "int8"]
 
 @pytest.fixture(scope="module")
 def lib():
-    if "avx512" not in cpu_kernels.host_tiers():
+    if "avx512" not in build.host_tiers():
         pytest.skip("no AVX-512 tier here")
     lib = quant.declare(cpu_kernels.tier_library("avx512"))
     lib.quant_dot_amx.argtypes, lib.quant_dot_amx.restype = [], ctypes.c_int
@@ -106,7 +106,7 @@ def test_the_tile_permission_with_a_small_signal_stack():
         "b = quant.run_kernel(lib, x, w, None)\n"
         "assert torch.equal(a, b)\n"
         "print('amx', lib.quant_dot_amx())\n")
-    if "avx512" not in cpu_kernels.host_tiers():
+    if "avx512" not in build.host_tiers():
         pytest.skip("no AVX-512 tier here")
     env = {**os.environ, "OMP_NUM_THREADS": "2"}
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)

@@ -10,15 +10,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import cpu_kernels
+from kernels import build, cpu_kernels
 from kernels.linear import invariant_linear, prepack
 from tests.kernels.kernel_helpers import make_paged_batch, randn
 from tests.kernels.test_quant import make_weight
 
 DTYPES = [torch.float32, torch.bfloat16]
-OTHERS = [tier for tier in cpu_kernels.testable_tiers() if tier != "avx2"]
+OTHERS = [tier for tier in build.testable_tiers() if tier != "avx2"]
 
-pytestmark = pytest.mark.skipif("avx2" not in cpu_kernels.host_tiers(), reason="needs a CPU that runs the avx2 tier")
+pytestmark = pytest.mark.skipif("avx2" not in build.host_tiers(), reason="needs a CPU that runs the avx2 tier")
 
 
 def _on_each_tier(fn, tiers=("avx2", *OTHERS)) -> dict[str, torch.Tensor]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import cpu_kernels
+from kernels import build, cpu_kernels
 from kernels.linear import invariant_linear, prepack
 from services.core.config import CPU_ISAS, WorkerConfig
 from services.core.errors import InvalidArgument
@@ -15,7 +15,7 @@ COMPILED = {"avx512": ("avx512", "avx512+bf16"), "avx512-nobf16": ("avx512",), "
 
 
 def test_the_config_names_every_tier():
-    assert CPU_ISAS == ("auto", *cpu_kernels.TIERS)
+    assert CPU_ISAS == ("auto", *build.TIERS)
 
 
 def test_each_tier_compiles_its_own_code_path(cpu_tier):
@@ -24,19 +24,19 @@ def test_each_tier_compiles_its_own_code_path(cpu_tier):
 
 
 def test_host_tiers_follow_the_cpu_flags(monkeypatch):
-    monkeypatch.setattr(cpu_kernels.platform, "machine", lambda: "x86_64")
+    monkeypatch.setattr(build.platform, "machine", lambda: "x86_64")
     zen3 = "flags : fpu sse2 avx avx2 fma bmi1 bmi2 f16c movbe abm xsave"
-    monkeypatch.setattr(cpu_kernels, "_cpu_flags", lambda: zen3)
-    assert cpu_kernels.host_tiers() == ("avx2", "generic")
-    monkeypatch.setattr(cpu_kernels, "_cpu_flags", lambda: zen3 + " avx512f avx512bw avx512cd avx512dq avx512vl")
-    assert cpu_kernels.host_tiers() == ("avx512", "avx2", "generic")
-    monkeypatch.setattr(cpu_kernels.platform, "machine", lambda: "aarch64")
-    assert cpu_kernels.host_tiers() == ("generic",)
+    monkeypatch.setattr(build, "_cpu_flags", lambda: zen3)
+    assert build.host_tiers() == ("avx2", "generic")
+    monkeypatch.setattr(build, "_cpu_flags", lambda: zen3 + " avx512f avx512bw avx512cd avx512dq avx512vl")
+    assert build.host_tiers() == ("avx512", "avx2", "generic")
+    monkeypatch.setattr(build.platform, "machine", lambda: "aarch64")
+    assert build.host_tiers() == ("generic",)
 
 
 def test_forcing_a_tier_this_cpu_cannot_execute_is_a_clear_error(monkeypatch):
-    monkeypatch.setattr(cpu_kernels, "_cpu_flags", lambda: "flags : fpu sse2 avx avx2 fma bmi1 bmi2 f16c movbe abm xsave")
-    monkeypatch.setattr(cpu_kernels.platform, "machine", lambda: "x86_64")
+    monkeypatch.setattr(build, "_cpu_flags", lambda: "flags : fpu sse2 avx avx2 fma bmi1 bmi2 f16c movbe abm xsave")
+    monkeypatch.setattr(build.platform, "machine", lambda: "x86_64")
     with pytest.raises(ValueError, match="cpu_isa: .* cannot execute the avx512 kernels; it runs avx2, generic"):
         with cpu_kernels.use_isa("avx512"):
             pass
@@ -86,9 +86,9 @@ def test_worker_flag_and_environment(monkeypatch):
 def test_the_kernels_are_built_in_the_kernel_cache_dir_setting_not_under_home(tmp_path, monkeypatch):
     from services.core.config import DEFAULT_KERNEL_CACHE_DIR, WorkerConfig
 
-    monkeypatch.setattr(cpu_kernels, "_build_dir", cpu_kernels._build_dir)  # put back after the test
+    monkeypatch.setattr(build, "_build_dir", build._build_dir)  # put back after the test
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     assert WorkerConfig().kernel_cache_dir == DEFAULT_KERNEL_CACHE_DIR
-    cpu_kernels.set_build_dir(str(tmp_path / "kernels"))
-    assert cpu_kernels._default_build_dir() == tmp_path / "kernels"
+    build.set_build_dir(str(tmp_path / "kernels"))
+    assert build._default_build_dir() == tmp_path / "kernels"
     assert not (tmp_path / "home").exists()

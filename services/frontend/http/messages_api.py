@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
+from pydantic import BaseModel
 
 from services.core.errors import check
 from services.core.sampling_params import SamplingParams
@@ -25,7 +26,8 @@ from services.frontend.http import messages_schemas as schemas
 from services.frontend.http.errors import anthropic_error_body
 from services.frontend.http.messages_models import CountTokensRequest, MessagesRequest
 from services.frontend.http.openai_requests import Budget, ChatTemplate, conversation_request, conversation_tokens
-from services.frontend.http.respond import named_event, respond
+from services.frontend.http.respond import respond
+from services.frontend.http.schemas import new
 from services.frontend.http.streams import Events, build
 from services.frontend.reasoning import ReasoningReader
 from services.frontend.tool_stream import Piece, ToolCallStream
@@ -122,7 +124,10 @@ def _sampling_params(body: MessagesRequest, max_tokens: int, plan: tool_calls.To
 
 
 class MessageBuilder:
-    """One message's content blocks and stream events, from its sample's text as it arrives."""
+    """One message's content blocks and stream events, from its sample's text as it arrives: the models
+    messages_schemas.py declares (the blocks kept as dicts while they grow)."""
+
+    named = True  # its events are named by their type (respond.py)
 
     def __init__(self, message_id: str, model: str, reader: ToolCallStream | ReasoningReader,
                  num_prompt_tokens: int):
@@ -132,16 +137,16 @@ class MessageBuilder:
         self.open = False
         self.stop_reason, self.stop_sequence = None, None
 
-    def message(self, usage: dict) -> dict:
-        return {"id": self.id, "type": "message", "role": "assistant", "model": self.model,
-                "content": [_block(b) for b in self.content], "stop_reason": self.stop_reason,
-                "stop_sequence": self.stop_sequence, "usage": usage}
+    def message(self, usage: schemas.MessageUsage, content: list | None = None) -> schemas.MessageObject:
+        return new(schemas.MessageObject, id=self.id, type="message", role="assistant", model=self.model,
+                   content=[_block(b) for b in self.content] if content is None else content,
+                   stop_reason=self.stop_reason, stop_sequence=self.stop_sequence, usage=usage)
 
-    def begin(self) -> list[dict]:
-        start = {"type": "message_start", "message": {**self.message(self._usage(0)), "content": []}}
-        return [start, {"type": "ping"}]
+    def begin(self) -> list[BaseModel]:
+        start = new(schemas.MessageStart, type="message_start", message=self.message(self._usage(0), content=[]))
+        return [start, new(schemas.Ping, type="ping")]
 
-    def feed(self, sample: SampleEvent) -> list[dict]:
+    def feed(self, sample: SampleEvent) -> list[BaseModel]:
         events = self._pieces(self.reader.feed(sample.text))
         if sample.finish_reason is not None:
             events += self._pieces(self.reader.finish())
@@ -154,32 +159,31 @@ class MessageBuilder:
                 self.stop_reason, self.stop_sequence = "stop_sequence", sample.stop_reason
         return events
 
-    def end(self, summary: Summary | None) -> list[dict]:
+    def end(self, summary: Summary | None) -> list[BaseModel]:
         usage = self._usage(summary.num_completion_tokens if summary else 0, summary)
         self.final = self.message(usage)
-        return self._close() + [{"type": "message_delta", "delta": {"stop_reason": self.stop_reason,
-                                                                    "stop_sequence": self.stop_sequence},
-                                 "usage": usage}, {"type": "message_stop"}]
+        stop = new(schemas.StopDelta, stop_reason=self.stop_reason, stop_sequence=self.stop_sequence)
+        return self._close() + [new(schemas.MessageDelta, type="message_delta", delta=stop, usage=usage),
+                                new(schemas.MessageStop, type="message_stop")]
 
-    async def collect(self, events: Events) -> dict:
+    async def collect(self, events: Events) -> schemas.MessageObject:
         async for _ in build(self, events):
             pass
         return self.final
 
-    async def sse(self, events: Events) -> AsyncIterator[str]:
+    async def sse(self, events: Events) -> AsyncIterator[BaseModel]:
         async for batch in build(self, events):
             for event in batch:
-                yield named_event(event)
+                yield event
 
-    def refusal(self, error: Exception) -> str:
-        return f"event: error\ndata: {anthropic_error_body(503, str(error)).decode()}\n\n"
+    def refusal(self, error: Exception) -> list[BaseModel]:  # an event named error
+        return [schemas.AnthropicError.model_validate_json(anthropic_error_body(503, str(error)))]
 
-    def _usage(self, output_tokens: int, summary: Summary | None = None) -> dict:
-        return {"input_tokens": self.num_prompt_tokens, "output_tokens": output_tokens,
-                "cache_read_input_tokens": summary.num_cached_tokens if summary else 0,
-                "cache_creation_input_tokens": 0}
+    def _usage(self, output_tokens: int, summary: Summary | None = None) -> schemas.MessageUsage:
+        return new(schemas.MessageUsage, input_tokens=self.num_prompt_tokens, output_tokens=output_tokens,
+                   cache_read_input_tokens=summary.num_cached_tokens if summary else 0, cache_creation_input_tokens=0)
 
-    def _pieces(self, pieces: list[Piece]) -> list[dict]:
+    def _pieces(self, pieces: list[Piece]) -> list[BaseModel]:
         events = []
         for piece in pieces:
             if piece.kind == "reasoning" and not (self.open and self.content[-1]["type"] == "thinking"):
@@ -194,35 +198,40 @@ class MessageBuilder:
             block = self.content[-1]
             if piece.kind == "reasoning":
                 block["thinking"] += piece.text
-                delta = {"type": "thinking_delta", "thinking": piece.text}
+                delta = new(schemas.ThinkingDelta, type="thinking_delta", thinking=piece.text)
             elif piece.kind == "content":
                 block["text"] += piece.text
-                delta = {"type": "text_delta", "text": piece.text}
+                delta = new(schemas.TextDelta, type="text_delta", text=piece.text)
             else:
                 block["arguments"] += piece.text
-                delta = {"type": "input_json_delta", "partial_json": piece.text}
-            events.append({"type": "content_block_delta", "index": len(self.content) - 1, "delta": delta})
+                delta = new(schemas.InputJsonDelta, type="input_json_delta", partial_json=piece.text)
+            events.append(new(schemas.ContentBlockDelta, type="content_block_delta", index=len(self.content) - 1,
+                              delta=delta))
         return events
 
-    def _start(self, block: dict) -> list[dict]:
+    def _start(self, block: dict) -> list[BaseModel]:
         self.content.append(block)
         self.open = True
-        shown = {k: v for k, v in block.items() if k != "arguments"}
-        return [{"type": "content_block_start", "index": len(self.content) - 1, "content_block": shown}]
+        shown = new(BLOCKS[block["type"]], **{k: v for k, v in block.items() if k != "arguments"})
+        return [new(schemas.ContentBlockStart, type="content_block_start", index=len(self.content) - 1,
+                    content_block=shown)]
 
-    def _close(self) -> list[dict]:
+    def _close(self) -> list[BaseModel]:
         if not self.open:
             return []
         self.open = False
-        return [{"type": "content_block_stop", "index": len(self.content) - 1}]
+        return [new(schemas.ContentBlockStop, type="content_block_stop", index=len(self.content) - 1)]
 
 
-def _block(block: dict) -> dict:
+BLOCKS = {"text": schemas.TextContent, "thinking": schemas.ThinkingContent, "tool_use": schemas.ToolUseContent}
+
+
+def _block(block: dict) -> schemas.Block:
     if block["type"] in ("text", "thinking"):
-        return dict(block)
+        return new(BLOCKS[block["type"]], **block)
     try:
         arguments = json.loads(block["arguments"]) if block["arguments"] else {}
     except ValueError:  # cut short by max_tokens
         arguments = {}
-    return {"type": "tool_use", "id": block["id"], "name": block["name"],
-            "input": arguments if isinstance(arguments, dict) else {}}
+    return new(schemas.ToolUseContent, type="tool_use", id=block["id"], name=block["name"],
+               input=arguments if isinstance(arguments, dict) else {})

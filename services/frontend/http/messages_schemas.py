@@ -1,6 +1,7 @@
-"""The Messages API's response bodies as pydantic models, for /openapi.json only (messages_api.py
-builds them as dicts; test_openapi checks every response against these). Its errors are in
-Anthropic's shape: {"type": "error", "error": {"type", "message"}}."""
+"""The Messages API's response bodies and stream events as pydantic models, each declared once:
+messages_api.py's MessageBuilder builds them (schemas.new) and respond() serialises them; /openapi.json
+states the body, and test_openapi checks every response against it. Its errors are in Anthropic's shape:
+{"type": "error", "error": {"type", "message"}}."""
 from __future__ import annotations
 
 from typing import Any, Literal
@@ -42,6 +43,65 @@ class MessageObject(BaseModel):
     stop_reason: Literal["end_turn", "max_tokens", "stop_sequence", "tool_use"] | None
     stop_sequence: str | None
     usage: MessageUsage
+
+
+Block = ThinkingContent | TextContent | ToolUseContent
+
+
+class MessageStart(BaseModel):
+    type: Literal["message_start"]
+    message: MessageObject
+
+
+class Ping(BaseModel):
+    type: Literal["ping"]
+
+
+class ContentBlockStart(BaseModel):
+    type: Literal["content_block_start"]
+    index: int
+    content_block: Block
+
+
+class TextDelta(BaseModel):
+    type: Literal["text_delta"]
+    text: str
+
+
+class ThinkingDelta(BaseModel):
+    type: Literal["thinking_delta"]
+    thinking: str
+
+
+class InputJsonDelta(BaseModel):
+    type: Literal["input_json_delta"]
+    partial_json: str
+
+
+class ContentBlockDelta(BaseModel):
+    type: Literal["content_block_delta"]
+    index: int
+    delta: TextDelta | ThinkingDelta | InputJsonDelta
+
+
+class ContentBlockStop(BaseModel):
+    type: Literal["content_block_stop"]
+    index: int
+
+
+class StopDelta(BaseModel):
+    stop_reason: Literal["end_turn", "max_tokens", "stop_sequence", "tool_use"] | None
+    stop_sequence: str | None
+
+
+class MessageDelta(BaseModel):
+    type: Literal["message_delta"]
+    delta: StopDelta
+    usage: MessageUsage
+
+
+class MessageStop(BaseModel):
+    type: Literal["message_stop"]
 
 
 class TokenCount(BaseModel):

@@ -11,22 +11,31 @@ which knows only its own schema) and returns `respond(request, core, requests, o
 3. streamed: `output.sse(events)` as server-sent events. Once streaming has begun the status is
    sent, so a later refusal becomes `output.refusal(error)`, the API's own error event.
 Closing the merged events (on any exit) aborts every generation still running.
+
+A builder gives payloads, and this module alone turns them into bytes (`encode`, `event_text`): a
+declared response model (schemas.py: what the builder built is what the schema states) as its set
+fields, or a dict (the Responses builder's events and bodies, not yet models); its
+events are unnamed (`data:` only, OpenAI's chunks, ended by DONE) or, where `output.named`, named by
+their `type` (the Responses and Messages APIs').
 """
 from __future__ import annotations
 
 import asyncio
 import json
 from collections.abc import AsyncIterator
-from typing import Protocol
+from typing import Protocol, Union
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import Response, StreamingResponse
+from pydantic import BaseModel
 
 from services.core.errors import REFUSALS
 from services.frontend.core import FrontendCore
 from services.frontend.http.streams import Events, merge, start
 from services.frontend.types import GenerateRequest
 
+Payload = Union[BaseModel, dict, str]  # a model or dict: its JSON; a str: the data as it is (DONE)
+DONE = "[DONE]"  # the data of OpenAI's last event
 DISCONNECT_POLL_S = 0.25  # how often a non-streamed request checks that its client is still there
 CLIENT_CLOSED = 499  # nginx's "client closed request": nobody reads it, the logs and metrics do
 
@@ -34,14 +43,16 @@ CLIENT_CLOSED = 499  # nginx's "client closed request": nobody reads it, the log
 class Output(Protocol):
     """One response of one API, from the merged (prompt index, event) pairs of its generations."""
 
-    async def collect(self, events: Events) -> dict:
+    named: bool  # its events are named by their type
+
+    async def collect(self, events: Events) -> BaseModel | dict:
         """The whole (non-streamed) body."""
 
-    def sse(self, events: Events) -> AsyncIterator[str]:
-        """The streamed body, server-sent event by event (`data_event`, `named_event`)."""
+    def sse(self, events: Events) -> AsyncIterator[Payload]:
+        """The streamed body, event by event."""
 
-    def refusal(self, error: Exception) -> str:
-        """The event that ends a stream a refusal (services.core.errors.REFUSALS) cut short."""
+    def refusal(self, error: Exception) -> list[Payload]:
+        """The events that end a stream a refusal (services.core.errors.REFUSALS) cut short."""
 
 
 async def respond(request: Request, core: FrontendCore, requests: list[GenerateRequest], output: Output,
@@ -55,29 +66,38 @@ async def respond(request: Request, core: FrontendCore, requests: list[GenerateR
             body = await unless_disconnected(request, output.collect(events))
         finally:
             await events.aclose()  # a client that left: closing the streams aborts the generations
-        return Response(status_code=CLIENT_CLOSED) if body is None else JSONResponse(body)
+        if body is None:
+            return Response(status_code=CLIENT_CLOSED)
+        return Response(encode(body), media_type="application/json")
     return StreamingResponse(sse(output, events), media_type="text/event-stream", headers={"cache-control": "no-cache"})
 
 
 async def sse(output: Output, events: Events) -> AsyncIterator[str]:
     """The output's events, ended by its refusal event if a refusal cuts the stream short."""
     try:
-        async for chunk in output.sse(events):
-            yield chunk
+        async for payload in output.sse(events):
+            yield event_text(payload, output.named)
     except REFUSALS as error:
-        yield output.refusal(error)
+        for payload in output.refusal(error):
+            yield event_text(payload, output.named)
     finally:
         await events.aclose()
 
 
-def data_event(data: dict | str) -> str:
-    """An unnamed event (OpenAI's chat and completions chunks, and their closing `[DONE]`)."""
-    return f"data: {data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)}\n\n"
+def encode(payload: BaseModel | dict) -> str:
+    """A payload's JSON: a model's set fields (model_construct's, so what the builder gave), a dict as it is."""
+    if isinstance(payload, BaseModel):
+        return payload.model_dump_json(exclude_unset=True)
+    return json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
 
 
-def named_event(event: dict) -> str:
-    """An event named by its `type` (the Responses and Messages APIs')."""
-    return f"event: {event['type']}\ndata: {json.dumps(event, ensure_ascii=False)}\n\n"
+def event_text(payload: Payload, named: bool) -> str:
+    """One server-sent event: unnamed (OpenAI's chunks and DONE) or named by the payload's `type`."""
+    data = payload if isinstance(payload, str) else encode(payload)
+    if not named:
+        return f"data: {data}\n\n"
+    kind = payload.type if isinstance(payload, BaseModel) else payload["type"]
+    return f"event: {kind}\ndata: {data}\n\n"
 
 
 async def unless_disconnected(request: Request, work):

@@ -1,4 +1,5 @@
-"""FrontendCore events -> OpenAI response bodies and server-sent-event chunks.
+"""FrontendCore events -> OpenAI response bodies and server-sent-event chunks, as the models schemas.py
+declares (built by model_construct, serialised by respond()).
 
 Choice `prompt_index * n + sample_index`, as OpenAI and vLLM number them. A renderer
 knows the shape of one endpoint (completions or chat) and is that endpoint's Output
@@ -20,8 +21,9 @@ from typing import ClassVar
 
 from services.core.step import Logprobs
 from services.core.tokenizer import Tokenizer
-from services.frontend.http.errors import error_body
-from services.frontend.http.respond import data_event
+from services.frontend.http import schemas
+from services.frontend.http.schemas import new
+from services.frontend.http.respond import DONE, Payload
 from services.frontend.http.streams import Events
 from services.frontend.types import SampleEvent, Summary
 
@@ -52,19 +54,34 @@ class Renderer:
     include_usage: bool = False  # streamed: stream_options.include_usage, a last chunk with the usage
     object: ClassVar[str] = "text_completion"
     chunk_object: ClassVar[str] = "text_completion"
+    whole_model: ClassVar[type] = schemas.Completion
+    chunk_model: ClassVar[type] = schemas.CompletionChunk
+    named: ClassVar[bool] = False  # OpenAI's events are unnamed (respond.py)
 
-    async def collect(self, events: Events) -> dict:
+    async def collect(self, events: Events) -> schemas.Body:
         return await _collect(self, events)
 
-    def sse(self, events: Events) -> AsyncIterator[str]:
+    def sse(self, events: Events) -> AsyncIterator[Payload]:
         return _sse(self, events)
 
-    def refusal(self, error: Exception) -> str:
-        return data_event(error_body(str(error), "service_unavailable", "unavailable").decode()) + data_event("[DONE]")
+    def refusal(self, error: Exception) -> list[Payload]:
+        detail = schemas.ErrorDetail(message=str(error), type="service_unavailable", param=None, code="unavailable")
+        return [schemas.ErrorResponse(error=detail), DONE]
 
-    def body(self, object_name: str, choices: list[dict], usage: dict | None) -> dict:
-        return {"id": self.id, "object": object_name, "created": self.created, "model": self.model,
-                "system_fingerprint": self.fingerprint, "choices": choices, "usage": usage}
+    def body(self, choices: list[schemas.Body], usage: schemas.Usage) -> schemas.Body:
+        """The whole (non-streamed) response."""
+        return new(self.whole_model, id=self.id, object=self.object, created=self.created, model=self.model,
+                   system_fingerprint=self.fingerprint, choices=choices, usage=usage, **self.extra())
+
+    def chunk(self, choices: list[schemas.Body], usage: schemas.Usage | None = None) -> schemas.Body:
+        """A streamed chunk; usage (null but in the last chunk) only with stream_options.include_usage."""
+        with_usage = {"usage": usage} if self.include_usage else {}
+        return new(self.chunk_model, id=self.id, object=self.chunk_object, created=self.created, model=self.model,
+                   system_fingerprint=self.fingerprint, choices=choices, **with_usage)
+
+    def extra(self) -> dict:
+        """The whole response's fields besides its choices and usage."""
+        return {}
 
     def observe(self, index: int, sample: SampleEvent) -> None:
         """A sample event of choice `index` of a whole (non-streamed) response, as it arrives."""
@@ -73,13 +90,9 @@ class Renderer:
         """What the response shows of a sample event."""
         return sample
 
-    def whole(self, body: dict) -> dict:
-        """A whole response's body, with what it shows besides its choices."""
-        return body
-
-    def vllm_prompt_logprobs(self, prompt_index: int) -> list[dict | None]:
+    def vllm_prompt_logprobs(self, prompt_index: int) -> schemas.PromptLogprobs:
         """vLLM's shape: null for the first token, then each position's token and its top k."""
-        out: list[dict | None] = []
+        out: schemas.PromptLogprobs = []
         for lp in self.prompt_entries.get(prompt_index, []):
             if lp is None:
                 out.append(None)
@@ -87,10 +100,11 @@ class Renderer:
             ranked = [(t, p, rank) for rank, (t, p) in enumerate(lp.top[:self.prompt_logprobs], 1)]
             if lp.token_id not in dict(lp.top[:self.prompt_logprobs]):
                 ranked.insert(0, (lp.token_id, lp.logprob, lp.rank))
-            out.append({str(t): {"logprob": p, "rank": rank, "decoded_token": self.token(t)} for t, p, rank in ranked})
+            out.append({str(t): new(schemas.PromptLogprob, logprob=p, rank=rank, decoded_token=self.token(t))
+                        for t, p, rank in ranked})
         return out
 
-    def usage(self, summaries: list[Summary]) -> dict:
+    def usage(self, summaries: list[Summary]) -> schemas.Usage:
         return usage(summaries)
 
     def token(self, token_id: int) -> str:
@@ -114,47 +128,48 @@ class CompletionRenderer(Renderer):
     top_k: int | None = None  # the request's logprobs (top tokens per position)
     score_only: bool = False  # max_tokens 0: the prompt alone
 
-    def choice(self, index: int, choice: Choice, logprobs: bool) -> dict:
+    def choice(self, index: int, choice: Choice, logprobs: bool) -> schemas.CompletionChoice:
         prompt_index = index // self.n
         echo = self.echoes[prompt_index] if self.echoes else None
         shown = self.logprobs(choice.logprobs) if logprobs else None
         if echo is not None and logprobs:
             shown = self.echo_logprobs(echo, prompt_index, shown)
-        body = {"index": index, "text": (echo.text if echo else "") + choice.text, "logprobs": shown,
-                "finish_reason": choice.finish_reason}
-        if self.prompt_logprobs is not None:
-            body["prompt_logprobs"] = self.vllm_prompt_logprobs(prompt_index)
-        return body
+        extra = {} if self.prompt_logprobs is None else {"prompt_logprobs": self.vllm_prompt_logprobs(prompt_index)}
+        return new(schemas.CompletionChoice, index=index, text=(echo.text if echo else "") + choice.text,
+                   logprobs=shown, finish_reason=choice.finish_reason, **extra)
 
-    def chunk_choice(self, index: int, sample: SampleEvent, offset: int) -> dict:
+    def chunk_choice(self, index: int, sample: SampleEvent, offset: int) -> schemas.CompletionChoice:
         logprobs = self.logprobs(sample.logprobs, offset) if sample.logprobs is not None else None
-        return {"index": index, "text": sample.text, "logprobs": logprobs, "finish_reason": sample.finish_reason}
+        return new(schemas.CompletionChoice, index=index, text=sample.text, logprobs=logprobs,
+                   finish_reason=sample.finish_reason)
 
-    def echo_chunk(self, index: int, prompt_index: int, logprobs: bool) -> dict:
+    def echo_chunk(self, index: int, prompt_index: int, logprobs: bool) -> schemas.CompletionChoice:
         """A streamed choice's first chunk under echo: its prompt."""
         echo = self.echoes[prompt_index]
         shown = self.echo_logprobs(echo, prompt_index, None) if logprobs else None
-        return {"index": index, "text": echo.text, "logprobs": shown, "finish_reason": None}
+        return new(schemas.CompletionChoice, index=index, text=echo.text, logprobs=shown, finish_reason=None)
 
-    def echo_logprobs(self, echo: Echo, prompt_index: int, generated: dict | None) -> dict:
+    def echo_logprobs(self, echo: Echo, prompt_index: int,
+                      generated: schemas.CompletionLogprobs | None) -> schemas.CompletionLogprobs:
         """The prompt's tokens in the legacy logprobs object, before the generated ones (if any):
         the first token's logprob and top are null, as it has no position before it."""
         entries = self.prompt_entries.get(prompt_index) or [None] * len(echo.token_ids)
         tokens = [self.token(t) for t in echo.token_ids]
-        shown = {"tokens": tokens, "token_logprobs": [lp.logprob if lp else None for lp in entries],
-                 "top_logprobs": [self.top(lp.top[:self.top_k]) if lp else None for lp in entries],
-                 "text_offset": _offsets(tokens)}
+        token_logprobs = [lp.logprob if lp else None for lp in entries]
+        top_logprobs = [self.top(lp.top[:self.top_k]) if lp else None for lp in entries]
+        offsets = _offsets(tokens)
         if generated is not None:
             end = sum(len(t) for t in tokens)
-            shown = {key: values + ([end + o for o in generated[key]] if key == "text_offset" else generated[key])
-                     for key, values in shown.items()}
-        return shown
+            tokens, token_logprobs = tokens + generated.tokens, token_logprobs + generated.token_logprobs
+            top_logprobs += generated.top_logprobs
+            offsets += [end + o for o in generated.text_offset]
+        return new(schemas.CompletionLogprobs, tokens=tokens, token_logprobs=token_logprobs,
+                   top_logprobs=top_logprobs, text_offset=offsets)
 
-    def logprobs(self, entries: list[Logprobs], offset: int = 0) -> dict:
+    def logprobs(self, entries: list[Logprobs], offset: int = 0) -> schemas.CompletionLogprobs:
         tokens = [self.token(lp.token_id) for lp in entries]
-        return {"tokens": tokens, "token_logprobs": [lp.logprob for lp in entries],
-                "top_logprobs": [self.top(lp.top) for lp in entries],
-                "text_offset": _offsets(tokens, offset)}
+        return new(schemas.CompletionLogprobs, tokens=tokens, token_logprobs=[lp.logprob for lp in entries],
+                   top_logprobs=[self.top(lp.top) for lp in entries], text_offset=_offsets(tokens, offset))
 
     def top(self, top: list[tuple[int, float]]) -> dict[str, float]:
         """Token text -> logprob, best first; of two tokens with one text the better one's (what a
@@ -170,10 +185,10 @@ class CompletionRenderer(Renderer):
         return SampleEvent(index=sample.index, text="", token_ids=[], logprobs=[] if sample.logprobs else None,
                            finish_reason="length" if sample.finish_reason else None)
 
-    def usage(self, summaries: list[Summary]) -> dict:
+    def usage(self, summaries: list[Summary]) -> schemas.Usage:
         shown = usage(summaries)
         if self.score_only:
-            shown.update(completion_tokens=0, total_tokens=shown["prompt_tokens"])
+            shown.completion_tokens, shown.total_tokens = 0, shown.prompt_tokens
         return shown
 
 
@@ -189,42 +204,51 @@ def _offsets(tokens: list[str], offset: int = 0) -> list[int]:
 class ChatRenderer(Renderer):
     object: ClassVar[str] = "chat.completion"
     chunk_object: ClassVar[str] = "chat.completion.chunk"
+    whole_model: ClassVar[type] = schemas.ChatCompletion
+    chunk_model: ClassVar[type] = schemas.ChatCompletionChunk
     num_reasoning_tokens: int = 0  # a reasoning model's thinking tokens, every choice's (tool_responses.py)
 
-    def usage(self, summaries: list[Summary]) -> dict:
-        return {**usage(summaries), "completion_tokens_details": {"reasoning_tokens": self.num_reasoning_tokens}}
+    def usage(self, summaries: list[Summary]) -> schemas.ChatUsage:
+        details = new(schemas.CompletionTokensDetails, reasoning_tokens=self.num_reasoning_tokens)
+        return new(schemas.ChatUsage, **dict(usage(summaries)), completion_tokens_details=details)
 
-    def choice(self, index: int, choice: Choice, logprobs: bool) -> dict:
-        return {"index": index, "message": {"role": "assistant", "content": choice.text},
-                "logprobs": self.logprobs(choice.logprobs) if logprobs else None, "finish_reason": choice.finish_reason}
+    def choice(self, index: int, choice: Choice, logprobs: bool) -> schemas.ChatChoice:
+        message = new(schemas.AssistantMessage, role="assistant", content=choice.text)
+        return new(schemas.ChatChoice, index=index, message=message,
+                   logprobs=self.logprobs(choice.logprobs) if logprobs else None, finish_reason=choice.finish_reason)
 
-    def chunk_choice(self, index: int, sample: SampleEvent, offset: int) -> dict:
+    def chunk_choice(self, index: int, sample: SampleEvent, offset: int) -> schemas.ChatChunkChoice:
         logprobs = self.logprobs(sample.logprobs) if sample.logprobs is not None else None
-        return {"index": index, "delta": {"content": sample.text} if sample.text else {}, "logprobs": logprobs,
-                "finish_reason": sample.finish_reason}
+        delta = new(schemas.ChatDelta, **({"content": sample.text} if sample.text else {}))
+        return new(schemas.ChatChunkChoice, index=index, delta=delta, logprobs=logprobs,
+                   finish_reason=sample.finish_reason)
 
-    def whole(self, body: dict) -> dict:
-        if self.prompt_logprobs is not None:  # vLLM's place for a chat's: beside the choices
-            body["prompt_logprobs"] = self.vllm_prompt_logprobs(0)
-        return body
+    def extra(self) -> dict:
+        if self.prompt_logprobs is None:
+            return {}
+        return {"prompt_logprobs": self.vllm_prompt_logprobs(0)}  # vLLM's place for a chat's: beside the choices
 
-    def role_chunk(self, index: int) -> dict:
-        return {"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+    def role_chunk(self, index: int) -> schemas.ChatChunkChoice:
+        delta = new(schemas.ChatDelta, role="assistant", content="")
+        return new(schemas.ChatChunkChoice, index=index, delta=delta, logprobs=None, finish_reason=None)
 
-    def logprobs(self, entries: list[Logprobs], offset: int = 0) -> dict:
-        return {"content": [dict(self._entry(lp.token_id, lp.logprob),
-                                 top_logprobs=[self._entry(t, p) for t, p in lp.top]) for lp in entries]}
+    def logprobs(self, entries: list[Logprobs], offset: int = 0) -> schemas.ChatLogprobs:
+        return new(schemas.ChatLogprobs, content=[
+            new(schemas.TokenLogprob, **self._entry(lp.token_id, lp.logprob),
+                top_logprobs=[new(schemas.TopLogprob, **self._entry(t, p)) for t, p in lp.top])
+            for lp in entries])
 
     def _entry(self, token_id: int, logprob: float) -> dict:
         # the token's own bytes: its text is U+FFFD where it ends inside a character
         return {"token": self.token(token_id), "logprob": logprob, "bytes": list(self.tokenizer.token_bytes(token_id))}
 
 
-def usage(summaries: list[Summary]) -> dict:
+def usage(summaries: list[Summary]) -> schemas.Usage:
     prompt = sum(s.num_prompt_tokens for s in summaries)
     completion = sum(s.num_completion_tokens for s in summaries)
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
-            "prompt_tokens_details": {"cached_tokens": sum(s.num_cached_tokens for s in summaries)}}
+    cached = new(schemas.PromptTokensDetails, cached_tokens=sum(s.num_cached_tokens for s in summaries))
+    return new(schemas.Usage, prompt_tokens=prompt, completion_tokens=completion,
+               total_tokens=prompt + completion, prompt_tokens_details=cached)
 
 
 async def _collect(renderer: Renderer, events: Events) -> dict:
@@ -243,21 +267,15 @@ async def _collect(renderer: Renderer, events: Events) -> dict:
             choice.finish_reason = sample.finish_reason or choice.finish_reason
         if event.summary is not None:
             summaries.append(event.summary)
-    return renderer.whole(renderer.body(renderer.object, [renderer.choice(i, c, renderer.with_logprobs)
-                                                          for i, c in enumerate(choices)], renderer.usage(summaries)))
+    return renderer.body([renderer.choice(i, c, renderer.with_logprobs) for i, c in enumerate(choices)],
+                         renderer.usage(summaries))
 
 
-async def _sse(renderer: Renderer, events: Events) -> AsyncIterator[str]:
+async def _sse(renderer: Renderer, events: Events) -> AsyncIterator[Payload]:
     """Server-sent events: a chunk per sample event that carries something, then usage, then [DONE].
     Under echo each choice's first chunk is its prompt (with its logprobs when asked)."""
     num_prompts, include_usage, logprobs = renderer.num_prompts, renderer.include_usage, renderer.with_logprobs
-
-    def data(choices: list[dict], with_usage: dict | None = None) -> str:
-        body = renderer.body(renderer.chunk_object, choices, with_usage)
-        if not include_usage:
-            del body["usage"]
-        return data_event(body)
-
+    data = renderer.chunk
     if isinstance(renderer, ChatRenderer):
         for index in range(num_prompts * renderer.n):
             yield data([renderer.role_chunk(index)])
@@ -283,4 +301,4 @@ async def _sse(renderer: Renderer, events: Events) -> AsyncIterator[str]:
             summaries.append(event.summary)
     if include_usage:
         yield data([], renderer.usage(summaries))
-    yield data_event("[DONE]")
+    yield DONE

@@ -24,7 +24,7 @@ from services.frontend import reasoning, tool_calls
 from services.frontend.core import FrontendCore
 from services.frontend.http import responses_schemas as schemas
 from services.frontend.http.openai_requests import Budget, ChatTemplate, conversation_request
-from services.frontend.http.respond import named_event, respond
+from services.frontend.http.respond import respond
 from services.frontend.http.responses_models import ResponseRequest
 from services.frontend.http.streams import Events, build
 from services.frontend.response_store import ResponseStore
@@ -178,6 +178,8 @@ class ResponseBuilder:
     """One response's output items and events, from its sample's text as it arrives. `keep` is
     given the final response (completed or incomplete; never a failed one), to store it."""
 
+    named = True  # its events are named by their type (respond.py)
+
     def __init__(self, response_id: str, echo: dict, reader: ToolCallStream,
                  keep: Callable[[dict], Awaitable[None]] | None = None):
         self.id, self.echo, self.reader, self.keep = response_id, echo, reader, keep
@@ -227,16 +229,16 @@ class ResponseBuilder:
         await self._keep(final)
         return final
 
-    async def sse(self, events: Events) -> AsyncIterator[str]:
+    async def sse(self, events: Events) -> AsyncIterator[dict]:
         async for batch in build(self, events):
             for event in batch:
                 if event["type"] in FINAL:
                     await self._keep(event["response"])
-                yield named_event(event)
+                yield event
 
-    def refusal(self, error: Exception) -> str:
-        return named_event(self.event("response.failed", response=self.body(
-            "failed", error={"code": "server_error", "message": str(error)})))
+    def refusal(self, error: Exception) -> list[dict]:
+        return [self.event("response.failed", response=self.body(
+            "failed", error={"code": "server_error", "message": str(error)}))]
 
     async def _keep(self, final: dict) -> None:
         if self.keep is not None:

@@ -1,5 +1,7 @@
-"""The response bodies as pydantic models, for /openapi.json only: responses.py builds the bodies
-as dicts (the hot path), and test_openapi checks every response against these.
+"""The response bodies as pydantic models: the one declaration of each shape. The renderers
+(responses.py, tool_responses.py) build them (`model_construct`: no validation on the hot path, the
+fields set are the ones sent) and respond() serialises them; /openapi.json states them, and
+test_openapi checks every response against them.
 
 `describe(app)` makes the schema true to the server: the 200s have their real shapes (JSON, or
 server-sent events when `stream` is true), errors are the 4xx/5xx the server answers, in
@@ -12,12 +14,43 @@ unique tool names, JSON text or a grammar that compiles), which the descriptions
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Literal
+from functools import cache
+from typing import Literal, TypeVar
 
 from fastapi import FastAPI
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic_core import PydanticUndefined
 
 from services.frontend.types import ModelCard
+
+BaseModelT = TypeVar("BaseModelT", bound=BaseModel)
+
+
+def new(model_class: type[BaseModelT], /, **fields) -> BaseModelT:
+    """model_class.model_construct(**fields) (no validation; the fields given are the set ones, what is sent),
+    without model_construct's walk over every field on each call: a streamed chunk is three models, and
+    model_construct made it 1.6x json.dumps of the dict it replaced; this about 0.6x
+    (tests/frontend/test_openapi.py checks it against model_construct)."""
+    made = model_class.__new__(model_class)
+    defaults = _defaults(model_class)
+    object.__setattr__(made, "__dict__", {**defaults, **fields} if defaults else fields)
+    object.__setattr__(made, "__pydantic_fields_set__", set(fields))
+    object.__setattr__(made, "__pydantic_extra__", None)
+    object.__setattr__(made, "__pydantic_private__", None)
+    return made
+
+
+@cache
+def _defaults(model: type[BaseModel]) -> dict:
+    return {name: field.default for name, field in model.model_fields.items()
+            if field.default is not PydanticUndefined}
+
+
+class Body(BaseModel):
+    """A response model: a float that is not finite (a logprob of -inf) is sent as JSON's Infinity / NaN,
+    as Python's json module writes it, not as null."""
+
+    model_config = ConfigDict(ser_json_inf_nan="constants")
 
 
 class ErrorDetail(BaseModel):
@@ -31,18 +64,18 @@ class ErrorResponse(BaseModel):
     error: ErrorDetail
 
 
-class PromptTokensDetails(BaseModel):
+class PromptTokensDetails(Body):
     cached_tokens: int
 
 
-class Usage(BaseModel):
+class Usage(Body):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
     prompt_tokens_details: PromptTokensDetails
 
 
-class CompletionTokensDetails(BaseModel):
+class CompletionTokensDetails(Body):
     reasoning_tokens: int = Field(description=(
         "The tokens generated inside a reasoning model's thinking (--reasoning-parser; the end marker's "
         "included), every choice's; 0 without thinking."))
@@ -52,14 +85,14 @@ class ChatUsage(Usage):
     completion_tokens_details: CompletionTokensDetails
 
 
-class CompletionLogprobs(BaseModel):
+class CompletionLogprobs(Body):
     tokens: list[str]
     token_logprobs: list[float | None] = Field(description="With echo, the prompt's first token's is null.")
     top_logprobs: list[dict[str, float] | None]
     text_offset: list[int]
 
 
-class PromptLogprob(BaseModel):
+class PromptLogprob(Body):
     logprob: float
     rank: int = Field(description="1: the most likely token.")
     decoded_token: str
@@ -70,7 +103,7 @@ PROMPT_LOGPROBS = Field(None, description=(
     "With prompt_logprobs: per prompt token (the first: null), its token id's and the top tokens' logprobs."))
 
 
-class CompletionChoice(BaseModel):
+class CompletionChoice(Body):
     index: int
     text: str = Field(description="With echo, the prompt and then the completion.")
     logprobs: CompletionLogprobs | None
@@ -78,7 +111,7 @@ class CompletionChoice(BaseModel):
     prompt_logprobs: PromptLogprobs | None = PROMPT_LOGPROBS
 
 
-class Completion(BaseModel):
+class Completion(Body):
     id: str
     object: Literal["text_completion"]
     created: int
@@ -88,7 +121,7 @@ class Completion(BaseModel):
     usage: Usage
 
 
-class TopLogprob(BaseModel):
+class TopLogprob(Body):
     token: str
     logprob: float
     bytes: list[int]  # the token's own UTF-8 bytes
@@ -98,27 +131,39 @@ class TokenLogprob(TopLogprob):
     top_logprobs: list[TopLogprob]
 
 
-class ChatLogprobs(BaseModel):
+class ChatLogprobs(Body):
     content: list[TokenLogprob]
 
 
-class AssistantMessage(BaseModel):
+class ToolCallFunction(Body):
+    name: str
+    arguments: str = Field(description="JSON text of the arguments.")
+
+
+class ToolCall(Body):
+    id: str
+    type: Literal["function"]
+    function: ToolCallFunction
+
+
+class AssistantMessage(Body):
     role: Literal["assistant"]
     content: str | None
+    tool_calls: list[ToolCall] | None = Field(None, description="The calls of a request with tools.")
     reasoning_content: str | None = Field(None, description=(
         "A reasoning model's thinking (--reasoning-parser), apart from content; streamed as "
         "delta.reasoning_content."))
     reasoning: str | None = Field(None, description="The same as reasoning_content (vLLM's newer name).")
 
 
-class ChatChoice(BaseModel):
+class ChatChoice(Body):
     index: int
     message: AssistantMessage
     logprobs: ChatLogprobs | None
     finish_reason: str | None
 
 
-class ChatCompletion(BaseModel):
+class ChatCompletion(Body):
     id: str
     object: Literal["chat.completion"]
     created: int
@@ -127,6 +172,55 @@ class ChatCompletion(BaseModel):
     choices: list[ChatChoice]
     usage: ChatUsage
     prompt_logprobs: PromptLogprobs | None = PROMPT_LOGPROBS
+
+
+class CompletionChunk(Completion):
+    """A streamed chunk of a completion (its choices' new text); usage only with stream_options.include_usage
+    (null but in the last chunk)."""
+
+    usage: Usage | None = None
+
+
+class ToolCallFunctionDelta(Body):
+    name: str | None = None
+    arguments: str
+
+
+class ToolCallDelta(Body):
+    """A streamed tool call: its first delta has id, type and function.name (arguments ""), the next ones
+    more of function.arguments."""
+
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: ToolCallFunctionDelta
+
+
+class ChatDelta(Body):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+    reasoning_content: str | None = None
+    reasoning: str | None = None
+    tool_calls: list[ToolCallDelta] | None = None
+
+
+class ChatChunkChoice(Body):
+    index: int
+    delta: ChatDelta
+    logprobs: ChatLogprobs | None
+    finish_reason: str | None
+
+
+class ChatCompletionChunk(Body):
+    """A streamed chunk of a chat completion; usage as CompletionChunk's."""
+
+    id: str
+    object: Literal["chat.completion.chunk"]
+    created: int
+    model: str
+    system_fingerprint: str
+    choices: list[ChatChunkChoice]
+    usage: ChatUsage | None = None
 
 
 class Model(BaseModel):

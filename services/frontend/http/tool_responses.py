@@ -12,11 +12,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from services.frontend.http import schemas
+from services.frontend.http.schemas import new
 from services.frontend.http.responses import ChatRenderer, Choice
 from services.frontend import reasoning
 from services.frontend.reasoning import ReasoningReader
 from services.frontend.tool_stream import Piece, ToolCallStream
-from services.frontend.tool_calls import ToolPlan
+from services.frontend.tool_calls import ToolCall, ToolPlan
 from services.frontend.types import SampleEvent
 
 
@@ -25,29 +27,30 @@ class ToolChatRenderer(ChatRenderer):
     plan: ToolPlan = None
     _readers: dict[int, ToolCallStream | ReasoningReader] = field(default_factory=dict)  # choice index -> its reader
 
-    def choice(self, index: int, choice: Choice, logprobs: bool) -> dict:
+    def choice(self, index: int, choice: Choice, logprobs: bool) -> schemas.ChatChoice:
         body = super().choice(index, choice, logprobs)
         thought, content, calls = self.plan.read(choice.text)
-        body["message"]["content"] = content
+        message = {"role": "assistant", "content": content}
         if calls:
-            body["message"]["tool_calls"] = [c.to_openai() for c in calls]
-            body["finish_reason"] = "tool_calls" if choice.finish_reason == "stop" else choice.finish_reason
+            message["tool_calls"] = [tool_call(c) for c in calls]
+            body.finish_reason = "tool_calls" if choice.finish_reason == "stop" else choice.finish_reason
         if self.plan.thinking is not None:
-            body["message"].update(reasoning_content=thought, reasoning=thought)
+            message.update(reasoning_content=thought, reasoning=thought)
+        body.message = new(schemas.AssistantMessage, **message)
         return body
 
     def observe(self, index: int, sample: SampleEvent) -> None:
         self._feed(index, sample)  # only to count the reasoning tokens: the whole text is read in choice()
 
-    def chunk_choice(self, index: int, sample: SampleEvent, offset: int) -> dict | None:
+    def chunk_choice(self, index: int, sample: SampleEvent, offset: int) -> schemas.ChatChunkChoice | None:
         reader, pieces = self._feed(index, sample)
         chunk = super().chunk_choice(index, sample, offset)
         if sample.finish_reason is not None:
             pieces += reader.finish()
             if reader.calls and sample.finish_reason == "stop":
-                chunk["finish_reason"] = "tool_calls"
-        chunk["delta"] = openai_delta(pieces, reader)
-        return chunk if chunk["delta"] or chunk["finish_reason"] or chunk["logprobs"] else None
+                chunk.finish_reason = "tool_calls"
+        chunk.delta = openai_delta(pieces, reader)
+        return chunk if chunk.delta.model_fields_set or chunk.finish_reason or chunk.logprobs else None
 
     def _feed(self, index: int, sample: SampleEvent) -> tuple[ToolCallStream | ReasoningReader, list[Piece]]:
         """The choice's reader, fed the sample's text, and the pieces it gave; the thinking's tokens counted."""
@@ -56,7 +59,12 @@ class ToolChatRenderer(ChatRenderer):
         return reader, reader.feed(sample.text)
 
 
-def openai_delta(pieces: list[Piece], reader: ToolCallStream | ReasoningReader) -> dict:
+def tool_call(call: ToolCall) -> schemas.ToolCall:
+    function = new(schemas.ToolCallFunction, name=call.name, arguments=call.arguments)
+    return new(schemas.ToolCall, id=call.id, type="function", function=function)
+
+
+def openai_delta(pieces: list[Piece], reader: ToolCallStream | ReasoningReader) -> schemas.ChatDelta:
     """A chat chunk's delta from the reader's pieces: reasoning, content, then tool_calls entries."""
     delta: dict = {}
     entries: dict[int, dict] = {}
@@ -74,5 +82,7 @@ def openai_delta(pieces: list[Piece], reader: ToolCallStream | ReasoningReader) 
             entry = entries.setdefault(piece.index, {"index": piece.index, "function": {"arguments": ""}})
             entry["function"]["arguments"] += piece.text
     if entries:
-        delta["tool_calls"] = list(entries.values())
-    return delta
+        delta["tool_calls"] = [
+            new(schemas.ToolCallDelta, **{**entry, "function": new(schemas.ToolCallFunctionDelta, **entry["function"])})
+            for entry in entries.values()]
+    return new(schemas.ChatDelta, **delta)

@@ -33,11 +33,11 @@ class Options:
 def host_tiers(cpu_isa: str, kernels: str) -> tuple[list[str], str | None]:
     """The kernel tiers this host runs, and the one the baseline runs (cpu_isa, or the one auto
     picks); none where the baseline does not run the compiled CPU kernels."""
-    from kernels import cpu_kernels
+    from kernels import build, cpu_kernels
 
     if kernels != "cpu":
         return [], None
-    return list(cpu_kernels.host_tiers()), cpu_kernels.select_isa(cpu_isa)
+    return list(build.host_tiers()), cpu_kernels.select_isa(cpu_isa)
 
 
 @dataclass(kw_only=True)
