@@ -34,8 +34,8 @@ def test_blocks_read_as_ggufs_dequantizer_reads_them(name):
     """The integers the kernel multiplies (and their scales) are the values gguf's dequantizer gives."""
     weight = kquant_weight(name, 6, 512, seed=1)
     fmt = quant.FORMATS[name]
-    raw = weight.data.numpy().reshape(6, -1, quant.BLOCK_BYTES[fmt])
-    want = gguf_dequantize(weight.data.numpy(), name).numpy().reshape(6, 512)
+    raw = weight.row_data().numpy().reshape(6, -1, quant.BLOCK_BYTES[fmt])
+    want = gguf_dequantize(weight.row_data().numpy(), name).numpy().reshape(6, 512)
     got = kquant_int8.values(raw, fmt).reshape(6, 512)
     assert np.allclose(got, want, rtol=1e-6, atol=1e-6 * np.abs(want).max())
 
@@ -50,7 +50,7 @@ def test_every_tier_gives_the_references_bits(libs, name, dtype):
     for tier, lib in libs.items():
         got = quant.run_kernel(lib, x, weight, bias)
         assert torch.equal(_bits(got), _bits(want)), tier
-    values = gguf_dequantize(weight.data.numpy(), name).reshape(n, k)
+    values = gguf_dequantize(weight.row_data().numpy(), name).reshape(n, k)
     exact = x.float() @ values.T + bias.float()  # gguf's values: within int8 activations' error of the product
     assert (got.float() - exact).norm() < 0.03 * exact.norm()
 
