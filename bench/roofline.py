@@ -111,12 +111,13 @@ def decode_bytes(costs: dict, batch: int, context: int, elem: int, weight_bytes:
 
 def linear_weight_bytes(model) -> int:
     """Bytes a decode step streams for the linear layers (lm_head included), as stored."""
-    from kernels.quant import QuantWeight
+    from kernels.quant import QuantParts, QuantWeight
     seen, total = set(), 0
     for module in model.modules():
         for name in getattr(module, "linear_weights", ()):
             weight = getattr(module, name)
-            tensor = weight.data if isinstance(weight, QuantWeight) else getattr(weight, "packed", weight)
+            quantized = isinstance(weight, (QuantWeight, QuantParts))  # QuantParts: a mix's fused q/k/v, gate/up
+            tensor = weight.data if quantized else getattr(weight, "packed", weight)
             if id(tensor) not in seen:
                 seen.add(id(tensor))
                 total += tensor.numel() * tensor.element_size()

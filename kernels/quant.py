@@ -222,7 +222,7 @@ def from_blocks(blocks: np.ndarray | torch.Tensor, fmt: int, in_features: int, d
 # ---- interleaved rows (quant_dot.c's header has the layout) -------------------------------------
 def can_interleave(fmt: int, out_features: int, in_features: int) -> bool:
     """At least one whole group of 16 rows, and (INT8) whole blocks of 32 per row."""
-    if fmt not in (Q4_0, Q4_1, Q8_0, INT8):  # the interleaved layouts quant_dot.c reads
+    if fmt not in (Q4_0, Q4_1, Q8_0, INT8, Q4_K, Q5_K, Q6_K):  # the interleaved layouts quant_dot.c reads
         return False
     return out_features >= GROUP and (fmt != INT8 or in_features % BLOCK == 0)
 
@@ -231,6 +231,8 @@ def can_interleave(fmt: int, out_features: int, in_features: int) -> bool:
 def interleave_order(fmt: int, in_features: int) -> np.ndarray:
     """For one group of 16 rows (16 row_bytes bytes): interleaved byte j is row-order byte order[j]."""
     width = row_bytes(fmt, in_features)
+    if fmt in (Q4_K, Q5_K, Q6_K):
+        return _kquant_order(fmt, in_features)
     lanes = np.arange(GROUP)[:, None] * width + np.arange(4)[None, :]  # [16, 4]: bytes 0..3 of each row
     blocks = in_features // BLOCK
     if fmt == INT8:  # the 16 scales, then per block its 8 k-groups: row c's 4 bytes of group g at 4 c
@@ -243,6 +245,32 @@ def interleave_order(fmt: int, in_features: int) -> np.ndarray:
     per_block.append((head + 4 * np.arange((size - head) // 4))[:, None, None] + lanes[None])  # the k-groups
     block = np.concatenate([part.reshape(-1) for part in per_block])  # block 0's bytes
     return (np.arange(blocks)[:, None] * size + block[None, :]).reshape(-1)
+
+
+def _kquant_position(fmt: int) -> np.ndarray:
+    """[16, block bytes]: where byte j of output c's super-block lies in its group's 16 (quant_dot.c's kqi_position).
+    Q4_K, Q5_K: the 16 d, the 16 dmin, then the block's bytes 4.. as k-groups (64 bytes each: output c's 4 at 4 c);
+    Q6_K: the 16 d, the 16 scales as 4 k-groups, then per 128 elements n and l = 0, 4, .. 28 the k-groups of
+    ql[64 n + l], ql[64 n + 32 + l] and qh[32 n + l]: one sub-block's values per 4 k-groups."""
+    c, j = np.arange(GROUP)[:, None], np.arange(BLOCK_BYTES[fmt])[None, :]
+    if fmt != Q6_K:
+        return np.where(j < 4, 32 * (j // 2) + 2 * c + j % 2, 64 + 64 * ((j - 4) // 4) + 4 * c + j % 4)
+    n = np.where(j < 128, j // 64, (j - 128) // 32)
+    slot = np.where(j < 128, j % 64 // 32, 2)
+    lane = np.where(j < 128, j % 32, (j - 128) % 32)
+    values = 288 + 192 * (8 * n + lane // 4) + 64 * slot + 4 * c + lane % 4
+    return np.where(j >= 208, 2 * c + j - 208, np.where(j >= 192, 32 + 64 * ((j - 192) // 4) + 4 * c + j % 4, values))
+
+
+def _kquant_order(fmt: int, in_features: int) -> np.ndarray:
+    size, blocks = BLOCK_BYTES[fmt], in_features // BLOCK_ELEMS[fmt]
+    width = blocks * size
+    position = _kquant_position(fmt)  # [16, size]
+    order = np.empty(GROUP * width, np.int64)
+    b = np.arange(blocks)[:, None, None]
+    source = np.arange(GROUP)[None, :, None] * width + b * size + np.arange(size)[None, None, :]
+    order[(b * GROUP * size + position[None]).reshape(-1)] = source.reshape(-1)
+    return order
 
 
 @functools.lru_cache(maxsize=64)

@@ -47,9 +47,10 @@
  *       acc = fma(d_b * dx_b, (float)S, acc);   mins: acc = fma(-(dmin_b * dx_b), (float)M, acc)
  *     (float)S rounds to nearest even where |S| > 2^24: the same conversion of the same integer on
  *     every tier. One fp32 step per super-block, not per sub-block: the sub-blocks add in integers.
- *   then out = fma(acc, 1, bias) and bf16 as above. Their rows are never interleaved. Q4_K and Q6_K on
- *   x86 add the same integers in vectors (kq_chains_x86); the others, and every type on the generic and
- *   aarch64 tiers, in integer loops per output (kq_chains).
+ *   then out = fma(acc, 1, bias) and bf16 as above. Q4_K, Q5_K and Q6_K rows are interleaved (below); on x86
+ *   their whole groups take the tile of the Q4_0 path, one int32 lane per output (kqi_tile), the rows past
+ *   them (Q4_K, Q6_K) vectors per output (kq_chains_x86); the others, and every type on the generic and
+ *   aarch64 tiers, integer loops per output (kq_chains; interleaved blocks gathered back to row order).
  *
  * How the tiers get isum, for a tile of 16 outputs (AVX-512) or 8 (below) at a time:
  *   x86 (AVX-512, AVX2)  the block's weights are transposed in registers so that one int32 lane per
@@ -78,6 +79,11 @@
  *                      groups 0-7)
  *   INT8 (K a multiple of 32):  the 16 row scales (fp32, 64 bytes) once, before block 0; then per
  *                      block the 8 k-groups as above
+ *   Q4_K, Q5_K (per super-block):  the 16 d (32 bytes), the 16 dmin (32 bytes), then the block's bytes
+ *                      from byte 4 (scales; Q5_K qh; qs) as k-groups of 64 bytes, output c's 4 at 4 c
+ *   Q6_K (per super-block):  the 16 d, the 16 scales as 4 k-groups, then per 128 elements n and
+ *                      l = 0, 4, .. 28 the k-groups of ql[64 n + l], ql[64 n + 32 + l] and qh[32 n + l]:
+ *                      4 vectors of unpacked values, each one run of 4 elements of a sub-block of 16
  * The same bytes, moved: every tier reads them (the generic and aarch64 tiers put a block's bytes
  * back in row order), and the integers and the fold are those of the row layout. Rows past the
  * last whole group of 16 stay in row order.
@@ -826,14 +832,40 @@ INLINE float kq_step(int fmt, const Decoded *dw, const ActQ *a, int64_t at, floa
     return acc;
 }
 
-/* acc[0 .. rows): the chains of rows r0 .. of a by one output's row of blocks */
-INLINE void kq_chains(const int fmt, const ActQ *a, int64_t r0, int rows, const uint8_t *row, float *acc) {
+/* interleaved K-quant rows (Q4_K, Q5_K, Q6_K; the header's layout, kernels/quant.py's interleave_order): where
+ * byte j of output c's block lies in its group's block of 16 outputs (16 block_bytes bytes) */
+INLINE int kq_interleaved(int fmt) { return fmt == FMT_Q4_K || fmt == FMT_Q5_K || fmt == FMT_Q6_K; }
+
+INLINE int64_t kqi_position(int fmt, int c, int j) {
+    if (fmt != FMT_Q6_K) /* Q4_K, Q5_K: the 16 d, the 16 dmin, then the block's bytes 4 .. as k-groups */
+        return j < 4 ? 32 * (j / 2) + 2 * c + j % 2 : 64 + 64 * ((j - 4) / 4) + 4 * c + j % 4;
+    if (j >= 208) /* Q6_K: the 16 d, the 16 scales as 4 k-groups, then per 128 elements n and l = 0, 4, .. 28 the */
+        return 2 * c + j - 208; /* k-groups of ql[64 n + l], ql[64 n + 32 + l] and qh[32 n + l] */
+    if (j >= 192)
+        return 32 + 64 * ((j - 192) / 4) + 4 * c + j % 4;
+    const int n = j < 128 ? j / 64 : (j - 128) / 32, slot = j < 128 ? j % 64 / 32 : 2, l = j < 128 ? j % 32 : (j - 128) % 32;
+    return 288 + 192 * (8 * n + l / 4) + 64 * slot + 4 * c + l % 4;
+}
+
+/* output c's block back in row order from its group's interleaved block */
+INLINE void kqi_gather(int fmt, const uint8_t *block16, int c, uint8_t *out) {
+    for (int j = 0; j < (int)block_bytes(fmt); j++)
+        out[j] = block16[kqi_position(fmt, c, j)];
+}
+
+/* acc[0 .. rows): the chains of rows r0 .. of a by one output's row of blocks (group not NULL: output `lane` of
+ * the interleaved group there, row unused) */
+INLINE void kq_chains(const int fmt, const ActQ *a, int64_t r0, int rows, const uint8_t *row, const uint8_t *group,
+                      int lane, float *acc) {
     for (int r = 0; r < rows; r++)
         acc[r] = 0.0f;
     const int64_t bytes = block_bytes(fmt);
     for (int64_t b = 0; b < a->blocks; b++) {
         Decoded dw;
-        kq_decode(fmt, row + b * bytes, &dw);
+        uint8_t gathered[256];
+        if (group != NULL)
+            kqi_gather(fmt, group + b * 16 * bytes, lane, gathered);
+        kq_decode(fmt, group != NULL ? gathered : row + b * bytes, &dw);
         for (int r = 0; r < rows; r++)
             acc[r] = kq_step(fmt, &dw, a, (r0 + r) * a->blocks + b, acc[r]);
     }
@@ -1030,29 +1062,221 @@ INLINE void kq_chains_x86(const int fmt, const ActQ *a, int64_t r0, int rows, co
 #endif /* COLS == 16 */
 #endif
 
-/* each format its own copy (fmt a constant in the decode and the step) */
-static void kq_chains_any(int fmt, const ActQ *a, int64_t r0, int rows, const uint8_t *row, float *acc) {
-    switch (fmt) {
-    case FMT_Q5_0: kq_chains(FMT_Q5_0, a, r0, rows, row, acc); return;
-    case FMT_Q5_1: kq_chains(FMT_Q5_1, a, r0, rows, row, acc); return;
-    case FMT_IQ4_NL: kq_chains(FMT_IQ4_NL, a, r0, rows, row, acc); return;
-    case FMT_Q2_K: kq_chains(FMT_Q2_K, a, r0, rows, row, acc); return;
-    case FMT_Q3_K: kq_chains(FMT_Q3_K, a, r0, rows, row, acc); return;
 #if defined(__AVX2__)
-    case FMT_Q4_K: kq_chains_x86(FMT_Q4_K, a, r0, rows, row, acc); return;
-    case FMT_Q6_K: kq_chains_x86(FMT_Q6_K, a, r0, rows, row, acc); return;
+/* Q4_K, Q5_K and Q6_K's interleaved groups on x86 (avx512 with or without VNNI, avx2): the tile of the Q4_0 path,
+ * one int32 lane per output. A k-group vector holds per lane 4 unsigned values u of its output (Q4_K the nibble,
+ * Q5_K the nibble and its 5th bit, Q6_K the six bits: w = u - 32) for 4 consecutive elements of one sub-block;
+ * vpdpbusd against the row's 4 activations broadcast adds the 4 products u q in the lane, so a sub-block's integer
+ * sum lands in its output's lane with no per-block decode and no horizontal add, and a block's values are unpacked
+ * once for every row of the tile. Then (VNNI) vpmulld by the sub-block's scale, or (without VNNI) vpmaddubsw pairs
+ * added in int16 (never past 32767: Q4_K 8 k-groups of pairs <= 2 15 127, Q5_K 4 of 2 31 127, Q6_K 2 of 2 63 127)
+ * and vpmaddwd by the scale in both halves of the lane: S = sum_h sc_h sum_{i in h} u_i q_i. The mins M = sum_j mn_j
+ * (s_2j + s_2j+1) (Q4_K, Q5_K), and Q6_K's 32 sum_h sc_h s_h (S - that is the header's S of w = u - 32), take
+ * vpmaddwd of the scales' or mins' int16 pairs by the activations' sums of each 16 (or 32) broadcast: the same
+ * integers as kq_step, exact in int32 (any order), then the same two fmas per super-block in every lane. */
+#if COLS == 16
+#define WV_MULLO32(a, b) _mm512_mullo_epi32(a, b)
+#define WV_SLLI32(a, n) _mm512_slli_epi32(a, n)
+#define WV_SRLI32(a, n) _mm512_srli_epi32(a, n)
+#define WV_SRAI32(a, n) _mm512_srai_epi32(a, n)
+#define WV_SLLI16(a, n) _mm512_slli_epi16(a, n)
+#define WV_SRAI16(a, n) _mm512_srai_epi16(a, n)
+#define WV_OR(a, b) _mm512_or_si512(a, b)
+#define WV_SUB32(a, b) _mm512_sub_epi32(a, b)
 #else
-    case FMT_Q4_K: kq_chains(FMT_Q4_K, a, r0, rows, row, acc); return;
-    case FMT_Q6_K: kq_chains(FMT_Q6_K, a, r0, rows, row, acc); return;
+#define WV_MULLO32(a, b) _mm256_mullo_epi32(a, b)
+#define WV_SLLI32(a, n) _mm256_slli_epi32(a, n)
+#define WV_SRLI32(a, n) _mm256_srli_epi32(a, n)
+#define WV_SRAI32(a, n) _mm256_srai_epi32(a, n)
+#define WV_SLLI16(a, n) _mm256_slli_epi16(a, n)
+#define WV_SRAI16(a, n) _mm256_srai_epi16(a, n)
+#define WV_OR(a, b) _mm256_or_si256(a, b)
+#define WV_SUB32(a, b) _mm256_sub_epi32(a, b)
 #endif
-    case FMT_Q5_K: kq_chains(FMT_Q5_K, a, r0, rows, row, acc); return;
-    default: kq_chains(FMT_IQ4_XS, a, r0, rows, row, acc); return;
+
+/* lane c: sc_c sum_{g < count} u_g . q[4 g .. 4 g + 3] (sc32: the scale per lane; sc16: in both int16 halves) */
+INLINE wv kqi_scaled(const wv *u, const int8_t *q, const int count, const int pairs, wv sc32, wv sc16) {
+#if defined(VNNI)
+    (void)pairs, (void)sc16;
+    wv t0 = WV_ZERO, t1 = WV_ZERO; /* two chains */
+    for (int g = 0; g < count; g += 2) {
+        t0 = _mm512_dpbusd_epi32(t0, u[g], WV_BCAST4(q + 4 * g));
+        t1 = _mm512_dpbusd_epi32(t1, u[g + 1], WV_BCAST4(q + 4 * g + 4));
+    }
+    return WV_MULLO32(WV_ADD32(t0, t1), sc32);
+#else
+    (void)sc32;
+    wv total = WV_ZERO;
+    for (int g0 = 0; g0 < count; g0 += pairs) {
+        wv p = WV_ZERO;
+        for (int g = g0; g < g0 + pairs; g++)
+            p = WV_ADD16(p, WV_MADDUBS(u[g], WV_BCAST4(q + 4 * g)));
+        total = WV_ADD32(total, WV_MADD(p, sc16));
+    }
+    return total;
+#endif
+}
+
+/* two int16 in one int32 (a vpmaddwd operand) */
+INLINE int32_t kqi_pack(int32_t lo, int32_t hi) { return (int32_t)((uint32_t)(uint16_t)lo | (uint32_t)hi << 16); }
+
+/* acc[0 .. rows) (rows <= ROWS): rows r0 .. of a by outputs lane0 .. lane0 + COLS - 1 of the interleaved group at
+ * `group` (fmt a constant) */
+INLINE void kqi_tile(const int fmt, const ActQ *a, int64_t r0, int rows, const uint8_t *group, int lane0, fv *acc) {
+    const int64_t bytes = block_bytes(fmt);
+    const wv low4 = WV_SET8(0x0f), bytes16 = WV_SET32(0x00ff00ff), low16 = WV_SET32(0xffff);
+    for (int r = 0; r < rows; r++)
+        acc[r] = splatv(0.0f);
+    for (int64_t b = 0; b < a->blocks; b++) {
+        const uint8_t *blk = group + b * 16 * bytes;
+        wv S[ROWS], M[ROWS];
+        for (int r = 0; r < rows; r++)
+            S[r] = WV_ZERO, M[r] = WV_ZERO;
+        const fv d = scales_at(blk + 2 * lane0);
+        if (fmt == FMT_Q6_K) {
+            const uint8_t *sv = blk + 32 + 4 * lane0, *vals = blk + 288 + 4 * lane0;
+            for (int g = 0; g < 4; g++) { /* M = sum_h sc_h s_h: scales 4g, 4g + 2 and 4g + 1, 4g + 3 as int16 pairs */
+                const wv s = WV_LOAD(sv + 64 * g);
+                const wv even = WV_SRAI16(WV_SLLI16(s, 8), 8), odd = WV_SRAI16(s, 8);
+                for (int r = 0; r < rows; r++) {
+                    const int32_t *sums = a->sum + ((r0 + r) * a->blocks + b) * 16 + 4 * g;
+                    M[r] = WV_ADD32(M[r], WV_ADD32(WV_MADD(even, WV_SET32(kqi_pack(sums[0], sums[2]))),
+                                                   WV_MADD(odd, WV_SET32(kqi_pack(sums[1], sums[3])))));
+                }
+            }
+            const wv high = WV_SET8(0x30);
+            for (int n = 0; n < 2; n++)
+                for (int half = 0; half < 2; half++) { /* l = 16 half .. 16 half + 15 of each run of 32 */
+                    wv u[4][4]; /* [run of 32 within the 128][k-group]: sub-block 8 n + 2 run + half */
+                    for (int t = 0; t < 4; t++) {
+                        const uint8_t *tp = vals + 192 * (8 * n + 4 * half + t);
+                        const wv lo = WV_LOAD(tp), hi = WV_LOAD(tp + 64), h = WV_LOAD(tp + 128);
+                        u[0][t] = WV_OR(WV_AND(lo, low4), WV_AND(WV_SLLI16(h, 4), high));
+                        u[1][t] = WV_OR(WV_AND(hi, low4), WV_AND(WV_SLLI16(h, 2), high));
+                        u[2][t] = WV_OR(WV_AND(WV_SRL16(lo, 4), low4), WV_AND(h, high));
+                        u[3][t] = WV_OR(WV_AND(WV_SRL16(hi, 4), low4), WV_AND(WV_SRL16(h, 2), high));
+                    }
+                    for (int run = 0; run < 4; run++) {
+                        const int h = 8 * n + 2 * run + half;
+                        const wv sc32 = WV_SRAI32(WV_SLLI32(WV_LOAD(sv + 64 * (h / 4)), 24 - 8 * (h % 4)), 24);
+                        const wv sc16 = WV_OR(WV_AND(sc32, low16), WV_SLLI32(sc32, 16));
+                        for (int r = 0; r < rows; r++) {
+                            const int8_t *q = a->q + ((r0 + r) * a->blocks + b) * QK_K + 128 * n + 32 * run + 16 * half;
+                            S[r] = WV_ADD32(S[r], kqi_scaled(u[run], q, 4, 2, sc32, sc16));
+                        }
+                    }
+                }
+            for (int r = 0; r < rows; r++) {
+                const wv total = WV_SUB32(S[r], WV_SLLI32(M[r], 5));
+                iv t;
+                memcpy(&t, &total, sizeof t);
+                const fv scale = d * splatv(a->d[(r0 + r) * a->blocks + b]); /* rounded once, then the fma */
+                acc[r] = fmav(scale, __builtin_convertvector(t, fv), acc[r]);
+            }
+            continue;
+        }
+        /* Q4_K, Q5_K: k-group i at kg + 64 i: 0-2 the scales' 12 bytes; Q5_K 3-10 qh; then qs */
+        const fv dmin = scales_at(blk + 32 + 2 * lane0);
+        const uint8_t *kg = blk + 64 + 4 * lane0;
+        const wv s0 = WV_LOAD(kg), s1 = WV_LOAD(kg + 64), s2 = WV_LOAD(kg + 128);
+        const wv six = WV_SET8(0x3f), two = WV_SET8(0x03);
+        const wv sa = WV_AND(s0, six), sb = WV_OR(WV_AND(s2, low4), WV_SLLI16(WV_AND(WV_SRL16(s0, 6), two), 4));
+        const wv ma = WV_AND(s1, six), mb = WV_OR(WV_AND(WV_SRL16(s2, 4), low4), WV_SLLI16(WV_AND(WV_SRL16(s1, 6), two), 4));
+        /* mins 0, 2 | 1, 3 | 4, 6 | 5, 7 as int16 pairs, against the sums of each 32 */
+        const wv mins[4] = {WV_AND(ma, bytes16), WV_SRL16(ma, 8), WV_AND(mb, bytes16), WV_SRL16(mb, 8)};
+        for (int r = 0; r < rows; r++) {
+            const int32_t *s = a->sum + ((r0 + r) * a->blocks + b) * 16;
+            int32_t s32[8];
+            for (int j = 0; j < 8; j++)
+                s32[j] = s[2 * j] + s[2 * j + 1];
+            for (int i = 0; i < 4; i++) {
+                const int j = 4 * (i / 2) + i % 2;
+                M[r] = WV_ADD32(M[r], WV_MADD(mins[i], WV_SET32(kqi_pack(s32[j], s32[j + 2]))));
+            }
+        }
+        const uint8_t *qs = kg + 64 * (fmt == FMT_Q4_K ? 3 : 11);
+        for (int c = 0; c < 4; c++) { /* 64 elements: sub-blocks 2c (the low nibbles), 2c + 1 (the high ones) */
+            wv lo[8], hi[8];
+            for (int g = 0; g < 8; g++) {
+                const wv raw = WV_LOAD(qs + 64 * (8 * c + g));
+                lo[g] = WV_AND(raw, low4), hi[g] = WV_AND(WV_SRL16(raw, 4), low4);
+                if (fmt == FMT_Q5_K) { /* qh byte l: bit 2c is element 64 c + l's 5th, bit 2c + 1 element 64 c + 32 + l's */
+                    const wv qh = WV_LOAD(kg + 64 * (3 + g)), fifth = WV_SET8(0x10);
+                    lo[g] = WV_OR(lo[g], WV_AND(c <= 2 ? WV_SLLI16(qh, 4 - 2 * c) : WV_SRL16(qh, 2 * c - 4), fifth));
+                    hi[g] = WV_OR(hi[g], WV_AND(c <= 1 ? WV_SLLI16(qh, 3 - 2 * c) : WV_SRL16(qh, 2 * c - 3), fifth));
+                }
+            }
+            const wv sc_lo = WV_AND(WV_SRLI32(c < 2 ? sa : sb, 16 * (c % 2)), WV_SET32(0xff));
+            const wv sc_hi = WV_AND(WV_SRLI32(c < 2 ? sa : sb, 16 * (c % 2) + 8), WV_SET32(0xff));
+            const wv sc16_lo = WV_OR(sc_lo, WV_SLLI32(sc_lo, 16)), sc16_hi = WV_OR(sc_hi, WV_SLLI32(sc_hi, 16));
+            const int pairs = fmt == FMT_Q4_K ? 8 : 4;
+            for (int r = 0; r < rows; r++) {
+                const int8_t *q = a->q + ((r0 + r) * a->blocks + b) * QK_K + 64 * c;
+                S[r] = WV_ADD32(S[r], WV_ADD32(kqi_scaled(lo, q, 8, pairs, sc_lo, sc16_lo),
+                                               kqi_scaled(hi, q + 32, 8, pairs, sc_hi, sc16_hi)));
+            }
+        }
+        for (int r = 0; r < rows; r++) {
+            iv si, mi;
+            memcpy(&si, &S[r], sizeof si);
+            memcpy(&mi, &M[r], sizeof mi);
+            const fv dx = splatv(a->d[(r0 + r) * a->blocks + b]);
+            const fv scale = d * dx, min_scale = dmin * dx; /* each rounded once, then the fmas */
+            acc[r] = fmav(scale, __builtin_convertvector(si, fv), acc[r]);
+            acc[r] = fmav(-min_scale, __builtin_convertvector(mi, fv), acc[r]);
+        }
     }
 }
 
-/* quant_linear_int8 for these formats (rows in row order): out = fma(acc, 1, bias) per (row, output) */
-static int kq_linear(const void *x, int64_t ldx, const uint8_t *w, int fmt, const void *bias, void *out, int64_t ldo,
-                     int64_t m, int64_t n, int64_t k, int is_bf16, int out_bf16, int num_threads) {
+static void kqi_tile_any(int fmt, const ActQ *a, int64_t r0, int rows, const uint8_t *group, int lane0, fv *acc) {
+    switch (fmt) {
+    case FMT_Q4_K: kqi_tile(FMT_Q4_K, a, r0, rows, group, lane0, acc); return;
+    case FMT_Q5_K: kqi_tile(FMT_Q5_K, a, r0, rows, group, lane0, acc); return;
+    default: kqi_tile(FMT_Q6_K, a, r0, rows, group, lane0, acc); return;
+    }
+}
+#endif
+
+/* each format its own copy (fmt a constant in the decode and the step); group: as kq_chains */
+static void kq_chains_any(int fmt, const ActQ *a, int64_t r0, int rows, const uint8_t *row, const uint8_t *group,
+                          int lane, float *acc) {
+    switch (fmt) {
+    case FMT_Q5_0: kq_chains(FMT_Q5_0, a, r0, rows, row, NULL, 0, acc); return;
+    case FMT_Q5_1: kq_chains(FMT_Q5_1, a, r0, rows, row, NULL, 0, acc); return;
+    case FMT_IQ4_NL: kq_chains(FMT_IQ4_NL, a, r0, rows, row, NULL, 0, acc); return;
+    case FMT_Q2_K: kq_chains(FMT_Q2_K, a, r0, rows, row, NULL, 0, acc); return;
+    case FMT_Q3_K: kq_chains(FMT_Q3_K, a, r0, rows, row, NULL, 0, acc); return;
+#if defined(__AVX2__)
+    case FMT_Q4_K: kq_chains_x86(FMT_Q4_K, a, r0, rows, row, acc); return;
+    case FMT_Q6_K: kq_chains_x86(FMT_Q6_K, a, r0, rows, row, acc); return;
+    case FMT_Q5_K: kq_chains(FMT_Q5_K, a, r0, rows, row, NULL, 0, acc); return;
+#else
+    case FMT_Q4_K: kq_chains(FMT_Q4_K, a, r0, rows, row, group, lane, acc); return;
+    case FMT_Q6_K: kq_chains(FMT_Q6_K, a, r0, rows, row, group, lane, acc); return;
+    case FMT_Q5_K: kq_chains(FMT_Q5_K, a, r0, rows, row, group, lane, acc); return;
+#endif
+    default: kq_chains(FMT_IQ4_XS, a, r0, rows, row, NULL, 0, acc); return;
+    }
+    (void)group, (void)lane;
+}
+
+/* out = fma(acc, 1, bias) for rows r0 .. r0 + rows - 1 and output c (acc[r * stride]) */
+INLINE void kq_store(const float *acc, int stride, int64_t r0, int rows, int64_t c, const void *bias, void *out,
+                     int64_t ldo, int out_bf16) {
+    const float add = bias == NULL ? 0.0f : out_bf16 ? bf16_to_float(((const uint16_t *)bias)[c]) : ((const float *)bias)[c];
+    for (int r = 0; r < rows; r++) {
+        const float value = fmaf(acc[r * stride], 1.0f, add);
+        if (out_bf16)
+            ((uint16_t *)out)[(r0 + r) * ldo + c] = float_to_bf16(value);
+        else
+            ((float *)out)[(r0 + r) * ldo + c] = value;
+    }
+}
+
+/* quant_linear_int8 for these formats: out = fma(acc, 1, bias) per (row, output); `grouped` outputs in
+ * interleaved groups of 16 (Q4_K, Q5_K, Q6_K), the rest in row order */
+static int kq_linear(const void *x, int64_t ldx, const uint8_t *w, int fmt, int64_t grouped, const void *bias, void *out,
+                     int64_t ldo, int64_t m, int64_t n, int64_t k, int is_bf16, int out_bf16, int num_threads) {
     const int64_t row_bytes = quant_row_bytes(fmt, k);
     ActQ a;
     const int status = act_quantize(&a, 1, x, ldx, m, k, is_bf16, num_threads, (int)block_elems(fmt));
@@ -1064,18 +1288,24 @@ static int kq_linear(const void *x, int64_t ldx, const uint8_t *w, int fmt, cons
         const int64_t c0 = chunk * OUT_CHUNK, c1 = c0 + OUT_CHUNK < n ? c0 + OUT_CHUNK : n;
         for (int64_t r0 = 0; r0 < m; r0 += KQ_ROWS) {
             const int rows = m - r0 < KQ_ROWS ? (int)(m - r0) : KQ_ROWS;
-            for (int64_t c = c0; c < c1; c++) {
-                float acc[KQ_ROWS];
-                kq_chains_any(fmt, &a, r0, rows, w + c * row_bytes, acc);
-                const float add = bias == NULL ? 0.0f : out_bf16 ? bf16_to_float(((const uint16_t *)bias)[c])
-                                                                 : ((const float *)bias)[c];
-                for (int r = 0; r < rows; r++) {
-                    const float value = fmaf(acc[r], 1.0f, add);
-                    if (out_bf16)
-                        ((uint16_t *)out)[(r0 + r) * ldo + c] = float_to_bf16(value);
-                    else
-                        ((float *)out)[(r0 + r) * ldo + c] = value;
+            int64_t c = c0;
+#if defined(__AVX2__)
+            for (; c < c1 && c < grouped; c += COLS) { /* whole groups: COLS outputs a tile, ROWS rows at a time */
+                for (int r = 0; r < rows; r += ROWS) {
+                    fv acc[ROWS];
+                    const int part = rows - r < ROWS ? rows - r : ROWS;
+                    kqi_tile_any(fmt, &a, r0 + r, part, w + (c - c % 16) * row_bytes, (int)(c % 16), acc);
+                    for (int j = 0; j < COLS; j++)
+                        kq_store((const float *)acc + j, COLS, r0 + r, part, c + j, bias, out, ldo, out_bf16);
                 }
+            }
+#endif
+            for (; c < c1; c++) {
+                float acc[KQ_ROWS];
+                const int in_group = c < grouped;
+                kq_chains_any(fmt, &a, r0, rows, w + c * row_bytes, in_group ? w + (c - c % 16) * row_bytes : NULL,
+                              (int)(c % 16), acc);
+                kq_store(acc, 1, r0, rows, c, bias, out, ldo, out_bf16);
             }
         }
     }
@@ -1102,11 +1332,12 @@ int quant_linear_int8(const void *x, int64_t ldx, const void *w, int fmt, const 
     const int interleaved = (fmt & QUANT_INTERLEAVED) != 0;
     fmt &= ~QUANT_INTERLEAVED;
     const int64_t row_bytes = quant_row_bytes(fmt, k);
-    if (row_bytes == 0 || (interleaved && fmt == FMT_INT8 && k % QBLOCK != 0) || (interleaved && kq_format(fmt)))
+    if (row_bytes == 0 || (interleaved && fmt == FMT_INT8 && k % QBLOCK != 0) ||
+        (interleaved && kq_format(fmt) && !kq_interleaved(fmt)))
         return KERNEL_BAD_SHAPE;
     if (kq_format(fmt))
-        return m == 0 || n == 0 ? KERNEL_OK : kq_linear(x, ldx, w, fmt, bias, out, ldo, m, n, k, is_bf16, out_bf16,
-                                                        num_threads);
+        return m == 0 || n == 0 ? KERNEL_OK : kq_linear(x, ldx, w, fmt, interleaved ? n / 16 * 16 : 0, bias, out, ldo, m,
+                                                        n, k, is_bf16, out_bf16, num_threads);
     const int64_t grouped = interleaved ? n / 16 * 16 : 0; /* outputs in whole interleaved groups */
     if (m == 0 || n == 0)
         return KERNEL_OK;

@@ -4,6 +4,8 @@ kquant_int8.py) on every tier this CPU builds, whatever the batch or the thread 
 gguf's dequantizer reads them; and the product within int8 activations' error of the dequantized one."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -32,8 +34,8 @@ def test_blocks_read_as_ggufs_dequantizer_reads_them(name):
     """The integers the kernel multiplies (and their scales) are the values gguf's dequantizer gives."""
     weight = kquant_weight(name, 6, 512, seed=1)
     fmt = quant.FORMATS[name]
-    raw = weight.data.numpy().reshape(6, -1, quant.BLOCK_BYTES[fmt])
-    want = gguf_dequantize(weight.data.numpy(), name).numpy().reshape(6, 512)
+    raw = weight.row_data().numpy().reshape(6, -1, quant.BLOCK_BYTES[fmt])
+    want = gguf_dequantize(weight.row_data().numpy(), name).numpy().reshape(6, 512)
     got = kquant_int8.values(raw, fmt).reshape(6, 512)
     assert np.allclose(got, want, rtol=1e-6, atol=1e-6 * np.abs(want).max())
 
@@ -48,7 +50,7 @@ def test_every_tier_gives_the_references_bits(libs, name, dtype):
     for tier, lib in libs.items():
         got = quant.run_kernel(lib, x, weight, bias)
         assert torch.equal(_bits(got), _bits(want)), tier
-    values = gguf_dequantize(weight.data.numpy(), name).reshape(n, k)
+    values = gguf_dequantize(weight.row_data().numpy(), name).reshape(n, k)
     exact = x.float() @ values.T + bias.float()  # gguf's values: within int8 activations' error of the product
     assert (got.float() - exact).norm() < 0.03 * exact.norm()
 
@@ -73,11 +75,33 @@ def test_row_parallel_groups_fold_the_groups_chains(name):
     assert torch.equal(got, want)
 
 
-@pytest.mark.parametrize("name", ["q4_k", "q6_k"])
+@pytest.mark.parametrize("name", ["q4_k", "q5_k", "q6_k"])
+def test_interleaved_rows_give_the_bits_of_rows_in_order(libs, name):
+    """Q4_K, Q5_K and Q6_K's rows interleaved by groups of 16 at load (the x86 tiles' layout, quant_dot.c's
+    header): the bits of the same rows in row order on every tier, and the same rows back for the embedding
+    lookup and the fp32-activation path."""
+    weight = quant.from_blocks(random_blocks(name, 40, 512, np.random.default_rng(4)), quant.FORMATS[name], 512,
+                               torch.float32)  # two whole groups, then 8 rows in order
+    interleaved = weight.with_activations(True)
+    assert interleaved.interleaved and not torch.equal(interleaved.data[:32], weight.data[:32])
+    assert torch.equal(interleaved.data[32:], weight.data[32:])
+    in_order = replace(weight, int8_activations=True)
+    x = _hard_rows(9, 512, torch.float32, seed=6)
+    want = quant.int8_linear_reference(x, weight, None)
+    for tier, lib in libs.items():
+        assert torch.equal(_bits(quant.run_kernel(lib, x, interleaved, None)), _bits(want)), tier
+        assert torch.equal(_bits(quant.run_kernel(lib, x, in_order, None)), _bits(want)), tier
+    ids = torch.tensor([[0, 15, 16], [31, 33, 39]])
+    assert torch.equal(interleaved[ids], weight[ids])  # the embedding lookup of a tied lm_head
+    assert torch.equal(interleaved.row_data(), weight.data)
+    assert torch.equal(interleaved.with_activations(False).data, weight.data)
+
+
+@pytest.mark.parametrize("name", ["q4_k", "q5_k", "q6_k"])
 def test_largest_integers_stay_exact_on_every_tier(libs, name):
     """The x86 kernels add u q in int16 pairs (vpmaddubsw) before the sub-block scales: blocks whose every
-    value, scale and min is at its largest (Q4_K: 15, 63, 63; Q6_K: u = 63 with scale -128, and u = 0) against
-    activations of +-127 give the reference's bits, so no pair or sum saturates or wraps."""
+    value, scale and min is at its largest (Q4_K: 15, 63, 63; Q5_K: 31, 63, 63; Q6_K: u = 63 with scale -128,
+    and u = 0) against activations of +-127 give the reference's bits, so no pair or sum saturates or wraps."""
     fmt, k = quant.FORMATS[name], 512
     data = np.full((32, quant.row_bytes(fmt, k)), 0xFF, np.uint8)
     blocks = data.reshape(32, -1, quant.BLOCK_BYTES[fmt])

@@ -127,12 +127,14 @@ def test_rows_that_are_not_whole_blocks_are_refused(name):
 
 
 @pytest.mark.parametrize("name", NEW_TYPES)
-def test_int8_activations_take_every_type_in_row_order(name):
-    """quant_dot.c takes every type (tests/kernels/test_kquant_dot.py has their bits); only Q4_0, Q4_1, Q8_0
-    and INT8 rows are interleaved."""
+def test_int8_activations_take_every_type(name):
+    """quant_dot.c takes every type (tests/kernels/test_kquant_dot.py has their bits); Q4_K, Q5_K and Q6_K rows
+    are interleaved as Q4_0's are (the same bytes moved), the others kept in row order."""
     weight, _ = typed_weight(name, 16, 256, torch.float32, seed=1)
     int8 = weight.with_activations(True)
-    assert int8.int8_activations and not int8.interleaved and torch.equal(int8.data, weight.data)
+    assert int8.int8_activations and int8.interleaved == (name in ("q4_k", "q5_k", "q6_k"))
+    assert torch.equal(int8.row_data(), weight.data)
+    assert torch.equal(int8.data, weight.data) != int8.interleaved
 
 
 @pytest.mark.slow
