@@ -1,7 +1,8 @@
-"""The chat and completions renderers build the models services/frontend/http/schemas.py declares, and
-respond() serialises them: what is sent is the declared shape, field for field (a body read back through
-its model and dumped again is the body sent: an undeclared field would be dropped), streamed or not.
-No server: the renderers driven by hand-made events, as respond() drives them."""
+"""The chat and completions renderers, and the Responses and Messages builders, build the models
+services/frontend/http/*schemas.py declare, and respond() serialises them: what is sent is the declared
+shape, field for field (a body read back through its model and dumped again is the body sent: an
+undeclared field would be dropped), streamed or not.
+No server: the renderers and builders driven by hand-made events, as respond() drives them."""
 from __future__ import annotations
 
 import asyncio
@@ -103,3 +104,86 @@ def test_the_messages_events_and_message_are_the_declared_models():
     message = json.loads(respond.encode(asyncio.run(builder().collect(_events(CALL)))))
     assert _declared(ms.MessageObject, message) and message["stop_reason"] == "tool_use"
     assert message["content"][1]["input"] == {"city": "Oslo"}
+
+
+def _responses_builder(keep=None):
+    from services.frontend.http import responses_api
+    from services.frontend.http.responses_models import ResponseRequest
+    from services.frontend.reasoning import PARSERS, Thinking
+
+    request = ResponseRequest.model_validate({"model": "m", "input": "Weather in Oslo?", "tool_choice": "auto",
+                                              "tools": [{"type": "function", "name": "get_weather",
+                                                         "parameters": {"type": "object"}}]})
+    plan = responses_api._tool_plan(request)
+    plan.thinking = Thinking(PARSERS["qwen3"], False)
+    return responses_api.ResponseBuilder("resp_1", responses_api._echo(request, "m"), plan.stream(), keep)
+
+
+THOUGHT_CALL = ["<think>Oslo, ", "then.</think>" + CALL[0], CALL[1]]  # reasoning, a message, a call in pieces
+
+
+def _named_events(builder, events) -> list[dict]:
+    async def run():
+        return [chunk async for chunk in respond.sse(builder, events)]
+
+    sent = [e.split("\n") for e in asyncio.run(run())]
+    assert all(name[len("event: "):] == json.loads(data[len("data: "):])["type"] for name, data, *_ in sent)
+    return [json.loads(data[len("data: "):]) for _, data, *_ in sent]
+
+
+def _as_client_reads(client_type, body: dict):
+    """body as the openai client reads a response or an event (its construct_type: unvalidated, each
+    object its declared type by its `type`)."""
+    from openai._models import construct_type
+
+    return construct_type(type_=client_type, value=body)
+
+
+def test_the_responses_events_and_response_are_the_declared_models():
+    """OpenAI's Responses stream (reasoning, a message, a function call in pieces) and the whole response:
+    every event is its declared model, and the official client reads each one as its own type."""
+    from openai.types.responses import Response, ResponseStreamEvent
+
+    from services.frontend.http import responses_schemas as rs
+
+    kept = []
+
+    async def keep(final):
+        kept.append(final)
+
+    events = _named_events(_responses_builder(keep), _events(THOUGHT_CALL))
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    assert all(_declared(rs.EVENTS[e["type"]], e) for e in events)
+    read = [_as_client_reads(ResponseStreamEvent, e) for e in events]
+    assert [type(e).__name__ for e in read[:4]] == ["ResponseCreatedEvent", "ResponseInProgressEvent",
+                                                    "ResponseOutputItemAddedEvent", "ResponseContentPartAddedEvent"]
+    assert all(e.type == sent["type"] and e.sequence_number == sent["sequence_number"] for e, sent in zip(read, events))
+    done = {e["item"]["type"]: e["item"] for e in events if e["type"] == "response.output_item.done"}
+    assert done["reasoning"]["content"][0]["text"] == "Oslo, then."
+    assert done["message"]["content"][0]["text"] == "Let me check.\n"
+    assert done["function_call"]["arguments"] == '{"city": "Oslo"}'
+    final = events[-1]
+    assert final["type"] == "response.completed" and final["response"]["output"] == list(done.values())
+    assert final["response"]["usage"]["total_tokens"] == 7 and kept == [final["response"]]
+    body = json.loads(respond.encode(asyncio.run(_responses_builder().collect(_events(THOUGHT_CALL)))))
+    assert _declared(rs.ResponseObject, body) and _as_client_reads(Response, body).output[2].name == "get_weather"
+    assert [item["type"] for item in body["output"]] == ["reasoning", "message", "function_call"]
+
+
+def test_a_responses_item_is_added_empty_and_the_client_builds_it_from_the_deltas():
+    """output_item.added shows the item as opened (no content part yet: content_part.added brings it), so
+    the official client's stream, which appends each part it is told of, shows each text once. The added
+    item once shared its content list with the growing item, and the client saw the text twice."""
+    from openai import omit
+    from openai.lib.streaming.responses._responses import ResponseStreamState
+    from openai.types.responses import ResponseStreamEvent
+
+    events = _named_events(_responses_builder(), _events(["Hello", " there"]))
+    [added] = [e["item"] for e in events if e["type"] == "response.output_item.added"]
+    assert added["content"] == [] and added["status"] == "in_progress"
+    state, snapshots = ResponseStreamState(input_tools=[], text_format=omit), []
+    for event in events:
+        for seen in state.handle_event(_as_client_reads(ResponseStreamEvent, event)):
+            if seen.type == "response.output_text.delta":
+                snapshots.append(seen.snapshot)
+    assert snapshots == ["Hello", "Hello there"]

@@ -13,15 +13,13 @@ which knows only its own schema) and returns `respond(request, core, requests, o
 Closing the merged events (on any exit) aborts every generation still running.
 
 A builder gives payloads, and this module alone turns them into bytes (`encode`, `event_text`): a
-declared response model (schemas.py: what the builder built is what the schema states) as its set
-fields, or a dict (the Responses builder's events and bodies, not yet models); its
-events are unnamed (`data:` only, OpenAI's chunks, ended by DONE) or, where `output.named`, named by
-their `type` (the Responses and Messages APIs').
+declared response model (schemas.py and each API's *_schemas.py: what the builder built is what the
+schema states) as its set fields; its events are unnamed (`data:` only, OpenAI's chunks, ended by
+DONE) or, where `output.named`, named by their `type` (the Responses and Messages APIs').
 """
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import AsyncIterator
 from typing import Protocol, Union
 
@@ -34,7 +32,7 @@ from services.frontend.core import FrontendCore
 from services.frontend.http.streams import Events, merge, start
 from services.frontend.types import GenerateRequest
 
-Payload = Union[BaseModel, dict, str]  # a model or dict: its JSON; a str: the data as it is (DONE)
+Payload = Union[BaseModel, str]  # a model: its JSON; a str: the data as it is (DONE)
 DONE = "[DONE]"  # the data of OpenAI's last event
 DISCONNECT_POLL_S = 0.25  # how often a non-streamed request checks that its client is still there
 CLIENT_CLOSED = 499  # nginx's "client closed request": nobody reads it, the logs and metrics do
@@ -45,7 +43,7 @@ class Output(Protocol):
 
     named: bool  # its events are named by their type
 
-    async def collect(self, events: Events) -> BaseModel | dict:
+    async def collect(self, events: Events) -> BaseModel:
         """The whole (non-streamed) body."""
 
     def sse(self, events: Events) -> AsyncIterator[Payload]:
@@ -84,11 +82,9 @@ async def sse(output: Output, events: Events) -> AsyncIterator[str]:
         await events.aclose()
 
 
-def encode(payload: BaseModel | dict) -> str:
-    """A payload's JSON: a model's set fields (model_construct's, so what the builder gave), a dict as it is."""
-    if isinstance(payload, BaseModel):
-        return payload.model_dump_json(exclude_unset=True)
-    return json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
+def encode(payload: BaseModel) -> str:
+    """A payload's JSON: a model's set fields (model_construct's, so what the builder gave)."""
+    return payload.model_dump_json(exclude_unset=True)
 
 
 def event_text(payload: Payload, named: bool) -> str:
@@ -96,8 +92,7 @@ def event_text(payload: Payload, named: bool) -> str:
     data = payload if isinstance(payload, str) else encode(payload)
     if not named:
         return f"data: {data}\n\n"
-    kind = payload.type if isinstance(payload, BaseModel) else payload["type"]
-    return f"event: {kind}\ndata: {data}\n\n"
+    return f"event: {payload.type}\ndata: {data}\n\n"
 
 
 async def unless_disconnected(request: Request, work):

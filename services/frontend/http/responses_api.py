@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
+from pydantic import BaseModel
 
 from services.core.errors import InvalidArgument, check
 from services.core.sampling_params import SamplingParams
@@ -26,6 +27,7 @@ from services.frontend.http import responses_schemas as schemas
 from services.frontend.http.openai_requests import Budget, ChatTemplate, conversation_request
 from services.frontend.http.respond import respond
 from services.frontend.http.responses_models import ResponseRequest
+from services.frontend.http.schemas import BaseModelT, new
 from services.frontend.http.streams import Events, build
 from services.frontend.response_store import ResponseStore
 from services.frontend.tool_stream import Piece, ToolCallStream
@@ -175,8 +177,11 @@ def _echo(body: ResponseRequest, model_id: str) -> dict:
 
 
 class ResponseBuilder:
-    """One response's output items and events, from its sample's text as it arrives. `keep` is
-    given the final response (completed or incomplete; never a failed one), to store it."""
+    """One response's output items and events, from its sample's text as it arrives: the models
+    responses_schemas.py declares. The items are kept as dicts while they grow (a delta appends to the
+    open one in place); each event that shows an item or part shows it as it is then (`_item`, `_part`:
+    new models, so a later delta never changes an event already built). `keep` is given the final
+    response (completed or incomplete; never a failed one), to store it."""
 
     named = True  # its events are named by their type (respond.py)
 
@@ -190,21 +195,22 @@ class ResponseBuilder:
         self.truncated = False
         self.num_reasoning_tokens = 0  # tokens generated while the model was thinking
 
-    def event(self, type_: str, **fields) -> dict:
+    def event(self, model: type[BaseModelT], **fields) -> BaseModelT:
         self.sequence_number += 1
-        return {"type": type_, "sequence_number": self.sequence_number - 1, **fields}
+        return new(model, type=EVENT_TYPES[model], sequence_number=self.sequence_number - 1, **fields)
 
-    def body(self, status: str, usage: dict | None = None, error: dict | None = None) -> dict:
-        return {"id": self.id, "object": "response", "created_at": self.created_at, "status": status, "error": error,
-                "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
-                **self.echo, "output": [dict(i) for i in self.output] if status != "in_progress" else [],
-                "usage": usage}
+    def body(self, status: str, usage: schemas.ResponseUsage | None = None,
+             error: schemas.ResponseError | None = None) -> schemas.ResponseObject:
+        incomplete = new(schemas.IncompleteDetails, reason="max_output_tokens") if status == "incomplete" else None
+        return new(schemas.ResponseObject, id=self.id, object="response", created_at=self.created_at, status=status,
+                   error=error, incomplete_details=incomplete, **self.echo,
+                   output=[_item(i) for i in self.output] if status != "in_progress" else [], usage=usage)
 
-    def begin(self) -> list[dict]:
-        return [self.event("response.created", response=self.body("in_progress")),
-                self.event("response.in_progress", response=self.body("in_progress"))]
+    def begin(self) -> list[BaseModel]:
+        return [self.event(schemas.ResponseCreated, response=self.body("in_progress")),
+                self.event(schemas.ResponseInProgress, response=self.body("in_progress"))]
 
-    def feed(self, sample: SampleEvent) -> list[dict]:
+    def feed(self, sample: SampleEvent) -> list[BaseModel]:
         self.num_reasoning_tokens += reasoning.num_reasoning_tokens(self.reader, sample.token_ids)
         events = self._pieces(self.reader.feed(sample.text))
         if sample.finish_reason is not None:
@@ -212,37 +218,37 @@ class ResponseBuilder:
             events += self._pieces(self.reader.finish())
         return events
 
-    def end(self, summary: Summary | None) -> list[dict]:
+    def end(self, summary: Summary | None) -> list[BaseModel]:
         events = []
         if all(item["type"] == "reasoning" for item in self.output):  # an answer, if only an empty one
             events = self._close() + self._open_message()
         events += self._close()
         status = "incomplete" if self.truncated else "completed"
-        usage = _usage(summary, self.num_reasoning_tokens)
-        return events + [self.event(f"response.{status}", response=self.body(status, usage))]
+        final = schemas.ResponseIncomplete if self.truncated else schemas.ResponseCompleted
+        return events + [self.event(final, response=self.body(status, _usage(summary, self.num_reasoning_tokens)))]
 
-    async def collect(self, events: Events) -> dict:
+    async def collect(self, events: Events) -> schemas.ResponseObject:
         final = None
         async for batch in build(self, events):
-            if batch and batch[-1]["type"] in FINAL:
-                final = batch[-1]["response"]
+            if batch and batch[-1].type in FINAL:
+                final = batch[-1].response
         await self._keep(final)
         return final
 
-    async def sse(self, events: Events) -> AsyncIterator[dict]:
+    async def sse(self, events: Events) -> AsyncIterator[BaseModel]:
         async for batch in build(self, events):
             for event in batch:
-                if event["type"] in FINAL:
-                    await self._keep(event["response"])
+                if event.type in FINAL:
+                    await self._keep(event.response)
                 yield event
 
-    def refusal(self, error: Exception) -> list[dict]:
-        return [self.event("response.failed", response=self.body(
-            "failed", error={"code": "server_error", "message": str(error)}))]
+    def refusal(self, error: Exception) -> list[BaseModel]:
+        failure = new(schemas.ResponseError, code="server_error", message=str(error))
+        return [self.event(schemas.ResponseFailed, response=self.body("failed", error=failure))]
 
-    async def _keep(self, final: dict) -> None:
+    async def _keep(self, final: schemas.ResponseObject) -> None:
         if self.keep is not None:
-            await self.keep(final)
+            await self.keep(final.model_dump(exclude_unset=True))  # what GET /v1/responses/{id} returns
 
     def assistant_message(self) -> dict:
         """The output as the chat message a continuation (previous_response_id) sees."""
@@ -255,20 +261,20 @@ class ResponseBuilder:
                  for i in self.output if i["type"] == "function_call"]
         return {**message, "tool_calls": calls} if calls else message
 
-    def _pieces(self, pieces: list[Piece]) -> list[dict]:
+    def _pieces(self, pieces: list[Piece]) -> list[BaseModel]:
         events = []
         for piece in pieces:
             if piece.kind == "reasoning":
                 if self.open is None or self.open["type"] != "reasoning":
                     events += self._close() + self._open_reasoning()
                 self.open["content"][0]["text"] += piece.text
-                events.append(self.event("response.reasoning_text.delta", item_id=self.open["id"],
+                events.append(self.event(schemas.ReasoningTextDelta, item_id=self.open["id"],
                                          output_index=len(self.output) - 1, content_index=0, delta=piece.text))
             elif piece.kind == "content":
                 if self.open is None or self.open["type"] != "message":
                     events += self._close() + self._open_message()
                 self.open["content"][0]["text"] += piece.text
-                events.append(self.event("response.output_text.delta", item_id=self.open["id"],
+                events.append(self.event(schemas.OutputTextDelta, item_id=self.open["id"],
                                          output_index=len(self.output) - 1, content_index=0, delta=piece.text,
                                          logprobs=[]))
             elif piece.kind == "call":
@@ -278,32 +284,32 @@ class ResponseBuilder:
                                      "name": call.name, "arguments": "", "status": "in_progress"})
             else:
                 self.open["arguments"] += piece.text
-                events.append(self.event("response.function_call_arguments.delta", item_id=self.open["id"],
+                events.append(self.event(schemas.FunctionCallArgumentsDelta, item_id=self.open["id"],
                                          output_index=len(self.output) - 1, delta=piece.text))
         return events
 
-    def _add(self, item: dict) -> list[dict]:
+    def _add(self, item: dict, part: dict | None = None) -> list[BaseModel]:
+        """Open an item (shown as added: no content parts yet), then its one content part, if it has one."""
         self.output.append(item)
         self.open = item
-        return [self.event("response.output_item.added", output_index=len(self.output) - 1, item=dict(item))]
+        index = len(self.output) - 1
+        events = [self.event(schemas.OutputItemAdded, output_index=index, item=_item(item))]
+        if part is None:
+            return events
+        item["content"].append(part)
+        return events + [self.event(schemas.ContentPartAdded, item_id=item["id"], output_index=index,
+                                    content_index=0, part=_part(part))]
 
-    def _open_message(self) -> list[dict]:
-        events = self._add({"type": "message", "id": f"msg_{uuid.uuid4().hex}", "status": "in_progress",
-                            "role": "assistant", "content": []})
-        self.open["content"].append({"type": "output_text", "text": "", "annotations": [], "logprobs": []})
-        return events + [self.event("response.content_part.added", item_id=self.open["id"],
-                                    output_index=len(self.output) - 1, content_index=0,
-                                    part={"type": "output_text", "text": "", "annotations": [], "logprobs": []})]
+    def _open_message(self) -> list[BaseModel]:
+        return self._add({"type": "message", "id": f"msg_{uuid.uuid4().hex}", "status": "in_progress",
+                          "role": "assistant", "content": []},
+                         {"type": "output_text", "text": "", "annotations": [], "logprobs": []})
 
-    def _open_reasoning(self) -> list[dict]:
-        events = self._add({"type": "reasoning", "id": f"rs_{uuid.uuid4().hex}", "summary": [], "content": [],
-                            "status": "in_progress"})
-        self.open["content"].append({"type": "reasoning_text", "text": ""})
-        return events + [self.event("response.content_part.added", item_id=self.open["id"],
-                                    output_index=len(self.output) - 1, content_index=0,
-                                    part={"type": "reasoning_text", "text": ""})]
+    def _open_reasoning(self) -> list[BaseModel]:
+        return self._add({"type": "reasoning", "id": f"rs_{uuid.uuid4().hex}", "summary": [], "content": [],
+                          "status": "in_progress"}, {"type": "reasoning_text", "text": ""})
 
-    def _close(self) -> list[dict]:
+    def _close(self) -> list[BaseModel]:
         item, self.open = self.open, None
         if item is None:
             return []
@@ -311,26 +317,43 @@ class ResponseBuilder:
         item["status"] = "incomplete" if self.truncated else "completed"
         if item["type"] == "message":
             part = item["content"][0]
-            events += [self.event("response.output_text.done", item_id=item["id"], output_index=index,
+            events += [self.event(schemas.OutputTextDone, item_id=item["id"], output_index=index,
                                   content_index=0, text=part["text"], logprobs=[]),
-                       self.event("response.content_part.done", item_id=item["id"], output_index=index,
-                                  content_index=0, part=dict(part))]
+                       self.event(schemas.ContentPartDone, item_id=item["id"], output_index=index,
+                                  content_index=0, part=_part(part))]
         elif item["type"] == "reasoning":
             part = item["content"][0]
-            events += [self.event("response.reasoning_text.done", item_id=item["id"], output_index=index,
+            events += [self.event(schemas.ReasoningTextDone, item_id=item["id"], output_index=index,
                                   content_index=0, text=part["text"]),
-                       self.event("response.content_part.done", item_id=item["id"], output_index=index,
-                                  content_index=0, part=dict(part))]
+                       self.event(schemas.ContentPartDone, item_id=item["id"], output_index=index,
+                                  content_index=0, part=_part(part))]
         else:
-            events.append(self.event("response.function_call_arguments.done", item_id=item["id"],
+            events.append(self.event(schemas.FunctionCallArgumentsDone, item_id=item["id"],
                                      output_index=index, name=item["name"], arguments=item["arguments"]))
-        return events + [self.event("response.output_item.done", output_index=index, item=json.loads(json.dumps(item)))]
+        return events + [self.event(schemas.OutputItemDone, output_index=index, item=_item(item))]
 
 
-def _usage(summary: Summary | None, num_reasoning_tokens: int = 0) -> dict:
+EVENT_TYPES = {model: name for name, model in schemas.EVENTS.items()}
+PARTS = {"output_text": schemas.OutputText, "reasoning_text": schemas.ReasoningText}
+
+
+def _part(part: dict) -> schemas.ContentPart:
+    """A content part as it is now (its lists are never changed in place, so shared)."""
+    return new(PARTS[part["type"]], **part)
+
+
+def _item(item: dict) -> schemas.OutputItem:
+    """An output item as it is now: a delta appended later changes the dict, never this model."""
+    if item["type"] == "function_call":
+        return new(schemas.FunctionCall, **item)
+    model = schemas.OutputMessage if item["type"] == "message" else schemas.ReasoningItem
+    return new(model, **{**item, "content": [_part(p) for p in item["content"]]})
+
+
+def _usage(summary: Summary | None, num_reasoning_tokens: int = 0) -> schemas.ResponseUsage:
     prompt = summary.num_prompt_tokens if summary else 0
     completion = summary.num_completion_tokens if summary else 0
-    return {"input_tokens": prompt, "input_tokens_details": {"cached_tokens": summary.num_cached_tokens if summary
-                                                             else 0},
-            "output_tokens": completion, "output_tokens_details": {"reasoning_tokens": num_reasoning_tokens},
-            "total_tokens": prompt + completion}
+    cached = new(schemas.InputTokensDetails, cached_tokens=summary.num_cached_tokens if summary else 0)
+    return new(schemas.ResponseUsage, input_tokens=prompt, input_tokens_details=cached, output_tokens=completion,
+               output_tokens_details=new(schemas.OutputTokensDetails, reasoning_tokens=num_reasoning_tokens),
+               total_tokens=prompt + completion)

@@ -1,5 +1,7 @@
-"""The Responses API's response bodies as pydantic models, for /openapi.json only (responses_api.py
-builds them as dicts; test_openapi checks every response against these)."""
+"""The Responses API's response object, output items, content parts and stream events as pydantic
+models, each declared once: responses_api.py's ResponseBuilder builds them (schemas.new) and respond()
+serialises them (their set fields, in the order declared here, which is the order sent); /openapi.json
+states the body, and test_openapi checks every response against it."""
 from __future__ import annotations
 
 from typing import Any, Literal
@@ -48,6 +50,10 @@ class FunctionCall(BaseModel):
     status: Literal["in_progress", "completed", "incomplete"]
 
 
+OutputItem = ReasoningItem | OutputMessage | FunctionCall
+ContentPart = OutputText | ReasoningText
+
+
 class InputTokensDetails(BaseModel):
     cached_tokens: int
 
@@ -64,6 +70,10 @@ class ResponseUsage(BaseModel):
     total_tokens: int
 
 
+class IncompleteDetails(BaseModel):
+    reason: Literal["max_output_tokens"]
+
+
 class ResponseError(BaseModel):
     code: str
     message: str
@@ -75,7 +85,7 @@ class ResponseObject(BaseModel):
     created_at: int
     status: Literal["completed", "incomplete", "in_progress", "failed"]
     error: ResponseError | None
-    incomplete_details: dict[str, str] | None
+    incomplete_details: IncompleteDetails | None
     model: str
     instructions: str | None
     max_output_tokens: int | None
@@ -90,8 +100,141 @@ class ResponseObject(BaseModel):
     metadata: dict[str, str]
     user: str | None
     truncation: str
-    output: list[ReasoningItem | OutputMessage | FunctionCall]
+    output: list[OutputItem]
     usage: ResponseUsage | None
+
+
+# The stream events, in the order a response sends them; each has its sequence_number (0, 1, ...).
+
+class ResponseCreated(BaseModel):
+    type: Literal["response.created"]
+    sequence_number: int
+    response: ResponseObject
+
+
+class ResponseInProgress(BaseModel):
+    type: Literal["response.in_progress"]
+    sequence_number: int
+    response: ResponseObject
+
+
+class OutputItemAdded(BaseModel):
+    """An item as it is opened: in progress, its text and arguments empty, no content parts yet."""
+
+    type: Literal["response.output_item.added"]
+    sequence_number: int
+    output_index: int
+    item: OutputItem
+
+
+class ContentPartAdded(BaseModel):
+    type: Literal["response.content_part.added"]
+    sequence_number: int
+    item_id: str
+    output_index: int
+    content_index: int
+    part: ContentPart
+
+
+class ReasoningTextDelta(BaseModel):
+    type: Literal["response.reasoning_text.delta"]
+    sequence_number: int
+    item_id: str
+    output_index: int
+    content_index: int
+    delta: str
+
+
+class ReasoningTextDone(BaseModel):
+    type: Literal["response.reasoning_text.done"]
+    sequence_number: int
+    item_id: str
+    output_index: int
+    content_index: int
+    text: str
+
+
+class OutputTextDelta(BaseModel):
+    type: Literal["response.output_text.delta"]
+    sequence_number: int
+    item_id: str
+    output_index: int
+    content_index: int
+    delta: str
+    logprobs: list[Any]
+
+
+class OutputTextDone(BaseModel):
+    type: Literal["response.output_text.done"]
+    sequence_number: int
+    item_id: str
+    output_index: int
+    content_index: int
+    text: str
+    logprobs: list[Any]
+
+
+class FunctionCallArgumentsDelta(BaseModel):
+    type: Literal["response.function_call_arguments.delta"]
+    sequence_number: int
+    item_id: str
+    output_index: int
+    delta: str
+
+
+class FunctionCallArgumentsDone(BaseModel):
+    type: Literal["response.function_call_arguments.done"]
+    sequence_number: int
+    item_id: str
+    output_index: int
+    name: str
+    arguments: str
+
+
+class ContentPartDone(BaseModel):
+    """A content part whole."""
+
+    type: Literal["response.content_part.done"]
+    sequence_number: int
+    item_id: str
+    output_index: int
+    content_index: int
+    part: ContentPart
+
+
+class OutputItemDone(BaseModel):
+    """An item whole: its text or arguments all there, its status completed (incomplete when cut short)."""
+
+    type: Literal["response.output_item.done"]
+    sequence_number: int
+    output_index: int
+    item: OutputItem
+
+
+class ResponseCompleted(BaseModel):
+    type: Literal["response.completed"]
+    sequence_number: int
+    response: ResponseObject
+
+
+class ResponseIncomplete(BaseModel):
+    type: Literal["response.incomplete"]
+    sequence_number: int
+    response: ResponseObject
+
+
+class ResponseFailed(BaseModel):
+    """A refusal after the stream began (the scheduler went away): the response failed, its error."""
+
+    type: Literal["response.failed"]
+    sequence_number: int
+    response: ResponseObject
+
+
+EVENTS = {model.model_fields["type"].annotation.__args__[0]: model for model in (
+    ResponseCreated, ResponseInProgress, OutputItemAdded, ContentPartAdded, ReasoningTextDelta, ReasoningTextDone,
+    OutputTextDelta, OutputTextDone, FunctionCallArgumentsDelta, FunctionCallArgumentsDone, ContentPartDone,
+    OutputItemDone, ResponseCompleted, ResponseIncomplete, ResponseFailed)}  # each event's model, by its type
 
 
 class Deleted(BaseModel):
