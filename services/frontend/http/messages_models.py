@@ -149,7 +149,7 @@ class MessagesRequest(CountTokensRequest):
     top_k: Int(ge=1, le=INT32_MAX) | None = None
     stream: bool = False
     metadata: Metadata | None = None
-    seed: Int(ge=0, lt=SEED_END) | None = Field(None, description="An extension: same seed, same tokens.")
+    seed: Int(ge=0, le=SEED_END - 1) | None = Field(None, description="An extension: same seed, same tokens.")
     output_config: OutputConfig | None = None
     cache_control: CacheControl | None = Field(None, description="Accepted; the prefix cache is automatic.")
     service_tier: Literal["auto", "standard_only"] | None = Field(None, description="Accepted; there is one tier.")

@@ -101,7 +101,7 @@ class SamplingFields(Strict):
     top_p: float | None = Field(None, **float_bounds("top_p"))
     stop: StopString | Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)] | None = \
         Field(None, description="Stop strings, cut from the text.")
-    seed: Int(ge=0, lt=SEED_END) | None = Field(None, description="Same seed, same tokens (the deterministic mode).")
+    seed: Int(ge=0, le=SEED_END - 1) | None = Field(None, description="Same seed, same tokens (the deterministic mode).")
     presence_penalty: float | None = Field(None, **float_bounds("presence_penalty"))
     frequency_penalty: float | None = Field(None, **float_bounds("frequency_penalty"))
     logit_bias: Annotated[dict[Annotated[str, Field(pattern=r"^0*[0-9]{1,10}$")],

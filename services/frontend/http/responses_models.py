@@ -128,7 +128,7 @@ class ResponseRequest(Strict):
     temperature: float | None = Field(None, ge=0, le=2, description="0 is greedy; default 1.")
     top_p: float | None = Field(None, gt=0, le=1)
     max_output_tokens: Int(ge=1, le=UINT32_MAX) | None = Field(None, description="Default: what the context leaves.")
-    seed: Int(ge=0, lt=SEED_END) | None = Field(None, description="Same seed, same tokens (the deterministic mode).")
+    seed: Int(ge=0, le=SEED_END - 1) | None = Field(None, description="Same seed, same tokens (the deterministic mode).")
     stop: Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)] | None = Field(
         None, description="An extension: stop strings, cut from the text.")
     store: bool = Field(True, description="Keep the response (in memory, bounded, with a TTL) for GET and "
