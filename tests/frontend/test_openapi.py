@@ -139,6 +139,8 @@ NOT_EXPRESSIBLE = {
         "the prompt's length in tokens (the schema bounds max_tokens by max_model_len - 1 alone)",
     r"^(prompt|messages): has \d+ (tokens|characters)": "the prompt's length in tokens (a chat's too)",
     r"^min_tokens: must be in \[0, max_tokens\]": "one number bounded by another",
+    r"^seed: Input should be less than or equal to 9223372036854775807":
+        "an integer bound past 2**53 for a JSON double: a whole-number float at 2**63 compares equal to 2**63-1",
     r"^messages\[\d+\]\.tool_calls: function\.arguments must be JSON text": "JSON inside a string",
     r"^tools: function names must be unique": "uniqueness of a member of the items",
     r"^tool_choice(\.function)?\.name: .* is not one of the tools": "a value equal to another's",
