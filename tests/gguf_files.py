@@ -50,11 +50,7 @@ def write_gguf(folder: Path, out: Path, tensor_type: str = "f32", pre: str = "gp
     _tokenizer(writer, folder, pre)
     if with_tensors:
         _tensors(writer, folder, arch, config, tensor_type, types or {})
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return out
+    return _finish(writer, out)
 
 
 def _hyperparameters(writer, arch: str, config: dict) -> None:
@@ -129,7 +125,6 @@ def _tokenizer(writer, folder: Path, pre: str) -> None:
 
 
 def _tensors(writer, folder: Path, arch: str, config: dict, tensor_type: str, types: dict[str, str]) -> None:
-    from gguf import GGMLQuantizationType, quants
     from safetensors.torch import load_file  # (numpy has no bfloat16: a bfloat16 folder's values as float32)
 
     from services.worker.gguf_arch import ARCHITECTURES, GLOBAL_NAMES, LAYER_NAMES
@@ -170,23 +165,39 @@ def _tensors(writer, folder: Path, arch: str, config: dict, tensor_type: str, ty
         if kind == "mixed":
             kind = "f16" if hf == "model.embed_tokens.weight" else "q8_0"
         kind = types.get(hf, kind)
-        if kind == "f32":
-            writer.add_tensor(name, array)
-        elif kind == "f16":
-            writer.add_tensor(name, array.astype(np.float16))
-        elif kind == "bf16":  # the top 16 bits of each float32 (exact for a bfloat16 folder's values)
-            halves = (array.view(np.uint32) >> 16).astype(np.uint16)
-            writer.add_tensor(name, halves.view(np.uint8).reshape(*array.shape[:-1], -1),
-                              raw_dtype=GGMLQuantizationType.BF16)
-        elif kind in ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "mxfp4"):  # what gguf.quants writes
-            qtype = GGMLQuantizationType[kind.upper()]
-            writer.add_tensor(name, quants.quantize(array, qtype), raw_dtype=qtype)
-        else:  # a K-quant: valid random blocks of the tensor's spread (not its values), rows as they are
-            from tests.kernels.quant_helpers import random_blocks
+        _add_tensor(writer, name, array, kind)
 
-            rows = random_blocks(kind, int(np.prod(array.shape[:-1])), array.shape[-1], np.random.default_rng(0),
-                                 scale=float(array.std()))
-            writer.add_tensor(name, rows.reshape(*array.shape[:-1], -1), raw_dtype=GGMLQuantizationType[kind.upper()])
+
+def _finish(writer, out: Path) -> Path:
+    """The file written: header, metadata, tensors."""
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return out
+
+
+def _add_tensor(writer, name: str, array: np.ndarray, kind: str) -> None:
+    """One float32 tensor written as `kind` (f32, f16, bf16, what gguf.quants writes, or a K-quant)."""
+    from gguf import GGMLQuantizationType, quants
+
+    if kind == "f32":
+        writer.add_tensor(name, array)
+    elif kind == "f16":
+        writer.add_tensor(name, array.astype(np.float16))
+    elif kind == "bf16":  # the top 16 bits of each float32 (exact for a bfloat16 folder's values)
+        halves = (array.view(np.uint32) >> 16).astype(np.uint16)
+        writer.add_tensor(name, halves.view(np.uint8).reshape(*array.shape[:-1], -1),
+                          raw_dtype=GGMLQuantizationType.BF16)
+    elif kind in ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "mxfp4"):  # what gguf.quants writes
+        qtype = GGMLQuantizationType[kind.upper()]
+        writer.add_tensor(name, quants.quantize(array, qtype), raw_dtype=qtype)
+    else:  # a K-quant: valid random blocks of the tensor's spread (not its values), rows as they are
+        from tests.kernels.quant_helpers import random_blocks
+
+        rows = random_blocks(kind, int(np.prod(array.shape[:-1])), array.shape[-1], np.random.default_rng(0),
+                             scale=float(array.std()))
+        writer.add_tensor(name, rows.reshape(*array.shape[:-1], -1), raw_dtype=GGMLQuantizationType[kind.upper()])
 
 
 def _gpt_oss_names(tensors: dict) -> None:
@@ -262,11 +273,7 @@ def write_sentencepiece_gguf(out: Path, vocab_size: int = 2000) -> Path:
     writer.add_uint32("tokenizer.ggml.unknown_token_id", 0)
     writer.add_uint32("tokenizer.ggml.bos_token_id", 1)
     writer.add_uint32("tokenizer.ggml.eos_token_id", 2)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return out
+    return _finish(writer, out)
 
 
 # llama.cpp's names for a BERT file's tensors (gguf-py's constants: MODEL_ARCH.BERT), spelled out here
@@ -287,7 +294,7 @@ def write_bert_gguf(folder: Path, out: Path, tensor_type: str = "f32", pooling: 
     spelling ("\u2581" before a word's first piece, "##" dropped, control tokens as they are), the special
     tokens' ids, and the tensors under llama.cpp's names: the 2-D weights in `tensor_type` (f32, f16, q8_0;
     the position and token-type embeddings stay f32, as the converter keeps them), norms and biases f32."""
-    from gguf import GGMLQuantizationType, GGUFWriter, quants
+    from gguf import GGUFWriter
     from safetensors.numpy import load_file
 
     config = json.loads((folder / "config.json").read_text())
@@ -311,19 +318,8 @@ def write_bert_gguf(folder: Path, out: Path, tensor_type: str = "f32", pooling: 
         else:
             name = BERT_TOP[hf]
         kind = "f32" if array.ndim == 1 or name in ("position_embd.weight", "token_types.weight") else tensor_type
-        array = array.astype(np.float32)
-        if kind == "f32":
-            writer.add_tensor(name, array)
-        elif kind == "f16":
-            writer.add_tensor(name, array.astype(np.float16))
-        else:
-            qtype = GGMLQuantizationType[kind.upper()]
-            writer.add_tensor(name, quants.quantize(array, qtype), raw_dtype=qtype)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return out
+        _add_tensor(writer, name, array.astype(np.float32), kind)
+    return _finish(writer, out)
 
 
 def _wordpiece_vocab(writer, folder: Path, type_vocab_size: int) -> None:
