@@ -43,3 +43,7 @@ def test_each_token_gets_the_bits_of_its_experts_on_its_row_alone(moe):
     want = torch.cat([_alone(moe, x[t:t + 1]) for t in range(x.shape[0])])
     assert torch.equal(got, want)
     assert torch.equal(moe(x[7:8]), got[7:8]) and torch.equal(moe(x[5:13]), got[5:13])
+
+
+def test_a_step_without_tokens_gives_no_rows(moe):
+    assert moe(torch.empty(0, moe.router_weight.shape[1])).shape == (0, moe.router_weight.shape[1])

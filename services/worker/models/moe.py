@@ -92,7 +92,7 @@ class MoE(nn.Module):
             down = down + self.down_biases()[experts.reshape(-1)[groups.pairs]]
         outs = torch.empty_like(down)
         outs[groups.pairs] = down  # back in (token, slot) order
-        outs = outs.view(num_tokens, k, -1) * weights[:, :, None]
+        outs = outs.view(num_tokens, k, x.shape[1]) * weights[:, :, None]
         total = torch.zeros_like(x)
         for slot in range(k):
             total = total + outs[:, slot]
