@@ -8,7 +8,8 @@ What differs, and where:
 - the router: a linear layer with a bias, the top-k of its logits, a softmax over those k only;
 - each expert: [gate, up] with biases, the clamped SwiGLU (gate clamped above at `swiglu_limit`, up
   to +-limit, out = (up + 1) * gate * sigmoid(alpha * gate)), down with a bias.
-Experts run grouped and are summed in ascending expert id as in moe.py (batch invariant).
+Experts run grouped and are summed in ascending expert id as in moe.py (batch invariant); the
+activation and the down biases over every row of the step at once.
 A checkpoint's stacked, interleaved experts are split per expert at load (checkpoint_names.py).
 """
 from __future__ import annotations
@@ -58,11 +59,14 @@ class ClampedSwiGLUExpert(MLP):
         self.gate_up_bias = nn.Parameter(torch.empty(2 * cfg.intermediate_size), requires_grad=False)
         self.down_bias = nn.Parameter(torch.empty(cfg.hidden_size), requires_grad=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.linear(x, self.gate_up_weight, self.gate_up_bias).chunk(2, dim=-1)
+    def activate(self, gate_up: torch.Tensor) -> torch.Tensor:  # [R, 2I] -> [R, I], element by element
+        gate, up = gate_up.chunk(2, dim=-1)
         gate = gate.clamp(max=self.limit)
         up = up.clamp(min=-self.limit, max=self.limit)
-        hidden = (up + 1) * (gate * torch.sigmoid(gate * self.alpha))
+        return (up + 1) * (gate * torch.sigmoid(gate * self.alpha))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        hidden = self.activate(self.linear(x, self.gate_up_weight, self.gate_up_bias))
         return self.linear(hidden, self.down_weight, None) + self.down_bias
 
 
@@ -73,6 +77,7 @@ class GptOssMoE(MoE):
         self.router_weight = nn.Parameter(torch.empty(cfg.num_experts, cfg.hidden_size), requires_grad=False)
         self.router_bias = nn.Parameter(torch.empty(cfg.num_experts), requires_grad=False)
         self.experts = nn.ModuleList(ClampedSwiGLUExpert(cfg, ops, linear) for _ in range(cfg.num_experts))
+        self._down_biases = None
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # [T, H] -> weights, experts [T, k]
         logits = self.linear(x, self.router_weight, self.router_bias).float()

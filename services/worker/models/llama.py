@@ -116,11 +116,14 @@ class MLP(nn.Module):
                                            requires_grad=False)
         self.down_weight = nn.Parameter(torch.empty(cfg.hidden_size, cfg.intermediate_size), requires_grad=False)
 
+    def activate(self, gate_up: torch.Tensor) -> torch.Tensor:  # [R, 2I] -> [R, I], row by row
+        return self.activation(gate_up)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.linear(x, self.gate_up_weight, None)
         if self.lora_gate_up is not None:
             gate_up = self.lora_gate_up.add(gate_up, x)
-        h = self.activation(gate_up)
+        h = self.activate(gate_up)
         down = self.linear(h, self.down_weight, None)
         return down if self.lora_down is None else self.lora_down.add(down, h)
 

@@ -1,25 +1,64 @@
 """Mixture-of-experts decoders (Qwen3-MoE, Mixtral): the Llama family's layers with the MLP replaced by
 a router and a set of experts, each expert the Llama family's gated MLP (services/worker/models/llama.py).
 
-Per step: the router's softmax (fp32) picks each token's top-k experts, normalised as the model does
-(Mixtral always renormalises the k weights; Qwen3-MoE where norm_topk_prob). Then each expert that some
-token chose runs once, on all the rows routed to it (its weights read once per step). A token's output
-is the sum of its k weighted expert outputs added in ascending expert id (transformers' order), from its
-own rows only: the same bits whichever other tokens share its experts (docs/ARCHITECTURE.md rule 4), as
-the linear layers give a row the same bits in any batch.
+Per step (`MoE.forward`):
+- the router's softmax (fp32) picks each token's top-k experts, normalised as the model does (Mixtral
+  always renormalises the k weights; Qwen3-MoE where norm_topk_prob);
+- the (token, expert) pairs are grouped by expert in one sort (`ExpertGroups`) and the tokens' rows
+  gathered once, so that each expert's rows are one contiguous slice;
+- each expert that some token chose multiplies its slice once, [gate, up] in one call, its weights read
+  once per step for all its rows; the activation runs once over every row; then each expert's down_proj.
+  Where the compiled CPU kernels run the weights, each call writes into the step's buffers through
+  ctypes (no per-expert tensors); otherwise each expert's slice goes through the model's linear function;
+- a token's output is the sum of its k weighted expert outputs added in ascending expert id
+  (transformers' order), from its own rows only.
+Every kernel gives a row the same bits whatever rows share its call, and the activation and the sum are
+row by row, so a token's output has the same bits whichever other tokens share its experts
+(docs/ARCHITECTURE.md rule 4), at batch 1 as in a prefill of thousands.
 
-Tensor parallel: every rank holds its columns of every expert (the MLP's split), the router whole.
+Tensor parallel: every rank holds its columns of every expert (the MLP's split), the router whole. down_proj
+is row-parallel (kernels/row_parallel.py): each expert's K-group partials land in one buffer for every row
+of the step, gathered once and folded once, the same bits as the one-process path.
 """
 from __future__ import annotations
 
+import ctypes
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
 from torch import nn
 
+from kernels import cpu_kernels
+from kernels import quant as quant_kernels
+from kernels import row_parallel
+from kernels.linear import GemmWeight
 from kernels.ops import Ops
+from kernels.quant import QuantParts, QuantWeight
+from kernels.row_parallel import RowParallelWeight
 from services.worker.model_config import ModelArchConfig
 from services.worker.models.llama import MLP, DecoderLayer, LlamaForCausalLM
+
+
+@dataclass(frozen=True)
+class ExpertGroups:
+    """A step's (token, slot) pairs grouped by expert: `pairs` [T k] the pair indices (token * k + slot)
+    in expert order, tokens ascending within an expert; `spans` (expert, start, stop) of each chosen
+    expert's rows among them, in expert order."""
+    pairs: torch.Tensor
+    spans: list[tuple[int, int, int]]
+
+    @classmethod
+    def of(cls, experts: torch.Tensor, num_experts: int) -> ExpertGroups:  # experts [T, k]
+        flat = experts.reshape(-1)
+        pairs = torch.argsort(flat, stable=True)
+        counts = torch.bincount(flat, minlength=num_experts).tolist()
+        spans, start = [], 0
+        for expert, count in enumerate(counts):
+            if count:
+                spans.append((expert, start, start + count))
+                start += count
+        return cls(pairs=pairs, spans=spans)
 
 
 class MoE(nn.Module):
@@ -31,6 +70,7 @@ class MoE(nn.Module):
         self.linear, self.top_k, self.normalize = linear, cfg.experts_per_token, cfg.norm_topk_prob
         self.router_weight = nn.Parameter(torch.empty(cfg.num_experts, cfg.hidden_size), requires_grad=False)
         self.experts = nn.ModuleList(MLP(cfg, ops, linear) for _ in range(cfg.num_experts))
+        self._down_biases = None  # [E, H] stacked at the first step where the experts have down biases
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # [T, H] -> weights, experts [T, k]
         probs = torch.softmax(self.linear(x, self.router_weight, None).float(), dim=-1)
@@ -41,16 +81,101 @@ class MoE(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, H] -> [T, H]
         weights, experts = self.route(x)
-        outs = torch.empty(x.shape[0], self.top_k, x.shape[1], dtype=x.dtype, device=x.device)  # [T, k, H]
-        for expert in experts.unique().tolist():  # each chosen expert once, over its tokens' rows
-            tokens, slots = torch.where(experts == expert)
-            outs[tokens, slots] = self.experts[expert](x[tokens]) * weights[tokens, slots, None]
-        order = experts.argsort(dim=-1)  # each token's k outputs in ascending expert id
-        ordered = outs.gather(1, order[:, :, None].expand_as(outs))
+        num_tokens, k = experts.shape
+        experts, order = experts.sort(dim=-1)  # each token's k experts in ascending id: the order they are added in
+        weights = weights.gather(1, order)
+        groups = ExpertGroups.of(experts, len(self.experts))
+        rows = x[groups.pairs // k]  # [T k, H]: each pair's token row, grouped by expert
+        hidden = self.experts[0].activate(self.gate_up(rows, groups.spans))  # one call over every row
+        down = self.down(hidden, groups.spans, x.dtype)
+        if getattr(self.experts[0], "down_bias", None) is not None:
+            down = down + self.down_biases()[experts.reshape(-1)[groups.pairs]]
+        outs = torch.empty_like(down)
+        outs[groups.pairs] = down  # back in (token, slot) order
+        outs = outs.view(num_tokens, k, x.shape[1]) * weights[:, :, None]
         total = torch.zeros_like(x)
-        for slot in range(self.top_k):
-            total = total + ordered[:, slot]
+        for slot in range(k):
+            total = total + outs[:, slot]
         return total
+
+    def down_biases(self) -> torch.Tensor:
+        if self._down_biases is None:
+            self._down_biases = torch.stack([expert.down_bias.data for expert in self.experts])
+        return self._down_biases
+
+    def gate_up(self, rows: torch.Tensor, spans: list[tuple[int, int, int]]) -> torch.Tensor:  # [R, H] -> [R, 2I]
+        first = self.experts[0]
+        out = rows.new_empty(rows.shape[0], first.gate_up_weight.shape[0])
+        lib = _kernels(rows)
+        for expert, start, stop in spans:
+            module = self.experts[expert]
+            weight, bias = module.gate_up_weight, getattr(module, "gate_up_bias", None)
+            if lib is None or not _linear_into(lib, rows[start:stop], weight, bias, out[start:stop]):
+                out[start:stop] = self.linear(rows[start:stop], weight, bias)
+        return out
+
+    def down(self, hidden: torch.Tensor, spans: list[tuple[int, int, int]], dtype: torch.dtype) -> torch.Tensor:
+        """Each expert's down_proj on its rows [R, I] -> [R, H]: in one process with compiled kernels each
+        expert's one call (row_parallel.c's, the partials folded in registers or in its scratch); else every
+        expert's K-group partials in one buffer, gathered across the ranks once and folded once."""
+        first = self.experts[0].down_weight
+        if not isinstance(first, RowParallelWeight):  # a caller that did not prepack (the reference)
+            out = hidden.new_empty(hidden.shape[0], first.shape[0])
+            for expert, start, stop in spans:
+                out[start:stop] = self.linear(hidden[start:stop], self.experts[expert].down_weight, None)
+            return out
+        num_rows, n = hidden.shape[0], first.out_features
+        if first.gather is None and first.groups == first.total_groups and first._compiled(hidden):
+            hidden = hidden.contiguous()
+            out = torch.empty(num_rows, n, dtype=hidden.dtype)
+            longest = max((stop - start for _, start, stop in spans), default=0)
+            scratch = None if first.fmt == 0 else torch.empty(first.groups, longest, n)
+            lib, elem = row_parallel.library(), hidden.element_size()
+            for expert, start, stop in spans:
+                weight = self.experts[expert].down_weight
+                status = lib.row_parallel_linear(
+                    hidden.data_ptr() + start * hidden.stride(0) * elem, hidden.stride(0), weight.buffer.data_ptr(),
+                    weight.fmt, weight.groups, stop - start, n, weight.in_features // weight.groups,
+                    int(hidden.dtype == torch.bfloat16), out.data_ptr() + start * n * elem, n,
+                    None if scratch is None else scratch.data_ptr(), torch.get_num_threads(), None)
+                if status != 0:
+                    raise ValueError(f"row_parallel_linear: status {status}")
+            return out
+        partials = torch.empty(first.groups, num_rows, n, dtype=torch.float32, device=hidden.device)
+        for expert, start, stop in spans:
+            partials[:, start:stop] = self.experts[expert].down_weight.partials(hidden[start:stop])
+        if first.gather is not None:
+            partials = first.gather(partials)
+        return first.fold(partials, dtype)
+
+
+def _kernels(rows: torch.Tensor) -> ctypes.CDLL | None:
+    """The compiled kernels' library (quant_linear declared) where they multiply these rows, else None."""
+    if not rows.is_cpu or rows.dtype not in (torch.float32, torch.bfloat16) or not cpu_kernels.is_available():
+        return None
+    return quant_kernels.declare(cpu_kernels.library())
+
+
+def _linear_into(lib: ctypes.CDLL, rows: torch.Tensor, weight, bias: torch.Tensor | None, out: torch.Tensor) -> bool:
+    """rows W^T + bias written into out (a slice of the step's buffer) by the kernel the weight's own call
+    runs (quant_linear, or gemm.c's linear for a packed dense weight), the same bits; False for any other
+    weight (the caller takes the linear function)."""
+    quantized = isinstance(weight, (QuantWeight, QuantParts))
+    if not (quantized or isinstance(weight, GemmWeight) and weight.dtype == rows.dtype) or rows.stride(1) != 1:
+        return False
+    if bias is not None:
+        bias = bias.to(rows.dtype).contiguous()
+    bias_ptr, is_bf16 = bias.data_ptr() if bias is not None else None, int(rows.dtype == torch.bfloat16)
+    m, n, k = rows.shape[0], weight.out_features, weight.in_features
+    if not quantized:
+        lib.linear(rows.data_ptr(), rows.stride(0), weight.packed.data_ptr(), bias_ptr, out.data_ptr(), out.stride(0),
+                   m, n, k, is_bf16, torch.get_num_threads())
+        return True
+    status = lib.quant_linear(rows.data_ptr(), rows.stride(0), weight.data.data_ptr(), weight.kernel_fmt, bias_ptr,
+                              out.data_ptr(), out.stride(0), m, n, k, is_bf16, torch.get_num_threads())
+    if status != quant_kernels.OK:
+        raise ValueError(f"quant_linear: {weight.format} with {k} inputs: status {status}")
+    return True
 
 
 class MoeForCausalLM(LlamaForCausalLM):

@@ -1,0 +1,49 @@
+"""The mixture-of-experts layer (services/worker/models/moe.py) on the weights each load mode gives its
+experts: a step's rows grouped by expert and multiplied slice by slice into one buffer give every token
+the bits of its experts' own calls on its row alone, summed in ascending expert id, whatever other
+tokens share the step (docs/ARCHITECTURE.md rule 4)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.conftest import make_llm
+
+# folder fp32: gemm.c's packed experts; int8 at load with int8 activations: quant_linear on interleaved
+# rows; a Q8_0 file with fp32 activations: quant_linear on GGUF blocks
+MODES = {"fp32": ({}, False), "int8": (dict(quantization="int8", activation_quant="int8"), False),
+         "q8_0": (dict(quantization="gguf", activation_quant="none"), True)}
+
+
+@pytest.fixture(scope="module", params=list(MODES))
+def moe(request, model_dir, tmp_path_factory):
+    from tests.gguf_files import write_gguf
+
+    args, gguf = MODES[request.param]
+    folder = model_dir("qwen3_moe", "tiny", num_layers=1)
+    path = write_gguf(folder, tmp_path_factory.mktemp("moe") / "moe.gguf", "q8_0") if gguf else folder
+    llm = make_llm(path, num_threads=1, **args)
+    return llm.engine.workers["worker-0"].runner.model.layers[0].mlp
+
+
+def _alone(moe, row: torch.Tensor) -> torch.Tensor:
+    """One token: each of its experts' own module on its row, weighted, added in ascending expert id."""
+    weights, experts = moe.route(row)
+    total = torch.zeros_like(row)
+    for slot in experts[0].argsort().tolist():
+        total = total + moe.experts[int(experts[0, slot])](row) * weights[0, slot]
+    return total
+
+
+def test_each_token_gets_the_bits_of_its_experts_on_its_row_alone(moe):
+    x = torch.randn(16, moe.router_weight.shape[1], generator=torch.Generator().manual_seed(3))
+    _, experts = moe.route(x)
+    assert int(torch.bincount(experts.reshape(-1)).min()) >= 2  # every expert has rows of several tokens
+    got = moe(x)
+    want = torch.cat([_alone(moe, x[t:t + 1]) for t in range(x.shape[0])])
+    assert torch.equal(got, want)
+    assert torch.equal(moe(x[7:8]), got[7:8]) and torch.equal(moe(x[5:13]), got[5:13])
+
+
+def test_a_step_without_tokens_gives_no_rows(moe):
+    assert moe(torch.empty(0, moe.router_weight.shape[1])).shape == (0, moe.router_weight.shape[1])
