@@ -49,10 +49,12 @@ def test_the_batch_preempts_chunks_and_hits_the_prefix_cache(single):
     assert all(len(tokens) == 12 for tokens, _, _ in outputs)
 
 
-@pytest.mark.parametrize("tp, pp", [(2, 1), (4, 1), (1, 2), (2, 2), (4, 2), (2, 4)], ids=lambda v: str(v))
+@pytest.mark.parametrize("tp, pp", [(2, 1), (4, 1), (1, 2), (2, 2), (2, 4)], ids=lambda v: str(v))
 def test_layouts_give_the_bits_of_one_process(folder, single, tp, pp):
-    """PP stages run micro-batches (as many as stages). Each of 2 and 4 ranks per stage and per layer
-    group, alone and crossed; TP 4 x PP 4 (16 processes, 30 s on 2 cores) adds no case of its own."""
+    """PP stages run micro-batches (as many as stages). Each of 2 and 4 ranks per layer group and per
+    stage alone, crossed square (2 x 2) and crossed unequal (TP 2 x PP 4: a rank's stage and its place in
+    the stage's group are not interchangeable there). TP 4 x PP 2 (8 processes, 11 s on 2 cores) adds no
+    case: a stage's group of 4 is TP 4's group, and (2, 4) crosses unequal sizes; TP 4 x PP 4 neither."""
     outputs, _ = _run(folder, tensor_parallel_size=tp, pipeline_parallel_size=pp)
     assert outputs == single[0]
 
@@ -88,7 +90,10 @@ def test_a_layout_the_model_cannot_take_is_refused_naming_the_constraint(folder,
 
 @pytest.mark.parametrize("activation_quant", ["none", "int8"])
 def test_the_default_model_at_tp_3_and_pp_2_gives_the_bits_of_one_process(activation_quant):
-    """SmolLM2-135M (9 heads, 3 KV heads, 30 layers, its GGUF's blocks): 3 reduction groups, so TP 3."""
+    """SmolLM2-135M (9 heads, 3 KV heads, 30 layers, its GGUF's blocks): 3 reduction groups, so TP 3. PP 2
+    with int8 activations is not run: a stage quantizes the activations of its own layers as one process
+    does (it hands the next stage the hidden states, not quantized ones); what int8 changes, the per-group
+    chains, is TP's."""
     from services.tools.default_model import ensure_default_model
 
     model = ensure_default_model()
@@ -96,8 +101,9 @@ def test_the_default_model_at_tp_3_and_pp_2_gives_the_bits_of_one_process(activa
     params = [SamplingParams(temperature=0, max_tokens=6, logprobs=1),
               SamplingParams(temperature=0.8, seed=3, max_tokens=6, logprobs=1)]
     runs = []
-    for layout in ({}, {"tensor_parallel_size": 3}, {"pipeline_parallel_size": 2}):
+    layouts = [{}, {"tensor_parallel_size": 3}] + ([{"pipeline_parallel_size": 2}] if activation_quant == "none" else [])
+    for layout in layouts:
         with make_llm(model, kv_cache_memory_bytes=32 << 20, activation_quant=activation_quant, **layout) as llm:
             runs.append([(o.outputs[0].token_ids, o.outputs[0].logprobs)
                          for o in llm.generate(prompts, params, use_tqdm=False)])
-    assert runs[1] == runs[0] and runs[2] == runs[0]
+    assert all(run == runs[0] for run in runs[1:]) and len(runs) == len(layouts)

@@ -1,7 +1,7 @@
 """The compiled CPU row-wise ops against their PyTorch references, and a row's bits independent
 of the batch. bf16 keeps every rounding point of the reference, so elements differ only where
 the fp32 value before the last rounding differs (a sum in another order, another exp): about
-1 element in 10^5, by one bf16 step. Rotary and the KV write give the reference's bits.
+1 element in 10^5, by one bf16 step, several of one row's at once where a row's sum differs. Rotary and the KV write give the reference's bits.
 Inputs are views of a fused QKV output where the worker passes views."""
 import pytest
 import torch
@@ -32,7 +32,15 @@ def assert_matches(got: torch.Tensor, want: torch.Tensor) -> None:
         steps = (bits(got).int() - bits(want.to(torch.bfloat16)).int()).abs()
         bad = ~((steps <= 2) | ((got.float() - want.float()).abs() <= 1e-30))  # tiny values may flush to 0
         assert not bool(bad.any()), (got[bad][:4], want[bad][:4], steps[bad][:4])
-        assert (got != want).float().mean() < 1e-3, "more than rare differences"
+        # Rare: under 1e-3 of the elements (SiLU's exp: elements apart, one here and there), or in at most
+        # one row in ten (at least one row): rms_norm's cluster in a row, several of its elements rounding
+        # the other way when the row's fp32 sum differs by an ulp (up to 8 of 5,184 in 2,000 seeds). The
+        # element count alone failed 8 seeds in 2,000 per tier (one element of the 500 in a 5 x 100 test is
+        # 2e-3); either count, none in 5,000. A kernel that rounds otherwise differs in every row, and often.
+        diff = (got != want).reshape(-1, got.shape[-1])
+        few_elements = diff.float().mean() < 1e-3
+        few_rows = int(diff.any(-1).sum()) <= max(1, diff.shape[0] // 10)
+        assert few_elements or few_rows, "more than rare differences"
     else:
         torch.testing.assert_close(got, want, **FP32)
 

@@ -7,7 +7,8 @@ import torch
 from kernels import cpu_kernels
 from kernels.decoder import DecoderStack
 from kernels.linear import prepack
-from tests.conftest import greedy, make_llm, random_prompts
+from kernels.build import host_tiers
+from tests.conftest import greedy, make_llm, random_prompts, use_tier
 
 pytestmark = pytest.mark.skipif(not cpu_kernels.is_available(), reason="needs the compiled kernels (a C compiler)")
 
@@ -20,10 +21,26 @@ def _outputs(llm, prompts, params):
     return [[(o.token_ids, o.logprobs) for o in out.outputs] for out in llm.generate(prompts, params, use_tqdm=False)]
 
 
+def _arch_tier_cases() -> list:
+    """llama on every tier the engine can take here; qwen2 (q/k/v bias) and qwen3 (per-head q/k norm) on the
+    first only: decoder.c has no tier-specific code, it passes the bias and the norm weights to the kernels
+    the layer-by-layer path calls (each tier's own: test_cpu_rowwise.py), so another tier adds no case."""
+    tiers = host_tiers()
+    return [pytest.param((arch, tier), id=f"{tier}-{arch}") for tier in tiers
+            for arch in (("llama", "qwen2", "qwen3") if tier == tiers[0] else ("llama",))]
+
+
+@pytest.fixture(params=_arch_tier_cases())
+def arch_tier(request):
+    arch, tier = request.param
+    for active in use_tier(tier):
+        yield arch, active
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])  # plain, q/k/v bias, per-head q/k norm
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_same_tokens_and_logprobs_as_layer_by_layer(model_dir, arch, dtype, engine_tier):
+def test_same_tokens_and_logprobs_as_layer_by_layer(model_dir, arch_tier, dtype):
+    arch, engine_tier = arch_tier
     folder = model_dir(arch, "tiny", dtype=dtype)
     prompts = random_prompts(10, 512, 1, 150, seed=7)
     params = greedy(10, logprobs=2)
