@@ -115,7 +115,8 @@ def limit_rows(results: list[dict], args) -> list[dict]:
     """bench/machine_limits.py's bounds per file and phase, from the probes interleaved with the contenders."""
     from machine_limits import file_limits
     return [row for r in results if "probes" in r.get("actquant", {})
-            for row in file_limits(gguf_path(model_path(r["model"])), r["actquant"], args.prefill_len, args.threads)]
+            for row in file_limits(gguf_path(model_path(r["model"])), r["actquant"], args.prefill_len, args.threads,
+                                   label=r["file"])]
 
 
 def limits_part(results: list[dict], args) -> str:

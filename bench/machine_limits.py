@@ -222,11 +222,14 @@ def against_bound(bound: float, peer: float, ours: float, target: float) -> dict
 
 
 def verdict(row: dict, target: float) -> str:
+    """Above or within the bound (the best probe's); where given, the bound at the median probe too."""
     need = row["target_fraction"]
+    median = row.get("target_fraction_median")
+    at_median = "" if median is None else f"; {_pct(median)} of the median probe's bound"
     if need > 1:
-        return f"above the limit: {target:g}x llama.cpp is {need:.2f}x the bound"
+        return f"above the limit: {target:g}x llama.cpp is {need:.2f}x the bound{at_median}"
     return (f"reachable in principle: {target:g}x llama.cpp is {_pct(need)} of the bound "
-            f"(llama.cpp at {_pct(row['peer_fraction'])})")
+            f"(llama.cpp at {_pct(row['peer_fraction'])}){at_median}")
 
 
 # ---- contenders against the bounds --------------------------------------------------------
@@ -247,7 +250,8 @@ def phase_figures(values: dict, prompt: int) -> dict:
 
 
 def file_limits(gguf: Path, actquant: dict, prompt: int, threads: int, quiet: dict | None = None,
-                more_probes: list[dict] = (), conditions: tuple[str, ...] = ("loaded", "quiet")) -> list[dict]:
+                more_probes: list[dict] = (), conditions: tuple[str, ...] = ("loaded", "quiet"),
+                label: str | None = None) -> list[dict]:
     """Per phase, twice: under the run's load (the bound from the wall-time probes interleaved with the
     contenders, best and median, against the contenders of the same run) and on the quiet machine (the
     bound from the CPU-time probes, against `quiet`'s figures where given: {"values": an earlier quiet
@@ -255,14 +259,15 @@ def file_limits(gguf: Path, actquant: dict, prompt: int, threads: int, quiet: di
     llama.cpp's and the engine's best contender's tok/s and fractions of the bound, and the target's;
     for prefill on the quiet machine also the clock per core that the target (and llama.cpp) would need
     with every cycle of the `threads` cores issuing int8 multiply-adds at the probe's per-cycle rate.
-    more_probes: standalone probe rounds on `threads` threads, for the quiet bound only."""
+    more_probes: standalone probe rounds on `threads` threads, for the quiet bound only; label: the
+    file's name in the rows (default: the GGUF's)."""
     costs = gguf_costs(gguf)
     probes = [*actquant["probes"], *more_probes]
     macs = prefill_macs_per_token(costs, prompt)
     kind = max((k for k in INT8 if probes[0].get(k)), key=lambda k: probes[0][k])
     cycle = per_cycle(probes, kind)
     rows = []
-    for condition, prefix, values, label in (
+    for condition, prefix, values, source in (
             ("loaded", "", actquant["values"], "this run"),
             ("quiet", "cpu:", (quiet or {}).get("values", actquant["values"]), (quiet or {}).get("label", "this run"))):
         if condition not in conditions:
@@ -274,11 +279,12 @@ def file_limits(gguf: Path, actquant: dict, prompt: int, threads: int, quiet: di
             at = {level: bounds(costs, pick(reads), pick(int8), prompt)[phase]
                   for level, pick in (("median", statistics.median), ("best", max))}
             row = against_bound(at["best"], peer, ours, TARGETS[phase])
+            row["target_fraction_median"] = row["target_tok_s"] / at["median"]
             if phase == "prefill" and cycle and condition == "quiet":
                 row.update(int8_per_cycle=cycle, target_ghz=row["target_tok_s"] * macs / (cycle * threads) / 1e9,
                            peer_ghz=peer * macs / (cycle * threads) / 1e9)
-            rows.append({"file": gguf.name, "phase": "decode" if phase == "decode" else f"pp{prompt}",
-                         "condition": condition, "figures_from": label, "bound_median_probe": at["median"],
+            rows.append({"file": label or gguf.name, "phase": "decode" if phase == "decode" else f"pp{prompt}",
+                         "condition": condition, "figures_from": source, "bound_median_probe": at["median"],
                          "ours_name": name, "ours": ours, "peer": peer, "target": TARGETS[phase], **row,
                          "verdict": verdict(row, TARGETS[phase]), "decode_bytes": costs["decode_bytes"],
                          "macs_per_token": macs,
@@ -334,12 +340,15 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--decode-steps", type=int, default=32)
     parser.add_argument("--prefill-len", type=int, default=512)
     parser.add_argument("--kv-blocks", type=int, default=None, help="each engine's KV-cache blocks (gguf_speed.py's)")
-    parser.add_argument("--quiet-results", default=None,
+    parser.add_argument("--quiet-results", nargs="*", default=[],
                         help="a bench/gguf_speed.py results json from a quieter hour: its llama.cpp and engine "
                              "figures are placed against the quiet machine's bounds too")
     parser.add_argument("--bounds-only", nargs="*", default=[], metavar="GGUF",
                         help="files whose bounds alone are given (no contenders run), at the standalone probes "
                              "on --threads threads; with --quiet-results, its figures for them are placed too")
+    parser.add_argument("--report-from", default=None, metavar="JSON",
+                        help="no measuring: the report again from an earlier run's results json (its probes and "
+                             "contenders; the models argument and --bounds-only as given now)")
     parser.add_argument("--out", default="machine_limits")
     add_cpu_isa(parser)
     return parser.parse_args()
@@ -374,16 +383,16 @@ def probe_table(rounds: dict[int, list[dict]]) -> str:
     return markdown_table(["probe", "runs", "unit", *headers], rows)
 
 
-def quiet_figures(path: str | None, gguf: Path) -> dict | None:
-    """An earlier, quieter run's actquant values for this file (a bench/gguf_speed.py results json)."""
-    if not path:
-        return None
+def quiet_figures(paths: list[str], gguf: Path) -> dict | None:
+    """An earlier, quieter run's actquant values for this file: the first of the bench/gguf_speed.py
+    results jsons that has it."""
     import json
-    data = json.loads(Path(path).read_text())
-    for f in data["files"]:
-        if Path(f["model"]).name in (gguf.name, gguf.parent.name) or f["file"] == gguf.name:
-            return {"values": f["actquant"]["values"],
-                    "label": f"{Path(path).name}, load {data['loadavg_before'].split()[0]}"}
+    for path in paths:
+        data = json.loads(Path(path).read_text())
+        for f in data["files"]:
+            if "actquant" in f and (Path(f["model"]).name in (gguf.name, gguf.parent.name) or f["file"] == gguf.name):
+                return {"values": f["actquant"]["values"],
+                        "label": f"{Path(path).name}, load {data['loadavg_before'].split()[0]}"}
     return None
 
 
@@ -397,9 +406,16 @@ def main() -> None:
     args.tier = select_tier(args.cpu_isa, args.libraries_isa)
     threads = [int(t) for t in args.probe_threads.split(",")]
     flags = set(cpu_flags().split())
-    before = standalone(threads, args.probe_repeats)
-    print(probe_table(before), flush=True)
-    results = []
+    if args.report_from:  # the figures of an earlier run, the report made again (the bounds' code may be newer)
+        import json
+        saved = json.loads(Path(args.report_from).read_text())
+        before, after = ({int(t): v for t, v in saved[key].items()} for key in ("probes_before", "probes_after"))
+        results, load_before = saved["files"], saved["loadavg_before"]
+        args.models = []
+    else:
+        before = standalone(threads, args.probe_repeats)
+        print(probe_table(before), flush=True)
+        results = []
     if args.models:
         args.sections = "actquant"
         if args.kv_blocks:
@@ -408,19 +424,22 @@ def main() -> None:
         for model in args.models:
             results.append(gguf_speed.one_file(model, args, bench_bin, (None, "not used")))
             gc.collect()  # the file's two engines, before the next file's: this host has little memory to spare
-    after = standalone(threads, args.probe_repeats)
+    if not args.report_from:
+        after = standalone(threads, args.probe_repeats)
     rows = [row for r in results if "probes" in r.get("actquant", {})
             for gguf in [gguf_speed.gguf_path(gguf_speed.model_path(r["model"]))]
             for row in file_limits(gguf, r["actquant"], args.prefill_len, args.threads,
                                    quiet_figures(args.quiet_results, gguf),
-                                   before.get(args.threads, []) + after.get(args.threads, []))]
+                                   before.get(args.threads, []) + after.get(args.threads, []), label=r["file"])]
     for path in args.bounds_only:  # the bounds alone, at the standalone probes; an earlier run's figures placed
         gguf = gguf_speed.gguf_path(gguf_speed.model_path(path))
         figures = quiet_figures(args.quiet_results, gguf) or {"values": {}, "label": "no run"}
         standalone_probes = before.get(args.threads, []) + after.get(args.threads, [])
         rows += file_limits(gguf, {"probes": standalone_probes, "values": figures["values"]}, args.prefill_len,
-                            args.threads, figures, conditions=("quiet",))
-    parts = [f"CPU: {cpu_model()} (/proc/cpuinfo model name; {os.cpu_count()} CPUs); avx512_vnni: "
+                            args.threads, figures, conditions=("quiet",), label=Path(path).name)
+    parts = ([f"Measured by `{saved['command']}` at {saved['commit']} (load before, after: {saved['loadavg_before']}; "
+              f"{saved['loadavg_after']}); this report made again from its json.\n"] if args.report_from else [])
+    parts += [f"CPU: {cpu_model()} (/proc/cpuinfo model name; {os.cpu_count()} CPUs); avx512_vnni: "
              f"{'yes' if 'avx512_vnni' in flags else 'no'}, avx512f: {'yes' if 'avx512f' in flags else 'no'}, "
              f"amx_int8: {'yes' if 'amx_int8' in flags else 'no'}, avx2: {'yes' if 'avx2' in flags else 'no'}.\n",
              "## The machine's limits\n\nStandalone probes, before and after the contenders "
@@ -432,12 +451,13 @@ def main() -> None:
              probe_table({t: before[t] + after[t] for t in threads})]
     if rows:
         parts += ["## Each target against the bound\n\n"
-                  f"The contenders ran on {args.threads} threads, {args.rounds} round(s), a round of probes on "
-                  f"{args.threads} threads between them in each round (bench/gguf_speed.py's actquant section). "
-                  "loaded: the bound from those probes' wall rates, against this run's contenders; quiet: the bound "
+                  + ("" if not results else f"The contenders ran on {args.threads} threads, {args.rounds} round(s), "
+                     f"a round of probes on {args.threads} threads between them in each round (bench/gguf_speed.py's "
+                     "actquant section). ")
+                  + "loaded: the bound from those probes' wall rates, against this run's contenders; quiet: the bound "
                   f"from every {args.threads}-thread probe's CPU-time rates, against "
-                  + (f"{Path(args.quiet_results).name}'s figures (an earlier, quieter run)" if args.quiet_results
-                     else "this run's contenders") + ".\n",
+                  + (f"the figures of {', '.join(Path(p).name for p in args.quiet_results)} (earlier runs)"
+                     if args.quiet_results else "this run's contenders") + ".\n",
                   limits_table(rows), limits_text(rows), "### Verdicts\n",
                   "\n".join(f"- {r['file']} {r['phase']}, {r['condition']} machine ({r['figures_from']}): "
                             f"{r['verdict']}" for r in rows) + "\n"]
