@@ -8,7 +8,10 @@ Each argument is what --model takes (a GGUF file, a folder with config.json and 
 "default"). Per file, one after the other:
   actquant  batch-1 decode and the prefill of one --prefill-len (512) token prompt, the engine with
             fp32 and with int8 activations, against llama-bench's tg and pp512 (targets, issue 41:
-            decode >= 1.5x, pp512 >= 3x llama-bench)
+            decode >= 1.5x, pp512 >= 3x llama-bench); a round of bench/machine_limits.py's probes
+            between them gives each phase's bound on this machine (decode: read bandwidth over the
+            bytes a token reads; prefill: int8 peak over the multiply-adds) and each contender's
+            fraction of it, and the target's
   serve     --num-requests (16) concurrent ShareGPT requests, the engine with each
             --serve-activations mode, against llama-server with as many slots (target >= 3x)
 A type the engine does not serve yet is reported as refused (its message), not a crash. The
@@ -108,6 +111,26 @@ def summary_rows(result: dict, args) -> list[list]:
     return rows
 
 
+def limit_rows(results: list[dict], args) -> list[dict]:
+    """bench/machine_limits.py's bounds per file and phase, from the probes interleaved with the contenders."""
+    from machine_limits import file_limits
+    return [row for r in results if "probes" in r.get("actquant", {})
+            for row in file_limits(gguf_path(model_path(r["model"])), r["actquant"], args.prefill_len, args.threads,
+                                   label=r["file"])]
+
+
+def limits_part(results: list[dict], args) -> str:
+    from machine_limits import limits_table, limits_text
+    rows = limit_rows(results, args)
+    if not rows:
+        return ""
+    return ("### Against this machine's limits (bench/machine_limits.py)\n\nThe most each phase can reach here: "
+            "decode at the read bandwidth over the bytes one token reads, prefill at the int8 multiply-add peak "
+            "over the multiply-adds per token; probed once per round between the contenders, the best probe "
+            "taken (the median's bound in brackets). Fractions are of the best-probe bound.\n\n"
+            + limits_table(rows) + "\n" + limits_text(rows))
+
+
 def report(results: list[dict], args) -> str:
     rows = [row for r in results for row in summary_rows(r, args)]
     parts = [f"Threads: {args.threads}; rounds: {args.rounds} (contenders interleaved in each round, files one after "
@@ -115,7 +138,8 @@ def report(results: list[dict], args) -> str:
              "over llama.cpp's (llama-bench tg and pp, llama-server with as many slots as requests) on the same file.\n",
              markdown_table(["file", "type", "phase", "engine contender", "vs llama.cpp"], rows),
              "Tensor types (the norms' F32 left out):\n\n"
-             + "\n".join(f"- {r['file']} ({r['type']}): {r['tensors']}" for r in results) + "\n"]
+             + "\n".join(f"- {r['file']} ({r['type']}): {r['tensors']}" for r in results) + "\n",
+             limits_part(results, args)]
     for r in results:
         for section in ("actquant", "serve"):
             if section in r:

@@ -25,8 +25,9 @@ Sections:
             activations (int8, kernels/csrc/quant_dot.c), interleaved: batch-1 decode tok/s and the
             prefill of one --prefill-len (512) token prompt in tok/s; the CPU tier named (--cpu-isa
             forces one). llama-bench's tg and pp512 on the same file join as (l) where --llama-cpp-dir
-            is given (the AVX2 build's folder with --cpu-isa avx2); each round probes the memory
-            bandwidth for the batch-1 roofline (linear weight bytes over bandwidth)
+            is given (the AVX2 build's folder with --cpu-isa avx2); each round probes the machine's
+            limits (bench/machine_limits.py: read bandwidth, int8 and fp32 peaks) for the batch-1
+            roofline (linear weight bytes over bandwidth) and bench/gguf_speed.py's bounds
 Greedy parity with llama-server on the same file, for both activation modes, is
 bench/activation_quality.py's. Engine decode is timed on engine.step() with one request in flight
 after its prefill (as bench/roofline.py does); llama-bench generates from an empty context. Writes
@@ -163,7 +164,8 @@ def prefill_rate(llm, length: int, tag: str) -> float:
 
 def section_actquant(folder: Path, args, llama_bench) -> dict:
     from kernels import cpu_kernels
-    from roofline import bandwidth, linear_weight_bytes
+    from machine_limits import probe_round
+    from roofline import linear_weight_bytes
     kw = dict(quantization="gguf", dtype="float32", num_threads=args.threads,
               max_num_batched_tokens=max(2048, args.prefill_len))
     fp32 = engine(folder, activation_quant="none", **kw)
@@ -184,16 +186,17 @@ def section_actquant(folder: Path, args, llama_bench) -> dict:
     probes = []
     contenders = {**{f"decode {k}": v for k, v in decode.items()},
                   **{f"prefill {args.prefill_len} {k}": v for k, v in prefill.items()},
-                  "bandwidth probe": lambda: probes.append(bandwidth(repeats=5)) or 0.0}
+                  # the machine's limits under the same load (bench/machine_limits.py): int8 peak, read bandwidth
+                  "machine probes": lambda: probes.append(probe_round(args.threads)) or 0.0}
     values = interleave(contenders, args.rounds)
-    values.pop("bandwidth probe")
+    values.pop("machine probes")
     weight_bytes = linear_weight_bytes(int8.engine.workers["worker-0"].runner.model)
     best = statistics.median(values[f"decode {int8_name}"])
-    roofline = {"weight_bytes": weight_bytes, "bandwidth_bytes_per_s": statistics.median(probes),
-                "bound_tok_per_s": statistics.median(probes) / weight_bytes}
+    read = statistics.median(p["read"] for p in probes)
+    roofline = {"weight_bytes": weight_bytes, "bandwidth_bytes_per_s": read, "bound_tok_per_s": read / weight_bytes}
     roofline["fraction_int8"] = best / roofline["bound_tok_per_s"]
     return {"values": values, "skipped": skipped, "baseline": f"decode {fp32_name}",
-            "tier": cpu_kernels.active_tier(), "roofline": roofline}
+            "tier": cpu_kernels.active_tier(), "roofline": roofline, "probes": probes}
 
 
 def greedy_tokens(llm, prompts: list[list[int]], max_tokens: int, logprobs: int | None = None):

@@ -231,3 +231,46 @@ def test_gguf_quality_states_each_agreement_with_its_count_and_interval():
     assert quality.wilson(0, 0) == (0.0, 1.0)
     row = {"agreement": 989 / 1024, "agreeing": 989, "positions": 1024}
     assert quality.share_text(row) == "96.58% (1024 positions; 95% CI 95.3-97.5%)"
+
+
+def test_machine_limits_bounds_from_a_files_tensors():
+    limits = load_bench("machine_limits")
+    meta = {"general.architecture": "llama", "llama.attention.head_count": 4, "llama.embedding_length": 64,
+            "llama.block_count": 2}
+    # (name, ggml shape [n_in, n_out(, experts)], elements, bytes as stored)
+    embd, out = ("token_embd.weight", [64, 100], 6400, 6800), ("output.weight", [64, 100], 6400, 6800)
+    layer = [("blk.0.attn_q.weight", [64, 64], 4096, 2304), ("blk.0.attn_norm.weight", [64], 64, 256)]
+    costs = limits.tensor_costs([embd, out, *layer], meta)
+    # a decode token reads one embedding row, the output layer and every other tensor once
+    assert costs["decode_bytes"] == 68 + 6800 + 2304 + 256
+    assert (costs["linear_macs"], costs["output_macs"], costs["attention"]) == (4096, 6400, (2, 4, 32))
+    # pp8: linear layers, the output once per prompt, QK^T and PV at the causal mean context 4.5
+    assert limits.prefill_macs_per_token(costs, 8) == 4096 + 6400 / 8 + 2 * 4 * 32 * 4.5
+    assert limits.bounds(costs, read_bytes_per_s=9428 * 10, int8_macs_per_s=6048 * 5, prompt=8) == {
+        "decode": 10.0, "prefill": 5.0}
+    tied = limits.tensor_costs([embd, *layer], meta)  # the output layer is the embedding: read whole
+    assert (tied["decode_bytes"], tied["output_macs"]) == (6800 + 2304 + 256, 6400)
+    moe_meta = {**{k.replace("llama.", "qwen3moe."): v for k, v in meta.items()}, "general.architecture": "qwen3moe",
+                "qwen3moe.expert_count": 8, "qwen3moe.expert_used_count": 2, "qwen3moe.attention.key_length": 8}
+    experts = ("blk.0.ffn_up_exps.weight", [64, 32, 8], 16384, 17408)
+    moe = limits.tensor_costs([embd, out, *layer, experts], moe_meta)  # batch 1 reads its 2 of 8 experts
+    assert moe["decode_bytes"] == 9428 + 17408 / 4 and moe["linear_macs"] == 4096 + 16384 / 4
+    assert moe["attention"] == (2, 4, 16)
+
+
+def test_machine_limits_places_each_target_against_the_bound():
+    limits = load_bench("machine_limits")
+    decode = limits.against_bound(bound=100.0, peer=44.0, ours=43.0, target=1.5)
+    assert (decode["target_tok_s"], decode["target_fraction"], decode["peer_fraction"]) == (66.0, 0.66, 0.44)
+    assert limits.verdict(decode, 1.5) == "reachable in principle: 1.5x llama.cpp is 66% of the bound (llama.cpp at 44%)"
+    prefill = limits.against_bound(bound=300.0, peer=132.0, ours=153.0, target=3.0)
+    assert limits.verdict(prefill, 3.0) == "above the limit: 3x llama.cpp is 1.32x the bound"
+    probe = {"vnni512": 2e11, "int8avx2": 9e10, "fma512": 4e10, "fma256": 4e10, "read": 4e10,
+             "cpu:vnni512": 4.6e11, "cpu:int8avx2": 2.3e11, "cpu:clock": 7.2e9}
+    assert limits.int8_peak(probe) == 2e11 and limits.int8_peak({**probe, "vnni512": None}) == 9e10
+    assert limits.int8_peak(probe, "cpu:") == 4.6e11
+    # multiply-adds per cycle per core: the CPU-time rate over the clock probe's cycles (two cores, 3.6 GHz)
+    rounds = [{**probe, "cpu:clock": 4.6e11 / per} for per in (70, 64, 60)]
+    assert limits.per_cycle(rounds, "vnni512") == pytest.approx(64.0)
+    assert limits.summarize([probe, {**probe, "read": 2e10}, {**probe, "read": 3e10}])["read"] == {
+        "median": 3e10, "best": 4e10}
