@@ -18,18 +18,31 @@ LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,
 # config.json's model_type -> general.architecture where they differ
 GGUF_ARCH = {"gemma3_text": "gemma3", "qwen3_moe": "qwen3moe", "mixtral": "llama", "gpt_oss": "gpt-oss"}
 NORM_SHIFT = ("gemma3",)  # Gemma3Model.norm_shift: llama.cpp's converter stores each norm weight as 1 + w
-STYLES = {"gpt-2": None, "qwen2": QWEN2_SPLIT, "llama-bpe": LLAMA3_SPLIT}  # tokenizer.ggml.pre -> split regex
+# o200k as Phi-4-mini's and gpt-oss's tokenizer.json write it (llama.cpp names it gpt-4o)
+GPT4O_SPLIT = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+               r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+               r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+QWEN35_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*"
+                r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+# DeepSeek-V3's three splits in turn (its tokenizer.json's Sequence)
+DEEPSEEK3_SPLITS = (r"\p{N}{1,3}", "[\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+",
+                    r"[!\"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+"
+                    r"| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+# tokenizer.ggml.pre -> the split regex (or regexes, applied in turn) of that family's tokenizer.json
+STYLES = {"gpt-2": None, "qwen2": QWEN2_SPLIT, "llama-bpe": LLAMA3_SPLIT, "gpt-4o": GPT4O_SPLIT,
+          "qwen35": QWEN35_SPLIT, "deepseek-v3": DEEPSEEK3_SPLITS}
 
 
 def restyle_tokenizer(folder: Path, pre: str) -> None:
-    """Give the folder's byte-level tokenizer.json the pre-tokenizer of a qwen2 or llama-3 tokenizer
-    (its split regex, then the byte mapping), as those models' own tokenizer.json files have it."""
-    split = STYLES[pre]
-    if split is None:
+    """Give the folder's byte-level tokenizer.json the pre-tokenizer of a qwen2, llama-3, ... tokenizer
+    (its split regexes, then the byte mapping), as those models' own tokenizer.json files have it."""
+    splits = STYLES[pre]
+    if splits is None:
         return
     data = json.loads((folder / "tokenizer.json").read_text())
     data["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [
-        {"type": "Split", "pattern": {"Regex": split}, "behavior": "Isolated", "invert": False},
+        *({"type": "Split", "pattern": {"Regex": split}, "behavior": "Isolated", "invert": False}
+          for split in ((splits,) if isinstance(splits, str) else splits)),
         {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False}]}
     if pre == "llama-bpe":
         data["model"]["ignore_merges"] = True

@@ -38,6 +38,17 @@ _QWEN2 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p
 _TEKKEN = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
            r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
            r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_QWEN35 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*"
+           r"|\s*[\r\n]+|\s+(?!\S)|\s+")  # Qwen3.5: a letter's combining marks stay with it
+# o200k (GPT-4o's tiktoken pattern; Phi-4-mini, gpt-oss, Llama 4): cased words with their contraction,
+# numbers by three, "/" kept after punctuation
+_GPT4O = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+          r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+          r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+# DeepSeek-V3/R1 (and Hunyuan's dense models): numbers by three, then runs of CJK and kana, then the rest
+_DEEPSEEK3 = (r"\p{N}{1,3}", "[\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+",
+              r"[!\"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+"
+              r"| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 
 # family -> (the regexes applied in turn, ignore_merges: a word that is a token is that token, as
 # llama.cpp and Llama 3's own tokenizer.json do)
@@ -47,15 +58,23 @@ _FAMILIES = {
     "llama3": ((_LLAMA3,), True),
     "qwen2": ((_QWEN2,), False),
     "tekken": ((_TEKKEN,), False),
+    "qwen35": ((_QWEN35,), False),
+    "gpt4o": ((_GPT4O,), False),  # llama.cpp applies the merges to every word (no ignore_merges)
+    "deepseek3": (_DEEPSEEK3, False),
 }
 # tokenizer.ggml.pre (llama.cpp's names) -> family
 PRE_TOKENIZERS = {
-    **dict.fromkeys(("default", "gpt-2", "phi-2", "mpt", "olmo", "jais", "roberta-bpe", "mellum"), "gpt2"),
-    **dict.fromkeys(("smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva"),
+    **dict.fromkeys(("default", "gpt-2", "phi-2", "mpt", "olmo", "jais", "roberta-bpe", "mellum", "gigachat",
+                     "a.x-4.0", "exaone4", "trillion", "granite-docling"), "gpt2"),
+    **dict.fromkeys(("smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva-7b"),
                     "digits-gpt2"),
-    **dict.fromkeys(("llama3", "llama-v3", "llama-bpe", "falcon3", "pixtral", "dbrx", "smaug-bpe"), "llama3"),
-    **dict.fromkeys(("qwen2", "deepseek-r1-qwen", "stablelm2", "megrez"), "qwen2"),
+    **dict.fromkeys(("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "dbrx", "smaug-bpe",
+                     "lfm2", "midm-2.0"), "llama3"),
+    **dict.fromkeys(("qwen2", "deepseek-r1-qwen", "stablelm2", "megrez", "kormo", "f2llmv2", "grok-2"), "qwen2"),
+    "qwen35": "qwen35",
     "tekken": "tekken",
+    **dict.fromkeys(("gpt-4o", "llama4", "minimax-m2", "kanana2", "talkie"), "gpt4o"),
+    **dict.fromkeys(("deepseek-v3", "hunyuan-dense", "joyai-llm", "hy_v4"), "deepseek3"),
 }
 
 
