@@ -1,13 +1,13 @@
 """Per-type speed of the quantized linear kernels: weight bytes read per second, each GGUF type against
 Q4_0 (the first type whose int8-activation kernel was tuned: rows interleaved at load, VNNI / vpmaddubsw tiles;
-Q4_K, Q5_K and Q6_K now take the same tiles).
+Q2_K .. Q6_K, IQ4_XS and IQ4_NL now take the same tiles; Q5_0 and Q5_1 still the portable per-block loop).
 
     python bench/kquant_speed.py --threads 1 --rounds 5 --cpu-time
     python bench/kquant_speed.py --types q4_0,q4_k,q6_k --batches 1,512 --activations int8 --cpu-isa avx2
 
 One linear layer per (shape, type, batch, activations) on the Llama-3.2-1B shapes (2048 x 2048: q/o_proj,
 8192 x 2048: gate/up, 2048 x 8192: down), the weights as the loader makes them (QuantWeight.
-with_activations: Q4_0 / Q4_1 / Q8_0 / Q4_K / Q5_K / Q6_K interleaved for int8 activations), random valid blocks
+with_activations: every type but Q5_0 and Q5_1 interleaved for int8 activations), random valid blocks
 (tests/kernels/quant_helpers.random_blocks: the bits depend on them, the time barely). Cases interleaved
 round by round (every case once per round), median of --rounds, each round the mean of --calls calls.
 Reports microseconds a call, weight GB/s (the type's own bytes) and that rate as a fraction of Q4_0's
@@ -46,7 +46,7 @@ def weight_of(name: str, n: int, k: int, int8: bool):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--types", default="q4_0,q8_0,q4_k,q6_k,q5_k")
+    parser.add_argument("--types", default="q4_0,q8_0,q4_k,q6_k,q5_k,q3_k,q2_k,iq4_xs,iq4_nl,q5_0,q5_1")
     parser.add_argument("--shapes", default=",".join(SHAPES), help="of " + ", ".join(SHAPES))
     parser.add_argument("--batches", default="1,16")
     parser.add_argument("--activations", default="int8,fp32", help="int8 (quant_dot.c) and/or fp32 (quant_gemm.c)")

@@ -222,7 +222,7 @@ def from_blocks(blocks: np.ndarray | torch.Tensor, fmt: int, in_features: int, d
 # ---- interleaved rows (quant_dot.c's header has the layout) -------------------------------------
 def can_interleave(fmt: int, out_features: int, in_features: int) -> bool:
     """At least one whole group of 16 rows, and (INT8) whole blocks of 32 per row."""
-    if fmt not in (Q4_0, Q4_1, Q8_0, INT8, Q4_K, Q5_K, Q6_K):  # the interleaved layouts quant_dot.c reads
+    if fmt not in (Q4_0, Q4_1, Q8_0, INT8, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS):  # the interleaved layouts quant_dot.c reads
         return False
     return out_features >= GROUP and (fmt != INT8 or in_features % BLOCK == 0)
 
@@ -231,7 +231,7 @@ def can_interleave(fmt: int, out_features: int, in_features: int) -> bool:
 def interleave_order(fmt: int, in_features: int) -> np.ndarray:
     """For one group of 16 rows (16 row_bytes bytes): interleaved byte j is row-order byte order[j]."""
     width = row_bytes(fmt, in_features)
-    if fmt in (Q4_K, Q5_K, Q6_K):
+    if fmt in (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS):
         return _kquant_order(fmt, in_features)
     lanes = np.arange(GROUP)[:, None] * width + np.arange(4)[None, :]  # [16, 4]: bytes 0..3 of each row
     blocks = in_features // BLOCK
@@ -249,10 +249,17 @@ def interleave_order(fmt: int, in_features: int) -> np.ndarray:
 
 def _kquant_position(fmt: int) -> np.ndarray:
     """[16, block bytes]: where byte j of output c's super-block lies in its group's 16 (quant_dot.c's kqi_position).
-    Q4_K, Q5_K: the 16 d, the 16 dmin, then the block's bytes 4.. as k-groups (64 bytes each: output c's 4 at 4 c);
+    Q4_K, Q5_K (IQ4_XS: its scales_h for dmin): the 16 d, the 16 dmin, then the block's bytes 4.. as k-groups (64 bytes each: output c's 4 at 4 c);
     Q6_K: the 16 d, the 16 scales as 4 k-groups, then per 128 elements n and l = 0, 4, .. 28 the k-groups of
-    ql[64 n + l], ql[64 n + 32 + l] and qh[32 n + l]: one sub-block's values per 4 k-groups."""
+    ql[64 n + l], ql[64 n + 32 + l] and qh[32 n + l]: one sub-block's values per 4 k-groups;
+    Q2_K: the 16 d, the 16 dmin, then scales[16] and qs[64] as k-groups;
+    Q3_K: the 16 d, scales[12] as 3 k-groups, then hmask[32] and qs[64] as k-groups."""
     c, j = np.arange(GROUP)[:, None], np.arange(BLOCK_BYTES[fmt])[None, :]
+    groups = 64 * (j // 4) + 4 * c + j % 4  # byte j as a k-group, counted from byte 0
+    if fmt == Q2_K:
+        return np.where(j >= 80, 32 * ((j - 80) // 2) + 2 * c + j % 2, 64 + groups)
+    if fmt == Q3_K:
+        return np.where(j >= 108, 2 * c + j - 108, np.where(j >= 96, 32 + groups - 64 * 24, 224 + groups))
     if fmt != Q6_K:
         return np.where(j < 4, 32 * (j // 2) + 2 * c + j % 2, 64 + 64 * ((j - 4) // 4) + 4 * c + j % 4)
     n = np.where(j < 128, j // 64, (j - 128) // 32)

@@ -47,10 +47,12 @@
  *       acc = fma(d_b * dx_b, (float)S, acc);   mins: acc = fma(-(dmin_b * dx_b), (float)M, acc)
  *     (float)S rounds to nearest even where |S| > 2^24: the same conversion of the same integer on
  *     every tier. One fp32 step per super-block, not per sub-block: the sub-blocks add in integers.
- *   then out = fma(acc, 1, bias) and bf16 as above. Q4_K, Q5_K and Q6_K rows are interleaved (below); on x86
- *   their whole groups take the tile of the Q4_0 path, one int32 lane per output (kqi_tile), the rows past
- *   them (Q4_K, Q6_K) vectors per output (kq_chains_x86); the others, and every type on the generic and
- *   aarch64 tiers, integer loops per output (kq_chains; interleaved blocks gathered back to row order).
+ *   then out = fma(acc, 1, bias) and bf16 as above. Q2_K .. Q6_K and IQ4_XS rows are interleaved (below); on
+ *   x86 their whole groups take the tile of the Q4_0 path, one int32 lane per output (kqi_tile), the rows
+ *   past them (Q4_K, Q6_K) vectors per output (kq_chains_x86); IQ4_NL (interleaved as Q4_0) takes Q4_0's
+ *   tiles on every tier (tile: its nibbles through the table, then as Q8_0's 8-bit values); Q5_0, Q5_1, the
+ *   rows past the groups, and every super-block type on the generic and aarch64 tiers, integer loops per
+ *   output (kq_chains; interleaved blocks gathered back to row order).
  *
  * How the tiers get isum, for a tile of 16 outputs (AVX-512) or 8 (below) at a time:
  *   x86 (AVX-512, AVX2)  the block's weights are transposed in registers so that one int32 lane per
@@ -84,6 +86,9 @@
  *   Q6_K (per super-block):  the 16 d, the 16 scales as 4 k-groups, then per 128 elements n and
  *                      l = 0, 4, .. 28 the k-groups of ql[64 n + l], ql[64 n + 32 + l] and qh[32 n + l]:
  *                      4 vectors of unpacked values, each one run of 4 elements of a sub-block of 16
+ *   Q2_K:              the 16 d, the 16 dmin, then scales[16] and qs[64] as k-groups
+ *   Q3_K:              the 16 d, scales[12] as 3 k-groups, then hmask[32] and qs[64] as k-groups
+ *   IQ4_XS:            as Q4_K (its scales_h where Q4_K's dmin is); IQ4_NL: as Q4_0
  * The same bytes, moved: every tier reads them (the generic and aarch64 tiers put a block's bytes
  * back in row order), and the integers and the fold are those of the row layout. Rows past the
  * last whole group of 16 stay in row order.
@@ -261,6 +266,9 @@ static int act_quantize(ActQ *a, int64_t groups, const void *x, int64_t ldx, int
 }
 
 /* ---- one block's integer dot products for COLS outputs ------------------------------------ */
+/* the formats of 16 bytes of nibbles per block of 32 (byte j: element j low, j + 16 high) */
+INLINE int nibble_format(int fmt) { return fmt == FMT_Q4_0 || fmt == FMT_Q4_1 || fmt == FMT_IQ4_NL; }
+
 #if defined(__AVX2__)
 /* x86: the weights of COLS outputs are transposed in registers, block by block, into k-groups:
  * vector g holds in its int32 lane c the 4 bytes of output c that multiply elements 4g .. 4g + 3
@@ -295,6 +303,8 @@ typedef __m512i wv;
 /* s with the sign of w per byte (w = 0: any, |w| is 0); s is never -128 */
 #define WV_SIGN8(s, w) _mm512_mask_sub_epi8(s, _mm512_movepi8_mask(w), _mm512_setzero_si512(), s)
 #define WV_LOAD(p) _mm512_loadu_si512((const void *)(p))
+#define WV_SHUF8(table, idx) _mm512_shuffle_epi8(table, idx)
+#define WV_TABLE16(p) _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(const void *)(p)))
 /* the 4 bytes at p in every 32-bit lane: a broadcast from memory (the load port), where the same
  * values brought through a general register went through a register-to-vector move each */
 #define WV_BCAST4(p) _mm512_castps_si512(_mm512_broadcastss_ps(_mm_load_ss((const float *)(const void *)(p))))
@@ -345,6 +355,8 @@ typedef __m256i wv;
 #define WV_MADD(a, b) _mm256_madd_epi16(a, b)
 #define WV_SIGN8(s, w) _mm256_sign_epi8(s, w)
 #define WV_LOAD(p) _mm256_loadu_si256((const __m256i *)(p))
+#define WV_SHUF8(table, idx) _mm256_shuffle_epi8(table, idx)
+#define WV_TABLE16(p) _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)(p)))
 #define WV_BCAST4(p) _mm256_castps_si256(_mm256_broadcast_ss((const float *)(const void *)(p)))
 
 INLINE void transpose_load(const uint8_t *const p[COLS], wv out[4]) {
@@ -380,6 +392,22 @@ typedef struct {
 
 /* a block's k-groups as loaded (4-bit: raw[0..3], 8-bit: raw[0..7]) -> what block_isums multiplies */
 INLINE void unpack_groups(int fmt, const wv raw[8], Prepared *out) {
+    if (fmt == FMT_IQ4_NL) { /* the nibbles through the table (vpshufb): w, as Q8_0's 8-bit values below */
+#if defined(VNNI) /* the table of w + 128 */
+        const wv mask = WV_SET8(0x0f), table = WV_XOR(WV_TABLE16(IQ4_VALUES), WV_SET8((char)0x80));
+#else
+        const wv mask = WV_SET8(0x0f), table = WV_TABLE16(IQ4_VALUES);
+#endif
+        for (int g = 0; g < 4; g++) {
+            const wv lo = WV_SHUF8(table, WV_AND(raw[g], mask)), hi = WV_SHUF8(table, WV_AND(WV_SRL16(raw[g], 4), mask));
+#if defined(VNNI)
+            out->w[g] = lo, out->w[g + 4] = hi;
+#else
+            out->s[g] = lo, out->w[g] = WV_ABS8(lo), out->s[g + 4] = hi, out->w[g + 4] = WV_ABS8(hi);
+#endif
+        }
+        return;
+    }
     if (fmt == FMT_Q4_0 || fmt == FMT_Q4_1) {
         const wv mask = WV_SET8(0x0f);
         for (int g = 0; g < 4; g++) {
@@ -412,7 +440,7 @@ INLINE void prepare(int fmt, const uint8_t *const w[COLS], int64_t b, int64_t co
     }
     wv raw[8];
     transpose_load(p, raw);
-    if (fmt != FMT_Q4_0 && fmt != FMT_Q4_1) {
+    if (!nibble_format(fmt)) {
         const uint8_t *second[COLS];
         for (int c = 0; c < COLS; c++)
             second[c] = p[c] + 16;
@@ -429,7 +457,7 @@ INLINE void prepare(int fmt, const uint8_t *const w[COLS], int64_t b, int64_t co
 INLINE void prepare_interleaved(int fmt, const uint8_t *group, int64_t b, int lane0, Prepared *out) {
     const uint8_t *block = interleaved_block(fmt, group, b), *values = interleaved_values(fmt, block);
     wv raw[8];
-    for (int g = 0; g < (fmt == FMT_Q4_0 || fmt == FMT_Q4_1 ? 4 : 8); g++)
+    for (int g = 0; g < (nibble_format(fmt) ? 4 : 8); g++)
         raw[g] = WV_LOAD(values + g * 64 + lane0 * 4);
     unpack_groups(fmt, raw, out);
     out->dw = splatv(1.0f), out->mw = splatv(0.0f);
@@ -475,7 +503,7 @@ INLINE iv block_isums(int fmt, const Prepared *pw, const int8_t *xq, int32_t xsu
     if (fmt == FMT_Q4_0) /* sum (u - 8) q = sum u q - 8 sum q */
         out -= 8 * xsum;
 #if defined(VNNI)
-    else if (fmt == FMT_Q8_0 || fmt == FMT_INT8) /* sum (w + 128) q - 128 sum q */
+    else if (fmt == FMT_Q8_0 || fmt == FMT_INT8 || fmt == FMT_IQ4_NL) /* sum (w + 128) q - 128 sum q */
         out -= 128 * xsum;
 #endif
     return out;
@@ -492,7 +520,7 @@ typedef struct {
 /* interleaved rows (the header's layout): block b of outputs lane0 .. lane0 + COLS of a group of 16 */
 INLINE void prepare_interleaved(int fmt, const uint8_t *group, int64_t b, int lane0, Prepared *out) {
     const uint8_t *block = interleaved_block(fmt, group, b), *values = interleaved_values(fmt, block);
-    const int groups = fmt == FMT_Q4_0 || fmt == FMT_Q4_1 ? 4 : 8;
+    const int groups = nibble_format(fmt) ? 4 : 8;
     out->count = QBLOCK;
     out->dw = splatv(1.0f), out->mw = splatv(0.0f);
     for (int c = 0; c < COLS; c++) {
@@ -528,7 +556,10 @@ INLINE iv block_isums(int fmt, const Prepared *pw, const int8_t *xq, int32_t xsu
     for (int c = 0; c < COLS; c++) {
         const uint8_t *p = pw->p[c];
         int32_t total = 0;
-        if (fmt == FMT_Q4_0 || fmt == FMT_Q4_1) {
+        if (fmt == FMT_IQ4_NL) {
+            for (int i = 0; i < 16; i++)
+                total += (int32_t)IQ4_VALUES[p[i] & 0x0f] * xq[i] + (int32_t)IQ4_VALUES[p[i] >> 4] * xq[i + 16];
+        } else if (fmt == FMT_Q4_0 || fmt == FMT_Q4_1) {
 #if defined(__ARM_FEATURE_DOTPROD)
             const uint8x16_t raw = vld1q_u8(p), mask = vdupq_n_u8(0x0f);
             const int8x16_t lo = vreinterpretq_s8_u8(vandq_u8(raw, mask)), hi = vreinterpretq_s8_u8(vshrq_n_u8(raw, 4));
@@ -645,9 +676,24 @@ INLINE void tile(const int rows, const int cols, const int fmt, const int interl
     default: tile(ROWS, cols, FMT, IL, a, r0, w, row_bytes, k, bias, out, ldo, n0, out_bf16, partial); return;         \
     }
 #endif
+/* IQ4_NL: one row (decode), ROWS rows (a whole tile) as constants, else the count a variable (fewer copies) */
+#define TILE_FEW_ROWS(FMT, IL)                                                                               \
+    if (rows == 1)                                                                                           \
+        tile(1, cols, FMT, IL, a, r0, w, row_bytes, k, bias, out, ldo, n0, out_bf16, partial);               \
+    else if (rows == ROWS)                                                                                   \
+        tile(ROWS, cols, FMT, IL, a, r0, w, row_bytes, k, bias, out, ldo, n0, out_bf16, partial);            \
+    else                                                                                                     \
+        tile(rows, cols, FMT, IL, a, r0, w, row_bytes, k, bias, out, ldo, n0, out_bf16, partial);            \
+    return;
 void tile_any(int rows, int cols, int fmt, int interleaved, const ActQ *a, int64_t r0, const uint8_t *w,
               int64_t row_bytes, int64_t k, const void *bias, void *out, int64_t ldo, int64_t n0, int out_bf16,
               float *partial) {
+    if (fmt == FMT_IQ4_NL) {
+        if (interleaved) {
+            TILE_FEW_ROWS(FMT_IQ4_NL, 1)
+        }
+        TILE_FEW_ROWS(FMT_IQ4_NL, 0)
+    }
     if (interleaved) {
         switch (fmt) {
         case FMT_Q4_0: TILE_ROWS(FMT_Q4_0, 1)
@@ -834,9 +880,15 @@ INLINE float kq_step(int fmt, const Decoded *dw, const ActQ *a, int64_t at, floa
 
 /* interleaved K-quant rows (Q4_K, Q5_K, Q6_K; the header's layout, kernels/quant.py's interleave_order): where
  * byte j of output c's block lies in its group's block of 16 outputs (16 block_bytes bytes) */
-INLINE int kq_interleaved(int fmt) { return fmt == FMT_Q4_K || fmt == FMT_Q5_K || fmt == FMT_Q6_K; }
+INLINE int kq_interleaved(int fmt) {
+    return fmt == FMT_Q4_K || fmt == FMT_Q5_K || fmt == FMT_Q6_K || fmt == FMT_Q3_K || fmt == FMT_Q2_K || fmt == FMT_IQ4_XS;
+}
 
 INLINE int64_t kqi_position(int fmt, int c, int j) {
+    if (fmt == FMT_Q2_K) /* the 16 d, the 16 dmin, then scales[16] and qs[64] as k-groups */
+        return j >= 80 ? 32 * ((j - 80) / 2) + 2 * c + j % 2 : 64 + 64 * (j / 4) + 4 * c + j % 4;
+    if (fmt == FMT_Q3_K) /* the 16 d, scales[12] as 3 k-groups, then hmask[32] and qs[64] as k-groups */
+        return j >= 108 ? 2 * c + j - 108 : j >= 96 ? 32 + 64 * ((j - 96) / 4) + 4 * c + j % 4 : 224 + 64 * (j / 4) + 4 * c + j % 4;
     if (fmt != FMT_Q6_K) /* Q4_K, Q5_K: the 16 d, the 16 dmin, then the block's bytes 4 .. as k-groups */
         return j < 4 ? 32 * (j / 2) + 2 * c + j % 2 : 64 + 64 * ((j - 4) / 4) + 4 * c + j % 4;
     if (j >= 208) /* Q6_K: the 16 d, the 16 scales as 4 k-groups, then per 128 elements n and l = 0, 4, .. 28 the */
@@ -1063,16 +1115,20 @@ INLINE void kq_chains_x86(const int fmt, const ActQ *a, int64_t r0, int rows, co
 #endif
 
 #if defined(__AVX2__)
-/* Q4_K, Q5_K and Q6_K's interleaved groups on x86 (avx512 with or without VNNI, avx2): the tile of the Q4_0 path,
+/* Q2_K .. Q6_K and IQ4_XS's interleaved groups on x86 (avx512 with or without VNNI, avx2): the tile of the Q4_0 path,
  * one int32 lane per output. A k-group vector holds per lane 4 unsigned values u of its output (Q4_K the nibble,
- * Q5_K the nibble and its 5th bit, Q6_K the six bits: w = u - 32) for 4 consecutive elements of one sub-block;
- * vpdpbusd against the row's 4 activations broadcast adds the 4 products u q in the lane, so a sub-block's integer
+ * Q5_K the nibble and its 5th bit, Q6_K the six bits: w = u - 32; Q2_K the two bits; Q3_K the two bits and 4 times
+ * the hmask bit: w = u - 4) for 4 consecutive elements of one sub-block; vpdpbusd against the row's 4 activations
+ * broadcast adds the 4 products u q in the lane, so a sub-block's integer
  * sum lands in its output's lane with no per-block decode and no horizontal add, and a block's values are unpacked
  * once for every row of the tile. Then (VNNI) vpmulld by the sub-block's scale, or (without VNNI) vpmaddubsw pairs
- * added in int16 (never past 32767: Q4_K 8 k-groups of pairs <= 2 15 127, Q5_K 4 of 2 31 127, Q6_K 2 of 2 63 127)
- * and vpmaddwd by the scale in both halves of the lane: S = sum_h sc_h sum_{i in h} u_i q_i. The mins M = sum_j mn_j
- * (s_2j + s_2j+1) (Q4_K, Q5_K), and Q6_K's 32 sum_h sc_h s_h (S - that is the header's S of w = u - 32), take
- * vpmaddwd of the scales' or mins' int16 pairs by the activations' sums of each 16 (or 32) broadcast: the same
+ * added in int16 (never past 32767: Q4_K 8 k-groups of pairs <= 2 15 127, Q5_K 4 of 2 31 127, Q6_K 2 of 2 63 127,
+ * Q3_K 4 of 2 7 127, Q2_K 4 of 2 3 127) and vpmaddwd by the scale in both halves of the lane:
+ * S = sum_h sc_h sum_{i in h} u_i q_i. The mins M = sum_j mn_j (s_2j + s_2j+1) (Q4_K, Q5_K; Q2_K per 16), and Q6_K's
+ * 32 sum_h sc_h s_h (Q3_K's 4 sum_h sc_h s_h; S - that is the header's S of w = u - 32, u - 4), take
+ * vpmaddwd of the scales' or mins' int16 pairs by the activations' sums of each 16 (or 32) broadcast. IQ4_XS: the
+ * nibbles through the table (vpshufb); VNNI: u = w + 128 and each sub-block's 128 (s_2j + s_2j+1) off before its
+ * scale; without: |w| by q with w's sign (a pair <= 2 127 127), each k-group by vpmaddwd at once. The same
  * integers as kq_step, exact in int32 (any order), then the same two fmas per super-block in every lane. */
 #if COLS == 16
 #define WV_MULLO32(a, b) _mm512_mullo_epi32(a, b)
@@ -1120,6 +1176,33 @@ INLINE wv kqi_scaled(const wv *u, const int8_t *q, const int count, const int pa
 /* two int16 in one int32 (a vpmaddwd operand) */
 INLINE int32_t kqi_pack(int32_t lo, int32_t hi) { return (int32_t)((uint32_t)(uint16_t)lo | (uint32_t)hi << 16); }
 
+/* Q3_K's scale of sub-block h per lane, from the 12 bytes' k-groups at sv (s2: the third, the high bits): the low 4
+ * bits are byte h % 8's low (h < 8) or high nibble, the high 2 bits byte 8 + h % 4's bits 2 (h / 4), minus 32 */
+INLINE wv kqi_q3_scale(const uint8_t *sv, wv s2, int h) {
+    const wv low = WV_AND(WV_SRLI32(WV_LOAD(sv + 64 * (h % 8 / 4)), 8 * (h % 4) + 4 * (h / 8)), WV_SET32(0x0f));
+    const wv high = WV_AND(WV_SRLI32(s2, 8 * (h % 4) + 2 * (h / 4)), WV_SET32(0x03));
+    return WV_SUB32(WV_OR(low, WV_SLLI32(high, 4)), WV_SET32(32));
+}
+
+/* COLS outputs' 16-bit integers, consecutive at p (interleaved rows), each in its int32 lane */
+INLINE wv kqi_u16_at(const uint8_t *p) {
+#if COLS == 16
+    return _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(const void *)p));
+#else
+    return _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(const void *)p));
+#endif
+}
+
+/* the two fmas of a super-block with mins (Q2_K, Q4_K, Q5_K) in every lane: S and M by d dx and dmin dx */
+INLINE void kqi_fold(wv S, wv M, fv d, fv dmin, float dx, fv *acc) {
+    iv si, mi;
+    memcpy(&si, &S, sizeof si);
+    memcpy(&mi, &M, sizeof mi);
+    const fv scale = d * splatv(dx), min_scale = dmin * splatv(dx); /* each rounded once, then the fmas */
+    *acc = fmav(scale, __builtin_convertvector(si, fv), *acc);
+    *acc = fmav(-min_scale, __builtin_convertvector(mi, fv), *acc);
+}
+
 /* acc[0 .. rows) (rows <= ROWS): rows r0 .. of a by outputs lane0 .. lane0 + COLS - 1 of the interleaved group at
  * `group` (fmt a constant) */
 INLINE void kqi_tile(const int fmt, const ActQ *a, int64_t r0, int rows, const uint8_t *group, int lane0, fv *acc) {
@@ -1133,43 +1216,134 @@ INLINE void kqi_tile(const int fmt, const ActQ *a, int64_t r0, int rows, const u
         for (int r = 0; r < rows; r++)
             S[r] = WV_ZERO, M[r] = WV_ZERO;
         const fv d = scales_at(blk + 2 * lane0);
-        if (fmt == FMT_Q6_K) {
-            const uint8_t *sv = blk + 32 + 4 * lane0, *vals = blk + 288 + 4 * lane0;
-            for (int g = 0; g < 4; g++) { /* M = sum_h sc_h s_h: scales 4g, 4g + 2 and 4g + 1, 4g + 3 as int16 pairs */
-                const wv s = WV_LOAD(sv + 64 * g);
-                const wv even = WV_SRAI16(WV_SLLI16(s, 8), 8), odd = WV_SRAI16(s, 8);
+        if (fmt == FMT_Q6_K || fmt == FMT_Q3_K || fmt == FMT_Q2_K) { /* sub-blocks of 16 */
+            /* the scales' k-groups (Q6_K 4: int8; Q3_K 3: the 12 bytes; Q2_K 4: scale | min << 4), the values' */
+            const uint8_t *sv = blk + (fmt == FMT_Q2_K ? 64 : 32) + 4 * lane0;
+            const uint8_t *vals = blk + (fmt == FMT_Q6_K ? 288 : fmt == FMT_Q3_K ? 736 : 320) + 4 * lane0;
+            const uint8_t *hmask = blk + 224 + 4 * lane0; /* Q3_K: hmask[t] bit 4 n + j is element 128 n + 32 j + t's */
+            wv sc3[16]; /* Q3_K: each sub-block's scale, unpacked once (for M and for S) */
+            if (fmt == FMT_Q3_K) {
+                const wv s2 = WV_LOAD(sv + 128); /* the high bits */
+                for (int h = 0; h < 16; h++)
+                    sc3[h] = kqi_q3_scale(sv, s2, h);
+            }
+            for (int g = 0; g < 4; g++) { /* M: scales (Q2_K mins) 4g, 4g + 2 and 4g + 1, 4g + 3 as int16 pairs */
+                wv even, odd;
+                if (fmt == FMT_Q6_K) {
+                    const wv s = WV_LOAD(sv + 64 * g);
+                    even = WV_SRAI16(WV_SLLI16(s, 8), 8), odd = WV_SRAI16(s, 8);
+                } else if (fmt == FMT_Q2_K) {
+                    const wv s = WV_LOAD(sv + 64 * g), mins = WV_SET32(0x000f000f);
+                    even = WV_AND(WV_SRL16(s, 4), mins), odd = WV_AND(WV_SRL16(s, 12), mins);
+                } else {
+                    even = WV_OR(WV_AND(sc3[4 * g], low16), WV_SLLI32(sc3[4 * g + 2], 16));
+                    odd = WV_OR(WV_AND(sc3[4 * g + 1], low16), WV_SLLI32(sc3[4 * g + 3], 16));
+                }
                 for (int r = 0; r < rows; r++) {
                     const int32_t *sums = a->sum + ((r0 + r) * a->blocks + b) * 16 + 4 * g;
                     M[r] = WV_ADD32(M[r], WV_ADD32(WV_MADD(even, WV_SET32(kqi_pack(sums[0], sums[2]))),
                                                    WV_MADD(odd, WV_SET32(kqi_pack(sums[1], sums[3])))));
                 }
             }
-            const wv high = WV_SET8(0x30);
+            const wv high = WV_SET8(0x30), low2 = WV_SET8(0x03), third = WV_SET8(0x04);
             for (int n = 0; n < 2; n++)
                 for (int half = 0; half < 2; half++) { /* l = 16 half .. 16 half + 15 of each run of 32 */
                     wv u[4][4]; /* [run of 32 within the 128][k-group]: sub-block 8 n + 2 run + half */
                     for (int t = 0; t < 4; t++) {
-                        const uint8_t *tp = vals + 192 * (8 * n + 4 * half + t);
-                        const wv lo = WV_LOAD(tp), hi = WV_LOAD(tp + 64), h = WV_LOAD(tp + 128);
-                        u[0][t] = WV_OR(WV_AND(lo, low4), WV_AND(WV_SLLI16(h, 4), high));
-                        u[1][t] = WV_OR(WV_AND(hi, low4), WV_AND(WV_SLLI16(h, 2), high));
-                        u[2][t] = WV_OR(WV_AND(WV_SRL16(lo, 4), low4), WV_AND(h, high));
-                        u[3][t] = WV_OR(WV_AND(WV_SRL16(hi, 4), low4), WV_AND(WV_SRL16(h, 2), high));
+                        if (fmt == FMT_Q6_K) {
+                            const uint8_t *tp = vals + 192 * (8 * n + 4 * half + t);
+                            const wv lo = WV_LOAD(tp), hi = WV_LOAD(tp + 64), h = WV_LOAD(tp + 128);
+                            u[0][t] = WV_OR(WV_AND(lo, low4), WV_AND(WV_SLLI16(h, 4), high));
+                            u[1][t] = WV_OR(WV_AND(hi, low4), WV_AND(WV_SLLI16(h, 2), high));
+                            u[2][t] = WV_OR(WV_AND(WV_SRL16(lo, 4), low4), WV_AND(h, high));
+                            u[3][t] = WV_OR(WV_AND(WV_SRL16(hi, 4), low4), WV_AND(WV_SRL16(h, 2), high));
+                            continue;
+                        } /* Q2_K, Q3_K: qs[32 n + l] bits 2 j are element 128 n + 32 j + l's */
+                        const wv raw = WV_LOAD(vals + 64 * (8 * n + 4 * half + t));
+                        u[0][t] = WV_AND(raw, low2), u[1][t] = WV_AND(WV_SRL16(raw, 2), low2);
+                        u[2][t] = WV_AND(WV_SRL16(raw, 4), low2), u[3][t] = WV_AND(WV_SRL16(raw, 6), low2);
+                        if (fmt == FMT_Q3_K) { /* u = the two bits + 4 hbit (w = u - 4): bit 4 n + j to bit 2 */
+                            const wv hm = WV_LOAD(hmask + 64 * (4 * half + t));
+                            for (int j = 0; j < 4; j++) {
+                                const int bit = 4 * n + j;
+                                u[j][t] = WV_OR(u[j][t], WV_AND(bit >= 2 ? WV_SRL16(hm, bit - 2) : WV_SLLI16(hm, 2 - bit), third));
+                            }
+                        }
                     }
                     for (int run = 0; run < 4; run++) {
                         const int h = 8 * n + 2 * run + half;
-                        const wv sc32 = WV_SRAI32(WV_SLLI32(WV_LOAD(sv + 64 * (h / 4)), 24 - 8 * (h % 4)), 24);
+                        wv sc32;
+                        if (fmt == FMT_Q6_K)
+                            sc32 = WV_SRAI32(WV_SLLI32(WV_LOAD(sv + 64 * (h / 4)), 24 - 8 * (h % 4)), 24);
+                        else if (fmt == FMT_Q2_K)
+                            sc32 = WV_AND(WV_SRLI32(WV_LOAD(sv + 64 * (h / 4)), 8 * (h % 4)), WV_SET32(0x0f));
+                        else
+                            sc32 = sc3[h];
                         const wv sc16 = WV_OR(WV_AND(sc32, low16), WV_SLLI32(sc32, 16));
                         for (int r = 0; r < rows; r++) {
                             const int8_t *q = a->q + ((r0 + r) * a->blocks + b) * QK_K + 128 * n + 32 * run + 16 * half;
-                            S[r] = WV_ADD32(S[r], kqi_scaled(u[run], q, 4, 2, sc32, sc16));
+                            S[r] = WV_ADD32(S[r], kqi_scaled(u[run], q, 4, fmt == FMT_Q6_K ? 2 : 4, sc32, sc16));
                         }
                     }
                 }
-            for (int r = 0; r < rows; r++) {
-                const wv total = WV_SUB32(S[r], WV_SLLI32(M[r], 5));
+            if (fmt == FMT_Q2_K) { /* the mins' fold, as Q4_K's below */
+                const fv dmin = scales_at(blk + 32 + 2 * lane0);
+                for (int r = 0; r < rows; r++)
+                    kqi_fold(S[r], M[r], d, dmin, a->d[(r0 + r) * a->blocks + b], &acc[r]);
+                continue;
+            }
+            for (int r = 0; r < rows; r++) { /* S - 32 M (Q6_K), S - 4 M (Q3_K): the header's S of w = u - 32, u - 4 */
+                const wv total = WV_SUB32(S[r], WV_SLLI32(M[r], fmt == FMT_Q6_K ? 5 : 2));
                 iv t;
                 memcpy(&t, &total, sizeof t);
+                const fv scale = d * splatv(a->d[(r0 + r) * a->blocks + b]); /* rounded once, then the fma */
+                acc[r] = fmav(scale, __builtin_convertvector(t, fv), acc[r]);
+            }
+            continue;
+        }
+        if (fmt == FMT_IQ4_XS) { /* sub-blocks of 32, scale ls - 32 (ls: scales_l's nibble ib, scales_h's bits 2 ib) */
+#if defined(VNNI) /* the table of w + 128 */
+            const wv table = WV_XOR(WV_TABLE16(IQ4_VALUES), WV_SET8((char)0x80)), sl = WV_LOAD(blk + 64 + 4 * lane0);
+#else
+            const wv table = WV_TABLE16(IQ4_VALUES), sl = WV_LOAD(blk + 64 + 4 * lane0);
+#endif
+            const wv sh = kqi_u16_at(blk + 32 + 2 * lane0);
+            const uint8_t *qs = blk + 128 + 4 * lane0; /* sub-block ib: k-groups 4 ib .. 4 ib + 3, low nibbles then high */
+            for (int ib = 0; ib < 8; ib++) {
+                const wv ls = WV_OR(WV_AND(WV_SRLI32(sl, 4 * ib), WV_SET32(0x0f)),
+                                    WV_SLLI32(WV_AND(WV_SRLI32(sh, 2 * ib), WV_SET32(0x03)), 4));
+                const wv sc32 = WV_SUB32(ls, WV_SET32(32));
+                wv v[8]; /* k-group g: elements 32 ib + 4 g .. 4 g + 3, their table values (VNNI: + 128) */
+                for (int t = 0; t < 4; t++) {
+                    const wv raw = WV_LOAD(qs + 64 * (4 * ib + t));
+                    v[t] = WV_SHUF8(table, WV_AND(raw, low4)), v[t + 4] = WV_SHUF8(table, WV_AND(WV_SRL16(raw, 4), low4));
+                }
+#if defined(VNNI) /* vpdpbusd of w + 128, then the sub-block's 128 (s_2ib + s_2ib+1) off before its scale */
+                for (int r = 0; r < rows; r++) {
+                    const int64_t at = (r0 + r) * a->blocks + b;
+                    const int8_t *q = a->q + at * QK_K + 32 * ib;
+                    const int32_t *sums = a->sum + at * 16 + 2 * ib;
+                    wv t = WV_ZERO;
+                    for (int g = 0; g < 8; g++)
+                        t = _mm512_dpbusd_epi32(t, v[g], WV_BCAST4(q + 4 * g));
+                    t = WV_SUB32(t, WV_SET32(128 * (sums[0] + sums[1])));
+                    S[r] = WV_ADD32(S[r], WV_MULLO32(t, sc32));
+                }
+#else /* vpmaddubsw of |w| by q with w's sign (a pair <= 2 127 127), each k-group's pairs by the scale at once */
+                const wv sc16 = WV_OR(WV_AND(sc32, low16), WV_SLLI32(sc32, 16));
+                wv mag[8];
+                for (int g = 0; g < 8; g++)
+                    mag[g] = WV_ABS8(v[g]);
+                for (int r = 0; r < rows; r++) {
+                    const int8_t *q = a->q + ((r0 + r) * a->blocks + b) * QK_K + 32 * ib;
+                    for (int g = 0; g < 8; g++)
+                        S[r] = WV_ADD32(S[r], WV_MADD(WV_MADDUBS(mag[g], WV_SIGN8(WV_BCAST4(q + 4 * g), v[g])), sc16));
+                }
+#endif
+            }
+            for (int r = 0; r < rows; r++) {
+                iv t;
+                memcpy(&t, &S[r], sizeof t);
                 const fv scale = d * splatv(a->d[(r0 + r) * a->blocks + b]); /* rounded once, then the fma */
                 acc[r] = fmav(scale, __builtin_convertvector(t, fv), acc[r]);
             }
@@ -1216,23 +1390,30 @@ INLINE void kqi_tile(const int fmt, const ActQ *a, int64_t r0, int rows, const u
                                                kqi_scaled(hi, q + 32, 8, pairs, sc_hi, sc16_hi)));
             }
         }
-        for (int r = 0; r < rows; r++) {
-            iv si, mi;
-            memcpy(&si, &S[r], sizeof si);
-            memcpy(&mi, &M[r], sizeof mi);
-            const fv dx = splatv(a->d[(r0 + r) * a->blocks + b]);
-            const fv scale = d * dx, min_scale = dmin * dx; /* each rounded once, then the fmas */
-            acc[r] = fmav(scale, __builtin_convertvector(si, fv), acc[r]);
-            acc[r] = fmav(-min_scale, __builtin_convertvector(mi, fv), acc[r]);
-        }
+        for (int r = 0; r < rows; r++)
+            kqi_fold(S[r], M[r], d, dmin, a->d[(r0 + r) * a->blocks + b], &acc[r]);
     }
 }
 
+/* each format its own copy, and in it one row (decode) and ROWS rows (a whole tile) with the count a constant: the
+ * rows' S, M and acc then stay in registers (a variable count kept them in memory, a load and a store on every
+ * sub-block's add, and Q6_K's unpacked values were spilled: batch-1 Q6_K read its bytes at 0.77x Q4_0's rate) */
+#define KQI_ROWS(FMT)                                                                                               \
+    if (rows == 1)                                                                                                  \
+        kqi_tile(FMT, a, r0, 1, group, lane0, acc);                                                                 \
+    else if (rows == ROWS)                                                                                          \
+        kqi_tile(FMT, a, r0, ROWS, group, lane0, acc);                                                              \
+    else                                                                                                            \
+        kqi_tile(FMT, a, r0, rows, group, lane0, acc);                                                              \
+    return;
 static void kqi_tile_any(int fmt, const ActQ *a, int64_t r0, int rows, const uint8_t *group, int lane0, fv *acc) {
     switch (fmt) {
-    case FMT_Q4_K: kqi_tile(FMT_Q4_K, a, r0, rows, group, lane0, acc); return;
-    case FMT_Q5_K: kqi_tile(FMT_Q5_K, a, r0, rows, group, lane0, acc); return;
-    default: kqi_tile(FMT_Q6_K, a, r0, rows, group, lane0, acc); return;
+    case FMT_Q4_K: KQI_ROWS(FMT_Q4_K)
+    case FMT_Q5_K: KQI_ROWS(FMT_Q5_K)
+    case FMT_Q2_K: KQI_ROWS(FMT_Q2_K)
+    case FMT_Q3_K: KQI_ROWS(FMT_Q3_K)
+    case FMT_IQ4_XS: KQI_ROWS(FMT_IQ4_XS)
+    default: KQI_ROWS(FMT_Q6_K)
     }
 }
 #endif
@@ -1244,8 +1425,8 @@ static void kq_chains_any(int fmt, const ActQ *a, int64_t r0, int rows, const ui
     case FMT_Q5_0: kq_chains(FMT_Q5_0, a, r0, rows, row, NULL, 0, acc); return;
     case FMT_Q5_1: kq_chains(FMT_Q5_1, a, r0, rows, row, NULL, 0, acc); return;
     case FMT_IQ4_NL: kq_chains(FMT_IQ4_NL, a, r0, rows, row, NULL, 0, acc); return;
-    case FMT_Q2_K: kq_chains(FMT_Q2_K, a, r0, rows, row, NULL, 0, acc); return;
-    case FMT_Q3_K: kq_chains(FMT_Q3_K, a, r0, rows, row, NULL, 0, acc); return;
+    case FMT_Q2_K: kq_chains(FMT_Q2_K, a, r0, rows, row, group, lane, acc); return; /* group: generic, aarch64 */
+    case FMT_Q3_K: kq_chains(FMT_Q3_K, a, r0, rows, row, group, lane, acc); return;
 #if defined(__AVX2__)
     case FMT_Q4_K: kq_chains_x86(FMT_Q4_K, a, r0, rows, row, acc); return;
     case FMT_Q6_K: kq_chains_x86(FMT_Q6_K, a, r0, rows, row, acc); return;
@@ -1255,7 +1436,7 @@ static void kq_chains_any(int fmt, const ActQ *a, int64_t r0, int rows, const ui
     case FMT_Q6_K: kq_chains(FMT_Q6_K, a, r0, rows, row, group, lane, acc); return;
     case FMT_Q5_K: kq_chains(FMT_Q5_K, a, r0, rows, row, group, lane, acc); return;
 #endif
-    default: kq_chains(FMT_IQ4_XS, a, r0, rows, row, NULL, 0, acc); return;
+    default: kq_chains(FMT_IQ4_XS, a, r0, rows, row, group, lane, acc); return;
     }
     (void)group, (void)lane;
 }
@@ -1333,9 +1514,9 @@ int quant_linear_int8(const void *x, int64_t ldx, const void *w, int fmt, const 
     fmt &= ~QUANT_INTERLEAVED;
     const int64_t row_bytes = quant_row_bytes(fmt, k);
     if (row_bytes == 0 || (interleaved && fmt == FMT_INT8 && k % QBLOCK != 0) ||
-        (interleaved && kq_format(fmt) && !kq_interleaved(fmt)))
+        (interleaved && kq_format(fmt) && !kq_interleaved(fmt) && fmt != FMT_IQ4_NL))
         return KERNEL_BAD_SHAPE;
-    if (kq_format(fmt))
+    if (kq_format(fmt) && fmt != FMT_IQ4_NL) /* IQ4_NL: Q4_0's tiles below, its values through the table */
         return m == 0 || n == 0 ? KERNEL_OK : kq_linear(x, ldx, w, fmt, interleaved ? n / 16 * 16 : 0, bias, out, ldo, m,
                                                         n, k, is_bf16, out_bf16, num_threads);
     const int64_t grouped = interleaved ? n / 16 * 16 : 0; /* outputs in whole interleaved groups */
@@ -1346,7 +1527,7 @@ int quant_linear_int8(const void *x, int64_t ldx, const void *w, int fmt, const 
     int64_t first = 0; /* outputs from here: the VNNI tiles (the AMX path: those past the whole groups) */
     int have_rows = 0, status = KERNEL_OK;
 #if defined(AMX)
-    if (grouped > 0 && amx_wanted(fmt, m)) {
+    if (grouped > 0 && fmt != FMT_IQ4_NL && amx_wanted(fmt, m)) {
         /* the AMX tiles quantize x straight into their A rows, unless the VNNI tiles also make some outputs (a
          * last part tile of rows, the outputs past the whole groups): then both read quantize_rows' rows */
         const int vnni_too = amx_row_count(fmt, m) < m || grouped < n;
