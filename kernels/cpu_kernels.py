@@ -204,8 +204,9 @@ def pack_gemm_weight(weight: torch.Tensor) -> torch.Tensor:
 
 
 def linear_cpu(x: torch.Tensor, packed: torch.Tensor, out_features: int, in_features: int,
-               bias: torch.Tensor | None) -> torch.Tensor:  # [..., K] -> [..., N] in x's dtype
-    """x W^T + bias on a weight [out_features, in_features] from pack_gemm_weight, x in its dtype.
+               bias: torch.Tensor | None, out: torch.Tensor | None = None) -> torch.Tensor:  # [..., K] -> [..., N]
+    """x W^T + bias on a weight [out_features, in_features] from pack_gemm_weight, x in its dtype; out: rows
+    [M, N] with unit column stride (a slice of a caller's buffer) to write into instead of a new tensor.
     Shapes are checked here: the kernel trusts them and would read past the weight."""
     if x.dtype != packed.dtype:
         raise TypeError(f"linear_cpu: input is {x.dtype}, weight is {packed.dtype}")
@@ -214,12 +215,13 @@ def linear_cpu(x: torch.Tensor, packed: torch.Tensor, out_features: int, in_feat
     if bias is not None and bias.numel() != out_features:
         raise ValueError(f"linear_cpu: bias has {bias.numel()} elements, the weight gives {out_features}")
     rows, stride = _rows(x, in_features)
-    out = torch.empty(rows.shape[0], out_features, dtype=x.dtype)
+    if out is None:
+        out = torch.empty(rows.shape[0], out_features, dtype=x.dtype)
     if bias is not None:
         bias = bias.to(x.dtype).contiguous()
     if rows.shape[0]:
         library().linear(rows.data_ptr(), stride, packed.data_ptr(), bias.data_ptr() if bias is not None else None,
-                         out.data_ptr(), out_features, rows.shape[0], out_features, in_features,
+                         out.data_ptr(), out.stride(0), rows.shape[0], out_features, in_features,
                          int(x.dtype == torch.bfloat16), torch.get_num_threads())
     return out.view(*x.shape[:-1], out_features)
 

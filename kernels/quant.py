@@ -512,16 +512,19 @@ def quant_linear(x: torch.Tensor, weight: QuantWeight, bias: torch.Tensor | None
     return run_kernel(lib, x, weight, bias)
 
 
-def run_kernel(lib: ctypes.CDLL, x: torch.Tensor, weight: QuantWeight, bias: torch.Tensor | None) -> torch.Tensor:
-    """quant_linear on a given build of the kernels (`declare`d): the tests run every tier's."""
+def run_kernel(lib: ctypes.CDLL, x: torch.Tensor, weight: QuantWeight, bias: torch.Tensor | None,
+               out: torch.Tensor | None = None) -> torch.Tensor:
+    """quant_linear on a given build of the kernels (`declare`d): the tests run every tier's. out: rows
+    [M, N] with unit column stride (a slice of a caller's buffer) to write into instead of a new tensor."""
     from kernels.cpu_kernels import _rows
 
     rows, stride = _rows(x, weight.in_features)
-    out = torch.empty(rows.shape[0], weight.out_features, dtype=x.dtype)
+    if out is None:
+        out = torch.empty(rows.shape[0], weight.out_features, dtype=x.dtype)
     if bias is not None:
         bias = bias.to(x.dtype).contiguous()
     status = lib.quant_linear(rows.data_ptr(), stride, weight.data.data_ptr(), weight.kernel_fmt,
-                              bias.data_ptr() if bias is not None else None, out.data_ptr(), weight.out_features,
+                              bias.data_ptr() if bias is not None else None, out.data_ptr(), out.stride(0),
                               rows.shape[0], weight.out_features, weight.in_features, int(x.dtype == torch.bfloat16),
                               torch.get_num_threads())
     if status == OUT_OF_MEMORY:

@@ -163,18 +163,10 @@ def _linear_into(lib: ctypes.CDLL, rows: torch.Tensor, weight, bias: torch.Tenso
     quantized = isinstance(weight, (QuantWeight, QuantParts))
     if not (quantized or isinstance(weight, GemmWeight) and weight.dtype == rows.dtype) or rows.stride(1) != 1:
         return False
-    if bias is not None:
-        bias = bias.to(rows.dtype).contiguous()
-    bias_ptr, is_bf16 = bias.data_ptr() if bias is not None else None, int(rows.dtype == torch.bfloat16)
-    m, n, k = rows.shape[0], weight.out_features, weight.in_features
-    if not quantized:
-        lib.linear(rows.data_ptr(), rows.stride(0), weight.packed.data_ptr(), bias_ptr, out.data_ptr(), out.stride(0),
-                   m, n, k, is_bf16, torch.get_num_threads())
-        return True
-    status = lib.quant_linear(rows.data_ptr(), rows.stride(0), weight.data.data_ptr(), weight.kernel_fmt, bias_ptr,
-                              out.data_ptr(), out.stride(0), m, n, k, is_bf16, torch.get_num_threads())
-    if status != quant_kernels.OK:
-        raise ValueError(f"quant_linear: {weight.format} with {k} inputs: status {status}")
+    if quantized:
+        quant_kernels.run_kernel(lib, rows, weight, bias, out=out)
+    else:
+        cpu_kernels.linear_cpu(rows, weight.packed, weight.out_features, weight.in_features, bias, out=out)
     return True
 
 
