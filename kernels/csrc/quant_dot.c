@@ -148,8 +148,10 @@ INLINE void quantize_block(const float *v, int8_t *q, float *d, int32_t *sum, fl
     block_sums(amax, total, d, sum, sx);
 }
 
+#if COLS != 16
 /* One super-block of 256 fp32 values (zero-padded) -> q, d, the 16 sums of each 16, sx: the rule in the
- * header over 256 elements (scalar on every tier: one product and one rounding per element, as above) */
+ * header over 256 elements (one product and one rounding per element, as above; AVX-512: quant_dot.h's
+ * quantize_super16) */
 static void quantize_super(const float *v, int8_t *q, float *d, int32_t *sum16, float *sx) {
     uint32_t amax_bits = 0;
     for (int i = 0; i < QK_K; i++) {
@@ -169,17 +171,30 @@ static void quantize_super(const float *v, int8_t *q, float *d, int32_t *sum16, 
     total = 0;
     for (int h = 0; h < 16; h++) {
         int32_t part = 0;
+#if defined(__AVX2__) /* cvtps2dq rounds half to even (the default MXCSR), as lrintf: 8 lanes at a time */
+        const __m256 vinv = _mm256_set1_ps(inv);
+        int32_t lanes[16];
+        for (int i = 0; i < 16; i += 8)
+            _mm256_storeu_si256((__m256i *)(lanes + i),
+                                _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(v + 16 * h + i), vinv)));
+        for (int i = 0; i < 16; i++) {
+            q[16 * h + i] = (int8_t)lanes[i];
+            part += lanes[i];
+        }
+#else
         for (int i = 16 * h; i < 16 * h + 16; i++) {
             const float scaled = v[i] * inv;
             const int32_t value = (int32_t)lrintf(scaled); /* half to even in the default rounding mode */
             q[i] = (int8_t)value;
             part += value;
         }
+#endif
         sum16[h] = part;
         total += part;
     }
     block_sums(amax, total, d, &total, sx);
 }
+#endif
 
 /* elements [start, start + span) of x's row r widened to fp32 (exactly) into v, zeros past column k: what
  * quantize_block and quantize_super round */
@@ -199,10 +214,15 @@ static void quantize_rows_super(const void *x, int64_t ldx, int64_t m, int64_t k
 #pragma omp parallel for schedule(static) num_threads(num_threads) if (m * k > 65536)
     for (int64_t r = 0; r < m; r++)
         for (int64_t b = 0; b < blocks; b++) {
+            const int64_t at = r * blocks + b;
+#if COLS == 16
+            quantize_super16(x, r * ldx + b * QK_K, k - b * QK_K, is_bf16, a->q + at * QK_K, a->d + at, a->sum + at * 16,
+                             a->sx + at);
+#else
             float v[QK_K];
             widen_run(x, ldx, r, b * QK_K, k, QK_K, is_bf16, v);
-            const int64_t at = r * blocks + b;
             quantize_super(v, a->q + at * QK_K, a->d + at, a->sum + at * 16, a->sx + at);
+#endif
         }
 }
 

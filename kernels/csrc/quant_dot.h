@@ -120,6 +120,37 @@ INLINE void quantize_block16(const void *x, int64_t at, int64_t count, int is_bf
     const int32_t total = _mm512_reduce_add_epi32(_mm512_add_epi32(qlo, qhi));
     block_sums(amax, total, d, sum, sx);
 }
+
+/* quant_dot.c's quantize_super on AVX-512, reading the row in place: the super-block's 256 values (lanes past k
+ * zero) in 16 registers, then quantize_block16's operations lane by lane (bit-pattern max, one product,
+ * cvtps2dq's round half to even), each 16's integer sum in any order. The scalar loop (lrintf a call per
+ * element) took 16% of a 1B model's pp512 */
+INLINE void quantize_super16(const void *x, int64_t at, int64_t count, int is_bf16, int8_t *q, float *d, int32_t *sum16,
+                             float *sx) {
+    __m512 v[16];
+    const __m512i magnitude = _mm512_set1_epi32(0x7fffffff);
+    __m512i top = _mm512_setzero_si512();
+    for (int h = 0; h < 16; h++) {
+        v[h] = act_load16(x, at + 16 * h, count - 16 * h, is_bf16);
+        top = _mm512_max_epu32(top, _mm512_and_si512(_mm512_castps_si512(v[h]), magnitude));
+    }
+    int32_t total;
+    const float amax = block_amax((uint32_t)_mm512_reduce_max_epu32(top), q, d, &total, sx);
+    if (amax == 0.0f) {
+        memset(q, 0, 256);
+        memset(sum16, 0, 16 * sizeof(int32_t));
+        return;
+    }
+    const __m512 vinv = _mm512_set1_ps(127.0f / amax);
+    total = 0;
+    for (int h = 0; h < 16; h++) {
+        const __m512i qi = _mm512_cvtps_epi32(_mm512_mul_ps(v[h], vinv));
+        _mm_storeu_si128((__m128i *)(q + 16 * h), _mm512_cvtepi32_epi8(qi)); /* |q| <= 127 */
+        sum16[h] = _mm512_reduce_add_epi32(qi);
+        total += sum16[h];
+    }
+    block_sums(amax, total, d, &total, sx);
+}
 #endif
 
 INLINE size_t align64(size_t bytes) { return (bytes + 63) / 64 * 64; }
