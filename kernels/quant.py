@@ -222,7 +222,7 @@ def from_blocks(blocks: np.ndarray | torch.Tensor, fmt: int, in_features: int, d
 # ---- interleaved rows (quant_dot.c's header has the layout) -------------------------------------
 def can_interleave(fmt: int, out_features: int, in_features: int) -> bool:
     """At least one whole group of 16 rows, and (INT8) whole blocks of 32 per row."""
-    if fmt not in (Q4_0, Q4_1, Q8_0, INT8, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS):  # the interleaved layouts quant_dot.c reads
+    if fmt not in (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, INT8, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS):  # quant_dot.c's layouts
         return False
     return out_features >= GROUP and (fmt != INT8 or in_features % BLOCK == 0)
 
@@ -238,11 +238,12 @@ def interleave_order(fmt: int, in_features: int) -> np.ndarray:
     if fmt == INT8:  # the 16 scales, then per block its 8 k-groups: row c's 4 bytes of group g at 4 c
         groups = 4 + np.arange(blocks)[:, None, None, None] * BLOCK + 4 * np.arange(8)[None, :, None, None]
         return np.concatenate([lanes.reshape(-1), (groups + lanes[None, None]).reshape(-1)])
-    size, head = BLOCK_BYTES[fmt], 4 if fmt == Q4_1 else 2
+    size, head = BLOCK_BYTES[fmt], 4 if fmt in (Q4_1, Q5_1) else 2
     per_block = [(np.arange(GROUP)[:, None] * width + np.arange(2)[None, :])[None]]  # each row's d
-    if fmt == Q4_1:
+    if head == 4:
         per_block.append((np.arange(GROUP)[:, None] * width + 2 + np.arange(2)[None, :])[None])  # each row's m
-    per_block.append((head + 4 * np.arange((size - head) // 4))[:, None, None] + lanes[None])  # the k-groups
+    # the k-groups (Q5_0, Q5_1: the 4 qh bytes first, then the 16 of nibbles)
+    per_block.append((head + 4 * np.arange((size - head) // 4))[:, None, None] + lanes[None])
     block = np.concatenate([part.reshape(-1) for part in per_block])  # block 0's bytes
     return (np.arange(blocks)[:, None] * size + block[None, :]).reshape(-1)
 

@@ -49,10 +49,12 @@
  *     every tier. One fp32 step per super-block, not per sub-block: the sub-blocks add in integers.
  *   then out = fma(acc, 1, bias) and bf16 as above. Q2_K .. Q6_K and IQ4_XS rows are interleaved (below); on
  *   x86 their whole groups take the tile of the Q4_0 path, one int32 lane per output (kqi_tile), the rows
- *   past them (Q4_K, Q6_K) vectors per output (kq_chains_x86); IQ4_NL (interleaved as Q4_0) takes Q4_0's
- *   tiles on every tier (tile: its nibbles through the table, then as Q8_0's 8-bit values); Q5_0, Q5_1, the
- *   rows past the groups, and every super-block type on the generic and aarch64 tiers, integer loops per
- *   output (kq_chains; interleaved blocks gathered back to row order).
+ *   past them (Q4_K, Q6_K) vectors per output (kq_chains_x86); the rows past the groups, and every
+ *   super-block type on the generic and aarch64 tiers, integer loops per output (kq_chains; interleaved
+ *   blocks gathered back to row order). IQ4_NL, Q5_0 and Q5_1 (interleaved as Q4_0, below) take Q4_0's tiles
+ *   on every tier, interleaved or not (tile): IQ4_NL its nibbles through the table, then as Q8_0's 8-bit
+ *   values; Q5_0, Q5_1 their nibbles with the fifth bit from qh, u = 0..31, then as Q4_0 / Q4_1 (Q5_0:
+ *   isum = sum u q - 16 s, as Q4_0's - 8 s; Q5_1: sum u q, then Q4_1's m step).
  *
  * How the tiers get isum, for a tile of 16 outputs (AVX-512) or 8 (below) at a time:
  *   x86 (AVX-512, AVX2)  the block's weights are transposed in registers so that one int32 lane per
@@ -62,7 +64,8 @@
  *                      by ones. vpmaddubsw adds two u8 x s8 products into a saturating int16: the u8
  *                      side is a nibble (<= 15) or |w| <= 128 (the sign trick: |w| x (q with w's sign),
  *                      w q exactly, w = -128 included), and |q| <= 127 (activations are never -128), so
- *                      a pair is at most 32512 <= 32767: it never saturates, and the sums are exact.
+ *                      a pair is at most 32512 <= 32767: it never saturates, and the sums are exact
+ *                      (Q5_0 / Q5_1's u <= 31: a pair <= 7874, so 4 k-groups' pairs add in int16).
  *   aarch64 with dotprod   sdot; without it, and the generic tier: integer loops per output.
  *   AMX (the avx512 tier where the CPU has AMX-INT8 and Linux grants the tile data; interleaved groups,
  *   10+ rows, Q4_1 13+): one tile product per block gives 16 rows x 16 outputs (quant_amx.c, its own
@@ -89,6 +92,8 @@
  *   Q2_K:              the 16 d, the 16 dmin, then scales[16] and qs[64] as k-groups
  *   Q3_K:              the 16 d, scales[12] as 3 k-groups, then hmask[32] and qs[64] as k-groups
  *   IQ4_XS:            as Q4_K (its scales_h where Q4_K's dmin is); IQ4_NL: as Q4_0
+ *   Q5_0, Q5_1:        as Q4_0, Q4_1 (the 16 d, Q5_1 then the 16 m), then qh as one k-group (output c's
+ *                      4 qh bytes at 4 c), then the 4 k-groups of nibbles
  * The same bytes, moved: every tier reads them (the generic and aarch64 tiers put a block's bytes
  * back in row order), and the integers and the fold are those of the row layout. Rows past the
  * last whole group of 16 stay in row order.
@@ -288,6 +293,14 @@ static int act_quantize(ActQ *a, int64_t groups, const void *x, int64_t ldx, int
 /* ---- one block's integer dot products for COLS outputs ------------------------------------ */
 /* the formats of 16 bytes of nibbles per block of 32 (byte j: element j low, j + 16 high) */
 INLINE int nibble_format(int fmt) { return fmt == FMT_Q4_0 || fmt == FMT_Q4_1 || fmt == FMT_IQ4_NL; }
+/* Q5_0, Q5_1: those nibbles and 4 bytes of fifth bits (qh: bit e for element e) */
+INLINE int five_bit_format(int fmt) { return fmt == FMT_Q5_0 || fmt == FMT_Q5_1; }
+/* the formats with an fp16 m after d (acc = fma(m, sx, acc) after each block's isum step) */
+INLINE int min_format(int fmt) { return fmt == FMT_Q4_1 || fmt == FMT_Q5_1; }
+/* a Q5_0 / Q5_1 block's qh in row order (its nibbles the 16 bytes after it) */
+INLINE const uint8_t *five_bit_qh(int fmt, const uint8_t *row, int64_t b) {
+    return block_start(fmt, row, b) + (fmt == FMT_Q5_1 ? 4 : 2);
+}
 
 #if defined(__AVX2__)
 /* x86: the weights of COLS outputs are transposed in registers, block by block, into k-groups:
@@ -354,7 +367,7 @@ INLINE void block_scales(int fmt, const int32_t raw_bits[COLS], fv *dw, fv *mw) 
     const __m512i raw = _mm512_loadu_si512(raw_bits);
     const __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(raw));
     memcpy(dw, &d, 64);
-    if (fmt == FMT_Q4_1) {
+    if (min_format(fmt)) {
         const __m512 m = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(raw, 16)));
         memcpy(mw, &m, 64);
     }
@@ -395,7 +408,7 @@ INLINE void block_scales(int fmt, const int32_t raw_bits[COLS], fv *dw, fv *mw) 
         uint8_t bytes[4];
         memcpy(bytes, &raw_bits[c], 4);
         (*dw)[c] = half_to_float(bytes);
-        if (fmt == FMT_Q4_1)
+        if (min_format(fmt))
             (*mw)[c] = half_to_float(bytes + 2);
     }
 }
@@ -410,8 +423,34 @@ typedef struct {
     fv dw, mw;
 } Prepared;
 
-/* a block's k-groups as loaded (4-bit: raw[0..3], 8-bit: raw[0..7]) -> what block_isums multiplies */
+#if COLS == 16 /* u, with 0x10 added in the bytes where sel & bits has a bit set (AVX-512BW: a mask) */
+#define WV_FIFTH(u, sel, bits) _mm512_mask_add_epi8(u, _mm512_test_epi8_mask(sel, bits), u, _mm512_set1_epi8(0x10))
+#else
+#define WV_FIFTH(u, sel, bits)                                                                                    \
+    _mm256_or_si256(u, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(sel, bits), bits), _mm256_set1_epi8(0x10)))
+#endif
+/* Q5_0 / Q5_1's fifth bits: byte 4 j + i of a 128-bit lane (output j's byte i) picks byte FIVE_PICK[h][4 j + i] of
+ * it from the qh k-group: h = 0, 1 output j's qh byte h (elements 0-15), h = 2, 3 its byte h (elements 16-31) */
+static const uint8_t FIVE_PICK[4][16] = {{0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8, 12, 12, 12, 12},
+                                         {1, 1, 1, 1, 5, 5, 5, 5, 9, 9, 9, 9, 13, 13, 13, 13},
+                                         {2, 2, 2, 2, 6, 6, 6, 6, 10, 10, 10, 10, 14, 14, 14, 14},
+                                         {3, 3, 3, 3, 7, 7, 7, 7, 11, 11, 11, 11, 15, 15, 15, 15}};
+
+/* a block's k-groups as loaded (4-bit: raw[0..3], Q5_0 / Q5_1 then their qh k-group raw[4], 8-bit: raw[0..7])
+ * -> what block_isums multiplies */
 INLINE void unpack_groups(int fmt, const wv raw[8], Prepared *out) {
+    if (five_bit_format(fmt)) { /* u = nibble | fifth bit << 4: k-group g byte i is element 4 g + i (low nibble,
+                                 * qh bit 4 g + i) and 4 g + 16 + i (high, qh bit 4 g + 16 + i) */
+        const wv mask = WV_SET8(0x0f);
+        for (int g = 0; g < 4; g++) {
+            /* bit 4 (g % 2) + i of the picked qh byte, byte i of each lane */
+            const wv bits = WV_SET32(g % 2 ? (int)0x80402010u : 0x08040201);
+            const wv low = WV_SHUF8(raw[4], WV_TABLE16(FIVE_PICK[g / 2])), high = WV_SHUF8(raw[4], WV_TABLE16(FIVE_PICK[2 + g / 2]));
+            out->w[g] = WV_FIFTH(WV_AND(raw[g], mask), low, bits);
+            out->w[g + 4] = WV_FIFTH(WV_AND(WV_SRL16(raw[g], 4), mask), high, bits);
+        }
+        return;
+    }
     if (fmt == FMT_IQ4_NL) { /* the nibbles through the table (vpshufb): w, as Q8_0's 8-bit values below */
 #if defined(VNNI) /* the table of w + 128 */
         const wv mask = WV_SET8(0x0f), table = WV_XOR(WV_TABLE16(IQ4_VALUES), WV_SET8((char)0x80));
@@ -459,8 +498,16 @@ INLINE void prepare(int fmt, const uint8_t *const w[COLS], int64_t b, int64_t co
         }
     }
     wv raw[8];
+    if (five_bit_format(fmt)) { /* the nibbles after qh; qh as a k-group (output c's 4 bytes in lane c) */
+        int32_t qh[COLS];
+        for (int c = 0; c < COLS; c++) {
+            memcpy(&qh[c], five_bit_qh(fmt, w[c], b), 4);
+            p[c] = five_bit_qh(fmt, w[c], b) + 4;
+        }
+        raw[4] = WV_LOAD(qh);
+    }
     transpose_load(p, raw);
-    if (!nibble_format(fmt)) {
+    if (!nibble_format(fmt) && !five_bit_format(fmt)) {
         const uint8_t *second[COLS];
         for (int c = 0; c < COLS; c++)
             second[c] = p[c] + 16;
@@ -477,13 +524,17 @@ INLINE void prepare(int fmt, const uint8_t *const w[COLS], int64_t b, int64_t co
 INLINE void prepare_interleaved(int fmt, const uint8_t *group, int64_t b, int lane0, Prepared *out) {
     const uint8_t *block = interleaved_block(fmt, group, b), *values = interleaved_values(fmt, block);
     wv raw[8];
-    for (int g = 0; g < (nibble_format(fmt) ? 4 : 8); g++)
+    if (five_bit_format(fmt)) { /* the qh k-group, then the 4 of nibbles */
+        raw[4] = WV_LOAD(values + lane0 * 4);
+        values += 64;
+    }
+    for (int g = 0; g < (nibble_format(fmt) || five_bit_format(fmt) ? 4 : 8); g++)
         raw[g] = WV_LOAD(values + g * 64 + lane0 * 4);
     unpack_groups(fmt, raw, out);
     out->dw = splatv(1.0f), out->mw = splatv(0.0f);
     if (fmt != FMT_INT8)
         out->dw = scales_at(block + 2 * lane0);
-    if (fmt == FMT_Q4_1)
+    if (min_format(fmt))
         out->mw = scales_at(block + 32 + 2 * lane0);
 }
 
@@ -511,6 +562,13 @@ INLINE iv block_isums(int fmt, const Prepared *pw, const int8_t *xq, int32_t xsu
         for (int g = 0; g < 8; g++)
             pairs = WV_ADD16(pairs, WV_MADDUBS(pw->w[g], WV_SET32(group[g])));
         total = WV_MADD(pairs, WV_SET16(1));
+    } else if (five_bit_format(fmt)) { /* u <= 31: a pair <= 7874, so 4 groups' pairs (<= 31496) add in int16 */
+        wv low = WV_ZERO, high = WV_ZERO;
+        for (int g = 0; g < 4; g++) {
+            low = WV_ADD16(low, WV_MADDUBS(pw->w[g], WV_SET32(group[g])));
+            high = WV_ADD16(high, WV_MADDUBS(pw->w[g + 4], WV_SET32(group[g + 4])));
+        }
+        total = WV_ADD32(WV_MADD(low, WV_SET16(1)), WV_MADD(high, WV_SET16(1)));
     } else {
         for (int g = 0; g < 8; g++) {
             const wv x = WV_SET32(group[g]);
@@ -522,6 +580,8 @@ INLINE iv block_isums(int fmt, const Prepared *pw, const int8_t *xq, int32_t xsu
     memcpy(&out, &total, sizeof out);
     if (fmt == FMT_Q4_0) /* sum (u - 8) q = sum u q - 8 sum q */
         out -= 8 * xsum;
+    else if (fmt == FMT_Q5_0) /* sum (u - 16) q = sum u q - 16 sum q */
+        out -= 16 * xsum;
 #if defined(VNNI)
     else if (fmt == FMT_Q8_0 || fmt == FMT_INT8 || fmt == FMT_IQ4_NL) /* sum (w + 128) q - 128 sum q */
         out -= 128 * xsum;
@@ -537,19 +597,36 @@ typedef struct {
     uint8_t rows[COLS][QBLOCK]; /* interleaved rows: the block's values back in row order */
 } Prepared;
 
+/* Q5_0 / Q5_1: a block's qh (4 bytes) and nibbles (16) -> its 32 u (0..31), as 8-bit values in row order */
+INLINE void five_bit_values(const uint8_t *qh_at, const uint8_t *qs, uint8_t *u) {
+    uint32_t qh;
+    memcpy(&qh, qh_at, 4);
+    for (int j = 0; j < 16; j++) {
+        u[j] = (uint8_t)((qs[j] & 0xF) | ((qh >> j & 1) << 4));
+        u[j + 16] = (uint8_t)((qs[j] >> 4) | ((qh >> (j + 16) & 1) << 4));
+    }
+}
+
 /* interleaved rows (the header's layout): block b of outputs lane0 .. lane0 + COLS of a group of 16 */
 INLINE void prepare_interleaved(int fmt, const uint8_t *group, int64_t b, int lane0, Prepared *out) {
     const uint8_t *block = interleaved_block(fmt, group, b), *values = interleaved_values(fmt, block);
-    const int groups = nibble_format(fmt) ? 4 : 8;
+    const int groups = nibble_format(fmt) || five_bit_format(fmt) ? 4 : 8;
     out->count = QBLOCK;
     out->dw = splatv(1.0f), out->mw = splatv(0.0f);
     for (int c = 0; c < COLS; c++) {
-        for (int g = 0; g < groups; g++)
-            memcpy(out->rows[c] + 4 * g, values + g * 64 + 4 * (lane0 + c), 4);
+        if (five_bit_format(fmt)) { /* the qh k-group, then the nibbles' -> u */
+            uint8_t qs[16];
+            for (int g = 0; g < groups; g++)
+                memcpy(qs + 4 * g, values + (g + 1) * 64 + 4 * (lane0 + c), 4);
+            five_bit_values(values + 4 * (lane0 + c), qs, out->rows[c]);
+        } else {
+            for (int g = 0; g < groups; g++)
+                memcpy(out->rows[c] + 4 * g, values + g * 64 + 4 * (lane0 + c), 4);
+        }
         out->p[c] = out->rows[c];
         if (fmt != FMT_INT8)
             out->dw[c] = half_to_float(block + 2 * (lane0 + c));
-        if (fmt == FMT_Q4_1)
+        if (min_format(fmt))
             out->mw[c] = half_to_float(block + 32 + 2 * (lane0 + c));
     }
 }
@@ -561,9 +638,13 @@ INLINE void prepare(int fmt, const uint8_t *const w[COLS], int64_t b, int64_t co
     out->dw = splatv(1.0f), out->mw = splatv(0.0f);
     for (int c = 0; c < COLS; c++) {
         out->p[c] = block_values(fmt, w[c], b);
+        if (five_bit_format(fmt)) { /* u, as 8-bit values */
+            five_bit_values(five_bit_qh(fmt, w[c], b), five_bit_qh(fmt, w[c], b) + 4, out->rows[c]);
+            out->p[c] = out->rows[c];
+        }
         if (fmt != FMT_INT8) {
             out->dw[c] = half_to_float(block_start(fmt, w[c], b));
-            if (fmt == FMT_Q4_1)
+            if (min_format(fmt))
                 out->mw[c] = half_to_float(block_start(fmt, w[c], b) + 2);
         }
     }
@@ -588,7 +669,7 @@ INLINE iv block_isums(int fmt, const Prepared *pw, const int8_t *xq, int32_t xsu
             for (int i = 0; i < 16; i++)
                 total += (int32_t)(p[i] & 0x0f) * xq[i] + (int32_t)(p[i] >> 4) * xq[i + 16];
 #endif
-        } else {
+        } else { /* Q8_0, INT8; Q5_0, Q5_1: their u (0..31) */
             const int8_t *s = (const int8_t *)p;
 #if defined(__ARM_FEATURE_DOTPROD)
             if (pw->count == QBLOCK)
@@ -603,6 +684,8 @@ INLINE iv block_isums(int fmt, const Prepared *pw, const int8_t *xq, int32_t xsu
     }
     if (fmt == FMT_Q4_0) /* sum (u - 8) q = sum u q - 8 sum q */
         out -= 8 * xsum;
+    else if (fmt == FMT_Q5_0) /* sum (u - 16) q = sum u q - 16 sum q */
+        out -= 16 * xsum;
     return out;
 }
 #endif
@@ -652,7 +735,7 @@ INLINE void tile(const int rows, const int cols, const int fmt, const int interl
             const fv sums = __builtin_convertvector(isum, fv);
             const fv scale = fmt == FMT_INT8 ? splatv(a->d[at]) : pw.dw * splatv(a->d[at]);
             acc[r] = fmav(scale, sums, acc[r]);
-            if (fmt == FMT_Q4_1)
+            if (min_format(fmt))
                 acc[r] = fmav(pw.mw, splatv(a->sx[at]), acc[r]);
         }
     }
@@ -714,6 +797,21 @@ void tile_any(int rows, int cols, int fmt, int interleaved, const ActQ *a, int64
         }
         TILE_FEW_ROWS(FMT_IQ4_NL, 0)
     }
+    /* Q5_0, Q5_1: rows in order only past the last whole group of 16 (and in layers under 16 outputs): one copy */
+    if (fmt == FMT_Q5_0) {
+        if (interleaved) {
+            TILE_FEW_ROWS(FMT_Q5_0, 1)
+        }
+        tile(rows, cols, FMT_Q5_0, 0, a, r0, w, row_bytes, k, bias, out, ldo, n0, out_bf16, partial);
+        return;
+    }
+    if (fmt == FMT_Q5_1) {
+        if (interleaved) {
+            TILE_FEW_ROWS(FMT_Q5_1, 1)
+        }
+        tile(rows, cols, FMT_Q5_1, 0, a, r0, w, row_bytes, k, bias, out, ldo, n0, out_bf16, partial);
+        return;
+    }
     if (interleaved) {
         switch (fmt) {
         case FMT_Q4_0: TILE_ROWS(FMT_Q4_0, 1)
@@ -730,26 +828,29 @@ void tile_any(int rows, int cols, int fmt, int interleaved, const ActQ *a, int64
     }
 }
 
-/* ---- the K-quants and the other blocks of 32, read as integers ---------------------------------
- * Q2_K .. Q6_K, IQ4_XS (super-blocks of 256, activations per super-block) and Q5_0, Q5_1, IQ4_NL (blocks
- * of 32, activations per block of 32): each block of an output row is decoded once per tile of KQ_ROWS
- * rows of x into its integers (the header's w, sc, mn) and its fp16 d, dmin (Q5_1: m), then each row's
- * integer sums and its fold, in the header's order: integer loops the compiler vectorizes, fmaf (the FMA
- * instruction or libm's correctly rounded one). Q4_K and Q6_K on x86 (avx512, avx2) take kq_chains_x86
- * instead: the same integers by vpmaddubsw and vpdpwssd / vpmaddwd, the same fold. */
+/* ---- the K-quants, read as integers -----------------------------------------------------------
+ * Q2_K .. Q6_K, IQ4_XS (super-blocks of 256, activations per super-block; Q5_0, Q5_1 and IQ4_NL take the
+ * tile above): each block of an output row is decoded once per tile of KQ_ROWS rows of x into its integers
+ * (the header's w, sc, mn) and its fp16 d, dmin, then each row's integer sums and its fold, in the header's
+ * order: integer loops the compiler vectorizes, fmaf (the FMA instruction or libm's correctly rounded one).
+ * Q4_K and Q6_K on x86 (avx512, avx2) take kq_chains_x86 instead: the same integers by vpmaddubsw and
+ * vpdpwssd / vpmaddwd, the same fold. */
 #define KQ_ROWS 8 /* rows of x per decoded block */
 
 typedef struct {
-    int8_t w[QK_K];       /* the signed integer of each element (32 of them for a block of 32) */
+    int8_t w[QK_K];       /* the signed integer of each element */
     int16_t ws[QK_K];     /* super-blocks: w sc_h, exact in int16 (|w sc| <= 127 * 32, 32 * 128, 63 * 31) */
     int32_t sc[16], mn[16]; /* super-blocks: each sub-block of 16's scale and min (of 32: both halves) */
-    float d, dmin;          /* dmin: the K-quants' mins' scale; Q5_1: m */
+    float d, dmin;          /* dmin: the mins' scale */
 } Decoded;
 
 INLINE int kq_format(int fmt) {
     return fmt == FMT_Q5_0 || fmt == FMT_Q5_1 || fmt == FMT_IQ4_NL || fmt == FMT_Q2_K || fmt == FMT_Q3_K ||
            fmt == FMT_Q4_K || fmt == FMT_Q5_K || fmt == FMT_Q6_K || fmt == FMT_IQ4_XS;
 }
+
+/* the formats of kq_format that take the tile of the Q4_0 path instead (every tier, interleaved or not) */
+INLINE int block32_tile_format(int fmt) { return fmt == FMT_IQ4_NL || fmt == FMT_Q5_0 || fmt == FMT_Q5_1; }
 
 INLINE int kq_has_mins(int fmt) { return fmt == FMT_Q2_K || fmt == FMT_Q4_K || fmt == FMT_Q5_K; }
 
@@ -760,16 +861,6 @@ INLINE void k4_scales(const uint8_t *s, int32_t sc[16], int32_t mn[16]) {
         const int min = j < 4 ? s[j + 4] & 63 : (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
         sc[2 * j] = sc[2 * j + 1] = scale;
         mn[2 * j] = mn[2 * j + 1] = min;
-    }
-}
-
-/* a Q5_0 / Q5_1 block's values: nibbles at qs (byte j: element j low, j + 16 high), 5th bits in qh (bit e) */
-INLINE void five_bits(const uint8_t *qh_at, const uint8_t *qs, int offset, int8_t *w) {
-    uint32_t qh;
-    memcpy(&qh, qh_at, 4);
-    for (int j = 0; j < 16; j++) {
-        w[j] = (int8_t)(((qs[j] & 0xF) | ((qh >> j & 1) << 4)) - offset);
-        w[j + 16] = (int8_t)(((qs[j] >> 4) | ((qh >> (j + 16) & 1) << 4)) - offset);
     }
 }
 
@@ -843,67 +934,39 @@ INLINE void kq_decode_values(int fmt, const uint8_t *p, Decoded *o) {
         }
         return;
     }
-    case FMT_Q5_0: /* d, qh[4], qs[16]: u - 16 */
-        o->d = half_to_float(p), o->dmin = 0.0f;
-        five_bits(p + 2, p + 6, 16, o->w);
-        return;
-    case FMT_Q5_1: /* d, m, qh[4], qs[16]: u */
-        o->d = half_to_float(p), o->dmin = half_to_float(p + 2);
-        five_bits(p + 4, p + 8, 0, o->w);
-        return;
-    default: /* IQ4_NL: d, qs[16]: the table's values */
-        o->d = half_to_float(p), o->dmin = 0.0f;
-        for (int j = 0; j < 16; j++)
-            o->w[j] = IQ4_VALUES[p[2 + j] & 0xF], o->w[j + 16] = IQ4_VALUES[p[2 + j] >> 4];
-        return;
     }
 }
 
-/* one block at p -> its integers, and (super-blocks) each element's w sc: S = sum_i (w_i sc_h(i)) q_i is the
- * header's sum_h sc_h sum_{i in h} w_i q_i, the same integer, as one plain loop the compiler vectorizes */
+/* one block at p -> its integers, and each element's w sc: S = sum_i (w_i sc_h(i)) q_i is the header's
+ * sum_h sc_h sum_{i in h} w_i q_i, the same integer, as one plain loop the compiler vectorizes */
 INLINE void kq_decode(int fmt, const uint8_t *p, Decoded *o) {
     kq_decode_values(fmt, p, o);
-    if (block_elems(fmt) == QK_K)
-        for (int i = 0; i < QK_K; i++)
-            o->ws[i] = (int16_t)(o->w[i] * o->sc[i / 16]);
+    for (int i = 0; i < QK_K; i++)
+        o->ws[i] = (int16_t)(o->w[i] * o->sc[i / 16]);
 }
 
 /* one decoded block against one row's activations (its cell `at` of a): the header's step of the chain */
 INLINE float kq_step(int fmt, const Decoded *dw, const ActQ *a, int64_t at, float acc) {
     const float dx = a->d[at];
     const float scale = dw->d * dx; /* rounded once, then the fma */
-    if (block_elems(fmt) == QK_K) {
-        const int8_t *q = a->q + at * QK_K;
-        const int32_t *sums = a->sum + at * 16;
-        int32_t total = 0, mins = 0; /* integers: any order of the adds gives them */
-        for (int i = 0; i < QK_K; i++)
-            total += (int32_t)dw->ws[i] * q[i];
-        if (kq_has_mins(fmt))
-            for (int h = 0; h < 16; h++)
-                mins += dw->mn[h] * sums[h];
-        acc = fmaf(scale, (float)total, acc);
-        if (kq_has_mins(fmt)) {
-            const float min_scale = dw->dmin * dx;
-            acc = fmaf(-min_scale, (float)mins, acc);
-        }
-        return acc;
-    }
-    const int8_t *q = a->q + at * QBLOCK;
-    int32_t total = 0;
-    for (int i = 0; i < QBLOCK; i++)
-        total += (int32_t)dw->w[i] * q[i];
+    const int8_t *q = a->q + at * QK_K;
+    const int32_t *sums = a->sum + at * 16;
+    int32_t total = 0, mins = 0; /* integers: any order of the adds gives them */
+    for (int i = 0; i < QK_K; i++)
+        total += (int32_t)dw->ws[i] * q[i];
+    if (kq_has_mins(fmt))
+        for (int h = 0; h < 16; h++)
+            mins += dw->mn[h] * sums[h];
     acc = fmaf(scale, (float)total, acc);
-    if (fmt == FMT_Q5_1)
-        acc = fmaf(dw->dmin, a->sx[at], acc);
+    if (kq_has_mins(fmt)) {
+        const float min_scale = dw->dmin * dx;
+        acc = fmaf(-min_scale, (float)mins, acc);
+    }
     return acc;
 }
 
-/* interleaved K-quant rows (Q4_K, Q5_K, Q6_K; the header's layout, kernels/quant.py's interleave_order): where
+/* interleaved K-quant rows (Q2_K .. Q6_K, IQ4_XS; the header's layout, kernels/quant.py's interleave_order): where
  * byte j of output c's block lies in its group's block of 16 outputs (16 block_bytes bytes) */
-INLINE int kq_interleaved(int fmt) {
-    return fmt == FMT_Q4_K || fmt == FMT_Q5_K || fmt == FMT_Q6_K || fmt == FMT_Q3_K || fmt == FMT_Q2_K || fmt == FMT_IQ4_XS;
-}
-
 INLINE int64_t kqi_position(int fmt, int c, int j) {
     if (fmt == FMT_Q2_K) /* the 16 d, the 16 dmin, then scales[16] and qs[64] as k-groups */
         return j >= 80 ? 32 * ((j - 80) / 2) + 2 * c + j % 2 : 64 + 64 * (j / 4) + 4 * c + j % 4;
@@ -1442,9 +1505,6 @@ static void kqi_tile_any(int fmt, const ActQ *a, int64_t r0, int rows, const uin
 static void kq_chains_any(int fmt, const ActQ *a, int64_t r0, int rows, const uint8_t *row, const uint8_t *group,
                           int lane, float *acc) {
     switch (fmt) {
-    case FMT_Q5_0: kq_chains(FMT_Q5_0, a, r0, rows, row, NULL, 0, acc); return;
-    case FMT_Q5_1: kq_chains(FMT_Q5_1, a, r0, rows, row, NULL, 0, acc); return;
-    case FMT_IQ4_NL: kq_chains(FMT_IQ4_NL, a, r0, rows, row, NULL, 0, acc); return;
     case FMT_Q2_K: kq_chains(FMT_Q2_K, a, r0, rows, row, group, lane, acc); return; /* group: generic, aarch64 */
     case FMT_Q3_K: kq_chains(FMT_Q3_K, a, r0, rows, row, group, lane, acc); return;
 #if defined(__AVX2__)
@@ -1533,10 +1593,10 @@ int quant_linear_int8(const void *x, int64_t ldx, const void *w, int fmt, const 
     const int interleaved = (fmt & QUANT_INTERLEAVED) != 0;
     fmt &= ~QUANT_INTERLEAVED;
     const int64_t row_bytes = quant_row_bytes(fmt, k);
-    if (row_bytes == 0 || (interleaved && fmt == FMT_INT8 && k % QBLOCK != 0) ||
-        (interleaved && kq_format(fmt) && !kq_interleaved(fmt) && fmt != FMT_IQ4_NL))
+    if (row_bytes == 0 || (interleaved && fmt == FMT_INT8 && k % QBLOCK != 0))
         return KERNEL_BAD_SHAPE;
-    if (kq_format(fmt) && fmt != FMT_IQ4_NL) /* IQ4_NL: Q4_0's tiles below, its values through the table */
+    /* IQ4_NL, Q5_0, Q5_1: Q4_0's tiles below (IQ4_NL's values through the table, Q5's nibbles with their qh bits) */
+    if (kq_format(fmt) && !block32_tile_format(fmt))
         return m == 0 || n == 0 ? KERNEL_OK : kq_linear(x, ldx, w, fmt, interleaved ? n / 16 * 16 : 0, bias, out, ldo, m,
                                                         n, k, is_bf16, out_bf16, num_threads);
     const int64_t grouped = interleaved ? n / 16 * 16 : 0; /* outputs in whole interleaved groups */
@@ -1547,7 +1607,7 @@ int quant_linear_int8(const void *x, int64_t ldx, const void *w, int fmt, const 
     int64_t first = 0; /* outputs from here: the VNNI tiles (the AMX path: those past the whole groups) */
     int have_rows = 0, status = KERNEL_OK;
 #if defined(AMX)
-    if (grouped > 0 && fmt != FMT_IQ4_NL && amx_wanted(fmt, m)) {
+    if (grouped > 0 && !block32_tile_format(fmt) && amx_wanted(fmt, m)) {
         /* the AMX tiles quantize x straight into their A rows, unless the VNNI tiles also make some outputs (a
          * last part tile of rows, the outputs past the whole groups): then both read quantize_rows' rows */
         const int vnni_too = amx_row_count(fmt, m) < m || grouped < n;

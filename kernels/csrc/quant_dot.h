@@ -162,7 +162,7 @@ INLINE const uint8_t *interleaved_block(int fmt, const uint8_t *group, int64_t b
 }
 
 INLINE const uint8_t *interleaved_values(int fmt, const uint8_t *block) {
-    return fmt == FMT_INT8 ? block : block + (fmt == FMT_Q4_1 ? 64 : 32);
+    return fmt == FMT_INT8 ? block : block + (fmt == FMT_Q4_1 || fmt == FMT_Q5_1 ? 64 : 32);
 }
 
 #if defined(__AVX2__)

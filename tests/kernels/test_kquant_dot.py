@@ -75,9 +75,9 @@ def test_row_parallel_groups_fold_the_groups_chains(name):
     assert torch.equal(got, want)
 
 
-@pytest.mark.parametrize("name", ["q4_k", "q5_k", "q6_k", "q3_k", "q2_k", "iq4_xs", "iq4_nl"])
+@pytest.mark.parametrize("name", ["q4_k", "q5_k", "q6_k", "q3_k", "q2_k", "iq4_xs", "iq4_nl", "q5_0", "q5_1"])
 def test_interleaved_rows_give_the_bits_of_rows_in_order(libs, name):
-    """Q2_K .. Q6_K, IQ4_XS and IQ4_NL's rows interleaved by groups of 16 at load (the x86 tiles' layout, quant_dot.c's
+    """Q2_K .. Q6_K, IQ4_XS, IQ4_NL, Q5_0 and Q5_1's rows interleaved by groups of 16 at load (the x86 tiles' layout, quant_dot.c's
     header): the bits of the same rows in row order on every tier, and the same rows back for the embedding
     lookup and the fp32-activation path."""
     weight = quant.from_blocks(random_blocks(name, 40, 512, np.random.default_rng(4)), quant.FORMATS[name], 512,
@@ -97,12 +97,12 @@ def test_interleaved_rows_give_the_bits_of_rows_in_order(libs, name):
     assert torch.equal(interleaved.with_activations(False).data, weight.data)
 
 
-@pytest.mark.parametrize("name", ["q4_k", "q5_k", "q6_k", "q3_k", "q2_k", "iq4_xs", "iq4_nl"])
+@pytest.mark.parametrize("name", ["q4_k", "q5_k", "q6_k", "q3_k", "q2_k", "iq4_xs", "iq4_nl", "q5_0", "q5_1"])
 def test_largest_integers_stay_exact_on_every_tier(libs, name):
     """The x86 kernels add u q in int16 pairs (vpmaddubsw) before the sub-block scales: blocks whose every
     value, scale and min is at its largest (Q4_K: 15, 63, 63; Q5_K: 31, 63, 63; Q2_K: 3, 15, 15; Q6_K: u = 63
     with scale -128, and u = 0; Q3_K: w = 3 with scale 31, and w = -4 with scale -32; IQ4_XS: 113 with scale 31, and -127
-    with scale -32; IQ4_NL: 113 and -127)
+    with scale -32; IQ4_NL: 113 and -127; Q5_0, Q5_1: u = 31 (Q5_0 w = 15), and u = 0 (Q5_0 w = -16))
     against activations of +-127 give the reference's bits, so no pair or sum saturates or wraps."""
     fmt, k = quant.FORMATS[name], 512
     data = np.full((32, quant.row_bytes(fmt, k)), 0xFF, np.uint8)
@@ -112,8 +112,8 @@ def test_largest_integers_stay_exact_on_every_tier(libs, name):
         blocks[..., 192:208] = 0x80  # scales -128
     if name == "q3_k":
         blocks[16:, :, :108] = 0  # hmask and qs 0: w = -4, scales 0 - 32
-    if name in ("iq4_nl", "iq4_xs"):
-        blocks[16:, :, 2:] = 0  # nibbles 0: -127 (IQ4_XS: scales 0 - 32)
+    if name in ("iq4_nl", "iq4_xs", "q5_0", "q5_1"):
+        blocks[16:, :, 4 if name == "q5_1" else 2:] = 0  # nibbles 0: -127 (IQ4_XS: scales 0 - 32; Q5: qh 0, u = 0)
     for offset, _ in SCALE_FIELDS[name][0]:
         blocks[..., offset:offset + 2] = np.array([1e-3], np.float16).view(np.uint8)
     weight = quant.from_blocks(data, fmt, k, torch.float32).with_activations(True)

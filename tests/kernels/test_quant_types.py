@@ -128,11 +128,11 @@ def test_rows_that_are_not_whole_blocks_are_refused(name):
 
 @pytest.mark.parametrize("name", NEW_TYPES)
 def test_int8_activations_take_every_type(name):
-    """quant_dot.c takes every type (tests/kernels/test_kquant_dot.py has their bits); Q2_K .. Q6_K, IQ4_XS and
-    IQ4_NL rows are interleaved as Q4_0's are (the same bytes moved), Q5_0 and Q5_1 kept in row order."""
+    """quant_dot.c takes every type (tests/kernels/test_kquant_dot.py has their bits); their rows are
+    interleaved as Q4_0's are (the same bytes moved)."""
     weight, _ = typed_weight(name, 16, 256, torch.float32, seed=1)
     int8 = weight.with_activations(True)
-    assert int8.int8_activations and int8.interleaved == (name not in ("q5_0", "q5_1"))
+    assert int8.int8_activations and int8.interleaved
     assert torch.equal(int8.row_data(), weight.data)
     assert torch.equal(int8.data, weight.data) != int8.interleaved
 
