@@ -1,13 +1,13 @@
 """Per-type speed of the quantized linear kernels: weight bytes read per second, each GGUF type against
 Q4_0 (the first type whose int8-activation kernel was tuned: rows interleaved at load, VNNI / vpmaddubsw tiles;
-Q2_K .. Q6_K, IQ4_XS and IQ4_NL now take the same tiles; Q5_0 and Q5_1 still the portable per-block loop).
+Q2_K .. Q6_K, IQ4_XS, IQ4_NL, Q5_0 and Q5_1 now take the same tiles).
 
     python bench/kquant_speed.py --threads 1 --rounds 5 --cpu-time
     python bench/kquant_speed.py --types q4_0,q4_k,q6_k --batches 1,512 --activations int8 --cpu-isa avx2
 
 One linear layer per (shape, type, batch, activations) on the Llama-3.2-1B shapes (2048 x 2048: q/o_proj,
 8192 x 2048: gate/up, 2048 x 8192: down), the weights as the loader makes them (QuantWeight.
-with_activations: every type but Q5_0 and Q5_1 interleaved for int8 activations), random valid blocks
+with_activations: every type interleaved for int8 activations), random valid blocks
 (tests/kernels/quant_helpers.random_blocks: the bits depend on them, the time barely). Cases interleaved
 round by round (every case once per round), median of --rounds, each round the mean of --calls calls.
 Reports microseconds a call, weight GB/s (the type's own bytes) and that rate as a fraction of Q4_0's
