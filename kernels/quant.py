@@ -546,7 +546,10 @@ def _library() -> ctypes.CDLL | None:
 
 _ptr, _i64, _i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 SIGNATURES = {"quant_linear": ([_ptr, _i64, _ptr, _i32, _ptr, _ptr, _i64, _i64, _i64, _i64, _i32, _i32], _i32),
-              "quant_row_bytes": ([_i32, _i64], _i64)}
+              "quant_row_bytes": ([_i32, _i64], _i64),
+              "quant_dot_amx": ([], _i32),
+              "quant_experts_int8": ([_ptr, _i64, _ptr, _ptr, _i64, _i32, _i64, _i64, _i64, _i64, _i32, _ptr, _i64,
+                                      _i32], _i32)}
 
 
 def declare(lib: ctypes.CDLL) -> ctypes.CDLL:

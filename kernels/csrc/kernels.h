@@ -94,3 +94,8 @@ int quant_dot_amx(void);
 /* quant_dot.c: row_parallel_linear's int8-activation groups in one pass (fmt without QUANT_ACT_INT8) */
 int quant_linear_int8_groups(const void *x, int64_t ldx, const void *w, int fmt, int64_t groups, int64_t m, int64_t n,
                              int64_t kg, int is_bf16, void *out, int64_t ldo, int num_threads);
+/* quant_dot.c: a mixture-of-experts layer's experts, each on its rows of x, in one parallel region (fmt without
+ * QUANT_ACT_INT8; spans [count, 2] the rows' start and stop, weights [count] each expert's address) */
+int quant_experts_int8(const void *x, int64_t ldx, const int64_t *spans, const int64_t *weights, int64_t count,
+                       int fmt, int64_t groups, int64_t m, int64_t n, int64_t k, int is_bf16, void *out, int64_t ldo,
+                       int num_threads);

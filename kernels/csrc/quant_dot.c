@@ -1720,3 +1720,97 @@ int quant_linear_int8_groups(const void *x, int64_t ldx, const void *w, int fmt,
     scratch_give(SCRATCH_ACT);
     return status;
 }
+
+/* ---- a mixture-of-experts layer's experts in one parallel region (services/worker/models/moe.py) ----------------
+ * x [m, k]: a step's rows grouped by expert, expert i's rows spans[2 i] .. spans[2 i + 1] - 1, its weight at
+ * weights[i]: `groups` K groups of kg = k / groups columns one after the other, each [n, kg] (n quant_row_bytes
+ * rows; interleaved as fmt says). out [m, n] (x's dtype) row r = x's row r times its expert's weight, each K
+ * group's tile partials added in the order 0..G-1 in registers and rounded once: groups 1 gives
+ * quant_linear_int8's bits (no bias), groups G those of quant_linear_int8_groups (row_parallel_linear), for
+ * each row whatever rows and experts share the call. Per step one quantization of x (every expert's rows are
+ * rows of it, each group's columns quantized from the group's first column as the group's own call does) and
+ * one parallel region, where the experts' own calls took 2 regions each (decode at 8 experts: 16, whose
+ * fork, join and uneven shares were a third of the layer's time). Each thread takes one contiguous run of
+ * the (expert, chunk of OUT_CHUNK outputs) items, the runs cut at equal estimated cost (a chunk's weight
+ * bytes, and its rows' tiles), so every thread streams its own stretch of weights. The VNNI / vpmaddubsw /
+ * generic tiles only (no AMX: its tiles give the same bits, so a caller with many rows per expert can take
+ * the experts' own calls instead), the formats tile_any runs; else KERNEL_BAD_SHAPE (the caller's per-expert
+ * path). */
+int quant_experts_int8(const void *x, int64_t ldx, const int64_t *spans, const int64_t *weights, int64_t count,
+                       int fmt, int64_t groups, int64_t m, int64_t n, int64_t k, int is_bf16, void *out, int64_t ldo,
+                       int num_threads) {
+    const int interleaved = (fmt & QUANT_INTERLEAVED) != 0;
+    fmt &= ~QUANT_INTERLEAVED;
+    if (groups < 1 || groups > MAX_FOLD_GROUPS || k % groups != 0 || count < 0)
+        return KERNEL_BAD_SHAPE;
+    const int64_t kg = k / groups, row_bytes = quant_row_bytes(fmt, kg);
+    if (row_bytes == 0 || (interleaved && fmt == FMT_INT8 && kg % QBLOCK) || (kq_format(fmt) && fmt != FMT_IQ4_NL))
+        return KERNEL_BAD_SHAPE;
+    for (int64_t i = 0; i < count; i++)
+        if (spans[2 * i] < 0 || spans[2 * i] > spans[2 * i + 1] || spans[2 * i + 1] > m)
+            return KERNEL_BAD_SHAPE;
+    if (m == 0 || n == 0 || count == 0)
+        return KERNEL_OK;
+    ActQ a[MAX_FOLD_GROUPS];
+    int status = act_quantize(a, groups, x, ldx, m, kg, is_bf16, num_threads, QBLOCK);
+    int64_t *cost = malloc(sizeof(int64_t) * (size_t)(count + 1)); /* cost[i]: the items' cost before expert i */
+    if (cost == NULL)
+        status = KERNEL_OUT_OF_MEMORY;
+    if (status != KERNEL_OK)
+        goto done;
+    const int64_t chunks = (n + OUT_CHUNK - 1) / OUT_CHUNK, group_bytes = n * row_bytes;
+    const int64_t grouped = interleaved ? n / 16 * 16 : 0;
+    cost[0] = 0; /* a chunk: reading its weights, about a whole tile of rows' work, then its rows' tiles */
+    for (int64_t i = 0; i < count; i++)
+        cost[i + 1] = cost[i] + chunks * (ROWS + spans[2 * i + 1] - spans[2 * i]);
+    const int64_t total = cost[count];
+    if (num_threads < 1)
+        num_threads = 1;
+#pragma omp parallel for schedule(static) num_threads(num_threads)
+    for (int t = 0; t < num_threads; t++) {
+        /* the items whose cost starts in [total t / T, total (t + 1) / T): each item in exactly one run */
+        const int64_t from = total * t / num_threads, to = total * (t + 1) / num_threads;
+        for (int64_t i = 0; i < count; i++) {
+            const int64_t start = spans[2 * i], stop = spans[2 * i + 1], each = ROWS + stop - start;
+            if (stop == start || cost[i + 1] <= from || cost[i] >= to)
+                continue;
+            const int64_t first = cost[i] >= from ? 0 : (from - cost[i] + each - 1) / each;
+            const int64_t last = cost[i + 1] <= to ? chunks : (to - cost[i] + each - 1) / each;
+            const uint8_t *w = (const uint8_t *)(intptr_t)weights[i];
+            ActQ mine[MAX_FOLD_GROUPS]; /* the expert's rows as a call of its own sees them (its row 0 first) */
+            for (int64_t g = 0; g < groups; g++) {
+                const int64_t at = start * a[g].blocks;
+                mine[g] = a[g];
+                mine[g].q += at * QBLOCK, mine[g].d += at, mine[g].sx += at, mine[g].sum += at;
+            }
+            for (int64_t chunk = first; chunk < last; chunk++) {
+                const int64_t c0 = chunk * OUT_CHUNK, c1 = c0 + OUT_CHUNK < n ? c0 + OUT_CHUNK : n;
+                float sum[ROWS * COLS], part[ROWS * COLS];
+                for (int64_t r = 0; r < stop - start; r += ROWS) {
+                    const int rows = stop - start - r < ROWS ? (int)(stop - start - r) : ROWS;
+                    for (int64_t c = c0; c < c1; c += COLS) {
+                        const int cols = c1 - c < COLS ? (int)(c1 - c) : COLS;
+                        for (int64_t g = 0; g < groups; g++) {
+                            tile_any(rows, cols, fmt, c < grouped, &mine[g], r, w + g * group_bytes + c * row_bytes,
+                                     row_bytes, kg, NULL, NULL, 0, c, 0, g == 0 ? sum : part);
+                            if (g > 0)
+                                for (int j = 0; j < rows * COLS; j++)
+                                    sum[j] += part[j];
+                        }
+                        for (int rr = 0; rr < rows; rr++)
+                            for (int j = 0; j < cols; j++) {
+                                if (is_bf16)
+                                    ((uint16_t *)out)[(start + r + rr) * ldo + c + j] = float_to_bf16(sum[rr * COLS + j]);
+                                else
+                                    ((float *)out)[(start + r + rr) * ldo + c + j] = sum[rr * COLS + j];
+                            }
+                    }
+                }
+            }
+        }
+    }
+done:
+    free(cost);
+    scratch_give(SCRATCH_ACT);
+    return status;
+}

@@ -10,9 +10,11 @@ import torch
 from tests.conftest import make_llm
 
 # folder fp32: gemm.c's packed experts; int8 at load with int8 activations: quant_linear on interleaved
-# rows; a Q8_0 file with fp32 activations: quant_linear on GGUF blocks
+# rows; a Q8_0 file with fp32 activations: quant_linear on GGUF blocks; with int8 activations: every
+# expert of a step in one call (quant_dot.c's quant_experts_int8), as int8 at load
 MODES = {"fp32": ({}, False), "int8": (dict(quantization="int8", activation_quant="int8"), False),
-         "q8_0": (dict(quantization="gguf", activation_quant="none"), True)}
+         "q8_0": (dict(quantization="gguf", activation_quant="none"), True),
+         "q8_0-int8": (dict(quantization="gguf", activation_quant="int8"), True)}
 
 
 @pytest.fixture(scope="module", params=list(MODES))
@@ -47,3 +49,17 @@ def test_each_token_gets_the_bits_of_its_experts_on_its_row_alone(moe):
 
 def test_a_step_without_tokens_gives_no_rows(moe):
     assert moe(torch.empty(0, moe.router_weight.shape[1])).shape == (0, moe.router_weight.shape[1])
+
+
+def test_the_experts_in_one_call_give_the_same_bits_at_every_thread_count(moe):
+    x = torch.randn(16, moe.router_weight.shape[1], generator=torch.Generator().manual_seed(5))
+    want = moe(x)
+    threads = torch.get_num_threads()
+    try:
+        for count in (2, 3):  # the threads' runs of (expert, outputs) cut elsewhere
+            torch.set_num_threads(count)
+            assert torch.equal(moe(x), want) and torch.equal(moe(x[2:3]), want[2:3])
+    finally:
+        torch.set_num_threads(threads)
+    if getattr(moe.experts[0].gate_up_weight, "int8_activations", False):  # int8 activations: the one call ran
+        assert moe._tables.gate_up is not None and moe._tables.down is not None

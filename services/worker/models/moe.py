@@ -71,6 +71,7 @@ class MoE(nn.Module):
         self.router_weight = nn.Parameter(torch.empty(cfg.num_experts, cfg.hidden_size), requires_grad=False)
         self.experts = nn.ModuleList(MLP(cfg, ops, linear) for _ in range(cfg.num_experts))
         self._down_biases = None  # [E, H] stacked at the first step where the experts have down biases
+        self._tables: _ExpertTables | None = None  # the experts' weights for quant_experts_int8, at the first step
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # [T, H] -> weights, experts [T, k]
         probs = torch.softmax(self.linear(x, self.router_weight, None).float(), dim=-1)
@@ -107,6 +108,11 @@ class MoE(nn.Module):
         first = self.experts[0]
         out = rows.new_empty(rows.shape[0], first.gate_up_weight.shape[0])
         lib = _kernels(rows)
+        if lib is not None and self._tables is None:
+            self._tables = _ExpertTables.of(self.experts)
+        if lib is not None and self._tables.gate_up is not None and _experts_into(lib, rows, self._tables.gate_up,
+                                                                                    spans, 1, out):
+            return out
         for expert, start, stop in spans:
             module = self.experts[expert]
             weight, bias = module.gate_up_weight, getattr(module, "gate_up_bias", None)
@@ -128,6 +134,12 @@ class MoE(nn.Module):
         if first.gather is None and first.groups == first.total_groups and first._compiled(hidden):
             hidden = hidden.contiguous()
             out = torch.empty(num_rows, n, dtype=hidden.dtype)
+            lib = _kernels(hidden)
+            if lib is not None and self._tables is None:
+                self._tables = _ExpertTables.of(self.experts)
+            if lib is not None and self._tables.down is not None and _experts_into(lib, hidden, self._tables.down,
+                                                                                     spans, first.groups, out):
+                return out
             longest = max((stop - start for _, start, stop in spans), default=0)
             scratch = None if first.fmt == 0 else torch.empty(first.groups, longest, n)
             lib, elem = row_parallel.library(), hidden.element_size()
@@ -147,6 +159,87 @@ class MoE(nn.Module):
         if first.gather is not None:
             partials = first.gather(partials)
         return first.fold(partials, dtype)
+
+
+@dataclass(frozen=True)
+class _ExpertTable:
+    """One projection of every expert as quant_experts_int8 takes it: the format (without the int8-activation
+    bit), the shape and each expert's address; `keep` holds the tensors that own the bytes."""
+    fmt: int
+    out_features: int
+    in_features: int
+    dtype: torch.dtype
+    addresses: torch.Tensor  # int64 [E]
+    keep: tuple
+
+    @classmethod
+    def of(cls, weights: list) -> _ExpertTable | None:
+        """The table where every weight is quantized with int8 activations (a QuantWeight, or a RowParallelWeight
+        of them in one process) of one format and shape, else None (each expert's own call)."""
+        first = weights[0]
+        if isinstance(first, RowParallelWeight):
+            if first.gather is not None or first.groups != first.total_groups or first.buffer is None:
+                return None
+            quant = [w.parts[0] if isinstance(w, RowParallelWeight) else None for w in weights]
+            data = [w.buffer if isinstance(w, RowParallelWeight) else None for w in weights]
+            shapes = {(w.groups, w.out_features, w.in_features) if isinstance(w, RowParallelWeight) else None
+                      for w in weights}
+        else:
+            quant, data = weights, [getattr(w, "data", None) for w in weights]
+            shapes = {(1, *w.shape) if isinstance(w, QuantWeight) else None for w in weights}
+        if len(shapes) != 1 or None in shapes or not all(
+                isinstance(q, QuantWeight) and q.int8_activations and q.kernel_fmt == quant[0].kernel_fmt
+                and q.dtype == quant[0].dtype for q in quant):
+            return None
+        return cls(fmt=quant[0].kernel_fmt & ~quant_kernels.ACT_INT8, out_features=first.shape[0],
+                   in_features=first.shape[1], dtype=quant[0].dtype,
+                   addresses=torch.tensor([d.data_ptr() for d in data], dtype=torch.int64), keep=tuple(data))
+
+
+@dataclass(frozen=True)
+class _ExpertTables:
+    gate_up: _ExpertTable | None
+    down: _ExpertTable | None
+
+    @classmethod
+    def of(cls, experts: nn.ModuleList) -> _ExpertTables:
+        biased = any(getattr(e, "gate_up_bias", None) is not None for e in experts)
+        return cls(gate_up=None if biased else _ExpertTable.of([e.gate_up_weight for e in experts]),
+                   down=_ExpertTable.of([e.down_weight for e in experts]))
+
+
+AMX_ROWS = 10  # an expert with this many rows takes its own call where the AMX tiles run (quant_dot.c)
+
+
+def _experts_into(lib: ctypes.CDLL, rows: torch.Tensor, table: _ExpertTable, spans: list[tuple[int, int, int]],
+                  groups: int, out: torch.Tensor) -> bool:
+    """Every chosen expert's projection of its rows into out by quant_experts_int8 (one quantization of the
+    rows, one parallel region: the bits of each expert's own call, `groups` K groups folded as
+    row_parallel_linear folds them); False where it does not run these (the caller's per-expert calls)."""
+    if rows.dtype != table.dtype or rows.stride(1) != 1 or out.stride(1) != 1 or not spans:
+        return False
+    if max(stop - start for _, start, stop in spans) >= AMX_ROWS and _amx(lib):
+        return False  # the AMX tiles (the same bits) are faster on an expert's many rows
+    ids = torch.tensor([expert for expert, _, _ in spans], dtype=torch.int64)
+    bounds = torch.tensor([(start, stop) for _, start, stop in spans], dtype=torch.int64)
+    addresses = table.addresses[ids]
+    status = lib.quant_experts_int8(
+        rows.data_ptr(), rows.stride(0), bounds.data_ptr(), addresses.data_ptr(), len(spans), table.fmt, groups,
+        rows.shape[0], table.out_features, table.in_features, int(rows.dtype == torch.bfloat16), out.data_ptr(),
+        out.stride(0), torch.get_num_threads())
+    if status == quant_kernels.OUT_OF_MEMORY:
+        raise MemoryError("quant_experts_int8: out of memory for the quantized rows")
+    return status == quant_kernels.OK
+
+
+_amx_permitted: dict[int, bool] = {}
+
+
+def _amx(lib: ctypes.CDLL) -> bool:
+    """Whether this library takes quant_dot.c's AMX tiles (asked once per library)."""
+    if id(lib) not in _amx_permitted:
+        _amx_permitted[id(lib)] = bool(lib.quant_dot_amx())
+    return _amx_permitted[id(lib)]
 
 
 def _kernels(rows: torch.Tensor) -> ctypes.CDLL | None:
