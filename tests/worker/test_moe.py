@@ -11,10 +11,11 @@ from tests.conftest import make_llm
 
 # folder fp32: gemm.c's packed experts; int8 at load with int8 activations: quant_linear on interleaved
 # rows; a Q8_0 file with fp32 activations: quant_linear on GGUF blocks; with int8 activations: every
-# expert of a step in one call (quant_dot.c's quant_experts_int8), as int8 at load
-MODES = {"fp32": ({}, False), "int8": (dict(quantization="int8", activation_quant="int8"), False),
-         "q8_0": (dict(quantization="gguf", activation_quant="none"), True),
-         "q8_0-int8": (dict(quantization="gguf", activation_quant="int8"), True)}
+# expert of a step in one call (quant_dot.c's quant_experts_int8), as int8 at load and Q4_0 / Q4_1 files
+GGUF_INT8 = dict(quantization="gguf", activation_quant="int8")
+MODES = {"fp32": ({}, None), "int8": (dict(quantization="int8", activation_quant="int8"), None),
+         "q8_0": (dict(quantization="gguf", activation_quant="none"), "q8_0"), "q8_0-int8": (GGUF_INT8, "q8_0"),
+         "q4_0-int8": (GGUF_INT8, "q4_0"), "q4_1-int8": (GGUF_INT8, "q4_1")}
 
 
 @pytest.fixture(scope="module", params=list(MODES))
@@ -23,7 +24,7 @@ def moe(request, model_dir, tmp_path_factory):
 
     args, gguf = MODES[request.param]
     folder = model_dir("qwen3_moe", "tiny", num_layers=1)
-    path = write_gguf(folder, tmp_path_factory.mktemp("moe") / "moe.gguf", "q8_0") if gguf else folder
+    path = write_gguf(folder, tmp_path_factory.mktemp("moe") / "moe.gguf", gguf) if gguf else folder
     llm = make_llm(path, num_threads=1, **args)
     return llm.engine.workers["worker-0"].runner.model.layers[0].mlp
 
