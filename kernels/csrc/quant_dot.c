@@ -1807,7 +1807,8 @@ static int fold_tile_any(int rows, int fmt, const ActQ *a, int64_t groups, int64
  * one parallel region, where the experts' own calls took 2 regions each (decode at 8 experts: 16, whose
  * fork, join and uneven shares were a third of the layer's time). Each thread takes one contiguous run of
  * the (expert, chunk of OUT_CHUNK outputs) items, the runs cut at equal estimated cost (a chunk's weight
- * bytes, and its rows' tiles), so every thread streams its own stretch of weights. The VNNI / vpmaddubsw /
+ * bytes, and its rows' tiles), so every thread streams its own stretch of weights; whole interleaved tiles
+ * of Q4_0, Q4_1, Q8_0, INT8 through fold_tile, the rest tile_any's partials. The VNNI / vpmaddubsw /
  * generic tiles only (no AMX: its tiles give the same bits, so a caller with many rows per expert can take
  * the experts' own calls instead), the formats tile_any runs; else KERNEL_BAD_SHAPE (the caller's per-expert
  * path). */
@@ -1876,10 +1877,11 @@ int quant_experts_int8(const void *x, int64_t ldx, const int64_t *spans, const i
                         }
                         for (int rr = 0; rr < rows; rr++)
                             for (int j = 0; j < cols; j++) {
+                                const int64_t at = (start + r + rr) * ldo + c + j;
                                 if (is_bf16)
-                                    ((uint16_t *)out)[(start + r + rr) * ldo + c + j] = float_to_bf16(sum[rr * COLS + j]);
+                                    ((uint16_t *)out)[at] = float_to_bf16(sum[rr * COLS + j]);
                                 else
-                                    ((float *)out)[(start + r + rr) * ldo + c + j] = sum[rr * COLS + j];
+                                    ((float *)out)[at] = sum[rr * COLS + j];
                             }
                     }
                 }

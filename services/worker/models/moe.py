@@ -9,7 +9,11 @@ Per step (`MoE.forward`):
 - each expert that some token chose multiplies its slice once, [gate, up] in one call, its weights read
   once per step for all its rows; the activation runs once over every row; then each expert's down_proj.
   Where the compiled CPU kernels run the weights, each call writes into the step's buffers through
-  ctypes (no per-expert tensors); otherwise each expert's slice goes through the model's linear function;
+  ctypes (no per-expert tensors); otherwise each expert's slice goes through the model's linear function.
+  Experts quantized with int8 activations (one format) take one call for all of a step's experts per
+  projection instead (quant_dot.c's quant_experts_int8: one quantization of the rows, one parallel region,
+  the bits of each expert's own call): at decode 2 parallel regions a layer where the experts' own calls
+  opened 2 each, whose joins and uneven shares were about a third of the layer's time;
 - a token's output is the sum of its k weighted expert outputs added in ascending expert id
   (transformers' order), from its own rows only.
 Every kernel gives a row the same bits whatever rows share its call, and the activation and the sum are
