@@ -1810,8 +1810,8 @@ static int fold_tile_any(int rows, int fmt, const ActQ *a, int64_t groups, int64
  * bytes, and its rows' tiles), so every thread streams its own stretch of weights; whole interleaved tiles
  * of Q4_0, Q4_1, Q8_0, INT8 through fold_tile, the rest tile_any's partials. The VNNI / vpmaddubsw /
  * generic tiles only (no AMX: its tiles give the same bits, so a caller with many rows per expert can take
- * the experts' own calls instead), the formats tile_any runs; else KERNEL_BAD_SHAPE (the caller's per-expert
- * path). */
+ * the experts' own calls instead), the formats tile_any runs (not the super-block K-quants); else
+ * KERNEL_BAD_SHAPE (the caller's per-expert path). */
 int quant_experts_int8(const void *x, int64_t ldx, const int64_t *spans, const int64_t *weights, int64_t count,
                        int fmt, int64_t groups, int64_t m, int64_t n, int64_t k, int is_bf16, void *out, int64_t ldo,
                        int num_threads) {
@@ -1820,7 +1820,8 @@ int quant_experts_int8(const void *x, int64_t ldx, const int64_t *spans, const i
     if (groups < 1 || groups > MAX_FOLD_GROUPS || k % groups != 0 || count < 0)
         return KERNEL_BAD_SHAPE;
     const int64_t kg = k / groups, row_bytes = quant_row_bytes(fmt, kg);
-    if (row_bytes == 0 || (interleaved && fmt == FMT_INT8 && kg % QBLOCK) || (kq_format(fmt) && fmt != FMT_IQ4_NL))
+    if (row_bytes == 0 || (interleaved && fmt == FMT_INT8 && kg % QBLOCK) ||
+        (kq_format(fmt) && !block32_tile_format(fmt)))
         return KERNEL_BAD_SHAPE;
     for (int64_t i = 0; i < count; i++)
         if (spans[2 * i] < 0 || spans[2 * i] > spans[2 * i + 1] || spans[2 * i + 1] > m)

@@ -11,11 +11,11 @@ from tests.conftest import make_llm
 
 # folder fp32: gemm.c's packed experts; int8 at load with int8 activations: quant_linear on interleaved
 # rows; a Q8_0 file with fp32 activations: quant_linear on GGUF blocks; with int8 activations: every
-# expert of a step in one call (quant_dot.c's quant_experts_int8), as int8 at load and Q4_0 / Q4_1 files
+# expert of a step in one call (quant_dot.c's quant_experts_int8), as int8 at load and Q4_0 / Q4_1 / Q5_1 files
 GGUF_INT8 = dict(quantization="gguf", activation_quant="int8")
 MODES = {"fp32": ({}, None), "int8": (dict(quantization="int8", activation_quant="int8"), None),
          "q8_0": (dict(quantization="gguf", activation_quant="none"), "q8_0"), "q8_0-int8": (GGUF_INT8, "q8_0"),
-         "q4_0-int8": (GGUF_INT8, "q4_0"), "q4_1-int8": (GGUF_INT8, "q4_1")}
+         "q4_0-int8": (GGUF_INT8, "q4_0"), "q4_1-int8": (GGUF_INT8, "q4_1"), "q5_1-int8": (GGUF_INT8, "q5_1")}
 
 
 @pytest.fixture(scope="module", params=list(MODES))

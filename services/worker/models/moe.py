@@ -193,7 +193,7 @@ class _ExpertTable:
             shapes = {(1, *w.shape) if isinstance(w, QuantWeight) else None for w in weights}
         if len(shapes) != 1 or None in shapes or not all(
                 isinstance(q, QuantWeight) and q.int8_activations and q.kernel_fmt == quant[0].kernel_fmt
-                and q.dtype == quant[0].dtype for q in quant):
+                and q.dtype == quant[0].dtype for q in quant) or quant[0].fmt not in ONE_CALL_FORMATS:
             return None
         return cls(fmt=quant[0].kernel_fmt & ~quant_kernels.ACT_INT8, out_features=first.shape[0],
                    in_features=first.shape[1], dtype=quant[0].dtype,
@@ -213,6 +213,8 @@ class _ExpertTables:
 
 
 AMX_ROWS = 10  # an expert with this many rows takes its own call where the AMX tiles run (quant_dot.c)
+# what quant_experts_int8 runs (tile_any's formats); the super-block K-quants take each expert's own calls
+ONE_CALL_FORMATS = frozenset(quant_kernels.INT8_ACTIVATION_FORMATS) - set(quant_kernels.SUPER_FORMATS)
 
 
 def _experts_into(lib: ctypes.CDLL, rows: torch.Tensor, table: _ExpertTable, spans: list[tuple[int, int, int]],
@@ -233,7 +235,10 @@ def _experts_into(lib: ctypes.CDLL, rows: torch.Tensor, table: _ExpertTable, spa
         out.stride(0), torch.get_num_threads())
     if status == quant_kernels.OUT_OF_MEMORY:
         raise MemoryError("quant_experts_int8: out of memory for the quantized rows")
-    return status == quant_kernels.OK
+    if status != quant_kernels.OK:  # _ExpertTable.of took only what it runs
+        raise ValueError(f"quant_experts_int8: {quant_kernels.NAMES.get(table.fmt & 0xff, table.fmt)} experts "
+                         f"[{table.out_features}, {table.in_features}] in {groups} groups: status {status}")
+    return True
 
 
 _amx_permitted: dict[int, bool] = {}
