@@ -27,7 +27,7 @@ of the step, gathered once and folded once, the same bits as the one-process pat
 from __future__ import annotations
 
 import ctypes
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
@@ -68,6 +68,8 @@ class ExpertGroups:
 class MoE(nn.Module):
     linear_weights = ("router_weight",)
     dense_weights = ("router_weight",)  # kept in the activation dtype under --quantization int8: routing as trained
+    _tables: _ExpertTables | None = None  # the experts' weights for quant_experts_int8, set at the first step (a
+    # class default: a subclass's own __init__, gpt_oss.py's, need not know of it)
 
     def __init__(self, cfg: ModelArchConfig, ops: Ops, linear: Callable):
         super().__init__()
@@ -75,7 +77,6 @@ class MoE(nn.Module):
         self.router_weight = nn.Parameter(torch.empty(cfg.num_experts, cfg.hidden_size), requires_grad=False)
         self.experts = nn.ModuleList(MLP(cfg, ops, linear) for _ in range(cfg.num_experts))
         self._down_biases = None  # [E, H] stacked at the first step where the experts have down biases
-        self._tables: _ExpertTables | None = None  # the experts' weights for quant_experts_int8, at the first step
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # [T, H] -> weights, experts [T, k]
         probs = torch.softmax(self.linear(x, self.router_weight, None).float(), dim=-1)
@@ -173,8 +174,8 @@ class _ExpertTable:
     out_features: int
     in_features: int
     dtype: torch.dtype
-    addresses: torch.Tensor  # int64 [E]
-    keep: tuple
+    addresses: torch.Tensor = field(repr=False)  # int64 [E]
+    keep: tuple = field(repr=False)
 
     @classmethod
     def of(cls, weights: list) -> _ExpertTable | None:
