@@ -66,6 +66,9 @@
  *                      w q exactly, w = -128 included), and |q| <= 127 (activations are never -128), so
  *                      a pair is at most 32512 <= 32767: it never saturates, and the sums are exact
  *                      (Q5_0 / Q5_1's u <= 31: a pair <= 7874, so 4 k-groups' pairs add in int16).
+ *                      avx512 with VNNI, 4+ rows by two whole interleaved groups (Q4_0, Q4_1, Q8_0, Q4_K): the
+ *                      wide tiles (tile_wide, kqi_wide), 4 rows by 32 outputs, each row's broadcast serving both
+ *                      groups' vpdpbusd; the same integers and fold, only the tile differs.
  *   aarch64 with dotprod   sdot; without it, and the generic tier: integer loops per output.
  *   AMX (the avx512 tier where the CPU has AMX-INT8 and Linux grants the tile data; interleaved groups,
  *   10+ rows, Q4_1 13+): one tile product per block gives 16 rows x 16 outputs (quant_amx.c, its own
@@ -828,6 +831,96 @@ void tile_any(int rows, int cols, int fmt, int interleaved, const ActQ *a, int64
     }
 }
 
+#if defined(VNNI)
+/* The wide tile (avx512 with VNNI; interleaved Q4_0, Q4_1, Q8_0): TILE_WIDE_ROWS rows by the 32 outputs of two
+ * interleaved groups of 16, each row's broadcast of 4 activations serving both groups' vpdpbusd (a broadcast from
+ * memory costs about what a vpdpbusd does: kqi_wide's comment). Per block and row, each group's isum starts from the
+ * block's correction (-8 s for Q4_0, -128 s for Q8_0's w + 128) and takes the 8 k-groups' vpdpbusd: the integers
+ * of block_isums; then the fold of tile, the same operations in the same order per (row, output). */
+#define TILE_WIDE_ROWS 4
+INLINE void tile_wide(const int fmt, const ActQ *a, int64_t r0, const uint8_t *group, int64_t row_bytes,
+                      const void *bias, void *out, int64_t ldo, int64_t n0, int out_bf16) {
+    const int64_t blocks = a->blocks;
+    const wv low4 = WV_SET8(0x0f), flip = WV_SET8((char)0x80);
+    fv acc[2][TILE_WIDE_ROWS];
+    for (int v = 0; v < 2; v++)
+        for (int r = 0; r < TILE_WIDE_ROWS; r++)
+            acc[v][r] = splatv(0.0f);
+    for (int64_t b = 0; b < blocks; b++) {
+        const uint8_t *blk[2], *values[2];
+        for (int v = 0; v < 2; v++) {
+            blk[v] = interleaved_block(fmt, group + v * 16 * row_bytes, b);
+            values[v] = interleaved_values(fmt, blk[v]);
+        }
+        wv t[2][TILE_WIDE_ROWS];
+        for (int r = 0; r < TILE_WIDE_ROWS; r++) {
+            const int32_t xsum = a->sum[(r0 + r) * blocks + b];
+            t[0][r] = t[1][r] = WV_SET32(fmt == FMT_Q4_0 ? -8 * xsum : fmt == FMT_Q8_0 ? -128 * xsum : 0);
+        }
+        for (int g = 0; g < 8; g++) {
+            wv w[2];
+            for (int v = 0; v < 2; v++) {
+                if (fmt == FMT_Q8_0) {
+                    w[v] = WV_XOR(WV_LOAD(values[v] + 64 * g), flip);
+                } else {
+                    const wv raw = WV_LOAD(values[v] + 64 * (g % 4));
+                    w[v] = WV_AND(g < 4 ? raw : WV_SRL16(raw, 4), low4);
+                }
+            }
+            for (int r = 0; r < TILE_WIDE_ROWS; r++) {
+                const wv x = WV_BCAST4(a->q + ((r0 + r) * blocks + b) * QBLOCK + 4 * g);
+                t[0][r] = _mm512_dpbusd_epi32(t[0][r], w[0], x);
+                t[1][r] = _mm512_dpbusd_epi32(t[1][r], w[1], x);
+            }
+        }
+        for (int v = 0; v < 2; v++) {
+            const fv dw = scales_at(blk[v]);
+            for (int r = 0; r < TILE_WIDE_ROWS; r++) {
+                const int64_t at = (r0 + r) * blocks + b;
+                iv isum;
+                memcpy(&isum, &t[v][r], sizeof isum);
+                const fv scale = dw * splatv(a->d[at]);
+                acc[v][r] = fmav(scale, __builtin_convertvector(isum, fv), acc[v][r]);
+                if (fmt == FMT_Q4_1)
+                    acc[v][r] = fmav(scales_at(blk[v] + 32), splatv(a->sx[at]), acc[v][r]);
+            }
+        }
+    }
+    for (int v = 0; v < 2; v++) {
+        fv add = splatv(0.0f);
+        if (bias != NULL)
+            for (int c = 0; c < 16; c++) {
+                const int64_t n = n0 + 16 * v + c;
+                add[c] = out_bf16 ? bf16_to_float(((const uint16_t *)bias)[n]) : ((const float *)bias)[n];
+            }
+        for (int r = 0; r < TILE_WIDE_ROWS; r++) {
+            const fv value = fmav(acc[v][r], splatv(1.0f), add);
+            for (int c = 0; c < 16; c++) {
+                const int64_t at = (r0 + r) * ldo + n0 + 16 * v + c;
+                if (out_bf16)
+                    ((uint16_t *)out)[at] = float_to_bf16(value[c]);
+                else
+                    ((float *)out)[at] = value[c];
+            }
+        }
+    }
+}
+
+/* rows r0 .. r0 + rows - 1 (a multiple of TILE_WIDE_ROWS) by outputs n0 .. n0 + 31 (two whole interleaved groups
+ * from w) in wide tiles: 1, or 0 where fmt has none */
+static int tile_wide_any(int fmt, int rows, const ActQ *a, int64_t r0, const uint8_t *w, int64_t row_bytes,
+                         const void *bias, void *out, int64_t ldo, int64_t n0, int out_bf16) {
+    for (int r = 0; r < rows; r += TILE_WIDE_ROWS)
+        switch (fmt) {
+        case FMT_Q4_0: tile_wide(FMT_Q4_0, a, r0 + r, w, row_bytes, bias, out, ldo, n0, out_bf16); break;
+        case FMT_Q4_1: tile_wide(FMT_Q4_1, a, r0 + r, w, row_bytes, bias, out, ldo, n0, out_bf16); break;
+        case FMT_Q8_0: tile_wide(FMT_Q8_0, a, r0 + r, w, row_bytes, bias, out, ldo, n0, out_bf16); break;
+        default: return 0;
+        }
+    return 1;
+}
+#endif
+
 /* ---- the K-quants, read as integers -----------------------------------------------------------
  * Q2_K .. Q6_K, IQ4_XS (super-blocks of 256, activations per super-block; Q5_0, Q5_1 and IQ4_NL take the
  * tile above): each block of an output row is decoded once per tile of KQ_ROWS rows of x into its integers
@@ -1499,6 +1592,91 @@ static void kqi_tile_any(int fmt, const ActQ *a, int64_t r0, int rows, const uin
     default: KQI_ROWS(FMT_Q6_K)
     }
 }
+
+#if defined(VNNI)
+/* The wide tile (avx512 with VNNI, Q4_K): WIDE_ROWS rows by the 32 outputs of two interleaved groups of 16. A
+ * vpdpbusd of 16 outputs needs its row's 4 activations broadcast, and a broadcast from memory costs about what the
+ * vpdpbusd does (measured on Zen 4: 8 rows x 16 outputs, one broadcast per vpdpbusd, ran at ~0.55 of the rate of
+ * the same vpdpbusd on registers; one broadcast per two vpdpbusd ran at the full rate), so here each broadcast
+ * serves both groups. Each k-group's values are unpacked once per 4 rows (not 8), which the halved broadcasts more
+ * than pay for. The same integers S, M (any order) and the same fold per super-block as kqi_tile. */
+#define WIDE_ROWS 4
+INLINE void kqi_wide(const int fmt, const ActQ *a, int64_t r0, const uint8_t *group, int64_t row_bytes,
+                     fv acc[2][WIDE_ROWS]) {
+    const int64_t bytes = block_bytes(fmt), blocks = a->blocks;
+    const wv low4 = WV_SET8(0x0f), bytes16 = WV_SET32(0x00ff00ff), six = WV_SET8(0x3f), two = WV_SET8(0x03);
+    for (int v = 0; v < 2; v++)
+        for (int r = 0; r < WIDE_ROWS; r++)
+            acc[v][r] = splatv(0.0f);
+    for (int64_t b = 0; b < blocks; b++) {
+        const uint8_t *blk[2] = {group + b * 16 * bytes, group + 16 * row_bytes + b * 16 * bytes};
+        const int8_t *q[WIDE_ROWS];
+        for (int r = 0; r < WIDE_ROWS; r++)
+            q[r] = a->q + ((r0 + r) * blocks + b) * QK_K;
+        wv sa[2], sb[2], S[2][WIDE_ROWS];
+        for (int v = 0; v < 2; v++) { /* the scales as kqi_tile's Q4_K */
+            const wv s0 = WV_LOAD(blk[v] + 64), s2 = WV_LOAD(blk[v] + 192);
+            sa[v] = WV_AND(s0, six), sb[v] = WV_OR(WV_AND(s2, low4), WV_SLLI16(WV_AND(WV_SRL16(s0, 6), two), 4));
+            for (int r = 0; r < WIDE_ROWS; r++)
+                S[v][r] = WV_ZERO;
+        }
+        for (int c = 0; c < 4; c++) /* 64 elements: sub-blocks 2c (the low nibbles), 2c + 1 (the high ones) */
+            for (int half = 0; half < 2; half++) {
+                wv t[2][WIDE_ROWS];
+                for (int v = 0; v < 2; v++)
+                    for (int r = 0; r < WIDE_ROWS; r++)
+                        t[v][r] = WV_ZERO;
+                for (int g = 0; g < 8; g++) {
+                    wv w[2];
+                    for (int v = 0; v < 2; v++) {
+                        const wv raw = WV_LOAD(blk[v] + 256 + 64 * (8 * c + g));
+                        w[v] = WV_AND(half ? WV_SRL16(raw, 4) : raw, low4);
+                    }
+                    for (int r = 0; r < WIDE_ROWS; r++) {
+                        const wv x = WV_BCAST4(q[r] + 64 * c + 32 * half + 4 * g);
+                        t[0][r] = _mm512_dpbusd_epi32(t[0][r], w[0], x);
+                        t[1][r] = _mm512_dpbusd_epi32(t[1][r], w[1], x);
+                    }
+                }
+                for (int v = 0; v < 2; v++) {
+                    const wv sc = WV_AND(WV_SRLI32(c < 2 ? sa[v] : sb[v], 16 * (c % 2) + 8 * half), WV_SET32(0xff));
+                    for (int r = 0; r < WIDE_ROWS; r++)
+                        S[v][r] = WV_ADD32(S[v][r], WV_MULLO32(t[v][r], sc));
+                }
+            }
+        int32_t s32[WIDE_ROWS][8]; /* each row's sums of each 32 */
+        for (int r = 0; r < WIDE_ROWS; r++) {
+            const int32_t *sums = a->sum + ((r0 + r) * blocks + b) * 16;
+            for (int j = 0; j < 8; j++)
+                s32[r][j] = sums[2 * j] + sums[2 * j + 1];
+        }
+        for (int v = 0; v < 2; v++) { /* M and the fold, as kqi_tile's Q4_K */
+            const wv s0 = WV_LOAD(blk[v] + 64), s1 = WV_LOAD(blk[v] + 128), s2 = WV_LOAD(blk[v] + 192);
+            const wv ma = WV_AND(s1, six), mb = WV_OR(WV_AND(WV_SRL16(s2, 4), low4), WV_SLLI16(WV_AND(WV_SRL16(s1, 6), two), 4));
+            const wv mins[4] = {WV_AND(ma, bytes16), WV_SRL16(ma, 8), WV_AND(mb, bytes16), WV_SRL16(mb, 8)};
+            (void)s0;
+            const fv d = scales_at(blk[v]), dmin = scales_at(blk[v] + 32);
+            for (int r = 0; r < WIDE_ROWS; r++) {
+                wv M = WV_ZERO;
+                for (int i = 0; i < 4; i++) {
+                    const int j = 4 * (i / 2) + i % 2;
+                    M = WV_ADD32(M, WV_MADD(mins[i], WV_SET32(kqi_pack(s32[r][j], s32[r][j + 2]))));
+                }
+                kqi_fold(S[v][r], M, d, dmin, a->d[(r0 + r) * blocks + b], &acc[v][r]);
+            }
+        }
+    }
+}
+
+/* 1 where the wide tile took rows r0 .. r0 + WIDE_ROWS - 1 by the two groups at `group` (fmt has one), else 0 */
+static int kqi_wide_any(int fmt, const ActQ *a, int64_t r0, const uint8_t *group, int64_t row_bytes,
+                        fv acc[2][WIDE_ROWS]) {
+    switch (fmt) {
+    case FMT_Q4_K: kqi_wide(FMT_Q4_K, a, r0, group, row_bytes, acc); return 1;
+    default: return 0;
+    }
+}
+#endif
 #endif
 
 /* each format its own copy (fmt a constant in the decode and the step); group: as kq_chains */
@@ -1550,6 +1728,29 @@ static int kq_linear(const void *x, int64_t ldx, const uint8_t *w, int fmt, int6
         for (int64_t r0 = 0; r0 < m; r0 += KQ_ROWS) {
             const int rows = m - r0 < KQ_ROWS ? (int)(m - r0) : KQ_ROWS;
             int64_t c = c0;
+#if defined(VNNI)
+            if (c1 - c0 == 32 && c1 <= grouped && rows >= WIDE_ROWS) { /* two whole groups: the wide tile */
+                fv acc[2][WIDE_ROWS];
+                int r = 0;
+                for (; r + WIDE_ROWS <= rows; r += WIDE_ROWS) {
+                    if (!kqi_wide_any(fmt, &a, r0 + r, w + c0 * row_bytes, row_bytes, acc))
+                        break;
+                    for (int v = 0; v < 2; v++)
+                        for (int j = 0; j < 16; j++)
+                            kq_store((const float *)acc[v] + j, 16, r0 + r, WIDE_ROWS, c0 + 16 * v + j, bias, out, ldo,
+                                     out_bf16);
+                }
+                for (; r < rows; r += ROWS) /* the rows left: the tiles of 16 outputs */
+                    for (int64_t cc = c0; cc < c1; cc += 16) {
+                        fv left[ROWS];
+                        const int part = rows - r < ROWS ? rows - r : ROWS;
+                        kqi_tile_any(fmt, &a, r0 + r, part, w + cc * row_bytes, 0, left);
+                        for (int j = 0; j < COLS; j++)
+                            kq_store((const float *)left + j, COLS, r0 + r, part, cc + j, bias, out, ldo, out_bf16);
+                    }
+                c = c1;
+            }
+#endif
 #if defined(__AVX2__)
             for (; c < c1 && c < grouped; c += COLS) { /* whole groups: COLS outputs a tile, ROWS rows at a time */
                 for (int r = 0; r < rows; r += ROWS) {
@@ -1634,10 +1835,19 @@ int quant_linear_int8(const void *x, int64_t ldx, const void *w, int fmt, const 
         const int64_t c0 = first + chunk * OUT_CHUNK, c1 = c0 + OUT_CHUNK < n ? c0 + OUT_CHUNK : n;
         for (int64_t r = 0; r < m; r += ROWS) {
             const int rows = m - r < ROWS ? (int)(m - r) : ROWS;
+            int done = 0; /* rows of this tile of rows the wide tiles made */
+#if defined(VNNI)
+            if (c1 - c0 == 32 && c1 <= grouped && rows >= TILE_WIDE_ROWS &&
+                tile_wide_any(fmt, rows / TILE_WIDE_ROWS * TILE_WIDE_ROWS, &a, r, weights + c0 * row_bytes, row_bytes,
+                              bias, out, ldo, c0, out_bf16))
+                done = rows / TILE_WIDE_ROWS * TILE_WIDE_ROWS;
+#endif
+            if (done == rows)
+                continue;
             for (int64_t c = c0; c < c1; c += COLS) {
                 const int cols = c1 - c < COLS ? (int)(c1 - c) : COLS;
-                tile_any(rows, cols, fmt, c < grouped, &a, r, weights + c * row_bytes, row_bytes, k, bias, out, ldo, c,
-                         out_bf16, NULL);
+                tile_any(rows - done, cols, fmt, c < grouped, &a, r + done, weights + c * row_bytes, row_bytes, k, bias,
+                         out, ldo, c, out_bf16, NULL);
             }
         }
     }

@@ -117,9 +117,10 @@ def test_largest_integers_stay_exact_on_every_tier(libs, name):
     for offset, _ in SCALE_FIELDS[name][0]:
         blocks[..., offset:offset + 2] = np.array([1e-3], np.float16).view(np.uint8)
     weight = quant.from_blocks(data, fmt, k, torch.float32).with_activations(True)
-    signs = torch.ones(3, k)
+    signs = torch.ones(5, k)  # 5 rows: avx512 VNNI's wide tile (4 rows by 32 outputs), then a row of 16-output tiles
     signs[1] = -1
     signs[2, ::2] = -1
+    signs[3, 1::2] = -1
     want = quant.int8_linear_reference(signs, weight, None)
     for tier, lib in libs.items():
         assert torch.equal(_bits(quant.run_kernel(lib, signs, weight, None)), _bits(want)), tier
