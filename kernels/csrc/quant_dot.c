@@ -908,7 +908,7 @@ INLINE void tile_wide(const int fmt, const ActQ *a, int64_t r0, const uint8_t *g
 
 /* rows r0 .. r0 + rows - 1 (a multiple of TILE_WIDE_ROWS) by outputs n0 .. n0 + 31 (two whole interleaved groups
  * from w) in wide tiles: 1, or 0 where fmt has none */
-static int tile_wide_any(int fmt, int rows, const ActQ *a, int64_t r0, const uint8_t *w, int64_t row_bytes,
+static __attribute__((noinline)) int tile_wide_any(int fmt, int rows, const ActQ *a, int64_t r0, const uint8_t *w, int64_t row_bytes,
                          const void *bias, void *out, int64_t ldo, int64_t n0, int out_bf16) {
     for (int r = 0; r < rows; r += TILE_WIDE_ROWS)
         switch (fmt) {
@@ -1290,6 +1290,19 @@ INLINE void kq_chains_x86(const int fmt, const ActQ *a, int64_t r0, int rows, co
 #endif /* COLS == 16 */
 #endif
 
+/* out = fma(acc, 1, bias) for rows r0 .. r0 + rows - 1 and output c (acc[r * stride]) */
+INLINE void kq_store(const float *acc, int stride, int64_t r0, int rows, int64_t c, const void *bias, void *out,
+                     int64_t ldo, int out_bf16) {
+    const float add = bias == NULL ? 0.0f : out_bf16 ? bf16_to_float(((const uint16_t *)bias)[c]) : ((const float *)bias)[c];
+    for (int r = 0; r < rows; r++) {
+        const float value = fmaf(acc[r * stride], 1.0f, add);
+        if (out_bf16)
+            ((uint16_t *)out)[(r0 + r) * ldo + c] = float_to_bf16(value);
+        else
+            ((float *)out)[(r0 + r) * ldo + c] = value;
+    }
+}
+
 #if defined(__AVX2__)
 /* Q2_K .. Q6_K and IQ4_XS's interleaved groups on x86 (avx512 with or without VNNI, avx2): the tile of the Q4_0 path,
  * one int32 lane per output. A k-group vector holds per lane 4 unsigned values u of its output (Q4_K the nibble,
@@ -1668,13 +1681,31 @@ INLINE void kqi_wide(const int fmt, const ActQ *a, int64_t r0, const uint8_t *gr
     }
 }
 
-/* 1 where the wide tile took rows r0 .. r0 + WIDE_ROWS - 1 by the two groups at `group` (fmt has one), else 0 */
-static int kqi_wide_any(int fmt, const ActQ *a, int64_t r0, const uint8_t *group, int64_t row_bytes,
-                        fv acc[2][WIDE_ROWS]) {
-    switch (fmt) {
-    case FMT_Q4_K: kqi_wide(FMT_Q4_K, a, r0, group, row_bytes, acc); return 1;
-    default: return 0;
+/* rows r0 .. r0 + rows - 1 by the 32 outputs of the two interleaved groups at `group` (outputs c0 ..): the wide
+ * tiles, then the rows past their multiple of WIDE_ROWS by kqi_tile; 0 where fmt has no wide tile (and nothing was
+ * done). Its own function, not inlined, so that kq_linear's loop (and its batch-1 path) compiles as without it. */
+static __attribute__((noinline)) int kqi_wide_rows(int fmt, const ActQ *a, int64_t r0, int rows, const uint8_t *group,
+                                                   int64_t row_bytes, int64_t c0, const void *bias, void *out,
+                                                   int64_t ldo, int out_bf16) {
+    if (fmt != FMT_Q4_K)
+        return 0;
+    int r = 0;
+    for (; r + WIDE_ROWS <= rows; r += WIDE_ROWS) {
+        fv acc[2][WIDE_ROWS];
+        kqi_wide(FMT_Q4_K, a, r0 + r, group, row_bytes, acc);
+        for (int v = 0; v < 2; v++)
+            for (int j = 0; j < 16; j++)
+                kq_store((const float *)acc[v] + j, 16, r0 + r, WIDE_ROWS, c0 + 16 * v + j, bias, out, ldo, out_bf16);
     }
+    for (; r < rows; r += ROWS) /* the rows left: the tiles of 16 outputs */
+        for (int v = 0; v < 2; v++) {
+            fv left[ROWS];
+            const int part = rows - r < ROWS ? rows - r : ROWS;
+            kqi_tile_any(fmt, a, r0 + r, part, group + 16 * v * row_bytes, 0, left);
+            for (int j = 0; j < COLS; j++)
+                kq_store((const float *)left + j, COLS, r0 + r, part, c0 + 16 * v + j, bias, out, ldo, out_bf16);
+        }
+    return 1;
 }
 #endif
 #endif
@@ -1699,19 +1730,6 @@ static void kq_chains_any(int fmt, const ActQ *a, int64_t r0, int rows, const ui
     (void)group, (void)lane;
 }
 
-/* out = fma(acc, 1, bias) for rows r0 .. r0 + rows - 1 and output c (acc[r * stride]) */
-INLINE void kq_store(const float *acc, int stride, int64_t r0, int rows, int64_t c, const void *bias, void *out,
-                     int64_t ldo, int out_bf16) {
-    const float add = bias == NULL ? 0.0f : out_bf16 ? bf16_to_float(((const uint16_t *)bias)[c]) : ((const float *)bias)[c];
-    for (int r = 0; r < rows; r++) {
-        const float value = fmaf(acc[r * stride], 1.0f, add);
-        if (out_bf16)
-            ((uint16_t *)out)[(r0 + r) * ldo + c] = float_to_bf16(value);
-        else
-            ((float *)out)[(r0 + r) * ldo + c] = value;
-    }
-}
-
 /* quant_linear_int8 for these formats: out = fma(acc, 1, bias) per (row, output); `grouped` outputs in
  * interleaved groups of 16 (Q4_K, Q5_K, Q6_K), the rest in row order */
 static int kq_linear(const void *x, int64_t ldx, const uint8_t *w, int fmt, int64_t grouped, const void *bias, void *out,
@@ -1729,27 +1747,9 @@ static int kq_linear(const void *x, int64_t ldx, const uint8_t *w, int fmt, int6
             const int rows = m - r0 < KQ_ROWS ? (int)(m - r0) : KQ_ROWS;
             int64_t c = c0;
 #if defined(VNNI)
-            if (c1 - c0 == 32 && c1 <= grouped && rows >= WIDE_ROWS) { /* two whole groups: the wide tile */
-                fv acc[2][WIDE_ROWS];
-                int r = 0;
-                for (; r + WIDE_ROWS <= rows; r += WIDE_ROWS) {
-                    if (!kqi_wide_any(fmt, &a, r0 + r, w + c0 * row_bytes, row_bytes, acc))
-                        break;
-                    for (int v = 0; v < 2; v++)
-                        for (int j = 0; j < 16; j++)
-                            kq_store((const float *)acc[v] + j, 16, r0 + r, WIDE_ROWS, c0 + 16 * v + j, bias, out, ldo,
-                                     out_bf16);
-                }
-                for (; r < rows; r += ROWS) /* the rows left: the tiles of 16 outputs */
-                    for (int64_t cc = c0; cc < c1; cc += 16) {
-                        fv left[ROWS];
-                        const int part = rows - r < ROWS ? rows - r : ROWS;
-                        kqi_tile_any(fmt, &a, r0 + r, part, w + cc * row_bytes, 0, left);
-                        for (int j = 0; j < COLS; j++)
-                            kq_store((const float *)left + j, COLS, r0 + r, part, cc + j, bias, out, ldo, out_bf16);
-                    }
+            if (c1 - c0 == 32 && c1 <= grouped && rows >= WIDE_ROWS &&
+                kqi_wide_rows(fmt, &a, r0, rows, w + c0 * row_bytes, row_bytes, c0, bias, out, ldo, out_bf16))
                 c = c1;
-            }
 #endif
 #if defined(__AVX2__)
             for (; c < c1 && c < grouped; c += COLS) { /* whole groups: COLS outputs a tile, ROWS rows at a time */
