@@ -1943,6 +1943,8 @@ INLINE void fold_tile(const int rows, const int fmt, const ActQ *a, int64_t grou
                       int64_t row_bytes, int64_t group_bytes, int64_t n0, float *sum) {
     const int lane0 = (int)(n0 % 16);
     fv total[ROWS];
+    for (int r = 0; r < ROWS; r++) /* never read before group 0 sets it (groups >= 1); aarch64's gcc cannot tell */
+        total[r] = splatv(0.0f);
     for (int64_t g = 0; g < groups; g++) {
         const uint8_t *group = w + g * group_bytes + (n0 - lane0) * row_bytes;
         const int64_t blocks = a[g].blocks, share = (16 * row_bytes + blocks - 1) / blocks;
