@@ -166,7 +166,7 @@ class MoE(nn.Module):
         return first.fold(partials, dtype)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class _ExpertTable:
     """One projection of every expert as quant_experts_int8 takes it: the format (without the int8-activation
     bit), the shape and each expert's address; `keep` holds the tensors that own the bytes."""
