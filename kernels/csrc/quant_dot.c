@@ -66,9 +66,9 @@
  *                      w q exactly, w = -128 included), and |q| <= 127 (activations are never -128), so
  *                      a pair is at most 32512 <= 32767: it never saturates, and the sums are exact
  *                      (Q5_0 / Q5_1's u <= 31: a pair <= 7874, so 4 k-groups' pairs add in int16).
- *                      avx512 with VNNI, 4+ rows by two whole interleaved groups (Q4_0, Q4_1, Q8_0, Q4_K): the
- *                      wide tiles (tile_wide, kqi_wide), 4 rows by 32 outputs, each row's broadcast serving both
- *                      groups' vpdpbusd; the same integers and fold, only the tile differs.
+ *                      avx512 with VNNI, 4+ rows by two whole interleaved groups (Q4_0, Q4_1, Q8_0, Q4_K, Q5_K,
+ *                      Q6_K): the wide tiles (tile_wide, kqi_wide), 4 rows by 32 outputs, each row's broadcast serving
+ *                      both groups' vpdpbusd; the same integers and fold, only the tile differs.
  *   aarch64 with dotprod   sdot; without it, and the generic tier: integer loops per output.
  *   AMX (the avx512 tier where the CPU has AMX-INT8 and Linux grants the tile data; interleaved groups,
  *   10+ rows, Q4_1 13+): one tile product per block gives 16 rows x 16 outputs (quant_amx.c, its own
@@ -1607,17 +1607,27 @@ static void kqi_tile_any(int fmt, const ActQ *a, int64_t r0, int rows, const uin
 }
 
 #if defined(VNNI)
-/* The wide tile (avx512 with VNNI, Q4_K): WIDE_ROWS rows by the 32 outputs of two interleaved groups of 16. A
- * vpdpbusd of 16 outputs needs its row's 4 activations broadcast, and a broadcast from memory costs about what the
- * vpdpbusd does (measured on Zen 4: 8 rows x 16 outputs, one broadcast per vpdpbusd, ran at ~0.55 of the rate of
- * the same vpdpbusd on registers; one broadcast per two vpdpbusd ran at the full rate), so here each broadcast
- * serves both groups. Each k-group's values are unpacked once per 4 rows (not 8), which the halved broadcasts more
- * than pay for. The same integers S, M (any order) and the same fold per super-block as kqi_tile. */
+/* The wide tiles (avx512 with VNNI; Q4_K, Q5_K, Q6_K): WIDE_ROWS rows by the 32 outputs of two interleaved groups
+ * of 16. A vpdpbusd of 16 outputs needs its row's 4 activations broadcast, and a broadcast from memory costs about
+ * what the vpdpbusd does (measured on Zen 4: 8 rows x 16 outputs, one broadcast per vpdpbusd, ran at ~0.55 of the
+ * rate of the same vpdpbusd on registers; one broadcast per two vpdpbusd ran at the full rate), so here each
+ * broadcast serves both groups. Each k-group's values are unpacked once per 4 rows (not 8), which the halved
+ * broadcasts more than pay for. The same integers S, M (any order) and the same fold per super-block as kqi_tile. */
 #define WIDE_ROWS 4
-INLINE void kqi_wide(const int fmt, const ActQ *a, int64_t r0, const uint8_t *group, int64_t row_bytes,
+/* k-group g of w[0], w[1] (the two groups) against each row's broadcast */
+#define KQ4_WIDE_DOT(g)                                                                                             \
+    for (int r = 0; r < WIDE_ROWS; r++) {                                                                           \
+        const wv x = WV_BCAST4(q[r] + 64 * c + 32 * half + 4 * (g));                                                \
+        t[0][r] = _mm512_dpbusd_epi32(t[0][r], w[0], x);                                                            \
+        t[1][r] = _mm512_dpbusd_epi32(t[1][r], w[1], x);                                                            \
+    }
+/* Q4_K, Q5_K (kqi_tile's Q4_K branch): per sub-block of 32, its 8 k-groups' vpdpbusd on u (Q5_K: the nibble, plus
+ * 16 where its 5th bit in qh is set), then vpmulld by the sub-block's scale; M by vpmaddwd, as kqi_tile */
+INLINE void kq4_wide(const int fmt, const ActQ *a, int64_t r0, const uint8_t *group, int64_t row_bytes,
                      fv acc[2][WIDE_ROWS]) {
     const int64_t bytes = block_bytes(fmt), blocks = a->blocks;
     const wv low4 = WV_SET8(0x0f), bytes16 = WV_SET32(0x00ff00ff), six = WV_SET8(0x3f), two = WV_SET8(0x03);
+    const int64_t qs = 64 + 64 * (fmt == FMT_Q4_K ? 3 : 11); /* the k-groups of qs (Q5_K: qh's 8 before them) */
     for (int v = 0; v < 2; v++)
         for (int r = 0; r < WIDE_ROWS; r++)
             acc[v][r] = splatv(0.0f);
@@ -1639,18 +1649,27 @@ INLINE void kqi_wide(const int fmt, const ActQ *a, int64_t r0, const uint8_t *gr
                 for (int v = 0; v < 2; v++)
                     for (int r = 0; r < WIDE_ROWS; r++)
                         t[v][r] = WV_ZERO;
-                for (int g = 0; g < 8; g++) {
-                    wv w[2];
-                    for (int v = 0; v < 2; v++) {
-                        const wv raw = WV_LOAD(blk[v] + 256 + 64 * (8 * c + g));
-                        w[v] = WV_AND(half ? WV_SRL16(raw, 4) : raw, low4);
+                if (fmt == FMT_Q5_K) { /* qh byte l's bit 2 c + half is element 64 c + 32 half + l's 5th */
+                    const wv sel = WV_SET8((char)(1 << (2 * c + half)));
+#pragma GCC unroll 8 /* else not unrolled: the accumulators then took two register copies per vpdpbusd */
+                    for (int g = 0; g < 8; g++) {
+                        wv w[2];
+                        for (int v = 0; v < 2; v++) {
+                            const wv raw = WV_LOAD(blk[v] + qs + 64 * (8 * c + g));
+                            const wv qh = WV_LOAD(blk[v] + 64 * (4 + g));
+                            w[v] = WV_FIFTH(WV_AND(half ? WV_SRL16(raw, 4) : raw, low4), sel, qh);
+                        }
+                        KQ4_WIDE_DOT(g)
                     }
-                    for (int r = 0; r < WIDE_ROWS; r++) {
-                        const wv x = WV_BCAST4(q[r] + 64 * c + 32 * half + 4 * g);
-                        t[0][r] = _mm512_dpbusd_epi32(t[0][r], w[0], x);
-                        t[1][r] = _mm512_dpbusd_epi32(t[1][r], w[1], x);
+                } else
+                    for (int g = 0; g < 8; g++) {
+                        wv w[2];
+                        for (int v = 0; v < 2; v++) {
+                            const wv raw = WV_LOAD(blk[v] + qs + 64 * (8 * c + g));
+                            w[v] = WV_AND(half ? WV_SRL16(raw, 4) : raw, low4);
+                        }
+                        KQ4_WIDE_DOT(g)
                     }
-                }
                 for (int v = 0; v < 2; v++) {
                     const wv sc = WV_AND(WV_SRLI32(c < 2 ? sa[v] : sb[v], 16 * (c % 2) + 8 * half), WV_SET32(0xff));
                     for (int r = 0; r < WIDE_ROWS; r++)
@@ -1681,18 +1700,93 @@ INLINE void kqi_wide(const int fmt, const ActQ *a, int64_t r0, const uint8_t *gr
     }
 }
 
+/* Q6_K (kqi_tile's Q6_K branch): per sub-block of 16 (h = 8 n + 2 run + half), its 4 k-groups' vpdpbusd on the
+ * six-bit u (w = u - 32; each k-group's u unpacked from its ql, qh vectors as kqi_tile does) from -32 s_h (the row's
+ * sum of the 16 activations), then vpmulld by the int8 scale: S = sum_h sc_h (sum u q - 32 s_h), the header's S of
+ * w = u - 32 (kqi_tile adds the same integers in another order: S - 32 M). Each broadcast serves both groups. */
+INLINE void kq6_wide(const ActQ *a, int64_t r0, const uint8_t *group, int64_t row_bytes, fv acc[2][WIDE_ROWS]) {
+    const int64_t bytes = block_bytes(FMT_Q6_K), blocks = a->blocks;
+    const wv low4 = WV_SET8(0x0f), high = WV_SET8(0x30);
+    for (int v = 0; v < 2; v++)
+        for (int r = 0; r < WIDE_ROWS; r++)
+            acc[v][r] = splatv(0.0f);
+    for (int64_t b = 0; b < blocks; b++) {
+        const uint8_t *blk[2] = {group + b * 16 * bytes, group + 16 * row_bytes + b * 16 * bytes};
+        const int8_t *q[WIDE_ROWS];
+        int32_t offset[WIDE_ROWS][16] __attribute__((aligned(64))); /* -32 s_h */
+        for (int r = 0; r < WIDE_ROWS; r++) {
+            const int64_t at = (r0 + r) * blocks + b;
+            q[r] = a->q + at * QK_K;
+            _mm512_store_si512((void *)offset[r], WV_SUB32(WV_ZERO, WV_SLLI32(WV_LOAD(a->sum + at * 16), 5)));
+        }
+        wv S[2][WIDE_ROWS];
+        for (int v = 0; v < 2; v++)
+            for (int r = 0; r < WIDE_ROWS; r++)
+                S[v][r] = WV_ZERO;
+        for (int n = 0; n < 2; n++)
+            for (int half = 0; half < 2; half++)
+                for (int run = 0; run < 4; run++) {
+                    const int h = 8 * n + 2 * run + half;
+                    wv t[2][WIDE_ROWS];
+                    for (int r = 0; r < WIDE_ROWS; r++)
+                        t[0][r] = t[1][r] = WV_SET32(offset[r][h]);
+                    for (int k = 0; k < 4; k++) { /* elements 128 n + 32 run + 16 half + 4 k .. + 3 */
+                        wv w[2];
+                        for (int v = 0; v < 2; v++) {
+                            const uint8_t *tp = blk[v] + 288 + 192 * (8 * n + 4 * half + k);
+                            const wv bits = WV_LOAD(tp + 64 * (run % 2)), hb = WV_LOAD(tp + 128);
+                            const wv lo = WV_AND(run < 2 ? bits : WV_SRL16(bits, 4), low4);
+                            const wv hi = WV_AND(run == 0 ? WV_SLLI16(hb, 4) : run == 1 ? WV_SLLI16(hb, 2)
+                                                 : run == 2 ? hb : WV_SRL16(hb, 2), high);
+                            w[v] = WV_OR(lo, hi);
+                        }
+                        for (int r = 0; r < WIDE_ROWS; r++) {
+                            const wv x = WV_BCAST4(q[r] + 128 * n + 32 * run + 16 * half + 4 * k);
+                            t[0][r] = _mm512_dpbusd_epi32(t[0][r], w[0], x);
+                            t[1][r] = _mm512_dpbusd_epi32(t[1][r], w[1], x);
+                        }
+                    }
+                    for (int v = 0; v < 2; v++) {
+                        const wv sc = WV_SRAI32(WV_SLLI32(WV_LOAD(blk[v] + 32 + 64 * (h / 4)), 24 - 8 * (h % 4)), 24);
+                        for (int r = 0; r < WIDE_ROWS; r++)
+                            S[v][r] = WV_ADD32(S[v][r], WV_MULLO32(t[v][r], sc));
+                    }
+                }
+        for (int v = 0; v < 2; v++) { /* the fold, as kqi_tile's Q6_K */
+            const fv d = scales_at(blk[v]);
+            for (int r = 0; r < WIDE_ROWS; r++) {
+                iv total;
+                memcpy(&total, &S[v][r], sizeof total);
+                const fv scale = d * splatv(a->d[(r0 + r) * blocks + b]); /* rounded once, then the fma */
+                acc[v][r] = fmav(scale, __builtin_convertvector(total, fv), acc[v][r]);
+            }
+        }
+    }
+}
+
+/* the wide tile of fmt (Q4_K, Q5_K, Q6_K; the caller checked it has one) */
+INLINE void kqi_wide(const int fmt, const ActQ *a, int64_t r0, const uint8_t *group, int64_t row_bytes,
+                     fv acc[2][WIDE_ROWS]) {
+    if (fmt == FMT_Q6_K)
+        kq6_wide(a, r0, group, row_bytes, acc);
+    else if (fmt == FMT_Q5_K)
+        kq4_wide(FMT_Q5_K, a, r0, group, row_bytes, acc);
+    else
+        kq4_wide(FMT_Q4_K, a, r0, group, row_bytes, acc);
+}
+
 /* rows r0 .. r0 + rows - 1 by the 32 outputs of the two interleaved groups at `group` (outputs c0 ..): the wide
  * tiles, then the rows past their multiple of WIDE_ROWS by kqi_tile; 0 where fmt has no wide tile (and nothing was
  * done). Its own function, not inlined, so that kq_linear's loop (and its batch-1 path) compiles as without it. */
 static __attribute__((noinline)) int kqi_wide_rows(int fmt, const ActQ *a, int64_t r0, int rows, const uint8_t *group,
                                                    int64_t row_bytes, int64_t c0, const void *bias, void *out,
                                                    int64_t ldo, int out_bf16) {
-    if (fmt != FMT_Q4_K)
+    if (fmt != FMT_Q4_K && fmt != FMT_Q5_K && fmt != FMT_Q6_K)
         return 0;
     int r = 0;
     for (; r + WIDE_ROWS <= rows; r += WIDE_ROWS) {
         fv acc[2][WIDE_ROWS];
-        kqi_wide(FMT_Q4_K, a, r0 + r, group, row_bytes, acc);
+        kqi_wide(fmt, a, r0 + r, group, row_bytes, acc);
         for (int v = 0; v < 2; v++)
             for (int j = 0; j < 16; j++)
                 kq_store((const float *)acc[v] + j, 16, r0 + r, WIDE_ROWS, c0 + 16 * v + j, bias, out, ldo, out_bf16);

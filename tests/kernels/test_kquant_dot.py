@@ -55,7 +55,7 @@ def test_every_tier_gives_the_references_bits(libs, name, dtype):
     assert (got.float() - exact).norm() < 0.03 * exact.norm()
 
 
-@pytest.mark.parametrize("name", ["q4_k", "q6_k", "q2_k", "q5_1"])
+@pytest.mark.parametrize("name", ["q4_k", "q6_k", "q5_k", "q2_k", "q5_1"])
 @pytest.mark.parametrize("tier", _tiers())
 def test_a_rows_bits_do_not_depend_on_the_batch_or_threads(libs, name, tier):
     lib = libs[tier]
