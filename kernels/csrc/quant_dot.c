@@ -1947,54 +1947,50 @@ static int fold_tile_any(int rows, int fmt, const ActQ *a, int64_t groups, int64
  * fma(acc, scale, 0), kq_store's fma(acc, 1, 0)), the groups' values added in the order 0..G-1 in fp32 and
  * rounded once to out's dtype, into out's rows out_r .. (the contract of row_parallel.c's fold_partials). */
 
-/* the super-block K-quants (kq_linear's formats): sum [rows, COLS] (lanes past cols unset). Per group the
- * accumulators of kq_linear's own tiles: kqi_tile on x86's interleaved groups, kq_chains for the rest */
-static void kq_fold_tile(int rows, int cols, int fmt, int il, const ActQ *a, int64_t groups, int64_t r,
-                         const uint8_t *w, int64_t row_bytes, int64_t group_bytes, int64_t c, float *sum) {
-    float part[ROWS * COLS];
-    for (int64_t g = 0; g < groups; g++) {
-        const uint8_t *wg = w + g * group_bytes;
+/* one K group's values for the tile into part [rows, COLS] (lanes past cols unset): quant_linear_int8's on the group,
+ * bias none, fp32 out. The super-block K-quants (kq_linear's formats): the accumulators of kq_linear's own tiles
+ * (kqi_tile on x86's interleaved groups, kq_chains for the rest) as kq_store rounds them; the rest: tile_any's partial.
+ * wg: the group's rows */
+static void group_tile(int rows, int cols, int fmt, int il, const ActQ *a, int64_t r, const uint8_t *wg,
+                       int64_t row_bytes, int64_t kg, int64_t c, float *part) {
+    if (!kq_format(fmt) || block32_tile_format(fmt)) {
+        tile_any(rows, cols, fmt, il, a, r, wg + c * row_bytes, row_bytes, kg, NULL, NULL, 0, c, 0, part);
+        return;
+    }
 #if defined(__AVX2__)
-        if (il) {
-            fv acc[ROWS];
-            kqi_tile_any(fmt, &a[g], r, rows, wg + (c - c % 16) * row_bytes, (int)(c % 16), acc);
-            for (int i = 0; i < rows; i++) {
-                const fv value = fmav(acc[i], splatv(1.0f), splatv(0.0f)); /* kq_store's, bias none */
-                memcpy(part + i * COLS, &value, sizeof value);
-            }
-        } else
-#endif
-        {
-            for (int j = 0; j < cols; j++) {
-                float acc[KQ_ROWS];
-                const int64_t o = c + j;
-                kq_chains_any(fmt, &a[g], r, rows, wg + o * row_bytes, il ? wg + (o - o % 16) * row_bytes : NULL,
-                              (int)(o % 16), acc);
-                for (int i = 0; i < rows; i++)
-                    part[i * COLS + j] = fmaf(acc[i], 1.0f, 0.0f); /* kq_store's, bias none */
-            }
+    if (il) {
+        fv acc[ROWS];
+        kqi_tile_any(fmt, a, r, rows, wg + (c - c % 16) * row_bytes, (int)(c % 16), acc);
+        for (int i = 0; i < rows; i++) {
+            const fv value = fmav(acc[i], splatv(1.0f), splatv(0.0f)); /* kq_store's, bias none */
+            memcpy(part + i * COLS, &value, sizeof value);
         }
+        return;
+    }
+#endif
+    for (int j = 0; j < cols; j++) {
+        float acc[KQ_ROWS];
+        const int64_t o = c + j;
+        kq_chains_any(fmt, a, r, rows, wg + o * row_bytes, il ? wg + (o - o % 16) * row_bytes : NULL, (int)(o % 16),
+                      acc);
         for (int i = 0; i < rows; i++)
-            for (int j = 0; j < cols; j++)
-                sum[i * COLS + j] = g == 0 ? part[i * COLS + j] : sum[i * COLS + j] + part[i * COLS + j];
+            part[i * COLS + j] = fmaf(acc[i], 1.0f, 0.0f); /* kq_store's, bias none */
     }
 }
 
-/* the tile: fold_tile for whole interleaved tiles of Q4_0, Q4_1, Q8_0, INT8, kq_fold_tile for the super-block
- * K-quants, else tile_any's partial per group added in order; then the store */
+/* the tile: fold_tile for whole interleaved tiles of Q4_0, Q4_1, Q8_0, INT8, else group_tile's values per group added
+ * in order; then the store */
 static void fold_store(int rows, int cols, int fmt, int il, const ActQ *a, int64_t groups, int64_t r, const uint8_t *w,
                        int64_t row_bytes, int64_t group_bytes, int64_t kg, int64_t c, void *out, int64_t ldo,
                        int64_t out_r, int out_bf16) {
     float sum[ROWS * COLS], part[ROWS * COLS];
-    if (kq_format(fmt) && !block32_tile_format(fmt))
-        kq_fold_tile(rows, cols, fmt, il, a, groups, r, w, row_bytes, group_bytes, c, sum);
-    else if (!(cols == COLS && il && fold_tile_any(rows, fmt, a, groups, r, w, row_bytes, group_bytes, c, sum)))
+    if (!(cols == COLS && il && fold_tile_any(rows, fmt, a, groups, r, w, row_bytes, group_bytes, c, sum)))
         for (int64_t g = 0; g < groups; g++) {
-            tile_any(rows, cols, fmt, il, &a[g], r, w + g * group_bytes + c * row_bytes, row_bytes, kg, NULL, NULL, 0,
-                     c, 0, g == 0 ? sum : part);
+            group_tile(rows, cols, fmt, il, &a[g], r, w + g * group_bytes, row_bytes, kg, c, g == 0 ? sum : part);
             if (g > 0)
-                for (int i = 0; i < rows * COLS; i++)
-                    sum[i] += part[i];
+                for (int i = 0; i < rows; i++)
+                    for (int j = 0; j < cols; j++)
+                        sum[i * COLS + j] += part[i * COLS + j];
         }
     for (int i = 0; i < rows; i++)
         for (int j = 0; j < cols; j++) {
@@ -2077,6 +2073,45 @@ static void fold_chunk(int rows, int fmt, const ActQ *a, int64_t groups, int64_t
                    row_bytes, group_bytes, kg, c, out, ldo, out_r + done, out_bf16);
 }
 
+/* Below FEW_ROWS rows (decode) a thread takes a run of up to RUN_OUTPUTS outputs and streams each K group's rows of
+ * them in turn, the run's values summed in order in L1 (sum[rows, run]): per group one long read, as the group's own
+ * call makes it. Per tile (fold_store's order) a thread read G short runs of 16 rows, one per group, which the
+ * hardware prefetcher left cold (down_proj at 1B, Q4_K, batch 1: ~0.85x the partials' speed in CPU time); from
+ * FEW_ROWS rows the tiles' work hides it, and the wide tiles need 4 rows. */
+#define FEW_ROWS 4
+#define RUN_OUTPUTS 512
+static void fold_runs(int fmt, int interleaved, const ActQ *a, int64_t groups, int64_t m, int64_t n, int64_t kg,
+                      const uint8_t *w, int64_t row_bytes, void *out, int64_t ldo, int is_bf16, int num_threads) {
+    const int64_t grouped = interleaved ? n / 16 * 16 : 0, group_bytes = n * row_bytes;
+    const int64_t threads = num_threads > 1 ? num_threads : 1;
+    int64_t run = ((n + threads - 1) / threads + OUT_CHUNK - 1) / OUT_CHUNK * OUT_CHUNK; /* every thread a run */
+    run = run > RUN_OUTPUTS ? RUN_OUTPUTS : run;
+    const int64_t runs = (n + run - 1) / run;
+#pragma omp parallel for schedule(static) num_threads(num_threads)
+    for (int64_t i = 0; i < runs; i++) {
+        const int64_t c0 = i * run, c1 = c0 + run < n ? c0 + run : n;
+        float sum[FEW_ROWS * RUN_OUTPUTS], part[ROWS * COLS];
+        for (int64_t g = 0; g < groups; g++)
+            for (int64_t c = c0; c < c1; c += COLS) {
+                const int cols = c1 - c < COLS ? (int)(c1 - c) : COLS;
+                group_tile((int)m, cols, fmt, c < grouped, &a[g], 0, w + g * group_bytes, row_bytes, kg, c, part);
+                for (int r = 0; r < m; r++)
+                    for (int j = 0; j < cols; j++) {
+                        float *at = &sum[r * RUN_OUTPUTS + c - c0 + j];
+                        *at = g == 0 ? part[r * COLS + j] : *at + part[r * COLS + j];
+                    }
+            }
+        for (int r = 0; r < m; r++)
+            for (int64_t c = c0; c < c1; c++) {
+                const float value = sum[r * RUN_OUTPUTS + c - c0];
+                if (is_bf16)
+                    ((uint16_t *)out)[r * ldo + c] = float_to_bf16(value);
+                else
+                    ((float *)out)[r * ldo + c] = value;
+            }
+    }
+}
+
 /* row_parallel_linear's int8-activation path in one process: the G groups' weights [n, kg] one after
  * the other (each interleaved or not, as fmt says), out [m, n] (x's dtype) = their partials folded in
  * the order 0..G-1, as fold_partials folds them: each tile's G partials are the tile's values of
@@ -2119,6 +2154,11 @@ int quant_linear_int8_groups(const void *x, int64_t ldx, const void *w, int fmt,
     const int vnni_left = amx_rows < m || amx_cols < n; /* none at the AMX tiles' usual 16+ rows */
     if (vnni_left && !have_rows)
         status = act_quantize(a, groups, x, ldx, m, kg, is_bf16, num_threads, act_span(fmt));
+    if (status == KERNEL_OK && m < FEW_ROWS) { /* decode: each group's run of outputs in turn (no AMX at these rows) */
+        fold_runs(fmt, interleaved, a, groups, m, n, kg, weights, row_bytes, out, ldo, is_bf16, num_threads);
+        scratch_give(SCRATCH_ACT);
+        return status;
+    }
     /* what the AMX tiles left (nothing at all at their usual 16+ rows: no parallel region then) */
     const int64_t chunks = status == KERNEL_OK && vnni_left ? (n + OUT_CHUNK - 1) / OUT_CHUNK : 0;
 #pragma omp parallel for schedule(static) num_threads(num_threads) if (chunks > 0)
@@ -2153,8 +2193,8 @@ int quant_linear_int8_groups(const void *x, int64_t ldx, const void *w, int fmt,
  * fork, join and uneven shares were a third of the layer's time). Each thread takes one contiguous run of
  * the (expert, chunk of OUT_CHUNK outputs) items, the runs cut at equal estimated cost (a chunk's weight
  * bytes, and its rows' tiles), so every thread streams its own stretch of weights; each tile through
- * fold_chunk (quant_linear_int8_groups' tiles: the wide tiles, fold_tile, the K-quants' kq_fold_tile, tile_any's
- * partials). The VNNI / vpmaddubsw / generic tiles only (no AMX: its tiles give the same bits, so a caller with
+ * fold_chunk (quant_linear_int8_groups' tiles: the wide tiles, fold_tile, group_tile's values per group).
+ * The VNNI / vpmaddubsw / generic tiles only (no AMX: its tiles give the same bits, so a caller with
  * many rows per expert can take the experts' own calls instead); every format quant_linear_int8 takes, the
  * super-block K-quants' rows quantized per super-block of 256 as kq_linear does; else KERNEL_BAD_SHAPE. */
 int quant_experts_int8(const void *x, int64_t ldx, const int64_t *spans, const int64_t *weights, int64_t count,
