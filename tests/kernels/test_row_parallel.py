@@ -134,15 +134,17 @@ def test_one_pass_over_k_gives_the_bits_of_partials_and_their_fold(cpu_tier, dty
 def _assert_one_pass(whole: RowParallelWeight, x: torch.Tensor, dtype: torch.dtype) -> None:
     """quant_dot.c's quant_linear_int8_groups takes the shape (row_parallel_linear would otherwise fall back
     to the partials and their fold, which a comparison with them could not tell) and gives the bits of the
-    partials folded after a gather, as does the layer's own call."""
+    partials folded after a gather, as does the layer's own call, at 1 and 3 threads (the outputs cut elsewhere)."""
     want = whole.fold(whole.partials(x), dtype)
-    got = torch.empty(x.shape[0], whole.out_features, dtype=dtype)
-    status = library().quant_linear_int8_groups(
-        x.data_ptr(), x.shape[1], whole.buffer.data_ptr(), whole.fmt & ~quant.ACT_INT8, whole.groups, x.shape[0],
-        whole.out_features, whole.in_features // whole.groups, int(dtype == torch.bfloat16), got.data_ptr(),
-        whole.out_features, torch.get_num_threads())
-    assert status == 0, f"quant_linear_int8_groups refused the shape: status {status}"
-    assert torch.equal(got, want) and torch.equal(whole(x, None), want)
+    for threads in (1, 3):
+        got = torch.empty(x.shape[0], whole.out_features, dtype=dtype)
+        status = library().quant_linear_int8_groups(
+            x.data_ptr(), x.shape[1], whole.buffer.data_ptr(), whole.fmt & ~quant.ACT_INT8, whole.groups, x.shape[0],
+            whole.out_features, whole.in_features // whole.groups, int(dtype == torch.bfloat16), got.data_ptr(),
+            whole.out_features, threads)
+        assert status == 0, f"quant_linear_int8_groups refused the shape: status {status}"
+        assert torch.equal(got, want), threads
+    assert torch.equal(whole(x, None), want)
 
 
 ROW_COUNTS = (1, 3, 4, 5, 8, 9, 17)  # across the tiles' edges: the wide tiles' 4 rows, the tiles' 4 or 8
