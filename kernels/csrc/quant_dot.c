@@ -2012,8 +2012,8 @@ INLINE void wide_fold(const int fmt, const ActQ *a, int64_t groups, int64_t r, c
     for (int64_t g = 0; g < groups; g++) {
         fv acc[2][TILE_WIDE_ROWS];
         const uint8_t *group = w + g * group_bytes + c * row_bytes;
-        if (fmt == FMT_Q4_K)
-            kqi_wide(FMT_Q4_K, &a[g], r, group, row_bytes, acc);
+        if (kq_format(fmt)) /* fmt a constant: the K-quants kqi_wide takes (wide_fold_any's cases) */
+            kqi_wide(fmt, &a[g], r, group, row_bytes, acc);
         else
             tile_wide_acc(fmt, &a[g], r, group, row_bytes, acc);
         for (int v = 0; v < 2; v++)
@@ -2034,8 +2034,8 @@ INLINE void wide_fold(const int fmt, const ActQ *a, int64_t groups, int64_t r, c
 }
 
 /* rows r .. r + rows - 1 (a multiple of TILE_WIDE_ROWS) in wide_fold's tiles: 1, or 0 where fmt has none (nothing
- * done). Not inlined, so that the callers' batch-1 loops compile as without it. (Q6_K, Q5_K: when kqi_wide takes
- * them, a case each here.) */
+ * done). Not inlined, so that the callers' batch-1 loops compile as without it. A K-quant kqi_wide takes: its case
+ * here (as kqi_wide_rows'). */
 static __attribute__((noinline)) int wide_fold_any(int fmt, int rows, const ActQ *a, int64_t groups, int64_t r,
                                                    const uint8_t *w, int64_t row_bytes, int64_t group_bytes, int64_t c,
                                                    void *out, int64_t ldo, int64_t out_r, int out_bf16) {
