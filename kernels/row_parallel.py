@@ -220,6 +220,8 @@ SIGNATURES = {
     "row_parallel_partials": ([_ptr, _i64, _ptr, _i32, _i64, _i64, _i64, _i64, _i32, _ptr, _i32, _ptr], _i32),
     "row_parallel_linear": ([_ptr, _i64, _ptr, _i32, _i64, _i64, _i64, _i64, _i32, _ptr, _i64, _ptr, _i32, _ptr], _i32),
     "fold_partials": ([_ptr, _i64, _i64, _i64, _ptr, _i64, _i32, _i32], None),
+    # quant_dot.c's one pass of row_parallel_linear (int8 activations); the tests call it to see it took the shape
+    "quant_linear_int8_groups": ([_ptr, _i64, _ptr, _i32, _i64, _i64, _i64, _i64, _i32, _ptr, _i64, _i32], _i32),
 }
 
 

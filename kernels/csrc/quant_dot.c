@@ -838,11 +838,11 @@ void tile_any(int rows, int cols, int fmt, int interleaved, const ActQ *a, int64
  * block's correction (-8 s for Q4_0, -128 s for Q8_0's w + 128) and takes the 8 k-groups' vpdpbusd: the integers
  * of block_isums; then the fold of tile, the same operations in the same order per (row, output). */
 #define TILE_WIDE_ROWS 4
-INLINE void tile_wide(const int fmt, const ActQ *a, int64_t r0, const uint8_t *group, int64_t row_bytes,
-                      const void *bias, void *out, int64_t ldo, int64_t n0, int out_bf16) {
+/* acc[v][r]: the chains of rows r0 .. r0 + TILE_WIDE_ROWS - 1 by the 16 outputs of group v (0, 1) from `group` */
+INLINE void tile_wide_acc(const int fmt, const ActQ *a, int64_t r0, const uint8_t *group, int64_t row_bytes,
+                          fv acc[2][TILE_WIDE_ROWS]) {
     const int64_t blocks = a->blocks;
     const wv low4 = WV_SET8(0x0f), flip = WV_SET8((char)0x80);
-    fv acc[2][TILE_WIDE_ROWS];
     for (int v = 0; v < 2; v++)
         for (int r = 0; r < TILE_WIDE_ROWS; r++)
             acc[v][r] = splatv(0.0f);
@@ -886,6 +886,13 @@ INLINE void tile_wide(const int fmt, const ActQ *a, int64_t r0, const uint8_t *g
             }
         }
     }
+}
+
+/* tile_wide_acc's chains stored: out = fma(acc, 1, bias), rounded to out's dtype */
+INLINE void tile_wide(const int fmt, const ActQ *a, int64_t r0, const uint8_t *group, int64_t row_bytes,
+                      const void *bias, void *out, int64_t ldo, int64_t n0, int out_bf16) {
+    fv acc[2][TILE_WIDE_ROWS];
+    tile_wide_acc(fmt, a, r0, group, row_bytes, acc);
     for (int v = 0; v < 2; v++) {
         fv add = splatv(0.0f);
         if (bias != NULL)
@@ -1950,81 +1957,6 @@ done:
     return status;
 }
 
-/* row_parallel_linear's int8-activation path in one process: the G groups' weights [n, kg] one after
- * the other (each interleaved or not, as fmt says), out [m, n] (x's dtype) = their partials folded in
- * the order 0..G-1, as fold_partials folds them: each tile's G partials are the tile's values of
- * quant_linear_int8 on the group (bias none, out fp32), added in order in registers and rounded once,
- * so the bits are those of the partials and the fold, without their memory, G + 1 parallel regions
- * and G quantization calls. Each group's columns of x are quantized from the group's first column,
- * as the group's own call does. */
-int quant_linear_int8_groups(const void *x, int64_t ldx, const void *w, int fmt, int64_t groups, int64_t m, int64_t n,
-                             int64_t kg, int is_bf16, void *out, int64_t ldo, int num_threads) {
-    const int interleaved = (fmt & QUANT_INTERLEAVED) != 0;
-    fmt &= ~QUANT_INTERLEAVED;
-    const int64_t row_bytes = quant_row_bytes(fmt, kg);
-    if (row_bytes == 0 || groups < 1 || groups > MAX_FOLD_GROUPS || (interleaved && fmt == FMT_INT8 && kg % QBLOCK) ||
-        kq_format(fmt)) /* these: row_parallel.c's partials per group (quant_linear_int8), then their fold */
-        return KERNEL_BAD_SHAPE;
-    if (m == 0 || n == 0)
-        return KERNEL_OK;
-    ActQ a[MAX_FOLD_GROUPS]; /* each K group's quantized rows for the VNNI tiles, where they make any output */
-    const uint8_t *weights = w;
-    const int64_t group_bytes = n * row_bytes, grouped = interleaved ? n / 16 * 16 : 0;
-    int64_t amx_rows = 0, amx_cols = 0; /* the tiles the AMX path made: rows [0, amx_rows) x outputs [0, amx_cols) */
-    int have_rows = 0, status = KERNEL_OK;
-#if defined(AMX)
-    if (grouped > 0 && amx_wanted(fmt, m)) { /* as quant_linear_int8's AMX path, per K group */
-        const int64_t rows = amx_row_count(fmt, m), blocks = (kg + QBLOCK - 1) / QBLOCK; /* the rest: VNNI */
-        const int vnni_too = rows < m || grouped < n;
-        have_rows = vnni_too && act_quantize(a, groups, x, ldx, m, kg, is_bf16, num_threads, QBLOCK) == KERNEL_OK;
-        char *rows_at = scratch_take(SCRATCH_AMX_ROWS, (size_t)groups * amx_rows_bytes(m, blocks));
-        if (have_rows == vnni_too && rows_at != NULL) { /* the VNNI tiles' rows quantized, where they need any */
-            AmxRows packed[MAX_FOLD_GROUPS];
-            for (int64_t g = 0; g < groups; g++)
-                amx_rows_carve(&packed[g], m, blocks, &rows_at);
-            if (amx_fold_groups(fmt, packed, vnni_too ? a : NULL, x, ldx, is_bf16, m, kg, groups, blocks, rows,
-                                weights, row_bytes, group_bytes, grouped / 16, out, ldo, num_threads))
-                amx_rows = rows, amx_cols = grouped;
-        } /* else (or a thread's unpacked blocks) out of memory for the AMX path: the VNNI tiles do it all */
-        scratch_give(SCRATCH_AMX_ROWS);
-    }
-#endif
-    const int vnni_left = amx_rows < m || amx_cols < n; /* none at the AMX tiles' usual 16+ rows */
-    if (vnni_left && !have_rows)
-        status = act_quantize(a, groups, x, ldx, m, kg, is_bf16, num_threads, QBLOCK);
-    /* what the AMX tiles left (nothing at all at their usual 16+ rows: no parallel region then) */
-    const int64_t chunks = status == KERNEL_OK && vnni_left ? (n + OUT_CHUNK - 1) / OUT_CHUNK : 0;
-#pragma omp parallel for schedule(static) num_threads(num_threads) if (chunks > 0)
-    for (int64_t chunk = 0; chunk < chunks; chunk++) {
-        const int64_t c0 = chunk * OUT_CHUNK, c1 = c0 + OUT_CHUNK < n ? c0 + OUT_CHUNK : n;
-        float total[ROWS * COLS], part[ROWS * COLS];
-        for (int64_t r = 0; r < m; r += ROWS) {
-            const int rows = m - r < ROWS ? (int)(m - r) : ROWS;
-            for (int64_t c = c0; c < c1; c += COLS) {
-                if (c + COLS <= amx_cols && r + rows <= amx_rows)
-                    continue; /* the AMX tiles made it */
-                const int cols = c1 - c < COLS ? (int)(c1 - c) : COLS;
-                for (int64_t g = 0; g < groups; g++) {
-                    tile_any(rows, cols, fmt, c < grouped, &a[g], r, weights + g * group_bytes + c * row_bytes,
-                             row_bytes, kg, NULL, NULL, 0, c, 0, g == 0 ? total : part);
-                    if (g > 0)
-                        for (int i = 0; i < rows * COLS; i++)
-                            total[i] += part[i];
-                }
-                for (int i = 0; i < rows; i++)
-                    for (int j = 0; j < cols; j++) {
-                        if (is_bf16)
-                            ((uint16_t *)out)[(r + i) * ldo + c + j] = float_to_bf16(total[i * COLS + j]);
-                        else
-                            ((float *)out)[(r + i) * ldo + c + j] = total[i * COLS + j];
-                    }
-            }
-        }
-    }
-    scratch_give(SCRATCH_ACT);
-    return status;
-}
-
 /* ---- K groups folded in registers ------------------------------------------------------------
  * A whole interleaved tile (COLS outputs from n0, rows 1..ROWS from r0) of `groups` K groups, group g's rows
  * group_bytes after group g - 1's and its activations a[g]: per group the chain of tile() on the group
@@ -2102,6 +2034,247 @@ static int fold_tile_any(int rows, int fmt, const ActQ *a, int64_t groups, int64
     }
 }
 
+/* ---- a tile of G K groups, folded in registers, then stored --------------------------------------
+ * What quant_linear_int8_groups and quant_experts_int8 make per tile: rows r .. r + rows - 1 of the groups'
+ * activations a[g] (1..ROWS rows) by outputs c .. c + cols - 1 (1..COLS; `il`: a whole tile of an interleaved group
+ * of 16), each K group's value as quant_linear_int8 gives it on the group alone (bias none, fp32 out: tile's
+ * fma(acc, scale, 0), kq_store's fma(acc, 1, 0)), the groups' values added in the order 0..G-1 in fp32 and
+ * rounded once to out's dtype, into out's rows out_r .. (the contract of row_parallel.c's fold_partials). */
+
+/* one K group's values for the tile into part [rows, COLS] (lanes past cols unset): quant_linear_int8's on the group,
+ * bias none, fp32 out. The super-block K-quants (kq_linear's formats): the accumulators of kq_linear's own tiles
+ * (kqi_tile on x86's interleaved groups, kq_chains for the rest) as kq_store rounds them; the rest: tile_any's partial.
+ * wg: the group's rows */
+static void group_tile(int rows, int cols, int fmt, int il, const ActQ *a, int64_t r, const uint8_t *wg,
+                       int64_t row_bytes, int64_t kg, int64_t c, float *part) {
+    if (!kq_format(fmt) || block32_tile_format(fmt)) {
+        tile_any(rows, cols, fmt, il, a, r, wg + c * row_bytes, row_bytes, kg, NULL, NULL, 0, c, 0, part);
+        return;
+    }
+#if defined(__AVX2__)
+    if (il) {
+        fv acc[ROWS];
+        kqi_tile_any(fmt, a, r, rows, wg + (c - c % 16) * row_bytes, (int)(c % 16), acc);
+        for (int i = 0; i < rows; i++) {
+            const fv value = fmav(acc[i], splatv(1.0f), splatv(0.0f)); /* kq_store's, bias none */
+            memcpy(part + i * COLS, &value, sizeof value);
+        }
+        return;
+    }
+#endif
+    for (int j = 0; j < cols; j++) {
+        float acc[KQ_ROWS];
+        const int64_t o = c + j;
+        kq_chains_any(fmt, a, r, rows, wg + o * row_bytes, il ? wg + (o - o % 16) * row_bytes : NULL, (int)(o % 16),
+                      acc);
+        for (int i = 0; i < rows; i++)
+            part[i * COLS + j] = fmaf(acc[i], 1.0f, 0.0f); /* kq_store's, bias none */
+    }
+}
+
+/* the tile: fold_tile for whole interleaved tiles of Q4_0, Q4_1, Q8_0, INT8, else group_tile's values per group added
+ * in order; then the store */
+static void fold_store(int rows, int cols, int fmt, int il, const ActQ *a, int64_t groups, int64_t r, const uint8_t *w,
+                       int64_t row_bytes, int64_t group_bytes, int64_t kg, int64_t c, void *out, int64_t ldo,
+                       int64_t out_r, int out_bf16) {
+    float sum[ROWS * COLS], part[ROWS * COLS];
+    if (!(cols == COLS && il && fold_tile_any(rows, fmt, a, groups, r, w, row_bytes, group_bytes, c, sum)))
+        for (int64_t g = 0; g < groups; g++) {
+            group_tile(rows, cols, fmt, il, &a[g], r, w + g * group_bytes, row_bytes, kg, c, g == 0 ? sum : part);
+            if (g > 0)
+                for (int i = 0; i < rows; i++)
+                    for (int j = 0; j < cols; j++)
+                        sum[i * COLS + j] += part[i * COLS + j];
+        }
+    for (int i = 0; i < rows; i++)
+        for (int j = 0; j < cols; j++) {
+            const int64_t at = (out_r + i) * ldo + c + j;
+            if (out_bf16)
+                ((uint16_t *)out)[at] = float_to_bf16(sum[i * COLS + j]);
+            else
+                ((float *)out)[at] = sum[i * COLS + j];
+        }
+}
+
+#if defined(VNNI)
+/* the wide tiles (avx512 VNNI, 4 rows by the 32 outputs of two interleaved groups of 16 from c; w: K group 0's rows)
+ * folded: each K group's tile_wide or kqi_wide accumulators, as their store makes them (fma(acc, 1, 0)), added in
+ * the order 0..G-1 (a 4 x 32 running sum, in registers or L1), rounded once to out's dtype */
+INLINE void wide_fold(const int fmt, const ActQ *a, int64_t groups, int64_t r, const uint8_t *w, int64_t row_bytes,
+                      int64_t group_bytes, int64_t c, void *out, int64_t ldo, int64_t out_r, int out_bf16) {
+    fv total[2][TILE_WIDE_ROWS];
+    for (int64_t g = 0; g < groups; g++) {
+        fv acc[2][TILE_WIDE_ROWS];
+        const uint8_t *group = w + g * group_bytes + c * row_bytes;
+        if (kq_format(fmt)) /* fmt a constant: the K-quants kqi_wide takes (wide_fold_any's cases) */
+            kqi_wide(fmt, &a[g], r, group, row_bytes, acc);
+        else
+            tile_wide_acc(fmt, &a[g], r, group, row_bytes, acc);
+        for (int v = 0; v < 2; v++)
+            for (int i = 0; i < TILE_WIDE_ROWS; i++) {
+                const fv value = fmav(acc[v][i], splatv(1.0f), splatv(0.0f));
+                total[v][i] = g == 0 ? value : total[v][i] + value;
+            }
+    }
+    for (int v = 0; v < 2; v++)
+        for (int i = 0; i < TILE_WIDE_ROWS; i++)
+            for (int j = 0; j < 16; j++) {
+                const int64_t at = (out_r + i) * ldo + c + 16 * v + j;
+                if (out_bf16)
+                    ((uint16_t *)out)[at] = float_to_bf16(total[v][i][j]);
+                else
+                    ((float *)out)[at] = total[v][i][j];
+            }
+}
+
+/* rows r .. r + rows - 1 (a multiple of TILE_WIDE_ROWS) in wide_fold's tiles: 1, or 0 where fmt has none (nothing
+ * done). Not inlined, so that the callers' batch-1 loops compile as without it. A K-quant kqi_wide takes: its case
+ * here (as kqi_wide_rows'). */
+static __attribute__((noinline)) int wide_fold_any(int fmt, int rows, const ActQ *a, int64_t groups, int64_t r,
+                                                   const uint8_t *w, int64_t row_bytes, int64_t group_bytes, int64_t c,
+                                                   void *out, int64_t ldo, int64_t out_r, int out_bf16) {
+    for (int i = 0; i < rows; i += TILE_WIDE_ROWS)
+        switch (fmt) {
+        case FMT_Q4_0: wide_fold(FMT_Q4_0, a, groups, r + i, w, row_bytes, group_bytes, c, out, ldo, out_r + i, out_bf16); break;
+        case FMT_Q4_1: wide_fold(FMT_Q4_1, a, groups, r + i, w, row_bytes, group_bytes, c, out, ldo, out_r + i, out_bf16); break;
+        case FMT_Q8_0: wide_fold(FMT_Q8_0, a, groups, r + i, w, row_bytes, group_bytes, c, out, ldo, out_r + i, out_bf16); break;
+        case FMT_Q4_K: wide_fold(FMT_Q4_K, a, groups, r + i, w, row_bytes, group_bytes, c, out, ldo, out_r + i, out_bf16); break;
+        default: return 0;
+        }
+    return 1;
+}
+#endif
+
+/* the activations' block for fmt: super-blocks of 256 for the K-quants kq_linear takes, else blocks of 32 */
+INLINE int act_span(int fmt) { return kq_format(fmt) && !block32_tile_format(fmt) ? QK_K : QBLOCK; }
+
+/* rows r .. r + rows - 1 (rows <= ROWS) by outputs c0 .. c1 - 1 (one chunk of OUT_CHUNK) of G folded K groups: the
+ * wide tiles where they apply (4+ rows, two whole interleaved groups), fold_store for the rest */
+static void fold_chunk(int rows, int fmt, const ActQ *a, int64_t groups, int64_t r, const uint8_t *w, int64_t row_bytes,
+                       int64_t group_bytes, int64_t kg, int64_t grouped, int64_t c0, int64_t c1, void *out, int64_t ldo,
+                       int64_t out_r, int out_bf16) {
+    int done = 0; /* rows the wide tiles made */
+#if defined(VNNI)
+    if (c1 - c0 == 32 && c1 <= grouped && rows >= TILE_WIDE_ROWS &&
+        wide_fold_any(fmt, rows / TILE_WIDE_ROWS * TILE_WIDE_ROWS, a, groups, r, w, row_bytes, group_bytes, c0, out,
+                      ldo, out_r, out_bf16))
+        done = rows / TILE_WIDE_ROWS * TILE_WIDE_ROWS;
+#endif
+    if (done == rows)
+        return;
+    for (int64_t c = c0; c < c1; c += COLS)
+        fold_store(rows - done, c1 - c < COLS ? (int)(c1 - c) : COLS, fmt, c < grouped, a, groups, r + done, w,
+                   row_bytes, group_bytes, kg, c, out, ldo, out_r + done, out_bf16);
+}
+
+/* Below FEW_ROWS rows (decode) a thread takes a run of up to RUN_OUTPUTS outputs and streams each K group's rows of
+ * them in turn, the run's values summed in order in L1 (sum[rows, run]): per group one long read, as the group's own
+ * call makes it. Per tile (fold_store's order) a thread read G short runs of 16 rows, one per group, which the
+ * hardware prefetcher left cold (down_proj at 1B, Q4_K, batch 1: ~0.85x the partials' speed in CPU time); from
+ * FEW_ROWS rows the tiles' work hides it, and the wide tiles need 4 rows. */
+#define FEW_ROWS 4
+#define RUN_OUTPUTS 512
+static void fold_runs(int fmt, int interleaved, const ActQ *a, int64_t groups, int64_t m, int64_t n, int64_t kg,
+                      const uint8_t *w, int64_t row_bytes, void *out, int64_t ldo, int is_bf16, int num_threads) {
+    const int64_t grouped = interleaved ? n / 16 * 16 : 0, group_bytes = n * row_bytes;
+    const int64_t threads = num_threads > 1 ? num_threads : 1;
+    int64_t run = ((n + threads - 1) / threads + OUT_CHUNK - 1) / OUT_CHUNK * OUT_CHUNK; /* every thread a run */
+    run = run > RUN_OUTPUTS ? RUN_OUTPUTS : run;
+    const int64_t runs = (n + run - 1) / run;
+#pragma omp parallel for schedule(static) num_threads(num_threads)
+    for (int64_t i = 0; i < runs; i++) {
+        const int64_t c0 = i * run, c1 = c0 + run < n ? c0 + run : n;
+        float sum[FEW_ROWS * RUN_OUTPUTS], part[ROWS * COLS];
+        for (int64_t g = 0; g < groups; g++)
+            for (int64_t c = c0; c < c1; c += COLS) {
+                const int cols = c1 - c < COLS ? (int)(c1 - c) : COLS;
+                group_tile((int)m, cols, fmt, c < grouped, &a[g], 0, w + g * group_bytes, row_bytes, kg, c, part);
+                for (int r = 0; r < m; r++)
+                    for (int j = 0; j < cols; j++) {
+                        float *at = &sum[r * RUN_OUTPUTS + c - c0 + j];
+                        *at = g == 0 ? part[r * COLS + j] : *at + part[r * COLS + j];
+                    }
+            }
+        for (int r = 0; r < m; r++)
+            for (int64_t c = c0; c < c1; c++) {
+                const float value = sum[r * RUN_OUTPUTS + c - c0];
+                if (is_bf16)
+                    ((uint16_t *)out)[r * ldo + c] = float_to_bf16(value);
+                else
+                    ((float *)out)[r * ldo + c] = value;
+            }
+    }
+}
+
+/* row_parallel_linear's int8-activation path in one process: the G groups' weights [n, kg] one after
+ * the other (each interleaved or not, as fmt says), out [m, n] (x's dtype) = their partials folded in
+ * the order 0..G-1, as fold_partials folds them: each tile's G partials are the tile's values of
+ * quant_linear_int8 on the group (bias none, out fp32), added in order in registers and rounded once,
+ * so the bits are those of the partials and the fold, without their memory, G + 1 parallel regions
+ * and G quantization calls. Each group's columns of x are quantized from the group's first column,
+ * as the group's own call does (in super-blocks of 256 for the K-quants, as kq_linear does). Every
+ * format quant_linear_int8 takes. */
+int quant_linear_int8_groups(const void *x, int64_t ldx, const void *w, int fmt, int64_t groups, int64_t m, int64_t n,
+                             int64_t kg, int is_bf16, void *out, int64_t ldo, int num_threads) {
+    const int interleaved = (fmt & QUANT_INTERLEAVED) != 0;
+    fmt &= ~QUANT_INTERLEAVED;
+    const int64_t row_bytes = quant_row_bytes(fmt, kg);
+    if (row_bytes == 0 || groups < 1 || groups > MAX_FOLD_GROUPS || (interleaved && fmt == FMT_INT8 && kg % QBLOCK))
+        return KERNEL_BAD_SHAPE;
+    if (m == 0 || n == 0)
+        return KERNEL_OK;
+    ActQ a[MAX_FOLD_GROUPS]; /* each K group's quantized rows for the VNNI tiles, where they make any output */
+    const uint8_t *weights = w;
+    const int64_t group_bytes = n * row_bytes, grouped = interleaved ? n / 16 * 16 : 0;
+    int64_t amx_rows = 0, amx_cols = 0; /* the tiles the AMX path made: rows [0, amx_rows) x outputs [0, amx_cols) */
+    int have_rows = 0, status = KERNEL_OK;
+#if defined(AMX)
+    if (grouped > 0 && !kq_format(fmt) && amx_wanted(fmt, m)) { /* as quant_linear_int8's AMX path, per K group */
+        const int64_t rows = amx_row_count(fmt, m), blocks = (kg + QBLOCK - 1) / QBLOCK; /* the rest: VNNI */
+        const int vnni_too = rows < m || grouped < n;
+        have_rows = vnni_too && act_quantize(a, groups, x, ldx, m, kg, is_bf16, num_threads, QBLOCK) == KERNEL_OK;
+        char *rows_at = scratch_take(SCRATCH_AMX_ROWS, (size_t)groups * amx_rows_bytes(m, blocks));
+        if (have_rows == vnni_too && rows_at != NULL) { /* the VNNI tiles' rows quantized, where they need any */
+            AmxRows packed[MAX_FOLD_GROUPS];
+            for (int64_t g = 0; g < groups; g++)
+                amx_rows_carve(&packed[g], m, blocks, &rows_at);
+            if (amx_fold_groups(fmt, packed, vnni_too ? a : NULL, x, ldx, is_bf16, m, kg, groups, blocks, rows,
+                                weights, row_bytes, group_bytes, grouped / 16, out, ldo, num_threads))
+                amx_rows = rows, amx_cols = grouped;
+        } /* else (or a thread's unpacked blocks) out of memory for the AMX path: the VNNI tiles do it all */
+        scratch_give(SCRATCH_AMX_ROWS);
+    }
+#endif
+    const int vnni_left = amx_rows < m || amx_cols < n; /* none at the AMX tiles' usual 16+ rows */
+    if (vnni_left && !have_rows)
+        status = act_quantize(a, groups, x, ldx, m, kg, is_bf16, num_threads, act_span(fmt));
+    if (status == KERNEL_OK && m < FEW_ROWS) { /* decode: each group's run of outputs in turn (no AMX at these rows) */
+        fold_runs(fmt, interleaved, a, groups, m, n, kg, weights, row_bytes, out, ldo, is_bf16, num_threads);
+        scratch_give(SCRATCH_ACT);
+        return status;
+    }
+    /* what the AMX tiles left (nothing at all at their usual 16+ rows: no parallel region then) */
+    const int64_t chunks = status == KERNEL_OK && vnni_left ? (n + OUT_CHUNK - 1) / OUT_CHUNK : 0;
+#pragma omp parallel for schedule(static) num_threads(num_threads) if (chunks > 0)
+    for (int64_t chunk = 0; chunk < chunks; chunk++) {
+        const int64_t c0 = chunk * OUT_CHUNK, c1 = c0 + OUT_CHUNK < n ? c0 + OUT_CHUNK : n;
+        for (int64_t r = 0; r < m; r += ROWS) {
+            const int rows = m - r < ROWS ? (int)(m - r) : ROWS;
+            if (r + rows <= amx_rows && c1 <= amx_cols)
+                continue; /* the AMX tiles made it */
+            if (r + rows <= amx_rows) { /* the outputs past them */
+                fold_chunk(rows, fmt, a, groups, r, weights, row_bytes, group_bytes, kg, grouped, amx_cols > c0 ? amx_cols : c0,
+                           c1, out, ldo, r, is_bf16);
+                continue;
+            }
+            fold_chunk(rows, fmt, a, groups, r, weights, row_bytes, group_bytes, kg, grouped, c0, c1, out, ldo, r,
+                       is_bf16);
+        }
+    }
+    scratch_give(SCRATCH_ACT);
+    return status;
+}
+
 /* ---- a mixture-of-experts layer's experts in one parallel region (services/worker/models/moe.py) ----------------
  * x [m, k]: a step's rows grouped by expert, expert i's rows spans[2 i] .. spans[2 i + 1] - 1, its weight at
  * weights[i]: `groups` K groups of kg = k / groups columns one after the other, each [n, kg] (n quant_row_bytes
@@ -2113,11 +2286,11 @@ static int fold_tile_any(int rows, int fmt, const ActQ *a, int64_t groups, int64
  * one parallel region, where the experts' own calls took 2 regions each (decode at 8 experts: 16, whose
  * fork, join and uneven shares were a third of the layer's time). Each thread takes one contiguous run of
  * the (expert, chunk of OUT_CHUNK outputs) items, the runs cut at equal estimated cost (a chunk's weight
- * bytes, and its rows' tiles), so every thread streams its own stretch of weights; whole interleaved tiles
- * of Q4_0, Q4_1, Q8_0, INT8 through fold_tile, the rest tile_any's partials. The VNNI / vpmaddubsw /
- * generic tiles only (no AMX: its tiles give the same bits, so a caller with many rows per expert can take
- * the experts' own calls instead), the formats tile_any runs (not the super-block K-quants); else
- * KERNEL_BAD_SHAPE (the caller's per-expert path). */
+ * bytes, and its rows' tiles), so every thread streams its own stretch of weights; each tile through
+ * fold_chunk (quant_linear_int8_groups' tiles: the wide tiles, fold_tile, group_tile's values per group).
+ * The VNNI / vpmaddubsw / generic tiles only (no AMX: its tiles give the same bits, so a caller with
+ * many rows per expert can take the experts' own calls instead); every format quant_linear_int8 takes, the
+ * super-block K-quants' rows quantized per super-block of 256 as kq_linear does; else KERNEL_BAD_SHAPE. */
 int quant_experts_int8(const void *x, int64_t ldx, const int64_t *spans, const int64_t *weights, int64_t count,
                        int fmt, int64_t groups, int64_t m, int64_t n, int64_t k, int is_bf16, void *out, int64_t ldo,
                        int num_threads) {
@@ -2126,8 +2299,7 @@ int quant_experts_int8(const void *x, int64_t ldx, const int64_t *spans, const i
     if (groups < 1 || groups > MAX_FOLD_GROUPS || k % groups != 0 || count < 0)
         return KERNEL_BAD_SHAPE;
     const int64_t kg = k / groups, row_bytes = quant_row_bytes(fmt, kg);
-    if (row_bytes == 0 || (interleaved && fmt == FMT_INT8 && kg % QBLOCK) ||
-        (kq_format(fmt) && !block32_tile_format(fmt)))
+    if (row_bytes == 0 || (interleaved && fmt == FMT_INT8 && kg % QBLOCK))
         return KERNEL_BAD_SHAPE;
     for (int64_t i = 0; i < count; i++)
         if (spans[2 * i] < 0 || spans[2 * i] > spans[2 * i + 1] || spans[2 * i + 1] > m)
@@ -2135,7 +2307,8 @@ int quant_experts_int8(const void *x, int64_t ldx, const int64_t *spans, const i
     if (m == 0 || n == 0 || count == 0)
         return KERNEL_OK;
     ActQ a[MAX_FOLD_GROUPS];
-    int status = act_quantize(a, groups, x, ldx, m, kg, is_bf16, num_threads, QBLOCK);
+    const int span = act_span(fmt), sums = span == QK_K ? 16 : 1; /* each cell's q bytes, its integer sums */
+    int status = act_quantize(a, groups, x, ldx, m, kg, is_bf16, num_threads, span);
     int64_t *cost = malloc(sizeof(int64_t) * (size_t)(count + 1)); /* cost[i]: the items' cost before expert i */
     if (cost == NULL)
         status = KERNEL_OUT_OF_MEMORY;
@@ -2164,34 +2337,13 @@ int quant_experts_int8(const void *x, int64_t ldx, const int64_t *spans, const i
             for (int64_t g = 0; g < groups; g++) {
                 const int64_t at = start * a[g].blocks;
                 mine[g] = a[g];
-                mine[g].q += at * QBLOCK, mine[g].d += at, mine[g].sx += at, mine[g].sum += at;
+                mine[g].q += at * span, mine[g].d += at, mine[g].sx += at, mine[g].sum += at * sums;
             }
             for (int64_t chunk = first; chunk < last; chunk++) {
                 const int64_t c0 = chunk * OUT_CHUNK, c1 = c0 + OUT_CHUNK < n ? c0 + OUT_CHUNK : n;
-                float sum[ROWS * COLS], part[ROWS * COLS];
-                for (int64_t r = 0; r < stop - start; r += ROWS) {
-                    const int rows = stop - start - r < ROWS ? (int)(stop - start - r) : ROWS;
-                    for (int64_t c = c0; c < c1; c += COLS) {
-                        const int cols = c1 - c < COLS ? (int)(c1 - c) : COLS;
-                        const int folded = cols == COLS && c < grouped &&
-                                           fold_tile_any(rows, fmt, mine, groups, r, w, row_bytes, group_bytes, c, sum);
-                        for (int64_t g = 0; g < groups && !folded; g++) {
-                            tile_any(rows, cols, fmt, c < grouped, &mine[g], r, w + g * group_bytes + c * row_bytes,
-                                     row_bytes, kg, NULL, NULL, 0, c, 0, g == 0 ? sum : part);
-                            if (g > 0)
-                                for (int j = 0; j < rows * COLS; j++)
-                                    sum[j] += part[j];
-                        }
-                        for (int rr = 0; rr < rows; rr++)
-                            for (int j = 0; j < cols; j++) {
-                                const int64_t at = (start + r + rr) * ldo + c + j;
-                                if (is_bf16)
-                                    ((uint16_t *)out)[at] = float_to_bf16(sum[rr * COLS + j]);
-                                else
-                                    ((float *)out)[at] = sum[rr * COLS + j];
-                            }
-                    }
-                }
+                for (int64_t r = 0; r < stop - start; r += ROWS) /* the expert's rows, ROWS at a time */
+                    fold_chunk(stop - start - r < ROWS ? (int)(stop - start - r) : ROWS, fmt, mine, groups, r, w,
+                               row_bytes, group_bytes, kg, grouped, c0, c1, out, ldo, start + r, is_bf16);
             }
         }
     }

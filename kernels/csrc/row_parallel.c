@@ -10,8 +10,9 @@
  * on how many ranks computed them. A single process (no gather) runs row_parallel_linear: gemm.c's
  * weights in one pass over K that folds each group's chain into a running fp32 total in registers
  * (linear_groups_into), the same bits without the partials' memory and the G calls; quantized weights
- * with int8 activations fold each tile's G partials in registers (quant_dot.c's
- * quant_linear_int8_groups), to the same end.
+ * with int8 activations (every format quant_linear_int8 takes, the K-quants included) fold each tile's G
+ * partials in registers (quant_dot.c's quant_linear_int8_groups), to the same end; fp32 activations on
+ * quantized weights take the partials and their fold.
  *
  * The local groups' weights lie one after the other, each packed (gemm.c) or as rows of blocks
  * (quant_gemm.c) of its own [n, kg], row_parallel_group_bytes apart. No bias: none of the

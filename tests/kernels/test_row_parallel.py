@@ -6,14 +6,15 @@ every kernel tier, dense and quantized, fp32 and bf16.
 """
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
 from kernels import cpu_kernels, quant
 from kernels.linear import GemmWeight, prepack
-from kernels.row_parallel import (RowParallelWeight, fold_reference, partials_reference, reduction_groups, split_dense,
-                                  split_quant)
-from tests.kernels.quant_helpers import gguf_blocks
+from kernels.row_parallel import (RowParallelWeight, fold_reference, library, partials_reference, reduction_groups,
+                                  split_dense, split_quant)
+from tests.kernels.quant_helpers import gguf_blocks, random_blocks
 
 GROUPS = 4
 
@@ -130,13 +131,32 @@ def test_one_pass_over_k_gives_the_bits_of_partials_and_their_fold(cpu_tier, dty
             assert torch.equal(whole(x, None), whole.fold(whole.partials(x), dtype)), (out_features, groups, rows)
 
 
+def _assert_one_pass(whole: RowParallelWeight, x: torch.Tensor, dtype: torch.dtype) -> None:
+    """quant_dot.c's quant_linear_int8_groups takes the shape (row_parallel_linear would otherwise fall back
+    to the partials and their fold, which a comparison with them could not tell) and gives the bits of the
+    partials folded after a gather, as does the layer's own call, at 1 and 3 threads (the outputs cut elsewhere)."""
+    want = whole.fold(whole.partials(x), dtype)
+    for threads in (1, 3):
+        got = torch.empty(x.shape[0], whole.out_features, dtype=dtype)
+        status = library().quant_linear_int8_groups(
+            x.data_ptr(), x.shape[1], whole.buffer.data_ptr(), whole.fmt & ~quant.ACT_INT8, whole.groups, x.shape[0],
+            whole.out_features, whole.in_features // whole.groups, int(dtype == torch.bfloat16), got.data_ptr(),
+            whole.out_features, threads)
+        assert status == 0, f"quant_linear_int8_groups refused the shape: status {status}"
+        assert torch.equal(got, want), threads
+    assert torch.equal(whole(x, None), want)
+
+
+ROW_COUNTS = (1, 3, 4, 5, 8, 9, 17)  # across the tiles' edges: the wide tiles' 4 rows, the tiles' 4 or 8
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("fmt", ["int8", "q4_0", "q4_1", "q8_0"])
+@pytest.mark.parametrize("fmt", ["int8", "q4_0", "q4_1", "q8_0", "q5_0"])
 def test_int8_activations_fold_the_groups_in_one_pass(cpu_tier, fmt, dtype):
     """With int8 activations one process folds each tile's group partials in registers (quant_dot.c's
     quant_linear_int8_groups); a rank computes the partials and folds them after the gather. The same
-    bits, with interleaved groups of 16 rows and rows past them (40, 100 outputs), int8 groups that end
-    inside a block (45 columns), and row counts across the tile's edges."""
+    bits, with interleaved groups of 16 rows (two whole ones: the wide tiles) and rows past them (40, 100
+    outputs), int8 groups that end inside a block (45 columns), and row counts across the tiles' edges."""
     gen = torch.Generator().manual_seed(6)
     shapes = [(40, 3, 64), (100, 2, 96)] + ([(24, 3, 45)] if fmt == "int8" else [])
     for out_features, groups, kg in shapes:
@@ -144,6 +164,48 @@ def test_int8_activations_fold_the_groups_in_one_pass(cpu_tier, fmt, dtype):
         parts = [p.with_activations(True) for p in _parts(dense, fmt, dtype, groups)]
         assert parts[0].interleaved == (kg % 32 == 0 or fmt != "int8")
         whole = RowParallelWeight.build(parts, groups)
-        for rows in (1, 3, 8, 9, 17):
+        for rows in ROW_COUNTS:
             x = torch.randn(rows, groups * kg, generator=gen).to(dtype)
-            assert torch.equal(whole(x, None), whole.fold(whole.partials(x), dtype)), (out_features, groups, rows)
+            _assert_one_pass(whole, x, dtype)
+
+
+def _kquant_parts(fmt: str, out_features: int, groups: int, kg: int, dtype: torch.dtype, seed: int) -> list:
+    """A K-quant weight of valid random blocks (gguf quantizes none of these) cut into its K groups."""
+    data = random_blocks(fmt, out_features, groups * kg, np.random.default_rng(seed))
+    weight = quant.from_blocks(data, quant.FORMATS[fmt], groups * kg, dtype).with_activations(True)
+    return split_quant(weight, groups)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("fmt", ["q4_k", "q6_k", "q5_k", "iq4_xs"])
+def test_kquants_fold_the_groups_in_one_pass(cpu_tier, fmt, dtype):
+    """The super-block K-quants (what Q4_K_M, Q5_K_M and Q6_K files' o_proj and down_proj are) in the same one
+    pass: each group's rows quantized per super-block of 256 as its own call does, each tile's group values
+    added in order; two whole interleaved groups (the wide tiles), rows past them (40 outputs), rows in
+    order (12 outputs: no whole group), 1 and 3 groups."""
+    gen = torch.Generator().manual_seed(7)
+    for out_features, groups, kg in ((40, 3, 256), (12, 1, 512)):
+        whole = RowParallelWeight.build(_kquant_parts(fmt, out_features, groups, kg, dtype, seed=groups), groups)
+        for rows in ROW_COUNTS:
+            x = torch.randn(rows, groups * kg, generator=gen).to(dtype)
+            _assert_one_pass(whole, x, dtype)
+
+
+@pytest.mark.parametrize("fmt", ["q4_k", "q6_k"])
+def test_kquant_experts_in_one_call_fold_as_each_experts_own_layer(cpu_tier, fmt):
+    """quant_experts_int8 (a MoE layer's experts in one call, what Q4_K_M MoE files' experts are) on K-quant
+    experts: each expert's rows get the bits of its own one-pass layer, its K groups folded in order, whatever
+    rows share the call (an expert of 1 row, one of 6: the wide tiles)."""
+    gen = torch.Generator().manual_seed(8)
+    experts = [RowParallelWeight.build(_kquant_parts(fmt, 40, 2, 256, torch.float32, seed=e), 2) for e in range(2)]
+    x = torch.randn(7, 512, generator=gen)
+    spans = torch.tensor([[0, 1], [1, 7]], dtype=torch.int64)
+    addresses = torch.tensor([w.buffer.data_ptr() for w in experts], dtype=torch.int64)
+    got = torch.empty(7, 40)
+    status = quant.declare(cpu_kernels.library()).quant_experts_int8(
+        x.data_ptr(), 512, spans.data_ptr(), addresses.data_ptr(), 2, experts[0].fmt & ~quant.ACT_INT8, 2, 7, 40, 512,
+        0, got.data_ptr(), 40, torch.get_num_threads())
+    assert status == 0, f"quant_experts_int8 refused {fmt}: status {status}"
+    for w, (start, stop) in zip(experts, spans.tolist()):
+        rows = x[start:stop]
+        assert torch.equal(got[start:stop], w.fold(w.partials(rows), torch.float32)), (fmt, start)

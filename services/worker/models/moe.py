@@ -214,8 +214,9 @@ class _ExpertTables:
 
 
 AMX_ROWS = 10  # an expert with this many rows takes its own call where the AMX tiles run (quant_dot.c)
-# what quant_experts_int8 runs (tile_any's formats); the super-block K-quants take each expert's own calls
-ONE_CALL_FORMATS = frozenset(quant_kernels.INT8_ACTIVATION_FORMATS) - set(quant_kernels.SUPER_FORMATS)
+# what quant_experts_int8 runs: every int8-activation format (the super-block K-quants' rows per super-block of 256)
+ONE_CALL_FORMATS = frozenset(quant_kernels.INT8_ACTIVATION_FORMATS)
+NO_AMX_FORMATS = frozenset(quant_kernels.KQUANT_INT8)  # quant_dot.c's AMX tiles take none of these
 
 
 def _experts_into(lib: ctypes.CDLL, rows: torch.Tensor, table: _ExpertTable, spans: list[tuple[int, int, int]],
@@ -225,7 +226,8 @@ def _experts_into(lib: ctypes.CDLL, rows: torch.Tensor, table: _ExpertTable, spa
     row_parallel_linear folds them); False where it does not run these (the caller's per-expert calls)."""
     if rows.dtype != table.dtype or rows.stride(1) != 1 or out.stride(1) != 1 or not spans:
         return False
-    if max(stop - start for _, start, stop in spans) >= AMX_ROWS and _amx(lib):
+    if (table.fmt & 0xff) not in NO_AMX_FORMATS and max(stop - start for _, start, stop in spans) >= AMX_ROWS \
+            and _amx(lib):
         return False  # the AMX tiles (the same bits) are faster on an expert's many rows
     ids = torch.tensor([expert for expert, _, _ in spans], dtype=torch.int64)
     bounds = torch.tensor([(start, stop) for _, start, stop in spans], dtype=torch.int64)
