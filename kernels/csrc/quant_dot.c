@@ -2139,6 +2139,8 @@ static __attribute__((noinline)) int wide_fold_any(int fmt, int rows, const ActQ
         case FMT_Q4_1: wide_fold(FMT_Q4_1, a, groups, r + i, w, row_bytes, group_bytes, c, out, ldo, out_r + i, out_bf16); break;
         case FMT_Q8_0: wide_fold(FMT_Q8_0, a, groups, r + i, w, row_bytes, group_bytes, c, out, ldo, out_r + i, out_bf16); break;
         case FMT_Q4_K: wide_fold(FMT_Q4_K, a, groups, r + i, w, row_bytes, group_bytes, c, out, ldo, out_r + i, out_bf16); break;
+        case FMT_Q5_K: wide_fold(FMT_Q5_K, a, groups, r + i, w, row_bytes, group_bytes, c, out, ldo, out_r + i, out_bf16); break;
+        case FMT_Q6_K: wide_fold(FMT_Q6_K, a, groups, r + i, w, row_bytes, group_bytes, c, out, ldo, out_r + i, out_bf16); break;
         default: return 0;
         }
     return 1;
