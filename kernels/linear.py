@@ -30,7 +30,7 @@ import torch.nn.functional as F
 
 from kernels import cpu_kernels
 from kernels.mkl import MKL_ROW_MULTIPLE
-from kernels.quant import QuantWeight
+from kernels.quant import QuantParts, QuantWeight
 from kernels.row_parallel import RowParallelWeight
 
 ONEDNN_MIN_ROWS = 2
@@ -77,9 +77,14 @@ def onednn_runs(dtype: torch.dtype) -> bool:
     return dtype != torch.bfloat16 or torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
-def invariant_linear(x: torch.Tensor, weight: torch.Tensor | GemmWeight | QuantWeight,
+# the weights that multiply themselves (each batch-invariant by construction): the own GEMM's, GGUF blocks (a
+# llama.cpp mix's fused q/k/v or gate/up of several types: QuantParts), the row-parallel groups
+OWN_KERNELS = (GemmWeight, QuantWeight, QuantParts, RowParallelWeight)
+
+
+def invariant_linear(x: torch.Tensor, weight: torch.Tensor | GemmWeight | QuantWeight | QuantParts,
                      bias: torch.Tensor | None) -> torch.Tensor:
-    if isinstance(weight, (GemmWeight, QuantWeight, RowParallelWeight)):  # batch-invariant by construction
+    if isinstance(weight, OWN_KERNELS):
         return weight(x, bias)
     x = x.contiguous()  # a strided input can take another library path
     if weight.is_mkldnn:
@@ -89,10 +94,10 @@ def invariant_linear(x: torch.Tensor, weight: torch.Tensor | GemmWeight | QuantW
     return _row_tiles(x, MKL_ROW_MULTIPLE, lambda rows: F.linear(rows, weight, bias))
 
 
-def plain_linear(x: torch.Tensor, weight: torch.Tensor | GemmWeight | QuantWeight,
+def plain_linear(x: torch.Tensor, weight: torch.Tensor | GemmWeight | QuantWeight | QuantParts,
                  bias: torch.Tensor | None) -> torch.Tensor:
     """Without invariance: no padding. The own GEMM is invariant anyway, and the fastest here."""
-    if isinstance(weight, (GemmWeight, QuantWeight, RowParallelWeight)):
+    if isinstance(weight, OWN_KERNELS):
         return weight(x, bias)
     if weight.is_mkldnn:
         return _onednn(x.contiguous(), weight, bias)

@@ -77,3 +77,19 @@ def test_greedy_tokens_are_the_dequantized_models_and_batch_invariant(folders):
     assert run(served, prompts, params) == alone
     want = run(make_llm(dense, dtype="float32", quantization="none"), prompts, params)
     assert [[ids for ids, _ in out] for out in alone] == [[ids for ids, _ in out] for out in want]
+
+
+def test_the_layer_by_layer_path_runs_the_mix_with_the_stacks_bits(folders):
+    """Where the one-call decoder stack does not run (a mixture of experts, a step with LoRA rows), the
+    layers' own forward multiplies the mix's fused q/k/v and gate/up of several types (QuantParts) with
+    the same kernels: the same tokens and logprobs (it raised AttributeError on them: a Q4_K_M Qwen3-MoE
+    file failed its first step)."""
+    mix, _ = folders
+    prompts = random_prompts(2, SIZE["vocab_size"], 4, 20, seed=4)
+    params = [greedy(6, logprobs=1) for _ in prompts]
+    served = make_llm(mix, dtype="float32", quantization="gguf")
+    model = served.engine.workers["worker-0"].runner.model
+    assert model.stack is not None
+    want = run(served, prompts, params)
+    model.stack = None
+    assert run(served, prompts, params) == want
