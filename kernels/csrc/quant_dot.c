@@ -117,6 +117,14 @@
 #include "vec.h"
 #include "quant_dot.h" /* what quant_amx.c shares: COLS, ROWS, the vectors, ActQ */
 
+/* out[at] = value, rounded to out's dtype (bf16 or fp32): every tile's store */
+INLINE void store_out(void *out, int64_t at, float value, int out_bf16) {
+    if (out_bf16)
+        ((uint16_t *)out)[at] = float_to_bf16(value);
+    else
+        ((float *)out)[at] = value;
+}
+
 #define OUT_CHUNK 32 /* outputs a thread takes at a time */
 #define MAX_FOLD_GROUPS 64 /* quant_linear_int8_groups' most K groups */
 #define SCALE_BLOCKS 64 /* blocks whose d, m a tile copies out at a time */
@@ -755,12 +763,8 @@ INLINE void tile(const int rows, const int cols, const int fmt, const int interl
             memcpy(partial + r * COLS, &value, sizeof value);
             continue;
         }
-        for (int c = 0; c < cols; c++) {
-            if (out_bf16)
-                ((uint16_t *)out)[(r0 + r) * ldo + n0 + c] = float_to_bf16(value[c]);
-            else
-                ((float *)out)[(r0 + r) * ldo + n0 + c] = value[c];
-        }
+        for (int c = 0; c < cols; c++)
+            store_out(out, (r0 + r) * ldo + n0 + c, value[c], out_bf16);
     }
 }
 /* each format and row count its own copy of the tile, both constants in it (the accumulators
@@ -902,13 +906,8 @@ INLINE void tile_wide(const int fmt, const ActQ *a, int64_t r0, const uint8_t *g
             }
         for (int r = 0; r < TILE_WIDE_ROWS; r++) {
             const fv value = fmav(acc[v][r], splatv(1.0f), add);
-            for (int c = 0; c < 16; c++) {
-                const int64_t at = (r0 + r) * ldo + n0 + 16 * v + c;
-                if (out_bf16)
-                    ((uint16_t *)out)[at] = float_to_bf16(value[c]);
-                else
-                    ((float *)out)[at] = value[c];
-            }
+            for (int c = 0; c < 16; c++)
+                store_out(out, (r0 + r) * ldo + n0 + 16 * v + c, value[c], out_bf16);
         }
     }
 }
@@ -1303,10 +1302,7 @@ INLINE void kq_store(const float *acc, int stride, int64_t r0, int rows, int64_t
     const float add = bias == NULL ? 0.0f : out_bf16 ? bf16_to_float(((const uint16_t *)bias)[c]) : ((const float *)bias)[c];
     for (int r = 0; r < rows; r++) {
         const float value = fmaf(acc[r * stride], 1.0f, add);
-        if (out_bf16)
-            ((uint16_t *)out)[(r0 + r) * ldo + c] = float_to_bf16(value);
-        else
-            ((float *)out)[(r0 + r) * ldo + c] = value;
+        store_out(out, (r0 + r) * ldo + c, value, out_bf16);
     }
 }
 
@@ -2089,10 +2085,7 @@ static void fold_store(int rows, int cols, int fmt, int il, const ActQ *a, int64
     for (int i = 0; i < rows; i++)
         for (int j = 0; j < cols; j++) {
             const int64_t at = (out_r + i) * ldo + c + j;
-            if (out_bf16)
-                ((uint16_t *)out)[at] = float_to_bf16(sum[i * COLS + j]);
-            else
-                ((float *)out)[at] = sum[i * COLS + j];
+            store_out(out, at, sum[i * COLS + j], out_bf16);
         }
 }
 
@@ -2120,10 +2113,7 @@ INLINE void wide_fold(const int fmt, const ActQ *a, int64_t groups, int64_t r, c
         for (int i = 0; i < TILE_WIDE_ROWS; i++)
             for (int j = 0; j < 16; j++) {
                 const int64_t at = (out_r + i) * ldo + c + 16 * v + j;
-                if (out_bf16)
-                    ((uint16_t *)out)[at] = float_to_bf16(total[v][i][j]);
-                else
-                    ((float *)out)[at] = total[v][i][j];
+                store_out(out, at, total[v][i][j], out_bf16);
             }
 }
 
@@ -2146,9 +2136,6 @@ static __attribute__((noinline)) int wide_fold_any(int fmt, int rows, const ActQ
     return 1;
 }
 #endif
-
-/* the activations' block for fmt: super-blocks of 256 for the K-quants kq_linear takes, else blocks of 32 */
-INLINE int act_span(int fmt) { return kq_format(fmt) && !block32_tile_format(fmt) ? QK_K : QBLOCK; }
 
 /* rows r .. r + rows - 1 (rows <= ROWS) by outputs c0 .. c1 - 1 (one chunk of OUT_CHUNK) of G folded K groups: the
  * wide tiles where they apply (4+ rows, two whole interleaved groups), fold_store for the rest */
@@ -2198,13 +2185,8 @@ static void fold_runs(int fmt, int interleaved, const ActQ *a, int64_t groups, i
                     }
             }
         for (int r = 0; r < m; r++)
-            for (int64_t c = c0; c < c1; c++) {
-                const float value = sum[r * RUN_OUTPUTS + c - c0];
-                if (is_bf16)
-                    ((uint16_t *)out)[r * ldo + c] = float_to_bf16(value);
-                else
-                    ((float *)out)[r * ldo + c] = value;
-            }
+            for (int64_t c = c0; c < c1; c++)
+                store_out(out, r * ldo + c, sum[r * RUN_OUTPUTS + c - c0], is_bf16);
     }
 }
 
@@ -2249,7 +2231,7 @@ int quant_linear_int8_groups(const void *x, int64_t ldx, const void *w, int fmt,
 #endif
     const int vnni_left = amx_rows < m || amx_cols < n; /* none at the AMX tiles' usual 16+ rows */
     if (vnni_left && !have_rows)
-        status = act_quantize(a, groups, x, ldx, m, kg, is_bf16, num_threads, act_span(fmt));
+        status = act_quantize(a, groups, x, ldx, m, kg, is_bf16, num_threads, (int)block_elems(fmt));
     if (status == KERNEL_OK && m < FEW_ROWS) { /* decode: each group's run of outputs in turn (no AMX at these rows) */
         fold_runs(fmt, interleaved, a, groups, m, n, kg, weights, row_bytes, out, ldo, is_bf16, num_threads);
         scratch_give(SCRATCH_ACT);
@@ -2262,15 +2244,11 @@ int quant_linear_int8_groups(const void *x, int64_t ldx, const void *w, int fmt,
         const int64_t c0 = chunk * OUT_CHUNK, c1 = c0 + OUT_CHUNK < n ? c0 + OUT_CHUNK : n;
         for (int64_t r = 0; r < m; r += ROWS) {
             const int rows = m - r < ROWS ? (int)(m - r) : ROWS;
-            if (r + rows <= amx_rows && c1 <= amx_cols)
-                continue; /* the AMX tiles made it */
-            if (r + rows <= amx_rows) { /* the outputs past them */
-                fold_chunk(rows, fmt, a, groups, r, weights, row_bytes, group_bytes, kg, grouped, amx_cols > c0 ? amx_cols : c0,
-                           c1, out, ldo, r, is_bf16);
-                continue;
-            }
-            fold_chunk(rows, fmt, a, groups, r, weights, row_bytes, group_bytes, kg, grouped, c0, c1, out, ldo, r,
-                       is_bf16);
+            /* rows the AMX tiles made: only the outputs past theirs (none where they made the whole chunk) */
+            const int64_t from = r + rows <= amx_rows && amx_cols > c0 ? amx_cols : c0;
+            if (from < c1)
+                fold_chunk(rows, fmt, a, groups, r, weights, row_bytes, group_bytes, kg, grouped, from, c1, out, ldo, r,
+                           is_bf16);
         }
     }
     scratch_give(SCRATCH_ACT);
@@ -2309,7 +2287,7 @@ int quant_experts_int8(const void *x, int64_t ldx, const int64_t *spans, const i
     if (m == 0 || n == 0 || count == 0)
         return KERNEL_OK;
     ActQ a[MAX_FOLD_GROUPS];
-    const int span = act_span(fmt), sums = span == QK_K ? 16 : 1; /* each cell's q bytes, its integer sums */
+    const int span = (int)block_elems(fmt), sums = span == QK_K ? 16 : 1; /* each cell's q bytes, its integer sums */
     int status = act_quantize(a, groups, x, ldx, m, kg, is_bf16, num_threads, span);
     int64_t *cost = malloc(sizeof(int64_t) * (size_t)(count + 1)); /* cost[i]: the items' cost before expert i */
     if (cost == NULL)
