@@ -183,44 +183,82 @@ INLINE void k4_scale_min(const uint8_t *sc, int j, int *scale, int *min) {
     }
 }
 
-/* run b of a row of a format added with the K-quants (b: the run of 32, super-block b / 8) */
-INLINE void dequant_more(int fmt, const uint8_t *row, int64_t b, vf *lo, vf *hi) {
+/* Run b of a row as its 32 integers and their map to the weights: half h (elements 16 h .. 16 h + 15) is
+ * q[h] scale[h] + add[h] in one rounding (fused), or, for the formats of signed_run, the signed bytes
+ * q[h] scale[h] (one product: a Q8_0 / Q6_K weight is the rounding of q d, never q d + 0). Every format
+ * comes through this one decoding; run_to_vf (16-lane vectors) and the AVX2 tile's __m256 quarters apply
+ * the map with the same operations lane for lane, so every tier's weights have the same bits. */
+typedef struct {
+    vb q[2];
+    float scale[2], add[2];
+} Run;
+
+/* the formats whose run is signed bytes times a scale (INT8: times 1, exact) */
+INLINE int signed_run(int fmt) {
+    return fmt == FMT_Q8_0 || fmt == FMT_INT8 || fmt == FMT_IQ4_NL || fmt == FMT_IQ4_XS || fmt == FMT_Q3_K ||
+           fmt == FMT_Q6_K;
+}
+
+INLINE void run_map(Run *o, float scale, float add) { o->scale[0] = o->scale[1] = scale, o->add[0] = o->add[1] = add; }
+
+/* run b of a row (a block of 32; the super-block formats: run b of 32, super-block b / 8) */
+INLINE void dequant_run(int fmt, const uint8_t *row, int64_t b, Run *o) {
     const int j = (int)(b & 7), n = j >> 2, r = j & 3; /* a super-block's run, its half of 128, its step */
     const uint8_t *super = row + (b >> 3) * block_bytes(fmt);
-    vb ql, qh;
+    o->add[0] = o->add[1] = 0.0f;
     switch (fmt) {
+    case FMT_Q4_0: { /* q d - 8 d = (q - 8) d exactly: both products are exact */
+        const uint8_t *blk = block_start(FMT_Q4_0, row, b);
+        const float d = half_to_float(blk);
+        const vb qs = load_bytes(block_values(FMT_Q4_0, row, b));
+        o->q[0] = qs & 0x0f, o->q[1] = qs >> 4;
+        run_map(o, d, -8.0f * d);
+        return;
+    }
+    case FMT_Q4_1: {
+        const uint8_t *blk = block_start(FMT_Q4_1, row, b);
+        float d, m;
+        two_halves(blk, &d, &m);
+        const vb qs = load_bytes(block_values(FMT_Q4_1, row, b));
+        o->q[0] = qs & 0x0f, o->q[1] = qs >> 4;
+        run_map(o, d, m);
+        return;
+    }
+    case FMT_Q8_0:
+    case FMT_INT8: { /* INT8: 32 elements from byte 4 + 32 b, s applied at the end */
+        const uint8_t *values = block_values(fmt, row, b);
+        o->q[0] = load_bytes(values), o->q[1] = load_bytes(values + 16);
+        run_map(o, fmt == FMT_INT8 ? 1.0f : half_to_float(block_start(FMT_Q8_0, row, b)), 0.0f);
+        return;
+    }
     case FMT_Q5_0: {
         const uint8_t *blk = row + b * 22;
         const float d = half_to_float(blk);
-        q5_values(blk + 2, blk + 6, &ql, &qh);
-        *lo = fma16(u8_to_f32(ql), splat(d), splat(-16.0f * d)); /* (q - 16) d: both products exact */
-        *hi = fma16(u8_to_f32(qh), splat(d), splat(-16.0f * d));
+        q5_values(blk + 2, blk + 6, &o->q[0], &o->q[1]);
+        run_map(o, d, -16.0f * d); /* (q - 16) d: both products exact */
         return;
     }
     case FMT_Q5_1: {
         const uint8_t *blk = row + b * 24;
         float d, m;
         two_halves(blk, &d, &m);
-        q5_values(blk + 4, blk + 8, &ql, &qh);
-        *lo = fma16(u8_to_f32(ql), splat(d), splat(m));
-        *hi = fma16(u8_to_f32(qh), splat(d), splat(m));
+        q5_values(blk + 4, blk + 8, &o->q[0], &o->q[1]);
+        run_map(o, d, m);
         return;
     }
     case FMT_IQ4_NL: {
         const uint8_t *blk = row + b * 18;
-        const vf d = splat(half_to_float(blk));
         const vb codes = load_bytes(blk + 2);
-        *lo = s8_to_f32(iq4_lookup(codes & 0x0f)) * d;
-        *hi = s8_to_f32(iq4_lookup(codes >> 4)) * d;
+        o->q[0] = (vb)iq4_lookup(codes & 0x0f), o->q[1] = (vb)iq4_lookup(codes >> 4);
+        run_map(o, half_to_float(blk), 0.0f);
         return;
     }
     case FMT_IQ4_XS: { /* fp16 d, 2 bytes scales_h, 4 bytes scales_l, 128 bytes of codes (16 a run) */
         const uint16_t high = (uint16_t)(super[2] | super[3] << 8);
         const int ls = ((super[4 + j / 2] >> (4 * (j & 1))) & 15) | (((high >> (2 * j)) & 3) << 4);
-        const vf d = splat(half_to_float(super) * (float)(ls - 32));
         const vb codes = load_bytes(super + 8 + 16 * j);
-        *lo = s8_to_f32(iq4_lookup(codes & 0x0f)) * d;
-        *hi = s8_to_f32(iq4_lookup(codes >> 4)) * d;
+        o->q[0] = (vb)iq4_lookup(codes & 0x0f), o->q[1] = (vb)iq4_lookup(codes >> 4);
+        run_map(o, half_to_float(super) * (float)(ls - 32), 0.0f);
         return;
     }
     case FMT_Q2_K: { /* 16 bytes of scale | min << 4, 64 bytes of 2-bit q, fp16 d, fp16 dmin */
@@ -228,10 +266,9 @@ INLINE void dequant_more(int fmt, const uint8_t *row, int64_t b, vf *lo, vf *hi)
         two_halves(super + 80, &d, &dmin);
         const uint8_t s0 = super[8 * n + 2 * r], s1 = super[8 * n + 2 * r + 1];
         const uint8_t *qs = super + 16 + 32 * n;
-        *lo = fma16(u8_to_f32(two_bits(load_bytes(qs), 2 * r)), splat(d * (float)(s0 & 15)),
-                    splat(-(dmin * (float)(s0 >> 4))));
-        *hi = fma16(u8_to_f32(two_bits(load_bytes(qs + 16), 2 * r)), splat(d * (float)(s1 & 15)),
-                    splat(-(dmin * (float)(s1 >> 4))));
+        o->q[0] = two_bits(load_bytes(qs), 2 * r), o->q[1] = two_bits(load_bytes(qs + 16), 2 * r);
+        o->scale[0] = d * (float)(s0 & 15), o->add[0] = -(dmin * (float)(s0 >> 4));
+        o->scale[1] = d * (float)(s1 & 15), o->add[1] = -(dmin * (float)(s1 >> 4));
         return;
     }
     case FMT_Q3_K: { /* 32 bytes hmask, 64 bytes of 2-bit q, 12 bytes of scales, fp16 d */
@@ -239,8 +276,9 @@ INLINE void dequant_more(int fmt, const uint8_t *row, int64_t b, vf *lo, vf *hi)
         const uint8_t *qs = super + 32 + 32 * n, bit = (uint8_t)(1u << j);
         const vsb low0 = (vsb)two_bits(load_bytes(qs), 2 * r), low1 = (vsb)two_bits(load_bytes(qs + 16), 2 * r);
         const vsb minus0 = (vsb)((load_bytes(super) & bit) == 0) & 4, minus1 = (vsb)((load_bytes(super + 16) & bit) == 0) & 4;
-        *lo = s8_to_f32(low0 - minus0) * splat(d * (float)q3_scale(super + 96, 8 * n + 2 * r));
-        *hi = s8_to_f32(low1 - minus1) * splat(d * (float)q3_scale(super + 96, 8 * n + 2 * r + 1));
+        o->q[0] = (vb)(low0 - minus0), o->q[1] = (vb)(low1 - minus1);
+        o->scale[0] = d * (float)q3_scale(super + 96, 8 * n + 2 * r);
+        o->scale[1] = d * (float)q3_scale(super + 96, 8 * n + 2 * r + 1);
         return;
     }
     case FMT_Q4_K:
@@ -258,9 +296,8 @@ INLINE void dequant_more(int fmt, const uint8_t *row, int64_t b, vf *lo, vf *hi)
             q0 |= (vb)((load_bytes(super + 16) & bit) != 0) & 16;
             q1 |= (vb)((load_bytes(super + 32) & bit) != 0) & 16;
         }
-        const vf ds = splat(d * (float)scale), dm = splat(-(dmin * (float)min));
-        *lo = fma16(u8_to_f32(q0), ds, dm);
-        *hi = fma16(u8_to_f32(q1), ds, dm);
+        o->q[0] = q0, o->q[1] = q1;
+        run_map(o, d * (float)scale, -(dmin * (float)min));
         return;
     }
     default: { /* FMT_Q6_K: 128 bytes ql, 64 bytes qh, 16 int8 scales, fp16 d */
@@ -272,20 +309,27 @@ INLINE void dequant_more(int fmt, const uint8_t *row, int64_t b, vf *lo, vf *hi)
         q0 |= two_bits(load_bytes(qh_bytes), 2 * r) << 4;
         q1 |= two_bits(load_bytes(qh_bytes + 16), 2 * r) << 4;
         const int8_t *scales = (const int8_t *)(super + 192) + 8 * n + 2 * r;
-        *lo = s8_to_f32((vsb)q0 - 32) * splat(d * (float)scales[0]);
-        *hi = s8_to_f32((vsb)q1 - 32) * splat(d * (float)scales[1]);
+        o->q[0] = (vb)((vsb)q0 - 32), o->q[1] = (vb)((vsb)q1 - 32);
+        o->scale[0] = d * (float)scales[0], o->scale[1] = d * (float)scales[1];
         return;
     }
+    }
+}
+
+/* a run's two halves as 16-lane vectors */
+INLINE void run_to_vf(int fmt, const Run *run, vf *lo, vf *hi) {
+    if (signed_run(fmt)) {
+        *lo = s8_to_f32((vsb)run->q[0]) * splat(run->scale[0]);
+        *hi = s8_to_f32((vsb)run->q[1]) * splat(run->scale[1]);
+    } else {
+        *lo = fma16(u8_to_f32(run->q[0]), splat(run->scale[0]), splat(run->add[0]));
+        *hi = fma16(u8_to_f32(run->q[1]), splat(run->scale[1]), splat(run->add[1]));
     }
 }
 
 /* Block b of a row dequantized: lo = elements 0-15, hi = 16-31 (INT8: the raw q, s applied at the end;
  * the super-block formats: run b of 32). */
 INLINE void dequant(int fmt, const uint8_t *row, int64_t b, vf *lo, vf *hi) {
-    if (fmt != FMT_Q4_0 && fmt != FMT_Q4_1 && fmt != FMT_Q8_0 && fmt != FMT_INT8) {
-        dequant_more(fmt, row, b, lo, hi);
-        return;
-    }
 #if defined(__AVX512F__)
     if (fmt == FMT_Q4_1) {
         const uint8_t *blk = block_start(FMT_Q4_1, row, b);
@@ -301,53 +345,27 @@ INLINE void dequant(int fmt, const uint8_t *row, int64_t b, vf *lo, vf *hi) {
         return;
     }
 #endif
-    if (fmt == FMT_Q4_1) {
-        const uint8_t *blk = block_start(FMT_Q4_1, row, b);
-        float dh, mh;
-        two_halves(blk, &dh, &mh);
-        const vf d = splat(dh), m = splat(mh);
-        vb qs;
-        memcpy(&qs, block_values(FMT_Q4_1, row, b), 16);
-        *lo = fma16(u8_to_f32(qs & 0x0f), d, m);
-        *hi = fma16(u8_to_f32(qs >> 4), d, m);
-    } else if (fmt == FMT_Q4_0) {
-        const uint8_t *blk = block_start(FMT_Q4_0, row, b);
-        const float dh = half_to_float(blk);
-        const vf d = splat(dh), offset = splat(-8.0f * dh); /* q d - 8 d = (q - 8) d exactly: both products are exact */
-        vb qs;
-        memcpy(&qs, block_values(FMT_Q4_0, row, b), 16);
-        *lo = fma16(u8_to_f32(qs & 0x0f), d, offset);
-        *hi = fma16(u8_to_f32(qs >> 4), d, offset);
-    } else if (fmt == FMT_Q8_0) {
-        const uint8_t *blk = block_start(FMT_Q8_0, row, b);
-        const vf d = splat(half_to_float(blk));
-        vsb q0, q1;
-        memcpy(&q0, block_values(FMT_Q8_0, row, b), 16), memcpy(&q1, block_values(FMT_Q8_0, row, b) + 16, 16);
-        *lo = s8_to_f32(q0) * d;
-        *hi = s8_to_f32(q1) * d;
-    } else { /* FMT_INT8: 32 elements from byte 4 + 32 b */
-        vsb q0, q1;
-        memcpy(&q0, block_values(FMT_INT8, row, b), 16), memcpy(&q1, block_values(FMT_INT8, row, b) + 16, 16);
-        *lo = s8_to_f32(q0);
-        *hi = s8_to_f32(q1);
-    }
+    Run run;
+    dequant_run(fmt, row, b, &run);
+    run_to_vf(fmt, &run, lo, hi);
 }
 
 /* INT8 tail: the last k % 32 elements as a block padded with zeros (x's tail is zero-padded too). */
-INLINE void dequant_tail(const uint8_t *row, int64_t b, int64_t count, vf *lo, vf *hi) {
+INLINE void dequant_tail_run(const uint8_t *row, int64_t b, int64_t count, Run *o) {
     int8_t buffer[BLOCK] = {0};
     memcpy(buffer, block_values(FMT_INT8, row, b), (size_t)count);
-    vsb q0, q1;
-    memcpy(&q0, buffer, 16), memcpy(&q1, buffer + 16, 16);
-    *lo = s8_to_f32(q0);
-    *hi = s8_to_f32(q1);
+    o->q[0] = load_bytes((const uint8_t *)buffer), o->q[1] = load_bytes((const uint8_t *)buffer + 16);
+    run_map(o, 1.0f, 0.0f);
 }
 
 /* AVX2 holds a 16-lane vector as two ymm registers, and GCC keeps arrays of them (the tile's
  * accumulators) on the stack: every FMA went through memory, 8-10 GFLOP/s at any batch. There the
  * tile keeps each accumulator as four __m256 (elements 0-7, 8-15 of `lo`, then of `hi`), the same
  * FMAs lane for lane, folded as one vf at the end: the same bits, 2.4x (batch 1) to 4x (batch 16)
- * faster. */
+ * faster. The weights too go straight from a run's bytes to four __m256 (dequant_run, then its map):
+ * built as 16-lane vectors first, GCC 12 assembled the splats and the conversions lane by lane through
+ * the stack (scalar stores, then a vector load: a store-forwarding stall each), and the 4-bit formats
+ * ran at 0.36 GB/s of weights on a Zen 3 (Q4_0, Q4_K; 10x slower than now, bench/results/kquant_speed_fp32_avx2.md). */
 #if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
 #define SPLIT_ACCUMULATORS 1
 #else
@@ -384,21 +402,29 @@ INLINE void tile(const int rows, const int cols, const int fmt, const float *x, 
     const int64_t span = (cols * row_bytes + blocks - 1) / blocks;
     const uint8_t *ahead = w + cols * row_bytes;
     for (int64_t b = 0; b < blocks; b++) {
-        vf wl[TILE_COLS], wh[TILE_COLS];
         for (int64_t offset = b * span; offset < (b + 1) * span + 63; offset += 64)
             __builtin_prefetch(ahead + offset, 0, 3);
-#pragma GCC unroll 4
-        for (int c = 0; c < cols; c++) {
-            if (fmt != FMT_INT8 || b < full) /* GGUF rows are whole blocks */
-                dequant(fmt, w + c * row_bytes, b, &wl[c], &wh[c]);
-            else
-                dequant_tail(w + c * row_bytes, b, k - b * BLOCK, &wl[c], &wh[c]);
-        }
-#if SPLIT_ACCUMULATORS
+#if SPLIT_ACCUMULATORS /* each run's map straight into __m256 quarters (elements 8 j .. 8 j + 7), as run_to_vf */
         __m256 wv[TILE_COLS][4];
 #pragma GCC unroll 4
-        for (int c = 0; c < cols; c++)
-            memcpy(&wv[c][0], &wl[c], 64), memcpy(&wv[c][2], &wh[c], 64);
+        for (int c = 0; c < cols; c++) {
+            Run run;
+            if (fmt != FMT_INT8 || b < full) /* GGUF rows are whole blocks */
+                dequant_run(fmt, w + c * row_bytes, b, &run);
+            else
+                dequant_tail_run(w + c * row_bytes, b, k - b * BLOCK, &run);
+            for (int j = 0; j < 4; j++) {
+                __m128i bytes;
+                memcpy(&bytes, &run.q[j / 2], 16);
+                if (j % 2)
+                    bytes = _mm_srli_si128(bytes, 8);
+                const __m256 q = _mm256_cvtepi32_ps(signed_run(fmt) ? _mm256_cvtepi8_epi32(bytes)
+                                                                    : _mm256_cvtepu8_epi32(bytes));
+                const __m256 scale = _mm256_set1_ps(run.scale[j / 2]);
+                wv[c][j] = signed_run(fmt) ? _mm256_mul_ps(q, scale)
+                                           : _mm256_fmadd_ps(q, scale, _mm256_set1_ps(run.add[j / 2]));
+            }
+        }
 #pragma GCC unroll 4
         for (int r = 0; r < rows; r++) {
 #pragma GCC unroll 4
@@ -408,6 +434,17 @@ INLINE void tile(const int rows, const int cols, const int fmt, const float *x, 
                                                    acc[r][c][j]);
         }
 #else
+        vf wl[TILE_COLS], wh[TILE_COLS];
+#pragma GCC unroll 4
+        for (int c = 0; c < cols; c++) {
+            if (fmt != FMT_INT8 || b < full) { /* GGUF rows are whole blocks */
+                dequant(fmt, w + c * row_bytes, b, &wl[c], &wh[c]);
+            } else {
+                Run run;
+                dequant_tail_run(w + c * row_bytes, b, k - b * BLOCK, &run);
+                run_to_vf(fmt, &run, &wl[c], &wh[c]);
+            }
+        }
 #pragma GCC unroll 4
         for (int r = 0; r < rows; r++) {
             vf xl, xh;

@@ -246,7 +246,7 @@ def test_each_current_figure_says_when_where_and_under_what_load():
     bad = [row["claim"][:60] + " / " + row["cell"] for row in measured
            if not re.fullmatch(r"20\d\d-\d\d-\d\d \d\d:\d\d", row["date (UTC)"])
            or not re.match(r"[0-9a-f]{7}\b", row["commit"])
-           or not re.match(r"(Zen 4|Zen 5|EPYC|Intel)\b", row["CPU, tier, threads"])
+           or not re.match(r"(Zen 3|Zen 4|Zen 5|EPYC|Intel)\b", row["CPU, tier, threads"])
            or not re.fullmatch(r"[\d.]+(?:-[\d.]+)?", row["load"])
            or row["figure"].count("**") != 2]
     assert bad == []
