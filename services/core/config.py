@@ -35,7 +35,7 @@ CPU_ISAS = ("auto", "avx512", "avx2", "generic")  # the CPU kernels' tiers (kern
 # auto: gguf where the model is a GGUF file or a folder holding one (the default model) and the device is the CPU, else none
 QUANTIZATIONS = ("auto", "none", "gguf", "int8")
 ACTIVATION_QUANTS = ("auto", "none", "int8")
-AUTO_ACTIVATION_QUANT = "none"  # what auto means, measured in bench/results/activation_quality.md  # quantized weights' activations (kernels/csrc/quant_dot.c)
+AUTO_ACTIVATION_QUANT = "none"  # what auto means for quantized weights but a GGUF file of K-quants (int8 there: services/worker/loader.py resolve_activation_quant), measured in bench/results/activation_quality.md
 LOG_LEVELS = ("debug", "info", "warning", "error")
 DEFAULT_MAX_MODEL_LEN = 4096  # the cap when max_model_len comes from the model
 DEFAULT_MODEL_CACHE_DIR = "~/.cache/pagedserve"  # where services/tools/default_model.py converts the default model's folder
@@ -300,7 +300,8 @@ class WorkerConfig:
                 "only")
     activation_quant: str = setting(
         "auto", "the activations a quantized weight multiplies: none (the model's dtype), int8 (rounded per row in "
-                "blocks of 32, integer dot products; the same bits on every CPU tier); auto: "
+                "blocks of 32, integer dot products; the same bits on every CPU tier); auto: int8 for a GGUF file holding "
+                "K-quants or IQ4_XS (llama.cpp's own 8-bit activations for them; most downloaded files), else "
                 + AUTO_ACTIVATION_QUANT + " (docs/guide/models.md, 'Int8 activations')")
     amx: bool = setting(True, "int8-activation linear layers of 10+ rows on the AMX tiles where the CPU has "
                               "AMX-INT8 and Linux grants it (the same bits as without; off: the VNNI tiles)")

@@ -18,7 +18,8 @@ quantization (WorkerConfig.quantization):
 activation_quant (WorkerConfig.activation_quant, resolved by `resolve_activation_quant`): int8 makes
 every quantized weight (GGUF or int8, the lm_head included) multiply activations rounded to int8
 per block of 32 (kernels/csrc/quant_dot.c: integer dot products, the same bits on every CPU tier);
-auto is AUTO_ACTIVATION_QUANT for quantized weights and none for dense ones.
+auto is int8 for a GGUF file holding K-quants (or IQ4_XS), else AUTO_ACTIVATION_QUANT for quantized weights,
+and none for dense ones.
 
 A rank of a tensor x pipeline parallel worker group (services/worker/parallel.py, `shard`) reads
 only its part of each tensor: safetensors' get_slice, the mapped GGUF file's rows and blocks.
@@ -96,15 +97,26 @@ def resolve_quantization(name: str, folder: Path, device_type: str = "cpu", enco
     return name
 
 
-def resolve_activation_quant(name: str, quantization: str) -> str:
-    """auto: AUTO_ACTIVATION_QUANT for quantized weights; none where the weights are not quantized
-    (int8 activations only exist for quantized weights: asking for them without is refused)."""
+def resolve_activation_quant(name: str, quantization: str, gguf: Path | None = None) -> str:
+    """auto: int8 for the GGUF file `gguf` (quantization gguf) where it holds a super-block type (the K-quants,
+    IQ4_XS: most files people download, llama.cpp's mixes included, and the types llama.cpp itself multiplies
+    by 8-bit activations, its Q8_K), else AUTO_ACTIVATION_QUANT for quantized weights; none where the weights
+    are not quantized (int8 activations only exist for quantized weights: asking for them without is refused)."""
     if quantization == "none":
         if name == "int8":
             raise InvalidArgument("activation_quant", "int8 activations need quantized weights (quantization gguf "
                                                       "or int8)")
         return "none"
-    return AUTO_ACTIVATION_QUANT if name == "auto" else name
+    if name != "auto":
+        return name
+    if quantization == "gguf" and gguf is not None and holds_super_blocks(gguf):
+        return "int8"
+    return AUTO_ACTIVATION_QUANT
+
+
+def holds_super_blocks(gguf: Path) -> bool:
+    """Whether a tensor of the GGUF file is of a super-block type (Q2_K .. Q6_K, IQ4_XS), from its header."""
+    return any(code in quant.SUPER_FORMATS for code in gguf_file.tensor_types(gguf).values())
 
 
 def _int8_activations(model: LlamaForCausalLM) -> None:

@@ -199,6 +199,50 @@ def gguf_folder(model_dir, tmp_path_factory):
     return folder
 
 
+@pytest.fixture(scope="module")
+def kquant_file(model_dir, tmp_path_factory):
+    """A folder (config, tokenizer) holding a GGUF file as llama-quantize's Q4_0 writes one: Q4_0 layers, a Q6_K
+    embedding and output (hidden 256: whole super-blocks)."""
+    import shutil
+
+    from tests.kernels.quant_helpers import write_gguf
+
+    folder = tmp_path_factory.mktemp("tiny-kquant") / "model"
+    shutil.copytree(model_dir("llama", "tiny", hidden_size=256, num_heads=4, num_kv_heads=2, head_dim=64,
+                              intermediate_size=512), folder)
+    return write_gguf(folder, folder / "tiny.Q4_0.gguf", linear_type="q4_0", embed_type="q6_k",
+                      types={"output.weight": "q6_k"})
+
+
+def test_auto_takes_int8_activations_for_a_file_of_k_quants(gguf_folder, kquant_file):
+    """auto: int8 for a GGUF file holding a super-block type (its header alone says), the setting of the rest
+    otherwise; a name asked for wins, and dense weights have nothing to round."""
+    from services.worker.loader import holds_super_blocks
+
+    assert holds_super_blocks(kquant_file) and not holds_super_blocks(gguf_folder / "tiny.Q4_1.gguf")
+    assert resolve_activation_quant("auto", "gguf", kquant_file) == "int8"
+    assert resolve_activation_quant("auto", "gguf", gguf_folder / "tiny.Q4_1.gguf") == AUTO_ACTIVATION_QUANT
+    assert resolve_activation_quant("none", "gguf", kquant_file) == "none"
+    assert resolve_activation_quant("auto", "none", kquant_file) == "none"
+
+
+def test_a_k_quant_file_is_served_with_int8_activations_by_default(kquant_file):
+    """The worker resolves auto from the file it serves (and says so): a K-quant file's default is the tokens
+    and logprobs of int8 activations asked for by name, not those of fp32 activations."""
+    from structlog.testing import capture_logs
+
+    prompts = random_prompts(3, 512, 4, 40, seed=6)
+    params = [greedy(8, logprobs=2) for _ in prompts]
+    with capture_logs() as logs, make_llm(kquant_file.parent) as llm:
+        assert next(iter(llm.engine.workers.values())).activation_quant == "int8"
+        default = _run(llm, prompts, params)
+    assert [e["activation_quant"] for e in logs if e["event"] == "worker_ready"] == ["int8"]
+    with make_llm(kquant_file.parent, activation_quant="int8") as llm:
+        assert _run(llm, prompts, params) == default
+    with make_llm(kquant_file.parent, activation_quant="none") as llm:
+        assert _run(llm, prompts, params) != default
+
+
 @pytest.mark.parametrize("quantization", ["gguf", "int8", "none"])
 def test_auto_resolves_per_weights_and_the_worker_reports_it(gguf_folder, quantization):
     """activation_quant left at auto: AUTO_ACTIVATION_QUANT for quantized weights, none for dense ones;
