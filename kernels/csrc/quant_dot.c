@@ -1395,197 +1395,228 @@ INLINE void kqi_fold(wv S, wv M, fv d, fv dmin, float dx, fv *acc) {
     *acc = fmav(-min_scale, __builtin_convertvector(mi, fv), *acc);
 }
 
+/* super-block b of rows r0 .. r0 + rows - 1 (rows <= ROWS) of a by outputs lane0 .. lane0 + COLS - 1 of the
+ * interleaved group at `group`, folded into acc[0 .. rows) (fmt a constant) */
+INLINE void kqi_block(const int fmt, const ActQ *a, int64_t r0, int rows, const uint8_t *group, int lane0, int64_t b,
+                      fv *acc) {
+    const int64_t bytes = block_bytes(fmt);
+    const wv low4 = WV_SET8(0x0f), bytes16 = WV_SET32(0x00ff00ff), low16 = WV_SET32(0xffff);
+    const uint8_t *blk = group + b * 16 * bytes;
+    wv S[ROWS], M[ROWS];
+    for (int r = 0; r < rows; r++)
+        S[r] = WV_ZERO, M[r] = WV_ZERO;
+    const fv d = scales_at(blk + 2 * lane0);
+    if (fmt == FMT_Q6_K || fmt == FMT_Q3_K || fmt == FMT_Q2_K) { /* sub-blocks of 16 */
+        /* the scales' k-groups (Q6_K 4: int8; Q3_K 3: the 12 bytes; Q2_K 4: scale | min << 4), the values' */
+        const uint8_t *sv = blk + (fmt == FMT_Q2_K ? 64 : 32) + 4 * lane0;
+        const uint8_t *vals = blk + (fmt == FMT_Q6_K ? 288 : fmt == FMT_Q3_K ? 736 : 320) + 4 * lane0;
+        const uint8_t *hmask = blk + 224 + 4 * lane0; /* Q3_K: hmask[t] bit 4 n + j is element 128 n + 32 j + t's */
+        wv sc3[16]; /* Q3_K: each sub-block's scale, unpacked once (for M and for S) */
+        if (fmt == FMT_Q3_K) {
+            const wv s2 = WV_LOAD(sv + 128); /* the high bits */
+            for (int h = 0; h < 16; h++)
+                sc3[h] = kqi_q3_scale(sv, s2, h);
+        }
+        for (int g = 0; g < 4; g++) { /* M: scales (Q2_K mins) 4g, 4g + 2 and 4g + 1, 4g + 3 as int16 pairs */
+            wv even, odd;
+            if (fmt == FMT_Q6_K) {
+                const wv s = WV_LOAD(sv + 64 * g);
+                even = WV_SRAI16(WV_SLLI16(s, 8), 8), odd = WV_SRAI16(s, 8);
+            } else if (fmt == FMT_Q2_K) {
+                const wv s = WV_LOAD(sv + 64 * g), mins = WV_SET32(0x000f000f);
+                even = WV_AND(WV_SRL16(s, 4), mins), odd = WV_AND(WV_SRL16(s, 12), mins);
+            } else {
+                even = WV_OR(WV_AND(sc3[4 * g], low16), WV_SLLI32(sc3[4 * g + 2], 16));
+                odd = WV_OR(WV_AND(sc3[4 * g + 1], low16), WV_SLLI32(sc3[4 * g + 3], 16));
+            }
+            for (int r = 0; r < rows; r++) {
+                const int32_t *sums = a->sum + ((r0 + r) * a->blocks + b) * 16 + 4 * g;
+                M[r] = WV_ADD32(M[r], WV_ADD32(WV_MADD(even, WV_SET32(kqi_pack(sums[0], sums[2]))),
+                                               WV_MADD(odd, WV_SET32(kqi_pack(sums[1], sums[3])))));
+            }
+        }
+        const wv high = WV_SET8(0x30), low2 = WV_SET8(0x03), third = WV_SET8(0x04);
+        for (int n = 0; n < 2; n++)
+            for (int half = 0; half < 2; half++) { /* l = 16 half .. 16 half + 15 of each run of 32 */
+                wv u[4][4]; /* [run of 32 within the 128][k-group]: sub-block 8 n + 2 run + half */
+                for (int t = 0; t < 4; t++) {
+                    if (fmt == FMT_Q6_K) {
+                        const uint8_t *tp = vals + 192 * (8 * n + 4 * half + t);
+                        const wv lo = WV_LOAD(tp), hi = WV_LOAD(tp + 64), h = WV_LOAD(tp + 128);
+                        u[0][t] = WV_OR(WV_AND(lo, low4), WV_AND(WV_SLLI16(h, 4), high));
+                        u[1][t] = WV_OR(WV_AND(hi, low4), WV_AND(WV_SLLI16(h, 2), high));
+                        u[2][t] = WV_OR(WV_AND(WV_SRL16(lo, 4), low4), WV_AND(h, high));
+                        u[3][t] = WV_OR(WV_AND(WV_SRL16(hi, 4), low4), WV_AND(WV_SRL16(h, 2), high));
+                        continue;
+                    } /* Q2_K, Q3_K: qs[32 n + l] bits 2 j are element 128 n + 32 j + l's */
+                    const wv raw = WV_LOAD(vals + 64 * (8 * n + 4 * half + t));
+                    u[0][t] = WV_AND(raw, low2), u[1][t] = WV_AND(WV_SRL16(raw, 2), low2);
+                    u[2][t] = WV_AND(WV_SRL16(raw, 4), low2), u[3][t] = WV_AND(WV_SRL16(raw, 6), low2);
+                    if (fmt == FMT_Q3_K) { /* u = the two bits + 4 hbit (w = u - 4): bit 4 n + j to bit 2 */
+                        const wv hm = WV_LOAD(hmask + 64 * (4 * half + t));
+                        for (int j = 0; j < 4; j++) {
+                            const int bit = 4 * n + j;
+                            u[j][t] = WV_OR(u[j][t], WV_AND(bit >= 2 ? WV_SRL16(hm, bit - 2) : WV_SLLI16(hm, 2 - bit), third));
+                        }
+                    }
+                }
+                for (int run = 0; run < 4; run++) {
+                    const int h = 8 * n + 2 * run + half;
+                    wv sc32;
+                    if (fmt == FMT_Q6_K)
+                        sc32 = WV_SRAI32(WV_SLLI32(WV_LOAD(sv + 64 * (h / 4)), 24 - 8 * (h % 4)), 24);
+                    else if (fmt == FMT_Q2_K)
+                        sc32 = WV_AND(WV_SRLI32(WV_LOAD(sv + 64 * (h / 4)), 8 * (h % 4)), WV_SET32(0x0f));
+                    else
+                        sc32 = sc3[h];
+                    const wv sc16 = WV_OR(WV_AND(sc32, low16), WV_SLLI32(sc32, 16));
+                    for (int r = 0; r < rows; r++) {
+                        const int8_t *q = a->q + ((r0 + r) * a->blocks + b) * QK_K + 128 * n + 32 * run + 16 * half;
+                        S[r] = WV_ADD32(S[r], kqi_scaled(u[run], q, 4, fmt == FMT_Q6_K ? 2 : 4, sc32, sc16));
+                    }
+                }
+            }
+        if (fmt == FMT_Q2_K) { /* the mins' fold, as Q4_K's below */
+            const fv dmin = scales_at(blk + 32 + 2 * lane0);
+            for (int r = 0; r < rows; r++)
+                kqi_fold(S[r], M[r], d, dmin, a->d[(r0 + r) * a->blocks + b], &acc[r]);
+            return;
+        }
+        for (int r = 0; r < rows; r++) { /* S - 32 M (Q6_K), S - 4 M (Q3_K): the header's S of w = u - 32, u - 4 */
+            const wv total = WV_SUB32(S[r], WV_SLLI32(M[r], fmt == FMT_Q6_K ? 5 : 2));
+            iv t;
+            memcpy(&t, &total, sizeof t);
+            const fv scale = d * splatv(a->d[(r0 + r) * a->blocks + b]); /* rounded once, then the fma */
+            acc[r] = fmav(scale, __builtin_convertvector(t, fv), acc[r]);
+        }
+        return;
+    }
+    if (fmt == FMT_IQ4_XS) { /* sub-blocks of 32, scale ls - 32 (ls: scales_l's nibble ib, scales_h's bits 2 ib) */
+#if defined(VNNI) /* the table of w + 128 */
+        const wv table = WV_XOR(WV_TABLE16(IQ4_VALUES), WV_SET8((char)0x80)), sl = WV_LOAD(blk + 64 + 4 * lane0);
+#else
+        const wv table = WV_TABLE16(IQ4_VALUES), sl = WV_LOAD(blk + 64 + 4 * lane0);
+#endif
+        const wv sh = kqi_u16_at(blk + 32 + 2 * lane0);
+        const uint8_t *qs = blk + 128 + 4 * lane0; /* sub-block ib: k-groups 4 ib .. 4 ib + 3, low nibbles then high */
+        for (int ib = 0; ib < 8; ib++) {
+            const wv ls = WV_OR(WV_AND(WV_SRLI32(sl, 4 * ib), WV_SET32(0x0f)),
+                                WV_SLLI32(WV_AND(WV_SRLI32(sh, 2 * ib), WV_SET32(0x03)), 4));
+            const wv sc32 = WV_SUB32(ls, WV_SET32(32));
+            wv v[8]; /* k-group g: elements 32 ib + 4 g .. 4 g + 3, their table values (VNNI: + 128) */
+            for (int t = 0; t < 4; t++) {
+                const wv raw = WV_LOAD(qs + 64 * (4 * ib + t));
+                v[t] = WV_SHUF8(table, WV_AND(raw, low4)), v[t + 4] = WV_SHUF8(table, WV_AND(WV_SRL16(raw, 4), low4));
+            }
+#if defined(VNNI) /* vpdpbusd of w + 128, then the sub-block's 128 (s_2ib + s_2ib+1) off before its scale */
+            for (int r = 0; r < rows; r++) {
+                const int64_t at = (r0 + r) * a->blocks + b;
+                const int8_t *q = a->q + at * QK_K + 32 * ib;
+                const int32_t *sums = a->sum + at * 16 + 2 * ib;
+                wv t = WV_ZERO;
+                for (int g = 0; g < 8; g++)
+                    t = _mm512_dpbusd_epi32(t, v[g], WV_BCAST4(q + 4 * g));
+                t = WV_SUB32(t, WV_SET32(128 * (sums[0] + sums[1])));
+                S[r] = WV_ADD32(S[r], WV_MULLO32(t, sc32));
+            }
+#else /* vpmaddubsw of |w| by q with w's sign (a pair <= 2 127 127), each k-group's pairs by the scale at once */
+            const wv sc16 = WV_OR(WV_AND(sc32, low16), WV_SLLI32(sc32, 16));
+            wv mag[8];
+            for (int g = 0; g < 8; g++)
+                mag[g] = WV_ABS8(v[g]);
+            for (int r = 0; r < rows; r++) {
+                const int8_t *q = a->q + ((r0 + r) * a->blocks + b) * QK_K + 32 * ib;
+                for (int g = 0; g < 8; g++)
+                    S[r] = WV_ADD32(S[r], WV_MADD(WV_MADDUBS(mag[g], WV_SIGN8(WV_BCAST4(q + 4 * g), v[g])), sc16));
+            }
+#endif
+        }
+        for (int r = 0; r < rows; r++) {
+            iv t;
+            memcpy(&t, &S[r], sizeof t);
+            const fv scale = d * splatv(a->d[(r0 + r) * a->blocks + b]); /* rounded once, then the fma */
+            acc[r] = fmav(scale, __builtin_convertvector(t, fv), acc[r]);
+        }
+        return;
+    }
+    /* Q4_K, Q5_K: k-group i at kg + 64 i: 0-2 the scales' 12 bytes; Q5_K 3-10 qh; then qs */
+    const fv dmin = scales_at(blk + 32 + 2 * lane0);
+    const uint8_t *kg = blk + 64 + 4 * lane0;
+    const wv s0 = WV_LOAD(kg), s1 = WV_LOAD(kg + 64), s2 = WV_LOAD(kg + 128);
+    const wv six = WV_SET8(0x3f), two = WV_SET8(0x03);
+    const wv sa = WV_AND(s0, six), sb = WV_OR(WV_AND(s2, low4), WV_SLLI16(WV_AND(WV_SRL16(s0, 6), two), 4));
+    const wv ma = WV_AND(s1, six), mb = WV_OR(WV_AND(WV_SRL16(s2, 4), low4), WV_SLLI16(WV_AND(WV_SRL16(s1, 6), two), 4));
+    /* mins 0, 2 | 1, 3 | 4, 6 | 5, 7 as int16 pairs, against the sums of each 32 */
+    const wv mins[4] = {WV_AND(ma, bytes16), WV_SRL16(ma, 8), WV_AND(mb, bytes16), WV_SRL16(mb, 8)};
+    for (int r = 0; r < rows; r++) {
+        const int32_t *s = a->sum + ((r0 + r) * a->blocks + b) * 16;
+        int32_t s32[8];
+        for (int j = 0; j < 8; j++)
+            s32[j] = s[2 * j] + s[2 * j + 1];
+        for (int i = 0; i < 4; i++) {
+            const int j = 4 * (i / 2) + i % 2;
+            M[r] = WV_ADD32(M[r], WV_MADD(mins[i], WV_SET32(kqi_pack(s32[j], s32[j + 2]))));
+        }
+    }
+    const uint8_t *qs = kg + 64 * (fmt == FMT_Q4_K ? 3 : 11);
+    for (int c = 0; c < 4; c++) { /* 64 elements: sub-blocks 2c (the low nibbles), 2c + 1 (the high ones) */
+        wv lo[8], hi[8];
+        for (int g = 0; g < 8; g++) {
+            const wv raw = WV_LOAD(qs + 64 * (8 * c + g));
+            lo[g] = WV_AND(raw, low4), hi[g] = WV_AND(WV_SRL16(raw, 4), low4);
+            if (fmt == FMT_Q5_K) { /* qh byte l: bit 2c is element 64 c + l's 5th, bit 2c + 1 element 64 c + 32 + l's */
+                const wv qh = WV_LOAD(kg + 64 * (3 + g)), fifth = WV_SET8(0x10);
+                lo[g] = WV_OR(lo[g], WV_AND(c <= 2 ? WV_SLLI16(qh, 4 - 2 * c) : WV_SRL16(qh, 2 * c - 4), fifth));
+                hi[g] = WV_OR(hi[g], WV_AND(c <= 1 ? WV_SLLI16(qh, 3 - 2 * c) : WV_SRL16(qh, 2 * c - 3), fifth));
+            }
+        }
+        const wv sc_lo = WV_AND(WV_SRLI32(c < 2 ? sa : sb, 16 * (c % 2)), WV_SET32(0xff));
+        const wv sc_hi = WV_AND(WV_SRLI32(c < 2 ? sa : sb, 16 * (c % 2) + 8), WV_SET32(0xff));
+        const wv sc16_lo = WV_OR(sc_lo, WV_SLLI32(sc_lo, 16)), sc16_hi = WV_OR(sc_hi, WV_SLLI32(sc_hi, 16));
+        const int pairs = fmt == FMT_Q4_K ? 8 : 4;
+        for (int r = 0; r < rows; r++) {
+            const int8_t *q = a->q + ((r0 + r) * a->blocks + b) * QK_K + 64 * c;
+            S[r] = WV_ADD32(S[r], WV_ADD32(kqi_scaled(lo, q, 8, pairs, sc_lo, sc16_lo),
+                                           kqi_scaled(hi, q + 32, 8, pairs, sc_hi, sc16_hi)));
+        }
+    }
+    for (int r = 0; r < rows; r++)
+        kqi_fold(S[r], M[r], d, dmin, a->d[(r0 + r) * a->blocks + b], &acc[r]);
+}
+
 /* acc[0 .. rows) (rows <= ROWS): rows r0 .. of a by outputs lane0 .. lane0 + COLS - 1 of the interleaved group at
  * `group` (fmt a constant) */
 INLINE void kqi_tile(const int fmt, const ActQ *a, int64_t r0, int rows, const uint8_t *group, int lane0, fv *acc) {
-    const int64_t bytes = block_bytes(fmt);
-    const wv low4 = WV_SET8(0x0f), bytes16 = WV_SET32(0x00ff00ff), low16 = WV_SET32(0xffff);
     for (int r = 0; r < rows; r++)
         acc[r] = splatv(0.0f);
+    for (int64_t b = 0; b < a->blocks; b++)
+        kqi_block(fmt, a, r0, rows, group, lane0, b, acc);
+}
+
+#if COLS == 8
+/* AVX2 (8 outputs a vector): one row by the whole group of 16, both halves of each super-block in turn (acc[0]:
+ * outputs 0-7, acc[1]: 8-15). The two tiles of 8 one after the other read the group's bytes twice, the second time
+ * from cache, and the first pass, half of each cache line used, waited on memory with half the work to hide it
+ * behind; each output's chain is the same fmas in the same order, so the same bits. */
+INLINE void kqi_pair(const int fmt, const ActQ *a, int64_t r0, const uint8_t *group, fv acc[2]) {
+    acc[0] = acc[1] = splatv(0.0f);
     for (int64_t b = 0; b < a->blocks; b++) {
-        const uint8_t *blk = group + b * 16 * bytes;
-        wv S[ROWS], M[ROWS];
-        for (int r = 0; r < rows; r++)
-            S[r] = WV_ZERO, M[r] = WV_ZERO;
-        const fv d = scales_at(blk + 2 * lane0);
-        if (fmt == FMT_Q6_K || fmt == FMT_Q3_K || fmt == FMT_Q2_K) { /* sub-blocks of 16 */
-            /* the scales' k-groups (Q6_K 4: int8; Q3_K 3: the 12 bytes; Q2_K 4: scale | min << 4), the values' */
-            const uint8_t *sv = blk + (fmt == FMT_Q2_K ? 64 : 32) + 4 * lane0;
-            const uint8_t *vals = blk + (fmt == FMT_Q6_K ? 288 : fmt == FMT_Q3_K ? 736 : 320) + 4 * lane0;
-            const uint8_t *hmask = blk + 224 + 4 * lane0; /* Q3_K: hmask[t] bit 4 n + j is element 128 n + 32 j + t's */
-            wv sc3[16]; /* Q3_K: each sub-block's scale, unpacked once (for M and for S) */
-            if (fmt == FMT_Q3_K) {
-                const wv s2 = WV_LOAD(sv + 128); /* the high bits */
-                for (int h = 0; h < 16; h++)
-                    sc3[h] = kqi_q3_scale(sv, s2, h);
-            }
-            for (int g = 0; g < 4; g++) { /* M: scales (Q2_K mins) 4g, 4g + 2 and 4g + 1, 4g + 3 as int16 pairs */
-                wv even, odd;
-                if (fmt == FMT_Q6_K) {
-                    const wv s = WV_LOAD(sv + 64 * g);
-                    even = WV_SRAI16(WV_SLLI16(s, 8), 8), odd = WV_SRAI16(s, 8);
-                } else if (fmt == FMT_Q2_K) {
-                    const wv s = WV_LOAD(sv + 64 * g), mins = WV_SET32(0x000f000f);
-                    even = WV_AND(WV_SRL16(s, 4), mins), odd = WV_AND(WV_SRL16(s, 12), mins);
-                } else {
-                    even = WV_OR(WV_AND(sc3[4 * g], low16), WV_SLLI32(sc3[4 * g + 2], 16));
-                    odd = WV_OR(WV_AND(sc3[4 * g + 1], low16), WV_SLLI32(sc3[4 * g + 3], 16));
-                }
-                for (int r = 0; r < rows; r++) {
-                    const int32_t *sums = a->sum + ((r0 + r) * a->blocks + b) * 16 + 4 * g;
-                    M[r] = WV_ADD32(M[r], WV_ADD32(WV_MADD(even, WV_SET32(kqi_pack(sums[0], sums[2]))),
-                                                   WV_MADD(odd, WV_SET32(kqi_pack(sums[1], sums[3])))));
-                }
-            }
-            const wv high = WV_SET8(0x30), low2 = WV_SET8(0x03), third = WV_SET8(0x04);
-            for (int n = 0; n < 2; n++)
-                for (int half = 0; half < 2; half++) { /* l = 16 half .. 16 half + 15 of each run of 32 */
-                    wv u[4][4]; /* [run of 32 within the 128][k-group]: sub-block 8 n + 2 run + half */
-                    for (int t = 0; t < 4; t++) {
-                        if (fmt == FMT_Q6_K) {
-                            const uint8_t *tp = vals + 192 * (8 * n + 4 * half + t);
-                            const wv lo = WV_LOAD(tp), hi = WV_LOAD(tp + 64), h = WV_LOAD(tp + 128);
-                            u[0][t] = WV_OR(WV_AND(lo, low4), WV_AND(WV_SLLI16(h, 4), high));
-                            u[1][t] = WV_OR(WV_AND(hi, low4), WV_AND(WV_SLLI16(h, 2), high));
-                            u[2][t] = WV_OR(WV_AND(WV_SRL16(lo, 4), low4), WV_AND(h, high));
-                            u[3][t] = WV_OR(WV_AND(WV_SRL16(hi, 4), low4), WV_AND(WV_SRL16(h, 2), high));
-                            continue;
-                        } /* Q2_K, Q3_K: qs[32 n + l] bits 2 j are element 128 n + 32 j + l's */
-                        const wv raw = WV_LOAD(vals + 64 * (8 * n + 4 * half + t));
-                        u[0][t] = WV_AND(raw, low2), u[1][t] = WV_AND(WV_SRL16(raw, 2), low2);
-                        u[2][t] = WV_AND(WV_SRL16(raw, 4), low2), u[3][t] = WV_AND(WV_SRL16(raw, 6), low2);
-                        if (fmt == FMT_Q3_K) { /* u = the two bits + 4 hbit (w = u - 4): bit 4 n + j to bit 2 */
-                            const wv hm = WV_LOAD(hmask + 64 * (4 * half + t));
-                            for (int j = 0; j < 4; j++) {
-                                const int bit = 4 * n + j;
-                                u[j][t] = WV_OR(u[j][t], WV_AND(bit >= 2 ? WV_SRL16(hm, bit - 2) : WV_SLLI16(hm, 2 - bit), third));
-                            }
-                        }
-                    }
-                    for (int run = 0; run < 4; run++) {
-                        const int h = 8 * n + 2 * run + half;
-                        wv sc32;
-                        if (fmt == FMT_Q6_K)
-                            sc32 = WV_SRAI32(WV_SLLI32(WV_LOAD(sv + 64 * (h / 4)), 24 - 8 * (h % 4)), 24);
-                        else if (fmt == FMT_Q2_K)
-                            sc32 = WV_AND(WV_SRLI32(WV_LOAD(sv + 64 * (h / 4)), 8 * (h % 4)), WV_SET32(0x0f));
-                        else
-                            sc32 = sc3[h];
-                        const wv sc16 = WV_OR(WV_AND(sc32, low16), WV_SLLI32(sc32, 16));
-                        for (int r = 0; r < rows; r++) {
-                            const int8_t *q = a->q + ((r0 + r) * a->blocks + b) * QK_K + 128 * n + 32 * run + 16 * half;
-                            S[r] = WV_ADD32(S[r], kqi_scaled(u[run], q, 4, fmt == FMT_Q6_K ? 2 : 4, sc32, sc16));
-                        }
-                    }
-                }
-            if (fmt == FMT_Q2_K) { /* the mins' fold, as Q4_K's below */
-                const fv dmin = scales_at(blk + 32 + 2 * lane0);
-                for (int r = 0; r < rows; r++)
-                    kqi_fold(S[r], M[r], d, dmin, a->d[(r0 + r) * a->blocks + b], &acc[r]);
-                continue;
-            }
-            for (int r = 0; r < rows; r++) { /* S - 32 M (Q6_K), S - 4 M (Q3_K): the header's S of w = u - 32, u - 4 */
-                const wv total = WV_SUB32(S[r], WV_SLLI32(M[r], fmt == FMT_Q6_K ? 5 : 2));
-                iv t;
-                memcpy(&t, &total, sizeof t);
-                const fv scale = d * splatv(a->d[(r0 + r) * a->blocks + b]); /* rounded once, then the fma */
-                acc[r] = fmav(scale, __builtin_convertvector(t, fv), acc[r]);
-            }
-            continue;
-        }
-        if (fmt == FMT_IQ4_XS) { /* sub-blocks of 32, scale ls - 32 (ls: scales_l's nibble ib, scales_h's bits 2 ib) */
-#if defined(VNNI) /* the table of w + 128 */
-            const wv table = WV_XOR(WV_TABLE16(IQ4_VALUES), WV_SET8((char)0x80)), sl = WV_LOAD(blk + 64 + 4 * lane0);
-#else
-            const wv table = WV_TABLE16(IQ4_VALUES), sl = WV_LOAD(blk + 64 + 4 * lane0);
-#endif
-            const wv sh = kqi_u16_at(blk + 32 + 2 * lane0);
-            const uint8_t *qs = blk + 128 + 4 * lane0; /* sub-block ib: k-groups 4 ib .. 4 ib + 3, low nibbles then high */
-            for (int ib = 0; ib < 8; ib++) {
-                const wv ls = WV_OR(WV_AND(WV_SRLI32(sl, 4 * ib), WV_SET32(0x0f)),
-                                    WV_SLLI32(WV_AND(WV_SRLI32(sh, 2 * ib), WV_SET32(0x03)), 4));
-                const wv sc32 = WV_SUB32(ls, WV_SET32(32));
-                wv v[8]; /* k-group g: elements 32 ib + 4 g .. 4 g + 3, their table values (VNNI: + 128) */
-                for (int t = 0; t < 4; t++) {
-                    const wv raw = WV_LOAD(qs + 64 * (4 * ib + t));
-                    v[t] = WV_SHUF8(table, WV_AND(raw, low4)), v[t + 4] = WV_SHUF8(table, WV_AND(WV_SRL16(raw, 4), low4));
-                }
-#if defined(VNNI) /* vpdpbusd of w + 128, then the sub-block's 128 (s_2ib + s_2ib+1) off before its scale */
-                for (int r = 0; r < rows; r++) {
-                    const int64_t at = (r0 + r) * a->blocks + b;
-                    const int8_t *q = a->q + at * QK_K + 32 * ib;
-                    const int32_t *sums = a->sum + at * 16 + 2 * ib;
-                    wv t = WV_ZERO;
-                    for (int g = 0; g < 8; g++)
-                        t = _mm512_dpbusd_epi32(t, v[g], WV_BCAST4(q + 4 * g));
-                    t = WV_SUB32(t, WV_SET32(128 * (sums[0] + sums[1])));
-                    S[r] = WV_ADD32(S[r], WV_MULLO32(t, sc32));
-                }
-#else /* vpmaddubsw of |w| by q with w's sign (a pair <= 2 127 127), each k-group's pairs by the scale at once */
-                const wv sc16 = WV_OR(WV_AND(sc32, low16), WV_SLLI32(sc32, 16));
-                wv mag[8];
-                for (int g = 0; g < 8; g++)
-                    mag[g] = WV_ABS8(v[g]);
-                for (int r = 0; r < rows; r++) {
-                    const int8_t *q = a->q + ((r0 + r) * a->blocks + b) * QK_K + 32 * ib;
-                    for (int g = 0; g < 8; g++)
-                        S[r] = WV_ADD32(S[r], WV_MADD(WV_MADDUBS(mag[g], WV_SIGN8(WV_BCAST4(q + 4 * g), v[g])), sc16));
-                }
-#endif
-            }
-            for (int r = 0; r < rows; r++) {
-                iv t;
-                memcpy(&t, &S[r], sizeof t);
-                const fv scale = d * splatv(a->d[(r0 + r) * a->blocks + b]); /* rounded once, then the fma */
-                acc[r] = fmav(scale, __builtin_convertvector(t, fv), acc[r]);
-            }
-            continue;
-        }
-        /* Q4_K, Q5_K: k-group i at kg + 64 i: 0-2 the scales' 12 bytes; Q5_K 3-10 qh; then qs */
-        const fv dmin = scales_at(blk + 32 + 2 * lane0);
-        const uint8_t *kg = blk + 64 + 4 * lane0;
-        const wv s0 = WV_LOAD(kg), s1 = WV_LOAD(kg + 64), s2 = WV_LOAD(kg + 128);
-        const wv six = WV_SET8(0x3f), two = WV_SET8(0x03);
-        const wv sa = WV_AND(s0, six), sb = WV_OR(WV_AND(s2, low4), WV_SLLI16(WV_AND(WV_SRL16(s0, 6), two), 4));
-        const wv ma = WV_AND(s1, six), mb = WV_OR(WV_AND(WV_SRL16(s2, 4), low4), WV_SLLI16(WV_AND(WV_SRL16(s1, 6), two), 4));
-        /* mins 0, 2 | 1, 3 | 4, 6 | 5, 7 as int16 pairs, against the sums of each 32 */
-        const wv mins[4] = {WV_AND(ma, bytes16), WV_SRL16(ma, 8), WV_AND(mb, bytes16), WV_SRL16(mb, 8)};
-        for (int r = 0; r < rows; r++) {
-            const int32_t *s = a->sum + ((r0 + r) * a->blocks + b) * 16;
-            int32_t s32[8];
-            for (int j = 0; j < 8; j++)
-                s32[j] = s[2 * j] + s[2 * j + 1];
-            for (int i = 0; i < 4; i++) {
-                const int j = 4 * (i / 2) + i % 2;
-                M[r] = WV_ADD32(M[r], WV_MADD(mins[i], WV_SET32(kqi_pack(s32[j], s32[j + 2]))));
-            }
-        }
-        const uint8_t *qs = kg + 64 * (fmt == FMT_Q4_K ? 3 : 11);
-        for (int c = 0; c < 4; c++) { /* 64 elements: sub-blocks 2c (the low nibbles), 2c + 1 (the high ones) */
-            wv lo[8], hi[8];
-            for (int g = 0; g < 8; g++) {
-                const wv raw = WV_LOAD(qs + 64 * (8 * c + g));
-                lo[g] = WV_AND(raw, low4), hi[g] = WV_AND(WV_SRL16(raw, 4), low4);
-                if (fmt == FMT_Q5_K) { /* qh byte l: bit 2c is element 64 c + l's 5th, bit 2c + 1 element 64 c + 32 + l's */
-                    const wv qh = WV_LOAD(kg + 64 * (3 + g)), fifth = WV_SET8(0x10);
-                    lo[g] = WV_OR(lo[g], WV_AND(c <= 2 ? WV_SLLI16(qh, 4 - 2 * c) : WV_SRL16(qh, 2 * c - 4), fifth));
-                    hi[g] = WV_OR(hi[g], WV_AND(c <= 1 ? WV_SLLI16(qh, 3 - 2 * c) : WV_SRL16(qh, 2 * c - 3), fifth));
-                }
-            }
-            const wv sc_lo = WV_AND(WV_SRLI32(c < 2 ? sa : sb, 16 * (c % 2)), WV_SET32(0xff));
-            const wv sc_hi = WV_AND(WV_SRLI32(c < 2 ? sa : sb, 16 * (c % 2) + 8), WV_SET32(0xff));
-            const wv sc16_lo = WV_OR(sc_lo, WV_SLLI32(sc_lo, 16)), sc16_hi = WV_OR(sc_hi, WV_SLLI32(sc_hi, 16));
-            const int pairs = fmt == FMT_Q4_K ? 8 : 4;
-            for (int r = 0; r < rows; r++) {
-                const int8_t *q = a->q + ((r0 + r) * a->blocks + b) * QK_K + 64 * c;
-                S[r] = WV_ADD32(S[r], WV_ADD32(kqi_scaled(lo, q, 8, pairs, sc_lo, sc16_lo),
-                                               kqi_scaled(hi, q + 32, 8, pairs, sc_hi, sc16_hi)));
-            }
-        }
-        for (int r = 0; r < rows; r++)
-            kqi_fold(S[r], M[r], d, dmin, a->d[(r0 + r) * a->blocks + b], &acc[r]);
+        kqi_block(fmt, a, r0, 1, group, 0, b, &acc[0]);
+        kqi_block(fmt, a, r0, 1, group, 8, b, &acc[1]);
     }
 }
+
+static void kqi_pair_any(int fmt, const ActQ *a, int64_t r0, const uint8_t *group, fv acc[2]) {
+    switch (fmt) {
+    case FMT_Q4_K: kqi_pair(FMT_Q4_K, a, r0, group, acc); return;
+    case FMT_Q5_K: kqi_pair(FMT_Q5_K, a, r0, group, acc); return;
+    case FMT_Q2_K: kqi_pair(FMT_Q2_K, a, r0, group, acc); return;
+    case FMT_Q3_K: kqi_pair(FMT_Q3_K, a, r0, group, acc); return;
+    case FMT_IQ4_XS: kqi_pair(FMT_IQ4_XS, a, r0, group, acc); return;
+    default: kqi_pair(FMT_Q6_K, a, r0, group, acc); return;
+    }
+}
+#endif
 
 /* each format its own copy, and in it one row (decode) and ROWS rows (a whole tile) with the count a constant: the
  * rows' S, M and acc then stay in registers (a variable count kept them in memory, a load and a store on every
@@ -1847,6 +1878,15 @@ static int kq_linear(const void *x, int64_t ldx, const uint8_t *w, int fmt, int6
             if (c1 - c0 == 32 && c1 <= grouped && rows >= WIDE_ROWS &&
                 kqi_wide_rows(fmt, &a, r0, rows, w + c0 * row_bytes, row_bytes, c0, bias, out, ldo, out_bf16))
                 c = c1;
+#endif
+#if defined(__AVX2__) && COLS == 8
+            if (rows == 1) /* one row (decode): a group of 16 a call, both halves of each super-block in turn */
+                for (; c % 16 == 0 && c + 16 <= c1 && c + 16 <= grouped; c += 16) {
+                    fv acc[2];
+                    kqi_pair_any(fmt, &a, r0, w + c * row_bytes, acc);
+                    for (int j = 0; j < 16; j++)
+                        kq_store((const float *)acc + j, 8, r0, 1, c + j, bias, out, ldo, out_bf16);
+                }
 #endif
 #if defined(__AVX2__)
             for (; c < c1 && c < grouped; c += COLS) { /* whole groups: COLS outputs a tile, ROWS rows at a time */
