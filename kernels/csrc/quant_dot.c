@@ -2191,6 +2191,22 @@ static void fold_chunk(int rows, int fmt, const ActQ *a, int64_t groups, int64_t
 #endif
     if (done == rows)
         return;
+#if defined(__AVX2__) && COLS == 8
+    if (rows == 1 && kq_format(fmt) && !block32_tile_format(fmt)) /* one row: whole groups of 16 by kqi_pair */
+        for (; c0 % 16 == 0 && c0 + 16 <= c1 && c0 + 16 <= grouped; c0 += 16) {
+            float sum[16];
+            for (int64_t g = 0; g < groups; g++) {
+                fv acc[2];
+                kqi_pair_any(fmt, &a[g], r, w + g * group_bytes + c0 * row_bytes, acc);
+                for (int j = 0; j < 16; j++) { /* group_tile's value (kq_store's, bias none), added as fold_store's */
+                    const float value = fmaf(((const float *)acc)[j], 1.0f, 0.0f);
+                    sum[j] = g == 0 ? value : sum[j] + value;
+                }
+            }
+            for (int j = 0; j < 16; j++)
+                store_out(out, out_r * ldo + c0 + j, sum[j], out_bf16);
+        }
+#endif
     for (int64_t c = c0; c < c1; c += COLS)
         fold_store(rows - done, c1 - c < COLS ? (int)(c1 - c) : COLS, fmt, c < grouped, a, groups, r + done, w,
                    row_bytes, group_bytes, kg, c, out, ldo, out_r + done, out_bf16);
