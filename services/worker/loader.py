@@ -97,10 +97,10 @@ def resolve_quantization(name: str, folder: Path, device_type: str = "cpu", enco
     return name
 
 
-def resolve_activation_quant(name: str, quantization: str, gguf: Path | None = None) -> str:
-    """auto: int8 for the GGUF file `gguf` (quantization gguf) where it holds a super-block type (the K-quants,
-    IQ4_XS: most files people download, llama.cpp's mixes included, and the types llama.cpp itself multiplies
-    by 8-bit activations, its Q8_K), else AUTO_ACTIVATION_QUANT for quantized weights; none where the weights
+def resolve_activation_quant(name: str, quantization: str, model: Path | None = None) -> str:
+    """auto: int8 for the model's GGUF file (quantization gguf; `model` the file or its folder) where it holds a
+    super-block type (the K-quants, IQ4_XS: most files people download, llama.cpp's mixes included, and the types
+    llama.cpp itself multiplies by 8-bit activations, its Q8_K), else AUTO_ACTIVATION_QUANT for quantized weights; none where the weights
     are not quantized (int8 activations only exist for quantized weights: asking for them without is refused)."""
     if quantization == "none":
         if name == "int8":
@@ -109,7 +109,7 @@ def resolve_activation_quant(name: str, quantization: str, gguf: Path | None = N
         return "none"
     if name != "auto":
         return name
-    if quantization == "gguf" and gguf is not None and holds_super_blocks(gguf):
+    if quantization == "gguf" and model is not None and holds_super_blocks(find_gguf_file(model)):
         return "int8"
     return AUTO_ACTIVATION_QUANT
 

@@ -20,7 +20,6 @@ from services.core.model_path import resolve_model_path, resolve_tokenizer_path
 from services.core.step import StepDelta, StepResult, WorkerInfo
 from services.worker.kv_cache import KVCache, block_bytes, num_blocks_for
 from kernels.linear import invariant_linear, plain_linear, prepack
-from services.worker.gguf_weights import find_gguf_file
 from services.worker.loader import (gguf_align, load_model, resolve_activation_quant, resolve_dtype,
                                    resolve_quantization)
 from services.worker.model_config import ModelArchConfig
@@ -98,9 +97,7 @@ class Worker:
         cpu_kernels.set_amx(config.amx)
         ops = get_ops(config.kernel_backend, self.device.type, config.cpu_isa)
         linear = invariant_linear if config.batch_invariant else plain_linear
-        self.activation_quant = resolve_activation_quant(config.activation_quant, self.quantization,
-                                                         find_gguf_file(self.model_path) if self.quantization == "gguf"
-                                                         else None)
+        self.activation_quant = resolve_activation_quant(config.activation_quant, self.quantization, self.model_path)
         model = load_model(self.model_path, self.dtype, self.device, ops, linear, self.quantization, self.shard,
                            self.comm, self.activation_quant)
         model.micro_batches = config.pipeline_micro_batches or pp
