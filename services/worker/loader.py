@@ -100,8 +100,9 @@ def resolve_quantization(name: str, folder: Path, device_type: str = "cpu", enco
 def resolve_activation_quant(name: str, quantization: str, model: Path | None = None) -> str:
     """auto: int8 for the model's GGUF file (quantization gguf; `model` the file or its folder) where it holds a
     super-block type (the K-quants, IQ4_XS: most files people download, llama.cpp's mixes included, and the types
-    llama.cpp itself multiplies by 8-bit activations, its Q8_K), else AUTO_ACTIVATION_QUANT for quantized weights; none where the weights
-    are not quantized (int8 activations only exist for quantized weights: asking for them without is refused)."""
+    llama.cpp itself multiplies by 8-bit activations, its Q8_K), else AUTO_ACTIVATION_QUANT for quantized weights;
+    none where the weights are not quantized (int8 activations only exist for quantized weights: asking for them
+    without is refused)."""
     if quantization == "none":
         if name == "int8":
             raise InvalidArgument("activation_quant", "int8 activations need quantized weights (quantization gguf "
