@@ -43,7 +43,7 @@ from services.core.config import DEFAULT_KERNEL_CACHE_DIR
 
 CSRC = Path(__file__).with_name("csrc")
 SOURCES = [CSRC / name for name in ("paged_attention.c", "elementwise.c", "gemm.c", "decoder.c", "quant_gemm.c",
-                                    "quant_dot.c", "quant_amx.c", "row_parallel.c", "scratch.c")]  # one library
+                                    "quant_dot.c", "quant_amx.c", "row_parallel.c", "scratch.c", "moe.c")]  # one library
 COMMON_FLAGS = ["-O3", "-fopenmp", "-fPIC", "-std=gnu11", "-Wno-psabi", "-ffp-contract=off"]  # no implicit fusion: vec.h's fma
 TIERS = ("avx512", "avx2", "generic")  # best first; services.core.config.CPU_ISAS is ("auto", *TIERS)
 # the test tiers that stand for older AVX-512 CPUs leave out quant_dot.c's AMX path (their CPUs have no AMX),

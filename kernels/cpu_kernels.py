@@ -203,6 +203,24 @@ def pack_gemm_weight(weight: torch.Tensor) -> torch.Tensor:
     return padded.view(panels, PANEL, in_features).transpose(1, 2).contiguous()
 
 
+MOE_MAX_EXPERTS = 512  # kernels.h
+
+
+def moe_route_cpu(logits: torch.Tensor, k: int, normalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """A mixture-of-experts router's choice (moe.c's moe_route): logits [T, E] -> weights [T, k] fp32 and
+    experts [T, k] int64, each token's k experts in ascending id; softmax over E, the k largest (ties to the
+    lower id), divided by their sum where normalize. Tier-invariant, row by row."""
+    logits = logits.float().contiguous()
+    num_tokens, num_experts = logits.shape
+    if not 1 <= k <= num_experts <= MOE_MAX_EXPERTS:
+        raise ValueError(f"moe_route: top {k} of {num_experts} experts (at most {MOE_MAX_EXPERTS})")
+    experts = torch.empty(num_tokens, k, dtype=torch.int64)
+    weights = torch.empty(num_tokens, k, dtype=torch.float32)
+    library().moe_route(logits.data_ptr(), num_tokens, num_experts, k, int(normalize), experts.data_ptr(),
+                        weights.data_ptr())
+    return weights, experts
+
+
 def linear_cpu(x: torch.Tensor, packed: torch.Tensor, out_features: int, in_features: int,
                bias: torch.Tensor | None, out: torch.Tensor | None = None) -> torch.Tensor:  # [..., K] -> [..., N]
     """x W^T + bias on a weight [out_features, in_features] from pack_gemm_weight, x in its dtype; out: rows
@@ -340,12 +358,14 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         "kernel_tier": [],
         "quant_dot_set_amx": [i32],
         "decoder_stack": [ptr, ptr, ptr, ptr, ptr, i64, ptr, ptr, ptr, i64, ptr, ptr, ptr, ptr, i32],  # decoder.py
+        "moe_route": [ptr, i64, i64, i64, i32, ptr, ptr],
+        "moe_forward": [ptr, ptr, i64, i64, i32, ptr, i64, i32],  # services/worker/models/moe.py
     }
     for name, argtypes in signatures.items():
         fn = getattr(lib, name)
         fn.argtypes = argtypes
         windowed = ("paged_attention", "paged_attention_window")
-        fn.restype = i32 if name in (*windowed, "gemm_supported", "decoder_stack") else None
+        fn.restype = i32 if name in (*windowed, "gemm_supported", "decoder_stack", "moe_route", "moe_forward") else None
     lib.kernel_tier.restype = ctypes.c_char_p
     return lib
 

@@ -35,7 +35,8 @@ _LINEARS = ("qkv", "o", "gate_up", "down")  # DecoderLayer.formats' order
 
 
 class _Layer(ctypes.Structure):  # DecoderLayer in decoder.c
-    _fields_ = [*((name, ctypes.c_void_p) for name in _LAYER_FIELDS), ("formats", ctypes.c_int64 * 4)]
+    _fields_ = [*((name, ctypes.c_void_p) for name in _LAYER_FIELDS), ("formats", ctypes.c_int64 * 4),
+                ("moe", ctypes.c_void_p)]
 
 
 class _Stack(ctypes.Structure):  # DecoderStack in decoder.c
@@ -49,7 +50,8 @@ class _Stack(ctypes.Structure):  # DecoderStack in decoder.c
 
 @dataclass(frozen=True, kw_only=True)
 class LayerWeights:
-    """One pre-norm decoder layer's weights (Llama, Mistral, Qwen2 with qkv_bias, Qwen3 with q/k norms)."""
+    """One pre-norm decoder layer's weights (Llama, Mistral, Qwen2 with qkv_bias, Qwen3 with q/k norms; Qwen3-MoE and
+    Mixtral with a mixture of experts for the MLP)."""
     input_norm: torch.Tensor
     post_attn_norm: torch.Tensor
     qkv: GemmWeight | QuantWeight | QuantParts  # q, k and v projections stacked: [q + 2 kv, hidden]
@@ -57,8 +59,11 @@ class LayerWeights:
     q_norm: torch.Tensor | None
     k_norm: torch.Tensor | None
     o: RowParallelWeight
-    gate_up: GemmWeight | QuantWeight | QuantParts  # gate and up stacked: [2 inter, hidden]
-    down: RowParallelWeight
+    gate_up: GemmWeight | QuantWeight | QuantParts | None = None  # gate and up stacked: [2 inter, hidden]
+    down: RowParallelWeight | None = None
+    # a mixture of experts in place of gate_up and down: moe.c's MoeLayer (services/worker/models/moe.py), whose
+    # weights the MoE module keeps
+    moe: ctypes.Structure | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -69,6 +74,7 @@ class StackShape:
     eps: float
     scale: float
     groups: int = 1  # the model's row-parallel K groups (kernels/row_parallel.py)
+    max_tokens: int | None = None  # the most tokens a call takes (more: layer by layer); None: any number
 
 
 class DecoderStack:
@@ -108,10 +114,12 @@ class DecoderStack:
         for layer in layers:
             names = ("input_norm", "post_attn_norm", "qkv_bias", "q_norm", "k_norm")
             tensors = [getattr(layer, name) for name in names]
-            weights = [layer.qkv, layer.gate_up]
+            if (layer.moe is None) == (layer.gate_up is None or layer.down is None):
+                return None  # a dense MLP or a mixture, one of them whole
+            weights = [layer.qkv] if layer.moe is not None else [layer.qkv, layer.gate_up]
             if not all(isinstance(w, (GemmWeight, QuantWeight, QuantParts)) and w.dtype == dtype for w in weights):
                 return None
-            rows = [layer.o, layer.down]
+            rows = [layer.o] if layer.moe is not None else [layer.o, layer.down]
             if not all(isinstance(w, RowParallelWeight) and w.fmt is not None and w.dtype == dtype for w in rows):
                 return None
             if any(w.groups != layer.o.groups or w.total_groups != shape.groups for w in rows):
@@ -128,6 +136,8 @@ class DecoderStack:
     def runs(self, x: torch.Tensor, kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> bool:
         """Whether this step's tensors suit decoder.c (the same dtype everywhere, contiguous caches on the CPU)."""
         if x.dtype != self.dtype or not x.is_cpu:
+            return False
+        if self.shape.max_tokens is not None and x.shape[0] > self.shape.max_tokens:
             return False
         return self._same_caches(kv_caches) or self._caches_fit(kv_caches)  # the first: checked at an earlier step
 
@@ -219,14 +229,17 @@ class DecoderStack:
             for name in _LAYER_FIELDS[:-2]:
                 setattr(slot, name, ptr(getattr(layer, name)))
             slot.k_cache, slot.v_cache = k_cache.data_ptr(), v_cache.data_ptr()
-            for i, name in enumerate(_LINEARS):  # 0: packed for gemm.c; else quant_gemm.c's format
+            for i, name in enumerate(_LINEARS):  # 0: packed for gemm.c (or none: a mixture's); else quant_gemm.c's
                 weight = getattr(layer, name)
                 slot.formats[i] = (weight.kernel_fmt if isinstance(weight, (QuantWeight, QuantParts)) else weight.fmt
                                    if isinstance(weight, RowParallelWeight) else 0)
+            slot.moe = ctypes.addressof(layer.moe) if layer.moe is not None else None
         first, shape = self.layers[0], self.shape
+        dense = [layer for layer in self.layers if layer.down is not None]
         stack = _Stack(
             num_layers=len(self.layers), hidden=first.o.out_features, num_heads=shape.num_heads,
-            num_kv_heads=shape.num_kv_heads, head_dim=shape.head_dim, inter=first.down.in_features,
+            num_kv_heads=shape.num_kv_heads, head_dim=shape.head_dim,
+            inter=dense[0].down.in_features if dense else 0,
             block_size=kv_caches[0][0].shape[1], eps=shape.eps, scale=shape.scale,
             is_bf16=int(self.dtype == torch.bfloat16), rotary_is_bf16=int(self.rotary_cache.dtype == torch.bfloat16),
             rotary_cache=self.rotary_cache.data_ptr(), final_norm=self.final_norm.data_ptr(),
@@ -237,9 +250,13 @@ class DecoderStack:
 
 def _shapes_fit(layer: LayerWeights, shape: StackShape, hidden: int) -> bool:
     q_size, kv_size = shape.num_heads * shape.head_dim, shape.num_kv_heads * shape.head_dim
-    inter = layer.down.shape[1]  # a packed or a dense weight: both have a shape
-    expected = {"qkv": (q_size + 2 * kv_size, hidden), "o": (hidden, q_size), "gate_up": (2 * inter, hidden),
-                "down": (hidden, inter)}
+    expected = {"qkv": (q_size + 2 * kv_size, hidden), "o": (hidden, q_size)}
+    if layer.moe is not None:
+        if layer.moe.hidden != hidden:
+            return False
+    else:
+        inter = layer.down.shape[1]  # a packed or a dense weight: both have a shape
+        expected |= {"gate_up": (2 * inter, hidden), "down": (hidden, inter)}
     if any(tuple(getattr(layer, name).shape) != want for name, want in expected.items()):
         return False
     vectors = {"input_norm": hidden, "post_attn_norm": hidden, "qkv_bias": q_size + 2 * kv_size,

@@ -24,6 +24,9 @@ class Ops:
     silu_and_mul: Callable  # see kernels.activation.silu_and_mul_ref
     # the whole decoder stack in one call where the backend has one (kernels.decoder.DecoderStack.build)
     decoder_stack: Callable | None = None
+    # a mixture-of-experts router's softmax and top-k (kernels.cpu_kernels.moe_route_cpu's signature) where the
+    # backend has its own; None: torch's (services/worker/models/moe.py)
+    moe_route: Callable | None = None
     # Gemma's MLP activation: elementwise, so every backend takes the PyTorch one (kernels.activation)
     gelu_tanh_and_mul: Callable = gelu_tanh_and_mul_ref
 
@@ -33,7 +36,8 @@ TORCH_OPS = Ops(name="torch", paged_attention=paged_attention_ref, write_kv=writ
 # the kernels compiled for the CPU (kernels/cpu_kernels.py), same signatures
 CPU_OPS = Ops(name="cpu", paged_attention=cpu_kernels.paged_attention_cpu, write_kv=cpu_kernels.write_kv_cpu,
               rms_norm=cpu_kernels.rms_norm_cpu, apply_rotary=cpu_kernels.apply_rotary_cpu,
-              silu_and_mul=cpu_kernels.silu_and_mul_cpu, decoder_stack=DecoderStack.build)
+              silu_and_mul=cpu_kernels.silu_and_mul_cpu, decoder_stack=DecoderStack.build,
+              moe_route=cpu_kernels.moe_route_cpu)
 
 
 def get_ops(backend: str, device_type: str, cpu_isa: str = "auto") -> Ops:

@@ -11,7 +11,7 @@
  *   q, k = apply_rotary(q, k)
  *   write_kv(k, v); a = paged_attention(q)
  *   h, res = rms_norm(linear(a, o), post_attn_norm, res)
- *   x = linear(silu_and_mul(linear(h, gate_up)), down)
+ *   x = linear(silu_and_mul(linear(h, gate_up)), down)   or, a mixture of experts: x = moe_forward(h) (moe.c)
  * and at the end out = rms_norm(x, final_norm, res).
  *
  * o and down are row-parallel (row_parallel.c): the partial sums of the rank's K groups, the
@@ -33,6 +33,7 @@ typedef struct {
     const void *o, *gate_up, *down;          /* packed [hidden, q], [2 inter, hidden], [hidden, inter] */
     void *k_cache, *v_cache;                 /* [num_blocks, block_size, KVH, D] */
     int64_t formats[4];                      /* qkv, o, gate_up, down: 0 packed for gemm.c, else quant_gemm.c's */
+    const MoeLayer *moe;                     /* a mixture of experts (moe.c) in place of gate_up and down, or NULL */
 } DecoderLayer;
 
 typedef struct {
@@ -190,6 +191,10 @@ int decoder_stack(const DecoderStack *m, const void *x, const void *res_in, void
             break;
         rms_norm(s.x, hidden, s.res, hidden, layer->post_attn_norm, s.h, s.res, num_tokens, hidden, m->eps, bf16,
                  num_threads);
+        if (layer->moe != NULL) { /* the experts, route and sum included (moe.c) */
+            status = moe_forward(layer->moe, s.h, hidden, num_tokens, bf16, s.x, hidden, num_threads);
+            continue;
+        }
         layer_linear(m, i, 2, s.h, hidden, NULL, s.gate_up, 2 * m->inter, num_tokens, num_threads, &partials);
         silu_and_mul(s.gate_up, 2 * m->inter, s.act, num_tokens, m->inter, bf16, num_threads);
         status = layer_linear(m, i, 3, s.act, m->inter, NULL, s.x, hidden, num_tokens, num_threads, &partials);

@@ -22,18 +22,6 @@
 #define PARALLEL_MIN_ELEMENTS 8192
 INLINE int share(int64_t num_rows, int64_t width) { return num_rows > 1 && num_rows * width >= PARALLEL_MIN_ELEMENTS; }
 
-/* 16 elements at index of a row of n (fewer at the row's end, the other lanes 0) */
-INLINE vf row_load(const void *base, int is_bf16, int64_t index, int64_t left) {
-    return left >= LANES ? load16(base, is_bf16, index) : load16_partial(base, is_bf16, index, (int)left);
-}
-
-INLINE void row_store(void *base, int is_bf16, int64_t index, int64_t left, vf value) {
-    if (left >= LANES)
-        store16(base, is_bf16, index, value);
-    else
-        store16_partial(base, is_bf16, index, (int)left, value);
-}
-
 /* out = weight * norm(x + residual); new_residual = x + residual (residual may be NULL: then
  * the norm is of x and new_residual is not written). x, out, new_residual: [T, N] with row
  * strides; weight: [N]. Sum of squares: element i in lane i % 16, lanes folded by a fixed tree. */

@@ -20,6 +20,7 @@ enum {
     SCRATCH_ACT,       /* quant_dot.c: the quantized rows of x (every K group's) */
     SCRATCH_AMX_ROWS,  /* quant_dot.c: those rows packed for the AMX tiles */
     SCRATCH_UNPACKED,  /* quant_dot.c: a thread's unpacked Q4 blocks (inside its parallel region) */
+    SCRATCH_MOE,       /* moe.c: a mixture-of-experts layer's route, grouped rows and expert outputs */
     SCRATCH_SLOTS
 };
 void *scratch_take(int slot, size_t bytes);
@@ -99,3 +100,21 @@ int quant_linear_int8_groups(const void *x, int64_t ldx, const void *w, int fmt,
 int quant_experts_int8(const void *x, int64_t ldx, const int64_t *spans, const int64_t *weights, int64_t count,
                        int fmt, int64_t groups, int64_t m, int64_t n, int64_t k, int is_bf16, void *out, int64_t ldo,
                        int num_threads);
+
+/* moe.c: a mixture-of-experts layer's MLP (services/worker/models/moe.py): the router (gemm.c's packed weight,
+ * router_format 0) and every expert's gate_up and down at gate_up[e] and down[e], quantized with int8
+ * activations in one format each (without QUANT_ACT_INT8; down in down_groups K groups, as row_parallel_linear) */
+enum { MOE_MAX_EXPERTS = 512 };
+typedef struct {
+    const void *router;
+    int64_t router_format;
+    const int64_t *gate_up, *down;
+    int64_t num_experts, top_k, hidden, inter, down_groups;
+    int gate_up_format, down_format, normalize;
+} MoeLayer;
+/* logits [T, E] fp32 -> each token's k experts in ascending id [T, k] and their weights [T, k] fp32 */
+int moe_route(const float *logits, int64_t num_tokens, int64_t num_experts, int64_t k, int normalize,
+              int64_t *experts, float *weights);
+/* h [T, hidden] -> out [T, hidden]: the layer's MLP, the route included */
+int moe_forward(const MoeLayer *m, const void *h, int64_t ldh, int64_t num_tokens, int is_bf16, void *out,
+                int64_t ldo, int num_threads);

@@ -1598,9 +1598,16 @@ INLINE void kqi_tile(const int fmt, const ActQ *a, int64_t r0, int rows, const u
  * outputs 0-7, acc[1]: 8-15). The two tiles of 8 one after the other read the group's bytes twice, the second time
  * from cache, and the first pass, half of each cache line used, waited on memory with half the work to hide it
  * behind; each output's chain is the same fmas in the same order, so the same bits. */
+#define KQ_AHEAD 4 /* super-blocks of the group kqi_pair fetches ahead (the next group's, past its last) */
 INLINE void kqi_pair(const int fmt, const ActQ *a, int64_t r0, const uint8_t *group, fv acc[2]) {
     acc[0] = acc[1] = splatv(0.0f);
+    const int64_t bytes = 16 * block_bytes(fmt); /* one super-block of the group's 16 outputs */
     for (int64_t b = 0; b < a->blocks; b++) {
+        /* one row is too little work to hide memory behind: the hardware prefetcher, which stops at each 4 KiB
+         * page, left the decode of a step's experts (each a few pages of a new stretch) at ~60% of the rate of
+         * the same call on cached weights; fetching KQ_AHEAD super-blocks ahead into L2 gained ~7% a decode step */
+        for (int64_t line = 0; line < bytes; line += 64)
+            __builtin_prefetch(group + (b + KQ_AHEAD) * bytes + line, 0, 2);
         kqi_block(fmt, a, r0, 1, group, 0, b, &acc[0]);
         kqi_block(fmt, a, r0, 1, group, 8, b, &acc[1]);
     }

@@ -154,6 +154,18 @@ INLINE void store16_partial(void *base, int is_bf16, int64_t index, int count, v
     memcpy((char *)base + index * (is_bf16 ? 2 : 4), buffer, (size_t)count * (is_bf16 ? 2 : 4));
 }
 
+/* 16 elements at index of a row, `left` of them from index on (fewer at the row's end, the other lanes 0) */
+INLINE vf row_load(const void *base, int is_bf16, int64_t index, int64_t left) {
+    return left >= LANES ? load16(base, is_bf16, index) : load16_partial(base, is_bf16, index, (int)left);
+}
+
+INLINE void row_store(void *base, int is_bf16, int64_t index, int64_t left, vf value) {
+    if (left >= LANES)
+        store16(base, is_bf16, index, value);
+    else
+        store16_partial(base, is_bf16, index, (int)left, value);
+}
+
 /* the sum of the 16 lanes by a fixed tree: lane l + lane l+8, then +4, +2, +1 */
 INLINE float fold(vf v) {
     v += __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7);

@@ -100,3 +100,32 @@ def test_other_caches_after_a_step_are_checked_and_described_anew(model_dir):
     model.stack(x, fresh, zero, zero, table, zero, zero)
     assert all(k[0, 0].abs().sum() > 0 for k, _ in fresh), "the K rows went elsewhere"
     assert all(torch.equal(k, old) for (k, _), old in zip(caches, before)), "the worker's caches were written"
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_mixture_of_experts_gives_the_same_bits_in_one_call_layer_by_layer_and_expert_by_expert(model_dir, dtype):
+    """Qwen3-MoE with int8 experts: decoder.c runs each layer's experts through moe.c's moe_forward, the
+    layer-by-layer path calls moe_forward itself, and moe.py's own path (each step's route by moe_route, the
+    experts' calls, the sum in torch) is what a worker group's tensor ranks run: the three give the same bits."""
+    folder = model_dir("qwen3_moe", "tiny", dtype=dtype)
+    prompts = random_prompts(6, 512, 1, 80, seed=11)
+    params = greedy(8, logprobs=2)
+    engine_args = dict(dtype=dtype, quantization="int8", activation_quant="int8", max_num_batched_tokens=64,
+                       enable_chunked_prefill=True)
+    fused, layered, expert_by_expert = (make_llm(folder, **engine_args) for _ in range(3))
+    assert all(m.stack is not None for m in _models(fused))
+    for model in _models(layered) + _models(expert_by_expert):
+        model.stack = None
+    for model in _models(expert_by_expert):
+        for layer in model.layers:
+            assert layer.mlp.descriptor() is not None
+            layer.mlp._one_call = False  # moe.py's own path from here on
+    want = _outputs(fused, prompts, params)
+    assert _outputs(layered, prompts, params) == want
+    assert _outputs(expert_by_expert, prompts, params) == want
+
+
+def test_a_mixture_without_int8_experts_goes_layer_by_layer(model_dir):
+    """fp32 experts have no quant_experts_int8 tables: moe_forward does not take them, nor the stack."""
+    llm = make_llm(model_dir("qwen3_moe", "tiny"))
+    assert all(m.stack is None and m.layers[0].mlp.descriptor() is None for m in _models(llm))

@@ -66,3 +66,35 @@ def test_the_experts_in_one_call_give_the_same_bits_at_every_thread_count(moe):
     if getattr(moe.experts[0].gate_up_weight, "int8_activations", False):  # int8 activations: the one call ran
         biased = getattr(moe.experts[0], "gate_up_bias", None) is not None
         assert (moe._tables.gate_up is None) == biased and moe._tables.down is not None
+
+
+def _route(lib, logits: torch.Tensor, k: int, normalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    experts, weights = torch.empty(logits.shape[0], k, dtype=torch.int64), torch.empty(logits.shape[0], k)
+    assert lib.moe_route(logits.data_ptr(), logits.shape[0], logits.shape[1], k, int(normalize), experts.data_ptr(),
+                         weights.data_ptr()) == 0
+    return weights, experts
+
+
+@pytest.mark.parametrize("normalize", [False, True])
+def test_the_route_is_torchs_choice_with_the_same_bits_on_every_tier(normalize):
+    """moe.c's moe_route, which the compiled kernels' every MoE path takes: the experts of torch's softmax and
+    top-k (in ascending id), its weights within a few ulps of torch's, the same bits on every tier here; ties go
+    to the lower id."""
+    from kernels import cpu_kernels
+    from kernels.build import testable_tiers
+
+    logits = torch.randn(64, 128, generator=torch.Generator().manual_seed(2)) * 3
+    probs = torch.softmax(logits, dim=-1)
+    top, chosen = torch.topk(probs, 8, dim=-1)
+    if normalize:
+        top = top / top.sum(dim=-1, keepdim=True)
+    order = chosen.argsort(dim=-1)
+    routes = {tier: _route(cpu_kernels.tier_library(tier), logits, 8, normalize) for tier in testable_tiers()}
+    weights, experts = next(iter(routes.values()))
+    assert torch.equal(experts, chosen.gather(1, order))
+    torch.testing.assert_close(weights, top.gather(1, order), rtol=1e-6, atol=0)  # Cephes exp: 2 ulp
+    assert all(torch.equal(w, weights) and torch.equal(e, experts) for w, e in routes.values())
+    tied = torch.zeros(2, 16)
+    tied_weights, tied_experts = _route(cpu_kernels.library(), tied, 4, normalize)
+    assert tied_experts.tolist() == [[0, 1, 2, 3]] * 2
+    assert tied_weights.tolist() == [[0.25 if normalize else 1 / 16] * 4] * 2

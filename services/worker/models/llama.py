@@ -209,19 +209,29 @@ class LlamaForCausalLM(nn.Module):
                     parts = [pack(part) for part in split_dense(weight.data, groups)]
                 setattr(module, name, RowParallelWeight.build(parts, self.total_groups, gather, self.linear))
         llama_shaped = self.one_call_stack and not any(self.cfg.layer_windows) and not self.cfg.rotary_dim
-        if self.ops.decoder_stack is not None and llama_shaped:
+        mlps = [self.stack_mlp(layer) for layer in self.layers] if llama_shaped else [None]
+        if self.ops.decoder_stack is not None and all(mlp is not None for mlp in mlps):
             cfg = self.cfg
             layers = [LayerWeights(
                 input_norm=layer.input_norm.data, post_attn_norm=layer.post_attn_norm.data, qkv=layer.attn.qkv_weight,
                 qkv_bias=_data(layer.attn.qkv_bias), q_norm=_data(getattr(layer.attn, "q_norm", None)),
-                k_norm=_data(getattr(layer.attn, "k_norm", None)), o=layer.attn.o_weight,
-                gate_up=layer.mlp.gate_up_weight, down=layer.mlp.down_weight) for layer in self.layers]
+                k_norm=_data(getattr(layer.attn, "k_norm", None)), o=layer.attn.o_weight, **mlp)
+                for layer, mlp in zip(self.layers, mlps)]
             scale = self.layers[0].attn.scale  # the attention's own, not a second formula
             local = self.local
             shape = StackShape(num_heads=local.num_heads, num_kv_heads=local.num_kv_heads, head_dim=cfg.head_dim,
-                               eps=cfg.rms_norm_eps, scale=scale, groups=self.total_groups)
+                               eps=cfg.rms_norm_eps, scale=scale, groups=self.total_groups,
+                               max_tokens=self.stack_max_tokens())
             self.stack = self.ops.decoder_stack(layers, self.final_norm.data, self.rotary_cache, shape,
                                                 gather=self.comm.gather_partials_into if gather else None)
+
+    def stack_mlp(self, layer: nn.Module) -> dict | None:
+        """A layer's MLP as kernels/decoder.py's LayerWeights takes it, or None where decoder.c cannot run it."""
+        return {"gate_up": layer.mlp.gate_up_weight, "down": layer.mlp.down_weight}
+
+    def stack_max_tokens(self) -> int | None:
+        """The most tokens a step may have for decoder.c to run it (more: layer by layer); None: any."""
+        return None
 
     def enable_lora(self, state) -> None:
         """Give every decoder layer's attention and dense MLP its LoRA sites (services/worker/lora.py): a

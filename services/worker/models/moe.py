@@ -1,9 +1,12 @@
 """Mixture-of-experts decoders (Qwen3-MoE, Mixtral): the Llama family's layers with the MLP replaced by
 a router and a set of experts, each expert the Llama family's gated MLP (services/worker/models/llama.py).
 
-Per step (`MoE.forward`):
+Per step (`MoE.forward`): where the experts take int8 activations in one format each in one process, the
+whole MLP below is one call into the compiled kernels (kernels/csrc/moe.c `moe_forward`, the route included),
+which decoder.c's one-call stack makes too; otherwise, step by step here:
 - the router's softmax (fp32) picks each token's top-k experts, normalised as the model does (Mixtral
-  always renormalises the k weights; Qwen3-MoE where norm_topk_prob);
+  always renormalises the k weights; Qwen3-MoE where norm_topk_prob): moe.c's `moe_route` on the compiled
+  kernels (the same route as moe_forward's), torch's softmax and top-k on the other backends;
 - the (token, expert) pairs are grouped by expert in one sort (`ExpertGroups`) and the tokens' rows
   gathered once, so that each expert's rows are one contiguous slice;
 - each expert that some token chose multiplies its slice once, [gate, up] in one call, its weights read
@@ -71,21 +74,39 @@ class MoE(nn.Module):
     _tables: _ExpertTables | None = None  # the experts' weights for quant_experts_int8, set at the first step (a
     # class default: a subclass's own __init__, gpt_oss.py's, need not know of it)
 
+    _one_call: _MoeLayer | bool | None = None  # moe.c's descriptor of this layer, False where it does not run it
+
     def __init__(self, cfg: ModelArchConfig, ops: Ops, linear: Callable):
         super().__init__()
-        self.linear, self.top_k, self.normalize = linear, cfg.experts_per_token, cfg.norm_topk_prob
+        self.ops, self.linear, self.top_k, self.normalize = ops, linear, cfg.experts_per_token, cfg.norm_topk_prob
         self.router_weight = nn.Parameter(torch.empty(cfg.num_experts, cfg.hidden_size), requires_grad=False)
         self.experts = nn.ModuleList(MLP(cfg, ops, linear) for _ in range(cfg.num_experts))
         self._down_biases = None  # [E, H] stacked at the first step where the experts have down biases
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # [T, H] -> weights, experts [T, k]
-        probs = torch.softmax(self.linear(x, self.router_weight, None).float(), dim=-1)
+        logits = self.linear(x, self.router_weight, None)
+        if self.ops.moe_route is not None and logits.is_cpu:  # the backend's own (moe.c's on the compiled kernels)
+            weights, experts = self.ops.moe_route(logits, self.top_k, self.normalize)
+            return weights.to(x.dtype), experts
+        probs = torch.softmax(logits.float(), dim=-1)
         weights, experts = torch.topk(probs, self.top_k, dim=-1)
         if self.normalize:
             weights = weights / weights.sum(dim=-1, keepdim=True)
         return weights.to(x.dtype), experts
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, H] -> [T, H]
+        layer = self.one_call(x)
+        if layer is not None:  # moe.c: the route, the experts and the sum in one call, the bits of the path below
+            x = x.contiguous()
+            out = torch.empty_like(x)
+            status = _kernels(x).moe_forward(ctypes.addressof(layer), x.data_ptr(), x.stride(0), x.shape[0],
+                                             int(x.dtype == torch.bfloat16), out.data_ptr(), out.stride(0),
+                                             torch.get_num_threads())
+            if status == quant_kernels.OUT_OF_MEMORY:
+                raise MemoryError("moe_forward: out of memory for the layer's rows")
+            if status != quant_kernels.OK:
+                raise ValueError(f"moe_forward: status {status}")
+            return out
         weights, experts = self.route(x)
         num_tokens, k = experts.shape
         experts, order = experts.sort(dim=-1)  # each token's k experts in ascending id: the order they are added in
@@ -103,6 +124,52 @@ class MoE(nn.Module):
         for slot in range(k):
             total = total + outs[:, slot]
         return total
+
+    def one_call(self, x: torch.Tensor) -> _MoeLayer | None:
+        """moe.c's descriptor of this layer where moe_forward runs it on rows like x, else None."""
+        layer = self.descriptor()
+        if layer is None or x.dtype != self._tables.gate_up.dtype or x.dim() != 2 or not x.is_cpu:
+            return None
+        if x.shape[0] >= AMX_ROWS and self.amx_rows():
+            return None
+        return layer
+
+    def amx_rows(self) -> bool:
+        """Whether the experts' own calls take the AMX tiles at AMX_ROWS rows an expert (the same bits, faster
+        there), so that moe_forward leaves steps of AMX_ROWS tokens or more to them."""
+        layer = self.descriptor()
+        return (layer is not None and _amx(quant_kernels.declare(cpu_kernels.library()))
+                and not {layer.gate_up_format & 0xff, layer.down_format & 0xff} <= NO_AMX_FORMATS)
+
+    def descriptor(self) -> _MoeLayer | None:
+        """moe.c's descriptor of this layer (built once), or None where moe_forward does not run it: it takes
+        the compiled kernels' route and activation (this class's own), the experts in one format each with
+        int8 activations in one process (quant_experts_int8's tables), the router packed for gemm.c, no biases."""
+        if self._one_call is None:
+            self._one_call = self._describe() or False
+        return self._one_call or None
+
+    def _describe(self) -> _MoeLayer | None:
+        first, router = self.experts[0], self.router_weight
+        if type(self).route is not MoE.route:  # a subclass's own route (gpt_oss.py's, whose __init__ is its own)
+            return None
+        if (self.ops.moe_route is not cpu_kernels.moe_route_cpu or first.activation is not cpu_kernels.silu_and_mul_cpu
+                or not cpu_kernels.is_available()):
+            return None
+        if self._tables is None:
+            self._tables = _ExpertTables.of(self.experts)
+        tables = self._tables
+        if tables.gate_up is None or tables.down is None or getattr(first, "down_bias", None) is not None:
+            return None
+        if not isinstance(router, GemmWeight) or len({router.dtype, tables.gate_up.dtype, tables.down.dtype}) != 1:
+            return None
+        down = first.down_weight
+        groups = down.groups if isinstance(down, RowParallelWeight) else 1
+        return _MoeLayer(router=router.packed.data_ptr(), router_format=0,
+                         gate_up=tables.gate_up.addresses.data_ptr(), down=tables.down.addresses.data_ptr(),
+                         num_experts=len(self.experts), top_k=self.top_k, hidden=router.in_features,
+                         inter=tables.gate_up.out_features // 2, down_groups=groups,
+                         gate_up_format=tables.gate_up.fmt, down_format=tables.down.fmt, normalize=int(self.normalize))
 
     def down_biases(self) -> torch.Tensor:
         if self._down_biases is None:
@@ -164,6 +231,13 @@ class MoE(nn.Module):
         if first.gather is not None:
             partials = first.gather(partials)
         return first.fold(partials, dtype)
+
+
+class _MoeLayer(ctypes.Structure):  # MoeLayer in kernels.h (moe.c)
+    _fields_ = [("router", ctypes.c_void_p), ("router_format", ctypes.c_int64), ("gate_up", ctypes.c_void_p),
+                ("down", ctypes.c_void_p), *((name, ctypes.c_int64) for name in ("num_experts", "top_k", "hidden",
+                                                                                 "inter", "down_groups")),
+                ("gate_up_format", ctypes.c_int), ("down_format", ctypes.c_int), ("normalize", ctypes.c_int)]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -276,7 +350,13 @@ def _linear_into(lib: ctypes.CDLL, rows: torch.Tensor, weight, bias: torch.Tenso
 
 
 class MoeForCausalLM(LlamaForCausalLM):
-    one_call_stack = False  # kernels/csrc/decoder.c runs dense MLPs only
+    def stack_mlp(self, layer: nn.Module) -> dict | None:
+        """decoder.c runs a mixture through moe.c where moe_forward takes its weights."""
+        descriptor = layer.mlp.descriptor() if isinstance(layer.mlp, MoE) else None
+        return None if descriptor is None else {"moe": descriptor}
+
+    def stack_max_tokens(self) -> int | None:
+        return AMX_ROWS - 1 if any(layer.mlp.amx_rows() for layer in self.layers) else None
 
     def make_layer(self, local: ModelArchConfig, index: int) -> nn.Module:
         return DecoderLayer(local, self.ops, self.linear, self.cfg.window(index), mlp=MoE(local, self.ops, self.linear))
