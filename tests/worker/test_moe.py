@@ -9,7 +9,8 @@ import torch
 
 from tests.conftest import make_llm
 
-# folder fp32: gemm.c's packed experts; int8 at load with int8 activations: quant_linear on interleaved
+# 4 experts a token (gpt_oss: its own 4), so that the order of a token's sum matters; folder fp32: gemm.c's packed
+# experts; int8 at load with int8 activations: quant_linear on interleaved
 # rows; a Q8_0 file with fp32 activations: quant_linear on GGUF blocks; with int8 activations: every
 # expert of a step in one call (quant_dot.c's quant_experts_int8), as int8 at load and Q4_0 / Q4_1 / Q5_1 files
 GGUF_INT8 = dict(quantization="gguf", activation_quant="int8")
@@ -24,7 +25,8 @@ def moe(request, model_dir, tmp_path_factory):
     from tests.gguf_files import write_gguf
 
     args, gguf = MODES[request.param]
-    folder = model_dir(request.param.split("-")[0] if "gpt_oss" in request.param else "qwen3_moe", "tiny", num_layers=1)
+    arch = request.param.split("-")[0] if "gpt_oss" in request.param else "qwen3_moe"
+    folder = model_dir(arch, "tiny", num_layers=1, **({} if arch == "gpt_oss" else {"experts_per_token": 4}))
     path = write_gguf(folder, tmp_path_factory.mktemp("moe") / "moe.gguf", gguf) if gguf else folder
     llm = make_llm(path, num_threads=1, **args)
     return llm.engine.workers["worker-0"].runner.model.layers[0].mlp
