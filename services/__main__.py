@@ -72,7 +72,7 @@ def run_up(args: argparse.Namespace) -> int:
         model=str(model), served_model_name=up.model or "default", num_workers=up.workers,
         host=up.host, grpc_port=up.grpc_port,
         http_port=up.http_port, scheduler_port=up.scheduler_port,
-        worker_ports=free_ports(up.workers),
+        worker_ports=free_ports(up.workers, avoid=(up.grpc_port, up.http_port, up.scheduler_port)),
         engine_flags=engine_flags(args), python=up.python,
         drain_timeout_s=frontend_drain_timeout(up.stop_timeout),
     )

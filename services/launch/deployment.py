@@ -178,13 +178,20 @@ def health_addresses(d: Deployment) -> dict[str, str]:
     return addresses
 
 
-def free_ports(num: int, host: str = "127.0.0.1") -> tuple[int, ...]:
-    """`num` distinct ports free now (all held open while choosing, so none repeats)."""
-    sockets = [socket.socket() for _ in range(num)]
+def free_ports(num: int, host: str = "127.0.0.1", avoid: tuple[int | None, ...] = ()) -> tuple[int, ...]:
+    """`num` distinct ports free now (all held open while choosing, so none repeats), none of `avoid`: ports
+    another service is to bind but may not hold yet (`pagedserve up` chooses its workers' ports before the
+    scheduler it starts first has bound the port the user gave it, and the system may offer that port again)."""
+    sockets, ports = [], []
     try:
-        for s in sockets:
+        while len(ports) < num:
+            s = socket.socket()
+            sockets.append(s)
             s.bind((host, 0))
-        return tuple(s.getsockname()[1] for s in sockets)
+            port = s.getsockname()[1]
+            if port not in avoid:
+                ports.append(port)
+        return tuple(ports)
     finally:
         for s in sockets:
             s.close()

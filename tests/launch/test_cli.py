@@ -162,3 +162,25 @@ def test_up_passes_a_flag_only_to_its_services_and_the_old_name_by_the_new():
     assert "--no-async-scheduling" in scheduler and "--no-overlap-steps" not in scheduler
     assert frontend[frontend.index("--api-key") + 1] == "k" and "--api-key" not in scheduler + worker
     assert "--block-size" not in frontend
+
+
+def test_up_never_gives_a_worker_a_port_the_user_gave_another_service(monkeypatch):
+    """`pagedserve up` chooses its workers' ports before the scheduler, started first, has bound the port the user
+    gave it, and the system may offer that very port (a clean-clone CI run: worker-1 on the scheduler's port, which
+    failed to bind). Here the system offers the scheduler's port first."""
+    from services.launch import deployment
+
+    offered = iter([7001, 7002, 7003, 7004])
+
+    class Offered:
+        def bind(self, address):
+            self.port = next(offered)
+
+        def getsockname(self):
+            return ("127.0.0.1", self.port)
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(deployment.socket, "socket", Offered)
+    assert deployment.free_ports(2, avoid=(9000, None, 7001)) == (7002, 7003)
