@@ -7,6 +7,9 @@ target (issue 41: the engine >= 1.5x llama-bench's batch-1 decode, >= 3x its pp5
 Probes (bench/machine_probe.c, compiled here with -O3 -march=native; 1 and 2 threads, --probe-repeats
 rounds, median and best): the int8 multiply-add peak (vpdpbusd zmm where the CPU has AVX-512 VNNI; the
 AVX2 chain vpmaddubsw + vpmaddwd + vpaddd on ymm), the fp32 FMA peak (vfmadd231ps on zmm and ymm),
+vpdpbusd with the fold an exact kernel of a 32-element block format does per block (vnni512fold: the
+int32 sum converted, the scales' product, an fma; 3 operations per 8 vpdpbusd; weights in L1: a ceiling
+for quant_dot.c's tiles, not a bound used below),
 each a tight loop over independent accumulators (throughput-bound), the best of eight 25 ms runs;
 the clock (a chain of dependent adds, one per cycle), so that each peak is also given per cycle,
 which the load does not change; and the read bandwidth (the probe's 512 MiB sum and
@@ -46,7 +49,8 @@ sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
 
 SOURCE = Path(__file__).with_name("machine_probe.c")
 FLAGS = ["-O3", "-march=native", "-pthread"]
-COMPUTE = {"vnni512": "int8 vpdpbusd zmm", "int8avx2": "int8 vpmaddubsw+vpmaddwd ymm",
+COMPUTE = {"vnni512": "int8 vpdpbusd zmm", "vnni512fold": "int8 vpdpbusd zmm + a 32-block's fold (Q8_0's tile)",
+           "int8avx2": "int8 vpmaddubsw+vpmaddwd ymm",
            "fma512": "fp32 FMA zmm", "fma256": "fp32 FMA ymm"}  # probe -> what it runs
 INT8 = ("vnni512", "int8avx2")
 READ_MIB = 512

@@ -2,12 +2,13 @@
  * -pthread and runs it): each probe is a tight loop on T threads, each thread for about MS
  * milliseconds after a common start, and prints one line "<probe> <threads> <ops per second>".
  *
- *   machine_probe vnni512|int8avx2|fma512|fma256 THREADS MS
+ *   machine_probe vnni512|vnni512fold|int8avx2|fma512|fma256 THREADS MS
  *       int8 multiply-adds (one u8 x s8 product added into an int32 = one multiply-add) or fp32 FMAs:
  *       16 (vnni512, fma512), 8 (fma256) or 6 (int8avx2: 16 ymm registers) independent accumulators per
  *       thread, so the loop
  *       is bound by the instructions' throughput, not their latency
  *         vnni512   vpdpbusd zmm (AVX-512 VNNI): 64 multiply-adds per instruction
+ *         vnni512fold  vpdpbusd with a 32-element block format's per-block fold (see vnni512fold)
  *         int8avx2  vpmaddubsw + vpmaddwd + vpaddd on ymm (AVX2 without VNNI): 32 per three instructions
  *         fma512    vfmadd231ps zmm: 16 FMAs; fma256: vfmadd231ps ymm, 8
  *   machine_probe clock THREADS MS
@@ -81,6 +82,57 @@ static void vnni512(Job *job) {
     __m512i s = c[0];
     for (int k = 1; k < 16; k++) s = _mm512_add_epi32(s, c[k]);
     job->sink = _mm512_reduce_add_epi32(s);
+}
+#endif
+
+#if defined(__AVX512VNNI__) && defined(__AVX512F__)
+/* vnni512fold: vpdpbusd with the per-block work an exact kernel of a 32-element block format cannot skip, as
+ * kernels/csrc/quant_dot.c's wide tile (4 rows by 32 outputs, two groups of 16) does it for Q8_0. Per block: each
+ * (row, group)'s int32 sum starts from the block's correction, takes 8 vpdpbusd (one a k-group: the group's 64 weight
+ * bytes + 128 by the row's 4 activations broadcast), then the fold: converted to fp32, the block's scale product
+ * (weight scale by activation scale) rounded, and one fma into the fp32 sum. The fold is 3 vector operations per 8
+ * vpdpbusd whatever the tile's shape; the weights (1 KiB) stay in L1, so this is a ceiling for the tiles. */
+static void vnni512fold(Job *job) {
+    static uint8_t w[2][8][64] __attribute__((aligned(64)));
+    static int8_t x[4][32] __attribute__((aligned(64)));
+    static float dw[2][16] __attribute__((aligned(64))), dx[4] = {1.0f, 0.5f, 0.25f, 2.0f};
+    static int32_t sums[4] = {1, 2, 3, 4};
+    for (int i = 0; i < 2 * 8 * 64; i++) ((uint8_t *)w)[i] = (uint8_t)(i * 7);
+    for (int i = 0; i < 4 * 32; i++) ((int8_t *)x)[i] = (int8_t)(i * 3);
+    for (int i = 0; i < 32; i++) ((float *)dw)[i] = 1e-3f * (float)i;
+    const __m512i flip = _mm512_set1_epi8((char)0x80);
+    __m512 acc[2][4];
+    for (int v = 0; v < 2; v++)
+        for (int r = 0; r < 4; r++) acc[v][r] = _mm512_setzero_ps();
+    const uint8_t *wp = &w[0][0][0];
+    const int8_t *xp = &x[0][0];
+    RUN_FOR(job, {
+        __asm__ volatile("" : "+r"(wp), "+r"(xp));  /* the next block's bytes, as far as the compiler knows */
+        __m512i t[2][4];
+        for (int r = 0; r < 4; r++) t[0][r] = t[1][r] = _mm512_set1_epi32(-128 * sums[r]);
+        for (int g = 0; g < 8; g++) {
+            const __m512i w0 = _mm512_xor_si512(_mm512_load_si512((const void *)(wp + 64 * g)), flip);
+            const __m512i w1 = _mm512_xor_si512(_mm512_load_si512((const void *)(wp + 512 + 64 * g)), flip);
+            for (int r = 0; r < 4; r++) {
+                int32_t four;
+                memcpy(&four, xp + 32 * r + 4 * g, 4);
+                const __m512i b = _mm512_set1_epi32(four);
+                t[0][r] = _mm512_dpbusd_epi32(t[0][r], w0, b);
+                t[1][r] = _mm512_dpbusd_epi32(t[1][r], w1, b);
+            }
+        }
+        for (int v = 0; v < 2; v++) {
+            const __m512 scale_w = _mm512_load_ps(dw[v]);
+            for (int r = 0; r < 4; r++)
+                acc[v][r] = _mm512_fmadd_ps(_mm512_mul_ps(scale_w, _mm512_set1_ps(dx[r])),
+                                            _mm512_cvtepi32_ps(t[v][r]), acc[v][r]);
+        }
+    });
+    job->ops *= 64.0 * 64;
+    __m512 s = _mm512_setzero_ps();
+    for (int v = 0; v < 2; v++)
+        for (int r = 0; r < 4; r++) s = _mm512_add_ps(s, acc[v][r]);
+    job->sink = (long long)_mm512_reduce_add_ps(s);
 }
 #endif
 
@@ -190,6 +242,7 @@ static void *worker(void *arg) {
         if (reads) read_pass(job);
 #ifdef HAVE_VNNI512
         else if (!strcmp(job->kind, "vnni512")) vnni512(job);
+        else if (!strcmp(job->kind, "vnni512fold")) vnni512fold(job);
 #endif
 #ifdef HAVE_INT8AVX2
         else if (!strcmp(job->kind, "int8avx2")) int8avx2(job);
@@ -211,7 +264,7 @@ static void *worker(void *arg) {
 static int supported(const char *kind) {
     if (!strcmp(kind, "read")) return 1;
 #ifdef HAVE_VNNI512
-    if (!strcmp(kind, "vnni512")) return 1;
+    if (!strcmp(kind, "vnni512") || !strcmp(kind, "vnni512fold")) return 1;
 #endif
 #ifdef HAVE_INT8AVX2
     if (!strcmp(kind, "int8avx2")) return 1;
@@ -230,7 +283,7 @@ static int supported(const char *kind) {
 
 int main(int argc, char **argv) {
     if (argc != 4) {
-        fprintf(stderr, "usage: %s vnni512|int8avx2|fma512|fma256|clock THREADS MS | read THREADS MB\n", argv[0]);
+        fprintf(stderr, "usage: %s vnni512|vnni512fold|int8avx2|fma512|fma256|clock THREADS MS | read THREADS MB\n", argv[0]);
         return 2;
     }
     const char *kind = argv[1];
