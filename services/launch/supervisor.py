@@ -22,6 +22,8 @@ running at its share of the deadline gets SIGKILL. Exit status 0.
 from __future__ import annotations
 
 import json
+import os
+import select
 import signal
 import sys
 import threading
@@ -39,6 +41,34 @@ FINAL_EXIT_CODE = 2  # a service's "restarting cannot help" (bad flags, refused 
 FRONTEND_DRAIN_SHARE = 2 / 3  # of the grace period, for the open streams
 STOP_SHARES = {"frontend": 5 / 6, "scheduler": 11 / 12, "workers": 1.0}  # each group's deadline
 TICK_S = 0.2
+
+
+class StopFlag:
+    """The launcher's stop request, set from a signal handler. A threading.Event is not safe there: the
+    handler runs in the main thread between two of its bytecodes, and where those were inside the Event's
+    own wait (its lock held), set() waited on that lock forever and `up` never stopped (a CI run's SIGTERM
+    hung it). Here set() takes no lock: a flag and a byte into a pipe, which wait()'s select wakes on."""
+
+    def __init__(self) -> None:
+        self._set = False
+        self._read, self._write = os.pipe()
+        os.set_blocking(self._write, False)
+
+    def set(self) -> None:
+        self._set = True
+        try:
+            os.write(self._write, b"x")
+        except BlockingIOError:  # the pipe is full: wait() is awake already
+            pass
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def wait(self, timeout: float) -> bool:
+        """Whether it is set, once it is or after `timeout` seconds."""
+        if not self._set:
+            select.select([self._read], [], [], timeout)
+        return self._set
 
 
 def frontend_drain_timeout(stop_timeout: float) -> float:
@@ -66,7 +96,7 @@ class Launcher:
         self.children = [Child(name=name, argv=argv, address=addresses[name], ports=ports[name])
                          for name, argv in service_commands(deployment).items()]
         self.log_dir, self.out, self.err = log_dir, out, err
-        self.stopping = threading.Event()
+        self.stopping = StopFlag()  # set by request_stop, a signal handler
         self.lock = threading.Lock()
         self._sinks: dict[str, TextIO] = {}
         self.startup_timeout = 600.0
